@@ -1,0 +1,35 @@
+"""The command line: a thin shell over the library. Each sub-command lives in its own module
+with `add_parser(subparsers)` registering it and a `run(args) -> int`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import AmpSearchError
+
+COMMAND_MODULES = ("plan", "launch", "results")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(
+        prog="amp-search",
+        description="Find the fastest 3D-parallel training strategy for a model on a cluster.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"{__name__}.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except AmpSearchError as exc:
+        print(f"amp-search: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("amp-search: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,400 @@
+"""The planner: AMP's Algorithm 1 with a memory model, exact fast layer assignment and NIC
+sharing.
+
+    spec -> CostModel (cluster arrays, layer times per device type)
+         -> enumerate (pp, dp, tmp, mbs, zero, recompute)      [prunes counted by reason]
+         -> place (Megatron order over 3 node orders)
+         -> partition (exact DP, amp_search.partition)
+         -> cost (AMP eq. 4-5 + TP/DP/P2P terms) + memory
+         -> rank                                             => Plan
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cost_models import comm as C
+from cost_models.compute import backward_with_recompute_s
+from cost_models.layers import output_elements, param_count, tp_allreduce_elements
+from cost_models.params import CostParams
+
+from .errors import AmpSearchError, Infeasible, UsageError
+from .memory import stage_memory, zero_allowed
+from .partition import optimal_partition, uniform_partition
+from .placement import DeviceOrder, as_tuple, device_orders, megatron_placement
+from .records import Breakdown, Estimate, Plan, Strategy
+from .spec import PROFILES_DIR, Spec
+from .timing import LayerTimer
+from .topology import ClusterArrays, p2p_links, ring_links
+
+
+class NoFeasibleStrategy(AmpSearchError):
+    """Every candidate was pruned; the message says why."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """A point of the search space before placement and partition."""
+
+    pp: int
+    dp: int
+    tmp: int
+    mbs: int
+    zero_stage: int
+    activation_checkpointing: bool
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+class CostModel:
+    """Everything about a spec that does not depend on the strategy, computed once; then
+    `evaluate()` costs one strategy in well under a millisecond plus its DP."""
+
+    def __init__(self, spec: Spec, *, cost_params: CostParams | None = None,
+                 profile_dir: Path | None = PROFILES_DIR / "measured"):
+        self.spec = spec
+        self.params = cost_params or CostParams()
+        self.timer = LayerTimer(spec, profile_dir)
+        self.cluster = ClusterArrays.of(spec.cluster)
+        layers = spec.model.layers
+        self.num_layers = len(layers)
+        bpe = spec.training.bytes_per_element
+        self.gpus = sorted({d.gpu.name: d.gpu for d in spec.cluster.devices}.values(),
+                           key=lambda g: g.name)
+        index = {g.name: i for i, g in enumerate(self.gpus)}
+        self.gpu_of_device = np.array([index[d.gpu.name] for d in spec.cluster.devices])
+        # per sample: P2P bytes leaving layer l, TP all-reduce bytes and message count of layer l
+        self.out_bytes = np.array([output_elements(l) * bpe for l in layers], dtype=float)
+        self.tp_bytes = np.array([sum(tp_allreduce_elements(l)) * bpe for l in layers],
+                                 dtype=float)
+        self.tp_messages = np.array([len(tp_allreduce_elements(l)) for l in layers], dtype=float)
+        self._params: dict[int, np.ndarray] = {}
+        self.first_fixed = sum(1 for _ in _leading(layers, "embedding"))
+        self.last_fixed = sum(1 for _ in _leading(reversed(layers), "head"))
+
+    def params_per_layer(self, tmp: int) -> np.ndarray:
+        if tmp not in self._params:
+            self._params[tmp] = np.array([param_count(l, tmp) for l in self.spec.model.layers],
+                                         dtype=float)
+        return self._params[tmp]
+
+    # ------------------------------------------------------------------ one strategy
+    def evaluate(self, c: Candidate, order: DeviceOrder | None = None, *,
+                 placement: np.ndarray | None = None,
+                 partition: str | tuple[int, ...] = "optimal") -> Estimate:
+        """Cost one strategy: placement from `order` (Megatron's mapping) or given; partition
+        'optimal' (exact DP), 'uniform' (Megatron) or explicit boundaries."""
+        spec, p = self.spec, self.params
+        gbs = spec.training.global_batch_size
+        gas = gbs // (c.dp * c.mbs)
+        if placement is None:
+            placement = megatron_placement(order, c.pp, c.dp, c.tmp)
+        L = self.num_layers
+        link_scale = dict(intra_scale=p.bandwidth("intra"), inter_scale=p.bandwidth("inter"))
+
+        # t[j, l]: compute of layer l for one micro-batch on stage j's slowest device type
+        compute = np.zeros((c.pp, L))
+        for j in range(c.pp):
+            for g in np.unique(self.gpu_of_device[placement[j]]):
+                gpu = self.gpus[g]
+                fwd, bwd = self.timer.times(gpu, c.tmp, c.mbs)
+                back = backward_with_recompute_s(fwd, bwd) if c.activation_checkpointing \
+                    else bwd
+                np.maximum(compute[j], (fwd + back) * p.compute(gpu.name), out=compute[j])
+
+        # tensor-parallel all-reduces inside each layer, on the stage's slowest tensor ring
+        tp = np.zeros((c.pp, L))
+        if c.tmp > 1:
+            rings = ring_links(self.cluster, placement, **link_scale)
+            bw = rings.bandwidth_bytes_per_s.min(axis=1)                        # [stage]
+            lat = np.where(rings.crosses_nodes.any(axis=1), p.latency("inter"),
+                           p.latency("intra"))
+            n = c.tmp
+            tp = (2 * (n - 1) / n * self.tp_bytes[None, :] * c.mbs / bw[:, None]
+                  + self.tp_messages[None, :] * 2 * (n - 1) * lat[:, None])
+
+        # e[j, i]: P2P into stage j when it starts at layer i: activation forward + gradient
+        # backward, each crossing once outside the steady state (AMP eq. 5, sum of e_i)
+        cut = np.zeros((c.pp, L + 1))
+        if c.pp > 1:
+            links = p2p_links(self.cluster, placement, **link_scale)
+            lat = np.where(links.crosses_nodes, p.latency("inter"), p.latency("intra"))
+            for j in range(1, c.pp):
+                cut[j, 1:L] = 2 * (self.out_bytes[:L - 1] * c.mbs
+                                   / links.bandwidth_bytes_per_s[j - 1] + lat[j - 1])
+
+        stage_layer = compute + tp
+        if isinstance(partition, tuple):
+            bounds = partition
+        elif partition == "uniform":
+            bounds = uniform_partition(L, c.pp, first=self.first_fixed, last=self.last_fixed)
+        else:
+            bounds = optimal_partition(stage_layer, cut, gas).boundaries
+
+        prefix_c = np.concatenate([np.zeros((c.pp, 1)), np.cumsum(compute, axis=1)], axis=1)
+        prefix_t = np.concatenate([np.zeros((c.pp, 1)), np.cumsum(tp, axis=1)], axis=1)
+        js = np.arange(c.pp)
+        lo, hi = np.array(bounds[:-1]), np.array(bounds[1:])
+        stage_compute = prefix_c[js, hi] - prefix_c[js, lo] + p.microbatch_overhead_s
+        stage_tp = prefix_t[js, hi] - prefix_t[js, lo]
+        stage_time = stage_compute + stage_tp
+        cuts = cut[js[1:], lo[1:]] if c.pp > 1 else np.zeros(0)
+        b = int(np.argmax(stage_time))
+        pipeline_s = (gas - 1) * stage_time[b] + cuts.sum() + stage_time.sum()   # eq. 5
+
+        dp_s = self._dp_sync_s(c, placement, bounds, gas, link_scale)
+        strategy = Strategy(pp=c.pp, dp=c.dp, tmp=c.tmp, mbs=c.mbs, global_batch_size=gbs,
+                            partition=tuple(int(x) for x in bounds),
+                            placement=as_tuple(placement),
+                            placement_order=order.name if order is not None else "given",
+                            zero_stage=c.zero_stage,
+                            activation_checkpointing=c.activation_checkpointing)
+        total = pipeline_s + dp_s + p.step_overhead_s                           # eq. 4
+        breakdown = Breakdown(
+            compute_s=float(gas * stage_compute[b] + p.step_overhead_s),
+            pipeline_bubble_s=float(stage_time.sum() - stage_time[b]),
+            p2p_s=float(cuts.sum()), tensor_parallel_s=float(gas * stage_tp[b]),
+            data_parallel_s=float(dp_s))
+        return Estimate(strategy=strategy, iteration_time_s=float(total), breakdown=breakdown,
+                        stage_time_s=tuple(float(x) for x in stage_time),
+                        memory=stage_memory(self.spec, strategy),
+                        timing_sources=tuple(f"{k}={v}" for k, v in
+                                             sorted(self.timer.sources().items())))
+
+    def _dp_sync_s(self, c: Candidate, placement: np.ndarray, bounds, gas: int,
+                   link_scale: dict) -> float:
+        """Max over stages (and tensor ranks) of the data-parallel sync, with the overlap
+        factor hiding part of it behind the backward pass."""
+        if c.dp == 1:
+            return 0.0
+        p = self.params
+        rings = ring_links(self.cluster, placement.transpose(0, 2, 1), **link_scale)
+        bw = rings.bandwidth_bytes_per_s.min(axis=1)
+        crosses = rings.crosses_nodes.any(axis=1)
+        prefix = np.concatenate([[0.0], np.cumsum(self.params_per_layer(c.tmp))])
+        grad_bpe = self.spec.training.bytes_per_element
+        worst = 0.0
+        for j in range(c.pp):
+            n_params = prefix[bounds[j + 1]] - prefix[bounds[j]]
+            t = C.data_parallel_sync_time_s(
+                param_bytes=n_params * grad_bpe, grad_bytes=n_params * grad_bpe, n=c.dp,
+                bandwidth_bytes_per_s=bw[j],
+                latency_s=p.latency("inter" if crosses[j] else "intra"),
+                zero_stage=c.zero_stage, gas=gas)
+            worst = max(worst, t)
+        return float(worst * (1.0 - p.dp_overlap))
+
+
+def _leading(layers, kind: str):
+    for layer in layers:
+        if layer.kind != kind:
+            return
+        yield layer
+
+
+# ---------------------------------------------------------------------- enumeration
+
+def enumerate_candidates(spec: Spec, pruned: Counter) -> list[Candidate]:
+    """Every (pp, dp, tmp, mbs, zero, recompute) with pp*dp*tmp = #devices; what is dropped
+    is counted in `pruned` under its reason."""
+    n = spec.cluster.num_devices
+    L = spec.model.num_layers
+    gbs = spec.training.global_batch_size
+    zeros, ckpts = spec.training.zero_stage, spec.training.activation_checkpointing
+    knobs = len(zeros) * len(ckpts)
+    out = []
+    for tmp in divisors(n):
+        for pp in divisors(n // tmp):
+            dp = n // (tmp * pp)
+            if pp > L:
+                pruned["pp_exceeds_layers"] += knobs
+                continue
+            if any(size % tmp for size in spec.model.tp_divisors):
+                pruned["tmp_does_not_divide_model"] += knobs
+                continue
+            if gbs % dp:
+                pruned["dp_does_not_divide_batch"] += knobs
+                continue
+            for mbs in divisors(gbs // dp):
+                for z in zeros:
+                    for ck in ckpts:
+                        if not zero_allowed(pp, z):
+                            pruned["zero_2_3_with_pipeline"] += 1
+                            continue
+                        out.append(Candidate(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=z,
+                                             activation_checkpointing=ck))
+    return out
+
+
+def _check_any_degree(spec: Spec, candidates: list[Candidate], pruned: Counter) -> None:
+    """A global batch that no feasible dp divides is the user's error, not an empty plan."""
+    n, gbs = spec.cluster.num_devices, spec.training.global_batch_size
+    if not candidates and pruned.get("dp_does_not_divide_batch"):
+        options = sorted({n // (tmp * pp) for tmp in divisors(n) for pp in divisors(n // tmp)
+                          if pp <= spec.model.num_layers
+                          and not any(s % tmp for s in spec.model.tp_divisors)})
+        from .errors import SpecError
+        raise SpecError("training.global_batch_size",
+                        f"no feasible data-parallel degree divides {gbs}: with {n} devices "
+                        f"and {spec.model.num_layers} layers, dp must be one of {options}; "
+                        f"use a multiple of one of them")
+
+
+# ---------------------------------------------------------------------- public API
+
+def plan(spec: Spec, *, progress: bool = False, cost_params: CostParams | None = None,
+         profile_dir: Path | None = PROFILES_DIR / "measured") -> Plan:
+    """Rank every feasible strategy for `spec` (AMP Algorithm 1, lines 1-7).
+
+    Raises NoFeasibleStrategy when nothing fits, with the prune counts in the message."""
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    cost_params = cost_params if cost_params is not None else _calibration(spec)
+    model = CostModel(spec, cost_params=cost_params, profile_dir=profile_dir)
+    pruned: Counter = Counter()
+    candidates = enumerate_candidates(spec, pruned)
+    _check_any_degree(spec, candidates, pruned)
+    orders = device_orders(spec.cluster, spec.training.precision)
+    best: list[Estimate] = []
+    evaluated = 0
+    bar = tqdm(candidates, desc="searching", unit="strategy", disable=not progress,
+               leave=False, mininterval=0.25)
+    for c in bar:
+        kept = None
+        for order in orders:
+            e = model.evaluate(c, order)
+            evaluated += 1
+            if kept is None or e.iteration_time_s < kept.iteration_time_s:
+                kept = e
+        if not kept.fits:
+            pruned["out_of_memory"] += 1
+            continue
+        best.append(kept)
+    bar.close()
+    if not best:
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(pruned.items()))
+        raise NoFeasibleStrategy(
+            f"no strategy is feasible ({detail}); try training.zero_stage: search, "
+            f"training.activation_checkpointing: search, or a smaller global_batch_size")
+    best.sort(key=lambda e: e.iteration_time_s)
+    baseline = megatron_baseline(spec, model)
+    return Plan(strategies=tuple(best), baseline=baseline,
+                search_time_s=time.perf_counter() - t0,
+                candidates=len(candidates) + sum(pruned.values()) - pruned["out_of_memory"],
+                evaluated=evaluated, pruned=dict(pruned))
+
+
+def megatron_baseline(spec: Spec, model: CostModel) -> Estimate | None:
+    """AMP section 4.1: for each mbs, tmp at most the smallest node, the smallest tmp*pp
+    that fits, tensor groups inside nodes (listed order), uniform layer split; the fastest
+    of those proposals by the cost model."""
+    n, gbs = spec.cluster.num_devices, spec.training.global_batch_size
+    order = device_orders(spec.cluster, spec.training.precision)[0]
+    L = spec.model.num_layers
+    zero = spec.training.zero_stage[0]
+    best = None
+    for ckpt in sorted(set(spec.training.activation_checkpointing)):
+        proposals = []
+        for product in divisors(n):                      # tmp * pp, smallest first
+            for tmp in divisors(product):
+                pp = product // tmp
+                dp = n // product
+                if tmp > spec.cluster.min_gpus_per_node or gbs % dp or \
+                        any(s % tmp for s in spec.model.tp_divisors) or \
+                        pp > L - model.first_fixed - model.last_fixed or \
+                        not zero_allowed(pp, zero):
+                    continue
+                for mbs in divisors(gbs // dp):
+                    c = Candidate(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
+                                  activation_checkpointing=ckpt)
+                    e = model.evaluate(c, order, partition="uniform")
+                    if e.fits:
+                        proposals.append(e)
+            if proposals:
+                break
+        for e in proposals:
+            if best is None or e.iteration_time_s < best.iteration_time_s:
+                best = e
+        if best is not None:
+            return best
+    return best
+
+
+def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
+             partition: str | tuple[int, ...] = "optimal", zero_stage: int | None = None,
+             activation_checkpointing: bool | None = None, placement_order: str | None = None,
+             cost_params: CostParams | None = None,
+             profile_dir: Path | None = PROFILES_DIR / "measured") -> Estimate:
+    """Predict one given strategy (the best of the placement orders unless one is named).
+    A strategy that does not fit in memory is still estimated, with `fits` False."""
+    n, L, gbs = spec.cluster.num_devices, spec.model.num_layers, spec.training.global_batch_size
+    for name, v in (("pp", pp), ("dp", dp), ("tmp", tmp), ("mbs", mbs)):
+        if not isinstance(v, int) or v < 1:
+            raise UsageError(f"--{name} must be a positive integer, got {v!r}")
+    if pp * dp * tmp != n:
+        raise UsageError(f"pp*dp*tmp = {pp}*{dp}*{tmp} = {pp * dp * tmp}, but the cluster has "
+                         f"{n} devices; the product must equal {n}")
+    if pp > L:
+        raise UsageError(f"--pp {pp} exceeds the model's {L} layers")
+    bad = [s for s in spec.model.tp_divisors if s % tmp]
+    if bad:
+        raise UsageError(f"--tmp {tmp} does not divide the model size {bad[0]} "
+                         f"(heads, hidden, ffn and vocab must be divisible by tmp)")
+    if gbs % (dp * mbs):
+        raise UsageError(f"dp*mbs = {dp * mbs} does not divide global_batch_size {gbs}")
+    if isinstance(partition, tuple):
+        if len(partition) != pp + 1 or partition[0] != 0 or partition[-1] != L or \
+                any(a >= b for a, b in zip(partition, partition[1:])):
+            raise UsageError(f"--partition {','.join(map(str, partition))}: expected {pp + 1} "
+                             f"strictly increasing boundaries from 0 to {L}")
+    elif partition not in ("optimal", "uniform"):
+        raise UsageError(f"--partition {partition!r}: accepted: optimal, uniform, or "
+                         f"boundaries such as 0,12,{L}")
+    zero = spec.training.zero_stage[0] if zero_stage is None else zero_stage
+    ckpt = spec.training.activation_checkpointing[0] if activation_checkpointing is None \
+        else activation_checkpointing
+    if zero not in (0, 1, 2, 3):
+        raise UsageError(f"--zero-stage {zero}: accepted: 0, 1, 2, 3")
+    cost_params = cost_params if cost_params is not None else _calibration(spec)
+    model = CostModel(spec, cost_params=cost_params, profile_dir=profile_dir)
+    orders = device_orders(spec.cluster, spec.training.precision)
+    if placement_order is not None:
+        orders = [o for o in orders if o.name == placement_order] or [
+            o for o in device_orders(spec.cluster, spec.training.precision)[:1]]
+    c = Candidate(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
+                  activation_checkpointing=ckpt)
+    if partition == "uniform":
+        try:
+            uniform_partition(L, pp, first=model.first_fixed, last=model.last_fixed)
+        except ValueError as exc:
+            raise UsageError(f"--partition uniform: {exc}") from None
+    return min((model.evaluate(c, o, partition=partition) for o in orders),
+               key=lambda e: e.iteration_time_s)
+
+
+def evaluate(spec: Spec, strategy: Strategy, *, cost_params: CostParams | None = None,
+             profile_dir: Path | None = PROFILES_DIR / "measured",
+             model: CostModel | None = None) -> Estimate:
+    """Predict a fully given Strategy (its own partition and placement), e.g. to compare
+    with a measured trial or to fit a calibration. Pass `model` to reuse its caches."""
+    if model is None:
+        model = CostModel(spec, cost_params=cost_params, profile_dir=profile_dir)
+    c = Candidate(pp=strategy.pp, dp=strategy.dp, tmp=strategy.tmp, mbs=strategy.mbs,
+                  zero_stage=strategy.zero_stage,
+                  activation_checkpointing=strategy.activation_checkpointing)
+    return model.evaluate(c, placement=np.array(strategy.placement, dtype=np.int64),
+                          partition=tuple(strategy.partition))
+
+
+def _calibration(spec: Spec) -> CostParams | None:
+    from .calibrate import find_calibration
+    return find_calibration(spec)

@@ -1,0 +1,197 @@
+"""Typed records that flow out of the planner: strategies, estimates, plans.
+
+Every record is a frozen dataclass with `to_dict()` giving the JSON form the CLI writes.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+Placement = tuple[tuple[tuple[int, ...], ...], ...]
+"""placement[stage][replica][tensor_rank] -> device id (devices numbered in spec order)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Strategy:
+    """One 3D-parallel training configuration (AMP eq. 2, plus ZeRO and recomputation)."""
+
+    pp: int
+    """Pipeline stages."""
+    dp: int
+    """Data-parallel replicas."""
+    tmp: int
+    """Tensor-parallel degree."""
+    mbs: int
+    """Micro-batch size (samples per micro-batch per replica)."""
+    global_batch_size: int
+    """Samples per iteration over all replicas."""
+    partition: tuple[int, ...]
+    """Layer boundaries, len pp+1: stage j runs layers partition[j] .. partition[j+1]-1."""
+    placement: Placement
+    """Device id of each (stage, replica, tensor rank)."""
+    placement_order: str = "listed"
+    """Which node order the placement came from: listed | fastest-first | slowest-first | given."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage 0-3."""
+    activation_checkpointing: bool = False
+    """Full recomputation of each block's forward in backward."""
+
+    @property
+    def gas(self) -> int:
+        """Micro-batches per iteration per replica (gradient accumulation steps)."""
+        return self.global_batch_size // (self.dp * self.mbs)
+
+    @property
+    def num_devices(self) -> int:
+        return self.pp * self.dp * self.tmp
+
+    def label(self) -> str:
+        return f"pp{self.pp}-dp{self.dp}-tmp{self.tmp}-mbs{self.mbs}-z{self.zero_stage}" + (
+            "-ckpt" if self.activation_checkpointing else "")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["partition"] = list(self.partition)
+        d["placement"] = [[list(r) for r in s] for s in self.placement]
+        d["gas"] = self.gas
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Strategy":
+        return cls(
+            pp=int(d["pp"]), dp=int(d["dp"]), tmp=int(d["tmp"]), mbs=int(d["mbs"]),
+            global_batch_size=int(d["global_batch_size"]),
+            partition=tuple(int(x) for x in d["partition"]),
+            placement=tuple(tuple(tuple(int(x) for x in r) for r in s) for s in d["placement"]),
+            placement_order=str(d.get("placement_order", "given")),
+            zero_stage=int(d.get("zero_stage", 0)),
+            activation_checkpointing=bool(d.get("activation_checkpointing", False)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Breakdown:
+    """Where the iteration time goes; the five parts sum to the iteration time.
+
+    With b the bottleneck stage (largest t_j = compute_j + tp_j):
+    compute = gas * compute_b, tensor_parallel = gas * tp_b, pipeline_bubble = sum of the other
+    stages' t_j (fill and drain), p2p = sum of e_j, data_parallel = the gradient sync.
+    """
+
+    compute_s: float
+    pipeline_bubble_s: float
+    p2p_s: float
+    tensor_parallel_s: float
+    data_parallel_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageMemory:
+    """Predicted peak memory of the most loaded device of one pipeline stage."""
+
+    stage: int
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    overhead_bytes: int
+    peak_bytes: int
+    capacity_bytes: int
+    """Usable capacity (device memory minus headroom) of the smallest device in the stage."""
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["fits"] = self.fits
+        return d
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """The cost model's prediction for one strategy."""
+
+    strategy: Strategy
+    iteration_time_s: float
+    breakdown: Breakdown
+    stage_time_s: tuple[float, ...]
+    """t_j: one micro-batch forward+backward on stage j (slowest device), TP comm included."""
+    memory: tuple[StageMemory, ...] = ()
+    timing_sources: tuple[str, ...] = ()
+    """Where each stage's layer times came from (e.g. 'analytic:V100-16GB', 'profile:...')."""
+
+    @property
+    def fits(self) -> bool:
+        return all(m.fits for m in self.memory)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.strategy.global_batch_size / self.iteration_time_s
+
+    def to_dict(self) -> dict:
+        s = self.strategy
+        return {
+            "pp": s.pp, "dp": s.dp, "tmp": s.tmp, "mbs": s.mbs, "gas": s.gas,
+            "zero_stage": s.zero_stage,
+            "activation_checkpointing": s.activation_checkpointing,
+            "partition": list(s.partition),
+            "placement": [[list(r) for r in st] for st in s.placement],
+            "placement_order": s.placement_order,
+            "iteration_time_s": self.iteration_time_s,
+            "samples_per_s": self.samples_per_s,
+            "breakdown": self.breakdown.to_dict(),
+            "stage_time_s": list(self.stage_time_s),
+            "memory": {
+                "stages": [m.to_dict() for m in self.memory],
+                "peak_bytes": max((m.peak_bytes for m in self.memory), default=0),
+            },
+            "fits": self.fits,
+            "timing_sources": list(self.timing_sources),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A ranked search result."""
+
+    strategies: tuple[Estimate, ...]
+    """Feasible strategies, fastest first (all of them; the CLI shows the top-k)."""
+    baseline: Estimate | None
+    """Megatron's heuristic (AMP section 4.1), for the predicted gain over it."""
+    search_time_s: float
+    candidates: int
+    """(pp, dp, tmp, mbs, zero, recompute, placement) combinations looked at."""
+    evaluated: int
+    """Candidates costed (each with an exact layer assignment)."""
+    pruned: dict[str, int] = field(default_factory=dict)
+    """Candidates dropped before ranking, by reason."""
+
+    @property
+    def best(self) -> Estimate:
+        return self.strategies[0]
+
+    def speedup(self, e: Estimate) -> float | None:
+        if self.baseline is None:
+            return None
+        return self.baseline.iteration_time_s / e.iteration_time_s
+
+    def to_dict(self, top_k: int | None = None) -> dict:
+        rows = self.strategies if top_k is None else self.strategies[:top_k]
+        out = []
+        for rank, e in enumerate(rows, 1):
+            d = {"rank": rank, **e.to_dict()}
+            d["speedup_over_megatron"] = self.speedup(e)
+            out.append(d)
+        return {
+            "strategies": out,
+            "megatron_baseline": None if self.baseline is None else self.baseline.to_dict(),
+            "search_time_s": self.search_time_s,
+            "candidates": self.candidates,
+            "evaluated": self.evaluated,
+            "pruned": dict(self.pruned),
+            "num_feasible": len(self.strategies),
+        }

@@ -1,0 +1,468 @@
+"""The YAML spec, parsed once at the edge into frozen dataclasses (style.md, habit 2).
+
+    spec.yaml --load_spec--> Spec(cluster: Cluster, model: ModelSpec, training: TrainingSpec)
+
+Every problem is reported as a SpecError naming the key path and what is accepted.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from cost_models.layers import Layer
+
+from .errors import SpecError, UsageError
+from .hosts import validate_hostname
+from .units import parse_bandwidth, parse_size
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+CATALOG_PATH = PROFILES_DIR / "gpus.yaml"
+PRECISIONS = ("fp32", "fp16", "bf16")
+PRESETS = ("gpt", "bert", "layers")
+# sanity caps: absurd values are rejected, not attempted
+MAX_LAYERS = 10_000
+MAX_WIDTH = 1_000_000
+MAX_SEQ = 10_000_000
+MAX_VOCAB = 10_000_000
+MAX_DEVICES = 1_000_000
+MAX_BATCH = 100_000_000
+
+
+# ----------------------------------------------------------------------------- records
+
+@dataclass(frozen=True, kw_only=True)
+class GPU:
+    """A device type from the catalog (profiles/gpus.yaml) or defined inline in the spec."""
+
+    name: str
+    kind: str
+    """gpu | cpu"""
+    memory_bytes: int
+    memory_bandwidth_bytes_per_s: float
+    peak_flops_per_s: dict
+    """precision -> dense FLOP/s, or None where the precision is unsupported."""
+    source: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeGroup:
+    gpu: GPU
+    count: int
+    gpus_per_node: int
+    intra_node_bandwidth_bytes_per_s: float
+    """GPU-to-GPU inside the node, one direction."""
+    inter_node_bandwidth_bytes_per_s: float
+    """The node's total network bandwidth (all NICs), one direction."""
+    hosts: tuple[str, ...] = ()
+    """Hostnames of the `count` nodes, for launching (optional)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Node:
+    id: int
+    group: int
+    gpu: GPU
+    devices: tuple[int, ...]
+    intra_node_bandwidth_bytes_per_s: float
+    inter_node_bandwidth_bytes_per_s: float
+    host: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    id: int
+    node: int
+    local_rank: int
+    gpu: GPU
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    node_groups: tuple[NodeGroup, ...]
+    nodes: tuple[Node, ...]
+    devices: tuple[Device, ...]
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def min_gpus_per_node(self) -> int:
+        return min(len(n.devices) for n in self.nodes)
+
+    @classmethod
+    def from_groups(cls, groups: tuple[NodeGroup, ...]) -> "Cluster":
+        nodes, devices = [], []
+        for g_idx, g in enumerate(groups):
+            for k in range(g.count):
+                ids = tuple(range(len(devices), len(devices) + g.gpus_per_node))
+                node = Node(id=len(nodes), group=g_idx, gpu=g.gpu, devices=ids,
+                            intra_node_bandwidth_bytes_per_s=g.intra_node_bandwidth_bytes_per_s,
+                            inter_node_bandwidth_bytes_per_s=g.inter_node_bandwidth_bytes_per_s,
+                            host=g.hosts[k] if g.hosts else None)
+                nodes.append(node)
+                devices += [Device(id=i, node=node.id, local_rank=r, gpu=g.gpu)
+                            for r, i in enumerate(ids)]
+        return cls(node_groups=tuple(groups), nodes=tuple(nodes), devices=tuple(devices))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    preset: str
+    """gpt | bert | layers"""
+    layers: tuple[Layer, ...]
+    """The full chain the pipeline splits: embedding, blocks, head (for the presets)."""
+    num_attention_heads: int
+    """Heads of every attention layer (tmp must divide it); 0 if there is no attention."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def tp_divisors(self) -> tuple[int, ...]:
+        """Sizes every tensor-parallel degree must divide (heads, widths, vocab)."""
+        sizes = set()
+        for layer in self.layers:
+            if layer.kind == "transformer":
+                sizes |= {layer.num_attention_heads, layer.ffn_hidden_size, layer.hidden_size}
+            elif layer.kind == "mlp":
+                sizes |= {layer.ffn_hidden_size}
+            elif layer.kind in ("embedding", "head"):
+                sizes |= {layer.vocab_size}
+        return tuple(sorted(sizes))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSpec:
+    global_batch_size: int
+    precision: str
+    activation_checkpointing: tuple[bool, ...]
+    """Values to search: (False,), (True,) or (False, True) for `search`."""
+    zero_stage: tuple[int, ...]
+    """Values to search: one stage, or 0-3 for `search`."""
+    memory_headroom: float = 0.05
+    """Fraction of each device's memory kept free."""
+    framework_overhead_bytes: int = 1 << 30
+    """Fixed per-device memory (CUDA context, allocator, communication buffers)."""
+    optimizer: str = "adam"
+
+    @property
+    def bytes_per_element(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    cluster: Cluster
+    model: ModelSpec
+    training: TrainingSpec
+    path: Path | None = None
+    sha256: str = ""
+    """Hash of the parsed spec content (what the results database keys trials by)."""
+    raw: dict | None = None
+
+
+# ----------------------------------------------------------------------------- helpers
+
+class _Reader:
+    """Typed access to a YAML mapping that reports the key path on every error and rejects
+    unknown keys with the list of valid ones."""
+
+    def __init__(self, data, path: str, allowed: tuple[str, ...]):
+        if not isinstance(data, dict):
+            raise SpecError(path or "<top>", f"expected a mapping with keys {', '.join(allowed)};"
+                                             f" got {type(data).__name__}")
+        unknown = [k for k in data if k not in allowed]
+        if unknown:
+            where = f"{path}.{unknown[0]}" if path else str(unknown[0])
+            raise SpecError(where, f"unknown key; valid keys here: {', '.join(allowed)}")
+        self.data, self.path = data, path
+
+    def at(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def raw(self, key: str, default=None, required: bool = False):
+        if key not in self.data or self.data[key] is None:
+            if required:
+                raise SpecError(self.at(key), "required key is missing")
+            return default
+        return self.data[key]
+
+    def int(self, key: str, default=None, *, lo: int = 1, hi: int, required=False) -> int:
+        v = self.raw(key, default, required)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise SpecError(self.at(key), f"expected an integer in [{lo}, {hi}], got {v!r}")
+        if not lo <= v <= hi:
+            raise SpecError(self.at(key), f"{v} is out of range; accepted: {lo} to {hi}")
+        return v
+
+    def choice(self, key: str, options: tuple, default=None):
+        v = self.raw(key, default, default is None)
+        if v not in options:
+            raise SpecError(self.at(key), f"got {v!r}; accepted: {', '.join(map(str, options))}")
+        return v
+
+
+def load_catalog(path: Path = CATALOG_PATH) -> dict[str, GPU]:
+    """The GPU catalog: name -> GPU."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"cannot read the GPU catalog {path}: {exc}") from None
+    return {name: _gpu(entry, name, f"catalog.{name}") for name, entry in data["gpus"].items()}
+
+
+def _gpu(entry, name: str, path: str) -> GPU:
+    r = _Reader(entry, path, ("name", "kind", "memory", "memory_bandwidth", "peak_tflops",
+                              "source"))
+    peak = r.raw("peak_tflops", required=True)
+    if not isinstance(peak, dict) or not peak:
+        raise SpecError(r.at("peak_tflops"), "expected a mapping precision -> TFLOP/s, "
+                                             "e.g. {fp32: 15.7, fp16: 125}")
+    flops = {}
+    for p in PRECISIONS:
+        v = peak.get(p)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+            raise SpecError(f"{r.at('peak_tflops')}.{p}", f"expected a positive number of "
+                                                          f"TFLOP/s or null, got {v!r}")
+        flops[p] = None if v is None else float(v) * 1e12
+    bad = [k for k in peak if k not in PRECISIONS]
+    if bad:
+        raise SpecError(f"{r.at('peak_tflops')}.{bad[0]}", f"unknown precision; accepted: "
+                                                          f"{', '.join(PRECISIONS)}")
+    return GPU(name=str(r.raw("name", name)), kind=r.choice("kind", ("gpu", "cpu"), "gpu"),
+               memory_bytes=parse_size(r.raw("memory", required=True), r.at("memory")),
+               memory_bandwidth_bytes_per_s=parse_bandwidth(
+                   r.raw("memory_bandwidth", required=True), r.at("memory_bandwidth")),
+               peak_flops_per_s=flops, source=str(r.raw("source", "")))
+
+
+def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
+    r = _Reader(data, "cluster", ("nodes",))
+    nodes = r.raw("nodes", required=True)
+    if not isinstance(nodes, list) or not nodes:
+        raise SpecError("cluster.nodes", "expected a non-empty list of node groups")
+    groups = []
+    total = 0
+    for i, entry in enumerate(nodes):
+        path = f"cluster.nodes[{i}]"
+        n = _Reader(entry, path, ("gpu", "count", "gpus_per_node", "intra_node_bandwidth",
+                                  "inter_node_bandwidth", "hosts"))
+        gpu_v = n.raw("gpu", required=True)
+        if isinstance(gpu_v, dict):
+            gpu = _gpu(gpu_v, str(gpu_v.get("name", f"custom-{i}")), n.at("gpu"))
+        elif isinstance(gpu_v, str) and gpu_v in catalog:
+            gpu = catalog[gpu_v]
+        else:
+            raise SpecError(n.at("gpu"), f"unknown GPU {gpu_v!r}; known: {', '.join(catalog)} "
+                                         f"(or define one inline: {{name, memory, "
+                                         f"memory_bandwidth, peak_tflops}})")
+        count = n.int("count", 1, hi=MAX_DEVICES)
+        per = n.int("gpus_per_node", required=True, hi=1024)
+        total += count * per
+        if total > MAX_DEVICES:
+            raise SpecError(n.at("count"), f"more than {MAX_DEVICES} devices in all")
+        hosts = n.raw("hosts", [])
+        if not isinstance(hosts, list) or (hosts and len(hosts) != count):
+            raise SpecError(n.at("hosts"), f"expected a list of {count} hostnames (one per node)")
+        for k, h in enumerate(hosts):
+            validate_hostname(h, f"{n.at('hosts')}[{k}]")
+        groups.append(NodeGroup(
+            gpu=gpu, count=count, gpus_per_node=per,
+            intra_node_bandwidth_bytes_per_s=parse_bandwidth(
+                n.raw("intra_node_bandwidth", required=True), n.at("intra_node_bandwidth")),
+            inter_node_bandwidth_bytes_per_s=parse_bandwidth(
+                n.raw("inter_node_bandwidth", required=True), n.at("inter_node_bandwidth")),
+            hosts=tuple(hosts)))
+    return Cluster.from_groups(tuple(groups))
+
+
+_MODEL_KEYS = ("preset", "num_layers", "hidden_size", "num_attention_heads", "seq_length",
+               "vocab_size", "ffn_hidden_size", "layers", "name")
+_LAYER_KEYS = ("kind", "count", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+               "vocab_size", "forward_flops", "params", "output_elements", "name")
+
+
+def _heads_divide(path: str, hidden: int, heads: int) -> None:
+    if hidden % heads:
+        raise SpecError(path, f"num_attention_heads ({heads}) must divide hidden_size "
+                              f"({hidden}); try one of "
+                              f"{', '.join(str(d) for d in _divisors(hidden) if d <= 256)}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0] if n <= 1 << 20 else [1]
+
+
+def _model(data) -> ModelSpec:
+    r = _Reader(data, "model", _MODEL_KEYS)
+    preset = r.choice("preset", PRESETS)
+    seq = r.int("seq_length", required=True, hi=MAX_SEQ)
+    if preset in ("gpt", "bert"):
+        for k in ("layers",):
+            if r.has(k):
+                raise SpecError(r.at(k), f"only for preset: layers (this model is {preset})")
+        L = r.int("num_layers", required=True, hi=MAX_LAYERS)
+        h = r.int("hidden_size", required=True, hi=MAX_WIDTH)
+        a = r.int("num_attention_heads", required=True, hi=MAX_WIDTH)
+        v = r.int("vocab_size", required=True, hi=MAX_VOCAB)
+        f = r.int("ffn_hidden_size", 4 * h, hi=4 * MAX_WIDTH)
+        _heads_divide(r.at("num_attention_heads"), h, a)
+        block = Layer(kind="transformer", seq_length=seq, hidden_size=h, num_attention_heads=a,
+                      ffn_hidden_size=f)
+        layers = ((Layer(kind="embedding", seq_length=seq, hidden_size=h, vocab_size=v,
+                         name="embedding"),)
+                  + tuple(Layer(**{**block.__dict__, "name": f"block{i}"}) for i in range(L))
+                  + (Layer(kind="head", seq_length=seq, hidden_size=h, vocab_size=v,
+                           name="head"),))
+        return ModelSpec(preset=preset, layers=layers, num_attention_heads=a)
+    for k in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
+              "ffn_hidden_size"):
+        if r.has(k):
+            raise SpecError(r.at(k), "not used with preset: layers; give sizes per layer "
+                                     "in model.layers")
+    items = r.raw("layers", required=True)
+    if not isinstance(items, list) or not items:
+        raise SpecError("model.layers", "expected a non-empty list of layers")
+    layers: list[Layer] = []
+    heads: set[int] = set()
+    prev_width = 0
+    for i, item in enumerate(items):
+        lr = _Reader(item, f"model.layers[{i}]", _LAYER_KEYS)
+        kind = lr.choice("kind", ("embedding", "transformer", "mlp", "head", "custom"))
+        count = lr.int("count", 1, hi=MAX_LAYERS)
+        if len(layers) + count > MAX_LAYERS:
+            raise SpecError(lr.at("count"), f"more than {MAX_LAYERS} layers in all")
+        name = str(lr.raw("name", kind))
+        needs = {"embedding": ("hidden_size", "vocab_size"),
+                 "transformer": ("hidden_size", "num_attention_heads"),
+                 "mlp": ("hidden_size",), "head": ("hidden_size", "vocab_size"),
+                 "custom": ("forward_flops", "params", "output_elements")}[kind]
+        for k in _LAYER_KEYS[2:9]:
+            if lr.has(k) and k not in needs and k != "ffn_hidden_size":
+                raise SpecError(lr.at(k), f"not used by a {kind} layer; it takes: "
+                                          f"{', '.join(needs)}")
+        for k in needs:
+            lr.raw(k, required=True)
+        if kind == "custom":
+            flops = lr.raw("forward_flops")
+            if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not \
+                    0 <= flops <= 1e18:
+                raise SpecError(lr.at("forward_flops"), "expected forward FLOPs per sample, a "
+                                                        "number in [0, 1e18]")
+            base = Layer(kind="custom", seq_length=seq, custom_forward_flops=float(flops),
+                         custom_params=lr.int("params", lo=0, hi=10**13),
+                         custom_output_elements=lr.int("output_elements", hi=10**12))
+            width = 0
+        else:
+            h = lr.int("hidden_size", hi=MAX_WIDTH)
+            a = lr.int("num_attention_heads", 0, lo=0, hi=MAX_WIDTH)
+            if kind == "transformer":
+                _heads_divide(lr.at("num_attention_heads"), h, a)
+                heads.add(a)
+            f = lr.int("ffn_hidden_size", 4 * h, hi=4 * MAX_WIDTH) if kind in (
+                "transformer", "mlp") else 0
+            if lr.has("ffn_hidden_size") and kind not in ("transformer", "mlp"):
+                raise SpecError(lr.at("ffn_hidden_size"), f"not used by a {kind} layer")
+            v = lr.int("vocab_size", hi=MAX_VOCAB) if kind in ("embedding", "head") else 0
+            in_h = prev_width if kind in ("transformer", "mlp") and prev_width and \
+                prev_width != h else 0
+            base = Layer(kind=kind, seq_length=seq, hidden_size=h, num_attention_heads=a,
+                         ffn_hidden_size=f, vocab_size=v, input_hidden_size=in_h)
+            width = h
+        for c in range(count):
+            # only the first of a run of same-width layers carries the input projection
+            extra = {"input_hidden_size": 0} if c else {}
+            layers.append(Layer(**{**base.__dict__, **extra,
+                                   "name": f"{name}{c}" if count > 1 else name}))
+        prev_width = width
+    return ModelSpec(preset="layers", layers=tuple(layers),
+                     num_attention_heads=math.gcd(*heads) if heads else 0)
+
+
+def _training(data) -> TrainingSpec:
+    r = _Reader(data, "training", ("global_batch_size", "precision", "activation_checkpointing",
+                                   "zero_stage", "memory_headroom", "framework_overhead",
+                                   "optimizer"))
+    ckpt = r.choice("activation_checkpointing", ("none", "full", "search"), "none")
+    zero = r.raw("zero_stage", 0)
+    if zero == "search":
+        zero_stages = (0, 1, 2, 3)
+    elif isinstance(zero, int) and not isinstance(zero, bool) and 0 <= zero <= 3:
+        zero_stages = (zero,)
+    else:
+        raise SpecError(r.at("zero_stage"), f"got {zero!r}; accepted: 0, 1, 2, 3, search")
+    headroom = r.raw("memory_headroom", "5%")
+    hr_path = r.at("memory_headroom")
+    if isinstance(headroom, str) and headroom.strip().endswith("%"):
+        try:
+            headroom = float(headroom.strip()[:-1]) / 100
+        except ValueError:
+            raise SpecError(hr_path, f"cannot read {headroom!r}; write e.g. '5%' or 0.05")
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or \
+            not 0 <= headroom <= 0.5:
+        raise SpecError(hr_path, f"got {headroom!r}; accepted: a fraction from 0 to 0.5 "
+                                 f"(0% to 50%), e.g. '5%' or 0.05")
+    return TrainingSpec(
+        global_batch_size=r.int("global_batch_size", required=True, hi=MAX_BATCH),
+        precision=r.choice("precision", PRECISIONS, "fp16"),
+        activation_checkpointing={"none": (False,), "full": (True,),
+                                  "search": (False, True)}[ckpt],
+        zero_stage=zero_stages,
+        memory_headroom=float(headroom),
+        framework_overhead_bytes=parse_size(r.raw("framework_overhead", "1 GiB"),
+                                            r.at("framework_overhead")),
+        optimizer=r.choice("optimizer", ("adam",), "adam"),
+    )
+
+
+def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None = None) -> Spec:
+    """Build a Spec from already-parsed YAML data."""
+    r = _Reader(data, "", ("cluster", "model", "training"))
+    catalog = load_catalog() if catalog is None else catalog
+    cluster = _cluster(r.raw("cluster", required=True), catalog)
+    model = _model(r.raw("model", required=True))
+    training = _training(r.raw("training", required=True))
+    precision = training.precision
+    for g_idx, g in enumerate(cluster.node_groups):
+        if g.gpu.peak_flops_per_s.get(precision) is None:
+            raise SpecError("training.precision", f"{g.gpu.name} (cluster.nodes[{g_idx}]) has "
+                                                  f"no {precision} support; use one of "
+                                                  f"{', '.join(p for p, v in g.gpu.peak_flops_per_s.items() if v)}")
+    gbs = training.global_batch_size
+    if gbs % 1:
+        raise SpecError("training.global_batch_size", "must be an integer")
+    canonical = json.dumps(data, sort_keys=True, default=str)
+    return Spec(cluster=cluster, model=model, training=training, path=path,
+                sha256=hashlib.sha256(canonical.encode()).hexdigest(), raw=data)
+
+
+def load_spec(path: str | os.PathLike) -> Spec:
+    """Read and validate a YAML spec file. Raises SpecError / UsageError with one clear line."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise UsageError(f"spec file not found: {p}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read spec file {p}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError("", f"{p}: not valid YAML{where}: {problem}") from None
+    if data is None:
+        raise SpecError("", f"{p}: the spec is empty; it needs cluster, model and training")
+    return parse_spec(data, path=p)

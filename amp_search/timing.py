@@ -1,0 +1,78 @@
+"""Per-layer forward/backward times per device type: measured profile first, analytic second.
+
+For each GPU type in the cluster, `LayerTimer` looks for a measured profile of that exact
+device name and precision (profiles/measured/, written by `amp-search profile`); a layer,
+tensor-parallel degree and micro-batch size the profile covers takes its measured times, the
+rest falls back to the analytic model of cost_models.compute. A profile of another device
+name is never used. `sources()` says, per device type, where its numbers came from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cost_models.compute import analytic_layer_time
+from cost_models.layers import Layer
+
+from .spec import GPU, Spec
+
+
+@dataclass
+class LayerTimer:
+    spec: Spec
+    profile_dir: Path | None = None
+    """Where measured profiles live; None disables profiles (analytic only)."""
+    _profiles: dict = field(default_factory=dict)
+    _cache: dict = field(default_factory=dict)
+    _used: dict = field(default_factory=dict)   # gpu name -> set of sources actually used
+
+    def _profile(self, gpu: GPU):
+        if self.profile_dir is None:
+            return None
+        if gpu.name not in self._profiles:
+            from .profiling.store import find_profile
+            self._profiles[gpu.name] = find_profile(gpu.name, self.spec.training.precision,
+                                                    self.profile_dir)
+        return self._profiles[gpu.name]
+
+    def times(self, gpu: GPU, tmp: int, mbs: int) -> tuple[np.ndarray, np.ndarray]:
+        """(forward_s[L], backward_s[L]) for one micro-batch on one tensor rank of `gpu`."""
+        key = (gpu.name, tmp, mbs)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        layers = self.spec.model.layers
+        fwd = np.empty(len(layers))
+        bwd = np.empty(len(layers))
+        by_signature: dict[str, tuple[float, float]] = {}
+        profile = self._profile(gpu)
+        used = self._used.setdefault(gpu.name, set())
+        for i, layer in enumerate(layers):
+            sig = layer.signature
+            if sig not in by_signature:
+                by_signature[sig] = self._layer_time(gpu, layer, tmp, mbs, profile, used)
+            fwd[i], bwd[i] = by_signature[sig]
+        self._cache[key] = (fwd, bwd)
+        return fwd, bwd
+
+    def _layer_time(self, gpu: GPU, layer: Layer, tmp: int, mbs: int, profile,
+                    used: set) -> tuple[float, float]:
+        if profile is not None:
+            hit = profile.lookup(layer.signature, tmp, mbs)
+            if hit is not None:
+                used.add(f"profile:{Path(profile.path).name}")
+                return hit.forward_s, hit.backward_s
+        training = self.spec.training
+        t = analytic_layer_time(
+            layer, tmp=tmp, mbs=mbs,
+            peak_flops_per_s=gpu.peak_flops_per_s[training.precision],
+            memory_bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s,
+            bytes_per_element=training.bytes_per_element)
+        used.add("analytic")
+        return t.forward_s, t.backward_s
+
+    def sources(self) -> dict[str, str]:
+        """gpu name -> 'profile:<file>', 'analytic' or 'profile:<file>+analytic' (mixed)."""
+        return {name: "+".join(sorted(s)) for name, s in self._used.items()}

@@ -1,0 +1,50 @@
+"""Analytic per-layer compute time on one device (used when no measured profile matches).
+
+    t_forward = FLOPs / (peak * efficiency(GEMM size)) + elementwise bytes / memory bandwidth
+    t_backward = 2 * t_forward   (two GEMMs per forward GEMM: input and weight gradients)
+
+Efficiency falls for small matrices (AMP section 3.4: raising tmp lowers arithmetic intensity,
+so 'a matrix multiplication with only a few FLOPs can take a long time'). It follows a
+saturating curve in the GEMM's smallest dimension d: eff(d) = eff_max * d / (d + d_half).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .layers import Layer, elementwise_bytes, forward_flops, gemm_min_dim
+
+DEFAULT_MAX_EFFICIENCY = 0.7
+"""Best fraction of dense peak large transformer GEMMs reach in training (Megatron-LM reports
+~52% of peak end-to-end on A100 for GPT-3 scale, kernels alone reach ~70-80%)."""
+DEFAULT_HALF_EFFICIENCY_DIM = 128
+"""GEMM dimension at which efficiency is half of the maximum (tile-quantisation regime)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerTime:
+    forward_s: float
+    backward_s: float
+
+
+def gemm_efficiency(min_dim: float, *, max_efficiency: float = DEFAULT_MAX_EFFICIENCY,
+                    half_dim: float = DEFAULT_HALF_EFFICIENCY_DIM) -> float:
+    """eff(d) = eff_max * d / (d + d_half): the fraction of peak a GEMM of smallest side d gets."""
+    return max_efficiency * min_dim / (min_dim + half_dim)
+
+
+def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, peak_flops_per_s: float,
+                        memory_bandwidth_bytes_per_s: float, bytes_per_element: int
+                        ) -> LayerTime:
+    """Forward and backward time of one micro-batch of `mbs` samples through one tensor rank's
+    shard of `layer` (collectives excluded; they are costed by cost_models.comm)."""
+    eff = gemm_efficiency(gemm_min_dim(layer, tmp, mbs))
+    gemm_s = forward_flops(layer, tmp) * mbs / (peak_flops_per_s * eff)
+    memory_s = elementwise_bytes(layer, tmp, bytes_per_element) * mbs \
+        / memory_bandwidth_bytes_per_s
+    forward_s = gemm_s + memory_s
+    return LayerTime(forward_s=forward_s, backward_s=2.0 * forward_s)
+
+
+def backward_with_recompute_s(forward_s: float, backward_s: float) -> float:
+    """Full activation recomputation replays the forward inside the backward pass."""
+    return backward_s + forward_s

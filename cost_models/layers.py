@@ -1,0 +1,198 @@
+"""The model as the cost model sees it: a chain of layers, each described by numbers.
+
+A `Layer` is the *application* description (Calculon's term): sizes only, no device, no
+strategy. The functions below derive what the cost terms need from it, per sample (one
+sequence) and for a tensor-parallel degree `tmp`:
+
+- `forward_flops`      GEMM FLOPs of one forward pass (backward is 2x, Narayanan et al. 2021);
+- `elementwise_bytes`  bytes moved by the memory-bound ops (norms, softmax, GELU, residuals);
+- `param_count`        parameters held by one tensor rank;
+- `output_elements`    elements of the activation sent to the next layer (the P2P volume);
+- `tp_allreduce_elements`  elements all-reduced inside the layer per forward+backward.
+
+The layer code the trials run (`amp_search/trial/`) implements exactly these layers:
+- embedding: vocab-parallel token embedding (V*h / tmp) + replicated learned positions (s*h);
+- transformer: pre-LayerNorm GPT block, fused QKV (column parallel), output projection (row
+  parallel), GELU MLP h -> f -> h (column then row parallel), biases everywhere;
+- mlp: pre-LayerNorm GELU MLP h -> f -> h with a residual (column then row parallel);
+- head: final LayerNorm + untied LM projection h -> V (column parallel) + vocab-parallel
+  cross-entropy;
+- custom: a layer given by its forward FLOPs, parameters and output size; replicated, never
+  split by tensor parallelism.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LAYER_KINDS = ("embedding", "transformer", "mlp", "head", "custom")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layer:
+    """One layer of the chain. Sizes are element counts; all per sample (one sequence)."""
+
+    kind: str
+    """One of LAYER_KINDS."""
+    seq_length: int
+    """Tokens per sample."""
+    hidden_size: int = 0
+    """Width of the layer's input and output (embedding: output; head: input)."""
+    num_attention_heads: int = 0
+    """Attention heads (transformer only)."""
+    ffn_hidden_size: int = 0
+    """Inner MLP width (transformer and mlp)."""
+    vocab_size: int = 0
+    """Vocabulary (embedding and head)."""
+    input_hidden_size: int = 0
+    """Width of the incoming activation when it differs from hidden_size (a projection is
+    then part of the layer: h_in -> h). 0 means the same as hidden_size."""
+    custom_forward_flops: float = 0.0
+    """custom only: forward FLOPs per sample."""
+    custom_params: int = 0
+    """custom only: parameter count."""
+    custom_output_elements: int = 0
+    """custom only: output activation elements per sample."""
+    name: str = field(default="")
+    """A label for tables, e.g. 'block3'."""
+
+    @property
+    def signature(self) -> str:
+        """A key naming the layer's shape; layers with equal signatures cost the same."""
+        if self.kind == "custom":
+            return (f"custom:f{self.custom_forward_flops:g}:p{self.custom_params}"
+                    f":o{self.custom_output_elements}")
+        parts = [self.kind, f"s{self.seq_length}", f"h{self.hidden_size}"]
+        if self.kind == "transformer":
+            parts += [f"a{self.num_attention_heads}", f"f{self.ffn_hidden_size}"]
+        if self.kind == "mlp":
+            parts += [f"f{self.ffn_hidden_size}"]
+        if self.kind in ("embedding", "head"):
+            parts += [f"v{self.vocab_size}"]
+        if self.input_hidden_size and self.input_hidden_size != self.hidden_size:
+            parts += [f"in{self.input_hidden_size}"]
+        return ":".join(parts)
+
+    @property
+    def in_hidden(self) -> int:
+        return self.input_hidden_size or self.hidden_size
+
+
+def _projection_params(layer: Layer) -> int:
+    """An input projection h_in -> h (weight + bias) when the width changes; replicated."""
+    if layer.input_hidden_size and layer.input_hidden_size != layer.hidden_size:
+        return layer.input_hidden_size * layer.hidden_size + layer.hidden_size
+    return 0
+
+
+def param_count(layer: Layer, tmp: int = 1) -> int:
+    """Parameters held by one tensor-parallel rank.
+
+    transformer: LN 2h + QKV (3h*h + 3h)/t + proj h*h/t + h + LN 2h + fc1 (h*f + f)/t + fc2 f*h/t + h
+    (row-parallel biases and LayerNorms are replicated, as in Megatron).
+    """
+    h, f, v, s = layer.hidden_size, layer.ffn_hidden_size, layer.vocab_size, layer.seq_length
+    k = layer.kind
+    if k == "embedding":
+        return v * h // tmp + s * h
+    if k == "transformer":
+        return (2 * h + (3 * h * h + 3 * h) // tmp + h * h // tmp + h
+                + 2 * h + (h * f + f) // tmp + f * h // tmp + h + _projection_params(layer))
+    if k == "mlp":
+        return 2 * h + (h * f + f) // tmp + f * h // tmp + h + _projection_params(layer)
+    if k == "head":
+        return 2 * h + (h * v + v) // tmp
+    if k == "custom":
+        return layer.custom_params
+    raise ValueError(f"unknown layer kind {k!r}")
+
+
+def forward_flops(layer: Layer, tmp: int = 1) -> float:
+    """Matrix-multiply FLOPs of one forward pass per sample on one tensor rank.
+
+    transformer (Narayanan et al. 2021, eq. 2 per layer): 2*s*(4h^2 + 2hf) for the GEMMs plus
+    4*s^2*h for QK^T and attention-times-V; all divided by tmp.
+    """
+    h, f, v, s = layer.hidden_size, layer.ffn_hidden_size, layer.vocab_size, layer.seq_length
+    proj = 2.0 * s * layer.input_hidden_size * h if _projection_params(layer) else 0.0
+    k = layer.kind
+    if k == "embedding":
+        return 0.0
+    if k == "transformer":
+        return (2.0 * s * (4 * h * h + 2 * h * f) + 4.0 * s * s * h) / tmp + proj
+    if k == "mlp":
+        return 2.0 * s * 2 * h * f / tmp + proj
+    if k == "head":
+        return 2.0 * s * h * v / tmp
+    if k == "custom":
+        return float(layer.custom_forward_flops)
+    raise ValueError(f"unknown layer kind {k!r}")
+
+
+def gemm_min_dim(layer: Layer, tmp: int, mbs: int) -> int:
+    """The smallest dimension of the layer's main GEMM, which sets how efficiently it runs
+    (a tensor-parallel shard of a narrow layer is a skinny matrix, AMP section 3.4)."""
+    tokens = layer.seq_length * mbs
+    if layer.kind == "transformer":
+        return min(tokens, max(1, 3 * layer.hidden_size // tmp), layer.hidden_size)
+    if layer.kind == "mlp":
+        return min(tokens, max(1, layer.ffn_hidden_size // tmp), layer.hidden_size)
+    if layer.kind == "head":
+        return min(tokens, max(1, layer.vocab_size // tmp), layer.hidden_size)
+    return tokens
+
+
+def elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
+    """Bytes read+written per sample by the memory-bound ops of one forward pass.
+
+    Counted as (reads + writes) of each elementwise op's tensors:
+    transformer: 2 LayerNorms and 2 residual adds on s*h (~4 tensors each), bias+GELU on s*f/t,
+    softmax on a*s^2/t scores (read+write); head: LayerNorm on s*h and softmax/cross-entropy
+    over s*V/t logits; embedding: the gathered rows s*h plus the positions.
+    """
+    h, f, v, s, a = (layer.hidden_size, layer.ffn_hidden_size, layer.vocab_size,
+                     layer.seq_length, layer.num_attention_heads)
+    k = layer.kind
+    if k == "embedding":
+        n = 3.0 * s * h
+    elif k == "transformer":
+        n = 16.0 * s * h + 4.0 * s * f / tmp + 4.0 * a * s * s / tmp
+    elif k == "mlp":
+        n = 8.0 * s * h + 4.0 * s * f / tmp
+    elif k == "head":
+        n = 4.0 * s * h + 4.0 * s * v / tmp
+    else:
+        n = 2.0 * output_elements(layer)
+    return n * bytes_per_element
+
+
+def output_elements(layer: Layer) -> int:
+    """Elements of the activation this layer hands to the next one, per sample."""
+    if layer.kind == "custom":
+        return layer.custom_output_elements
+    if layer.kind == "head":
+        return 1  # the loss
+    return layer.seq_length * layer.hidden_size
+
+
+def tp_allreduce_elements(layer: Layer) -> tuple[float, ...]:
+    """Sizes (elements per sample) of the all-reduces inside the layer for one forward and one
+    backward pass under tensor parallelism (Megatron's f/g operators, Shoeybi et al. 2019):
+
+    transformer: 2 in forward (after attention and MLP row-parallel GEMMs) + 2 in backward
+    (input gradients of the column-parallel GEMMs), each s*h;
+    mlp: 1 + 1 of s*h; embedding (vocab-parallel): 1 of s*h in forward;
+    head: 1 of s*h in backward (column-parallel input gradient) and 3 of s in forward
+    (vocab-parallel cross-entropy: max, sum of exp, target logit);
+    custom: none (replicated).
+    """
+    s, h = layer.seq_length, layer.hidden_size
+    k = layer.kind
+    if k == "transformer":
+        return (s * h,) * 4
+    if k == "mlp":
+        return (s * h,) * 2
+    if k == "embedding":
+        return (s * h,)
+    if k == "head":
+        return (s * h, s, s, s)
+    return ()

@@ -1,0 +1,45 @@
+"""The cost model's free coefficients: what `amp-search calibrate` fits to measured trials.
+
+The defaults are the uncalibrated model. Every coefficient enters the prediction in one place:
+- compute_scale[device]       multiplies each layer's forward/backward time on that device type;
+- bandwidth_scale[link]       multiplies the nominal bandwidth of a link kind ('intra' | 'inter');
+- latency_s[link]             is added per message (alpha of the alpha-beta model) on that link;
+- dp_overlap                  fraction of the data-parallel gradient sync hidden behind backward;
+- microbatch_overhead_s       fixed cost per micro-batch per stage (kernel launch, Python,
+                              schedule bookkeeping; Lin et al. 2024 show it dominates small mbs);
+- step_overhead_s             fixed cost per iteration (optimizer step, framework).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+LINK_KINDS = ("intra", "inter")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostParams:
+    compute_scale: dict = field(default_factory=dict)
+    """device type name -> multiplier on layer compute time (missing: 1.0)."""
+    bandwidth_scale: dict = field(default_factory=dict)
+    """'intra' | 'inter' -> multiplier on nominal bandwidth (missing: 1.0)."""
+    latency_s: dict = field(default_factory=dict)
+    """'intra' | 'inter' -> seconds per message (missing: 0)."""
+    dp_overlap: float = 0.0
+    microbatch_overhead_s: float = 0.0
+    step_overhead_s: float = 0.0
+
+    def compute(self, device: str) -> float:
+        return float(self.compute_scale.get(device, 1.0))
+
+    def bandwidth(self, link: str) -> float:
+        return float(self.bandwidth_scale.get(link, 1.0))
+
+    def latency(self, link: str) -> float:
+        return float(self.latency_s.get(link, 0.0))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostParams":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
