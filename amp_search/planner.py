@@ -64,6 +64,12 @@ class CostModel:
         self.params = cost_params or CostParams()
         self.timer = LayerTimer(spec, profile_dir)
         self.cluster = ClusterArrays.of(spec.cluster)
+        # measured links (amp-search profile-comm) replace the nominal bandwidths
+        self.link_fits = _link_fits(spec, None if profile_dir is None
+                                    else Path(profile_dir).parent / "comm")
+        self.cluster_for = {k: self.cluster.with_links(*self.link_fits.get(k, (None, None)))
+                            for k in ("all_reduce", "p2p")}
+        self.link_source = self.link_fits.get("source", "nominal")
         layers = spec.model.layers
         self.num_layers = len(layers)
         bpe = spec.training.bytes_per_element
@@ -79,6 +85,11 @@ class CostModel:
         self._params: dict[int, np.ndarray] = {}
         self.first_fixed = sum(1 for _ in _leading(layers, "embedding"))
         self.last_fixed = sum(1 for _ in _leading(reversed(layers), "head"))
+
+    def latency(self, collective: str, link: str) -> float:
+        """Calibrated latency plus the measured per-message latency of the link, if any."""
+        fit = self.link_fits.get(collective, (None, None))[0 if link == "intra" else 1]
+        return self.params.latency(link) + (fit.alpha_s if fit is not None else 0.0)
 
     def params_per_layer(self, tmp: int) -> np.ndarray:
         if tmp not in self._params:
@@ -113,10 +124,10 @@ class CostModel:
         # tensor-parallel all-reduces inside each layer, on the stage's slowest tensor ring
         tp = np.zeros((c.pp, L))
         if c.tmp > 1:
-            rings = ring_links(self.cluster, placement, **link_scale)
+            rings = ring_links(self.cluster_for["all_reduce"], placement, **link_scale)
             bw = rings.bandwidth_bytes_per_s.min(axis=1)                        # [stage]
-            lat = np.where(rings.crosses_nodes.any(axis=1), p.latency("inter"),
-                           p.latency("intra"))
+            lat = np.where(rings.crosses_nodes.any(axis=1), self.latency("all_reduce", "inter"),
+                           self.latency("all_reduce", "intra"))
             n = c.tmp
             tp = (2 * (n - 1) / n * self.tp_bytes[None, :] * c.mbs / bw[:, None]
                   + self.tp_messages[None, :] * 2 * (n - 1) * lat[:, None])
@@ -125,19 +136,22 @@ class CostModel:
         # backward, each crossing once outside the steady state (AMP eq. 5, sum of e_i)
         cut = np.zeros((c.pp, L + 1))
         if c.pp > 1:
-            links = p2p_links(self.cluster, placement, **link_scale)
-            lat = np.where(links.crosses_nodes, p.latency("inter"), p.latency("intra"))
+            links = p2p_links(self.cluster_for["p2p"], placement, **link_scale)
+            lat = np.where(links.crosses_nodes, self.latency("p2p", "inter"),
+                           self.latency("p2p", "intra"))
             for j in range(1, c.pp):
                 cut[j, 1:L] = 2 * (self.out_bytes[:L - 1] * c.mbs
                                    / links.bandwidth_bytes_per_s[j - 1] + lat[j - 1])
 
         stage_layer = compute + tp
+        sync_layer, sync_fixed = self._dp_sync_arrays(c, placement, gas, link_scale)
         if isinstance(partition, tuple):
             bounds = partition
         elif partition == "uniform":
             bounds = uniform_partition(L, c.pp, first=self.first_fixed, last=self.last_fixed)
         else:
-            bounds = optimal_partition(stage_layer, cut, gas).boundaries
+            bounds = optimal_partition(stage_layer, cut, gas, sync_layer_s=sync_layer,
+                                       sync_fixed_s=sync_fixed).boundaries
 
         prefix_c = np.concatenate([np.zeros((c.pp, 1)), np.cumsum(compute, axis=1)], axis=1)
         prefix_t = np.concatenate([np.zeros((c.pp, 1)), np.cumsum(tp, axis=1)], axis=1)
@@ -150,7 +164,9 @@ class CostModel:
         b = int(np.argmax(stage_time))
         pipeline_s = (gas - 1) * stage_time[b] + cuts.sum() + stage_time.sum()   # eq. 5
 
-        dp_s = self._dp_sync_s(c, placement, bounds, gas, link_scale)
+        # AMP eq. 4, second term: the slowest stage's data-parallel sync
+        prefix_s = np.concatenate([np.zeros((c.pp, 1)), np.cumsum(sync_layer, axis=1)], axis=1)
+        dp_s = float(np.max(sync_fixed + prefix_s[js, hi] - prefix_s[js, lo]))
         strategy = Strategy(pp=c.pp, dp=c.dp, tmp=c.tmp, mbs=c.mbs, global_batch_size=gbs,
                             partition=tuple(int(x) for x in bounds),
                             placement=as_tuple(placement),
@@ -167,30 +183,53 @@ class CostModel:
                         stage_time_s=tuple(float(x) for x in stage_time),
                         memory=stage_memory(self.spec, strategy),
                         timing_sources=tuple(f"{k}={v}" for k, v in
-                                             sorted(self.timer.sources().items())))
+                                             sorted(self.timer.sources().items()))
+                        + (f"links={self.link_source}",))
 
-    def _dp_sync_s(self, c: Candidate, placement: np.ndarray, bounds, gas: int,
-                   link_scale: dict) -> float:
-        """Max over stages (and tensor ranks) of the data-parallel sync, with the overlap
-        factor hiding part of it behind the backward pass."""
+    def _dp_sync_arrays(self, c: Candidate, placement: np.ndarray, gas: int,
+                        link_scale: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The data-parallel sync of stage j is linear in the parameters it holds:
+        sync_j = sync_fixed[j] + sum over its layers of sync_layer[j, l] (cost_models.comm,
+        on the stage's slowest dp ring, less the part the overlap factor hides)."""
+        zeros = np.zeros((c.pp, self.num_layers)), np.zeros(c.pp)
         if c.dp == 1:
-            return 0.0
+            return zeros
         p = self.params
-        rings = ring_links(self.cluster, placement.transpose(0, 2, 1), **link_scale)
+        rings = ring_links(self.cluster_for["all_reduce"], placement.transpose(0, 2, 1),
+                           **link_scale)
         bw = rings.bandwidth_bytes_per_s.min(axis=1)
         crosses = rings.crosses_nodes.any(axis=1)
-        prefix = np.concatenate([[0.0], np.cumsum(self.params_per_layer(c.tmp))])
-        grad_bpe = self.spec.training.bytes_per_element
-        worst = 0.0
+        bpe = self.spec.training.bytes_per_element
+        exposed = 1.0 - p.dp_overlap
+        fixed, per_param = np.empty(c.pp), np.empty(c.pp)
         for j in range(c.pp):
-            n_params = prefix[bounds[j + 1]] - prefix[bounds[j]]
-            t = C.data_parallel_sync_time_s(
-                param_bytes=n_params * grad_bpe, grad_bytes=n_params * grad_bpe, n=c.dp,
-                bandwidth_bytes_per_s=bw[j],
-                latency_s=p.latency("inter" if crosses[j] else "intra"),
-                zero_stage=c.zero_stage, gas=gas)
-            worst = max(worst, t)
-        return float(worst * (1.0 - p.dp_overlap))
+            def sync(n_params: float) -> float:
+                return C.data_parallel_sync_time_s(
+                    param_bytes=n_params * bpe, grad_bytes=n_params * bpe, n=c.dp,
+                    bandwidth_bytes_per_s=bw[j],
+                    latency_s=self.latency("all_reduce", "inter" if crosses[j] else "intra"),
+                    zero_stage=c.zero_stage, gas=gas)
+            fixed[j] = sync(0.0) * exposed
+            per_param[j] = sync(1.0) * exposed - fixed[j]
+        return per_param[:, None] * self.params_per_layer(c.tmp)[None, :], fixed
+
+
+def _link_fits(spec: Spec, comm_dir: Path | None) -> dict:
+    """collective -> (intra LinkFit | None, inter LinkFit | None) from the newest comm profile
+    measured on this cluster's device type (only when every device is of that type: a profile
+    of other hardware is never used). Collectives use their alpha-beta fit."""
+    names = {d.gpu.name for d in spec.cluster.devices}
+    if comm_dir is None or len(names) != 1:
+        return {}
+    from .profiling.store import find_comm_profile
+    profile = find_comm_profile(comm_dir, device=names.pop())
+    if profile is None:
+        return {}
+    fits: dict = {c: (profile.fit(c, "intra"), profile.fit(c, "inter"))
+                  for c in ("all_reduce", "p2p")}
+    measured = "+".join(profile.links_measured)
+    fits["source"] = f"profile:{Path(profile.path).name} ({measured}; rest nominal)"
+    return fits
 
 
 def _leading(layers, kind: str):

@@ -43,6 +43,20 @@ class ClusterArrays:
             num_nodes=len(cluster.nodes))
 
 
+    def with_links(self, intra_fit=None, inter_fit=None) -> "ClusterArrays":
+        """A copy whose intra / inter bandwidths are those of measured link fits (objects with
+        `bandwidth_bytes_per_s`); None keeps the nominal value."""
+        if intra_fit is None and inter_fit is None:
+            return self
+        return ClusterArrays(
+            node_of=self.node_of,
+            intra_bytes_per_s=self.intra_bytes_per_s if intra_fit is None else
+            np.full_like(self.intra_bytes_per_s, intra_fit.bandwidth_bytes_per_s),
+            inter_bytes_per_s=self.inter_bytes_per_s if inter_fit is None else
+            np.full_like(self.inter_bytes_per_s, inter_fit.bandwidth_bytes_per_s),
+            num_nodes=self.num_nodes)
+
+
 @dataclass(frozen=True)
 class GroupLinks:
     """Per group: the bandwidth its slowest edge gets, and whether it crosses nodes."""
