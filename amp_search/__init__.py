@@ -4,14 +4,33 @@
     spec = load_spec("configs/amp-hetero-gpt2.yaml")
     result = plan(spec)              # Plan: ranked Estimates + Megatron baseline
     print(result.best.strategy, result.best.iteration_time_s)
-"""
-from .errors import AmpSearchError, Infeasible, SpecError, UsageError
-from .planner import NoFeasibleStrategy, estimate, evaluate, plan
-from .records import Breakdown, Estimate, Plan, StageMemory, Strategy
-from .spec import Spec, load_spec
 
-__all__ = [
-    "AmpSearchError", "Breakdown", "Estimate", "Infeasible", "NoFeasibleStrategy", "Plan",
-    "Spec", "SpecError", "StageMemory", "Strategy", "UsageError", "estimate", "evaluate",
-    "load_spec", "plan",
-]
+Names are imported on first use, so that a trial process (which imports
+`amp_search.trial.run`) does not pay for the planner, numba and the cost model.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "AmpSearchError": "errors", "Infeasible": "errors", "SpecError": "errors",
+    "UsageError": "errors",
+    "NoFeasibleStrategy": "planner", "estimate": "planner", "evaluate": "planner",
+    "plan": "planner",
+    "Breakdown": "records", "Estimate": "records", "Plan": "records", "StageMemory": "records",
+    "Strategy": "records",
+    "Spec": "spec", "load_spec": "spec",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -7,7 +7,7 @@ import sys
 
 from ..errors import AmpSearchError
 
-COMMAND_MODULES = ("plan", "launch", "results")
+COMMAND_MODULES = ("plan", "launch", "results", "profile", "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,263 @@
+"""`amp-search launch`: run the top-k predicted strategies for real, fastest measured wins."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from ..errors import UsageError
+from ..records import Estimate, Strategy
+from ..spec import Spec, load_spec
+
+
+def add_parser(sub) -> None:
+    from ..launch.launchers import LAUNCHERS
+    from ..launch.orchestrator import BACKENDS
+
+    p = sub.add_parser(
+        "launch", help="run the top-k strategies as real trials",
+        description="Plan (or read a plan), run the top-k strategies one after another as "
+                    "real training trials, record them, and report the fastest measured one. "
+                    "Exits 0 when a trial ended ok (or with --dry-run), 1 when none did, "
+                    "2 on bad input, 130 on Ctrl-C.")
+    p.add_argument("spec", type=Path, help="YAML cluster + model + training spec")
+    p.add_argument("--top-k", type=_positive, default=3, metavar="K",
+                   help="trials to run, best predicted first (default 3)")
+    p.add_argument("--plan", type=Path, metavar="FILE",
+                   help="read the ranking from `amp-search plan --json FILE` instead of planning")
+    p.add_argument("--backend", choices=BACKENDS, default="deepspeed",
+                   help="deepspeed: amp-search's trial program (default); megatron: "
+                        "Megatron-LM pretrain_gpt.py (needs --megatron-path)")
+    p.add_argument("--megatron-path", type=Path, metavar="DIR",
+                   help="Megatron-LM checkout holding pretrain_gpt.py")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                   help="local: torchrun on this machine (default); deepspeed: the deepspeed "
+                        "launcher with a hostfile; torchrun: torchrun per node over ssh; "
+                        "slurm: srun inside an allocation")
+    p.add_argument("--hostfile", type=Path, metavar="FILE",
+                   help="DeepSpeed hostfile, one 'host slots=N' per spec node, in spec order")
+    p.add_argument("--iters", type=_positive, default=40, metavar="N",
+                   help="iterations per trial, warm-up included (default 40, as AMP)")
+    p.add_argument("--warmup", type=_nonneg, default=20, metavar="W",
+                   help="leading iterations left out of the mean (default 20)")
+    p.add_argument("--trial-timeout", type=_positive_float, default=1800.0, metavar="S",
+                   help="stop a trial after S seconds (default 1800)")
+    p.add_argument("--budget-minutes", type=_positive_float, metavar="M",
+                   help="stop starting trials after M minutes in all")
+    p.add_argument("--results", type=Path, metavar="DB",
+                   help="SQLite results database (default: amp-search-results.sqlite beside "
+                        "the spec)")
+    p.add_argument("--runs-dir", type=Path, metavar="DIR",
+                   help="where trial directories go (default: runs/ beside the spec)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="run again trials recorded as oom / failed / timeout")
+    p.add_argument("--master-port", type=_positive, default=29500,
+                   help="rendezvous port for multi-node launchers (default 29500)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print every command and config; run nothing, record nothing")
+    p.add_argument("--json", type=Path, metavar="FILE",
+                   help="also write the trials and the best strategy as JSON ('-': stdout)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _nonneg(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    if not v > 0 or v != v or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def read_plan(path: Path, spec: Spec) -> list[Estimate | Strategy]:
+    """Strategies (with their predicted times) from a plan JSON (`amp-search plan --json`).
+
+    Each row gives pp, dp, tmp, mbs, partition, placement and optionally zero_stage,
+    activation_checkpointing, iteration_time_s; the global batch comes from the spec."""
+    from ..launch.orchestrator import TrialRequest
+
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"plan file not found: {path}") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read plan {path}: {exc}") from None
+    rows = data.get("strategies") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise UsageError(f"{path}: expected {{\"strategies\": [...]}} as written by "
+                         f"`amp-search plan --json`")
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            s = Strategy.from_dict({**row, "global_batch_size": spec.training.global_batch_size})
+            predicted = row.get("iteration_time_s")
+            out.append(TrialRequest(strategy=s, predicted_s=_predict(spec, s)
+                                    if predicted is None else float(predicted)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{path}: strategies[{i}] is not a strategy ({exc!r} missing or "
+                             f"malformed)") from None
+        if s.gas < 1 or s.gas * s.dp * s.mbs != s.global_batch_size:
+            raise UsageError(f"{path}: strategies[{i}] (dp {s.dp} x mbs {s.mbs}) does not "
+                             f"divide the spec's global batch {s.global_batch_size}; was the "
+                             f"plan made for this spec?")
+    return out
+
+
+def _predict(spec: Spec, strategy: Strategy) -> float | None:
+    """The cost model's prediction for a hand-written strategy (None if it cannot say)."""
+    try:
+        from ..planner import evaluate
+
+        return evaluate(spec, strategy).iteration_time_s
+    except Exception:  # noqa: BLE001 - a prediction is optional; the trial still runs
+        return None
+
+
+# ----------------------------------------------------------------------------- output
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.0f}"
+
+
+def _split(s: Strategy) -> str:
+    b = s.partition
+    return "/".join(str(y - x) for x, y in zip(b, b[1:]))
+
+
+def format_trials(records) -> str:
+    """Predicted vs measured seconds per iteration, per trial."""
+    head = ("#", "strategy", "layers/stage", "predicted s", "measured s", "+-", "peak MiB",
+            "status", "note")
+    lines = [head]
+    for r in records:
+        note = "cached" if r.cached else ""
+        if r.error:
+            note = (note + ": " if note else "") + r.error
+        if len(note) > 70:
+            note = note[:67] + "..."
+        lines.append((str(r.index), r.label, _split(r.strategy),
+                      "-" if r.predicted_s is None else f"{r.predicted_s:.4g}",
+                      "-" if r.measured_mean_s is None else f"{r.measured_mean_s:.4g}",
+                      "-" if r.measured_std_s is None else f"{r.measured_std_s:.2g}",
+                      _mib(r.peak_memory_bytes), r.status, note))
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    left = (1, 2, 7, 8)
+    out = []
+    for k, row in enumerate(lines):
+        out.append("  ".join(c.ljust(w) if i in left else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def _write_json(path: Path, data) -> None:
+    text = json.dumps(data, indent=2)
+    if str(path) == "-":
+        print(text)
+        return
+    try:
+        path.write_text(text + "\n")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt  # stop the running trial the same way as Ctrl-C
+
+
+def run(args) -> int:
+    from ..launch.hostfile import parse_hostfile
+    from ..launch.orchestrator import (LaunchOptions, best_trial, default_results_path,
+                                       run_trials)
+
+    spec = load_spec(args.spec)
+    if args.warmup >= args.iters:
+        raise UsageError(f"--warmup ({args.warmup}) must be smaller than --iters "
+                         f"({args.iters})")
+    hostfile = parse_hostfile(args.hostfile) if args.hostfile is not None else None
+    if args.plan is not None:
+        items = read_plan(args.plan, spec)[:args.top_k]
+    else:
+        from ..planner import plan
+
+        items = list(plan(spec, progress=not args.no_progress and sys.stderr.isatty())
+                     .strategies[:args.top_k])
+    options = LaunchOptions(
+        backend=args.backend, launcher=args.launcher, hostfile=hostfile, iters=args.iters,
+        warmup=args.warmup, trial_timeout_s=args.trial_timeout,
+        budget_s=None if args.budget_minutes is None else args.budget_minutes * 60,
+        dry_run=args.dry_run, results_path=args.results, runs_dir=args.runs_dir,
+        megatron_path=args.megatron_path, master_port=args.master_port,
+        retry_failed=args.retry_failed,
+        progress=not args.no_progress and sys.stderr.isatty(), base_env=dict(os.environ))
+    quiet = args.json is not None and str(args.json) == "-"
+
+    def show(rec) -> None:
+        if quiet:
+            return
+        if args.dry_run:
+            print(f"# trial {rec.index}: {rec.label}" + (f"  ({rec.error})" if rec.error
+                                                          else ""))
+            for path, text in rec.files.items():
+                if not path.endswith("commands.json"):
+                    print(f"# --- {path}\n{text.rstrip()}")
+            print("# --- commands")
+            for c in rec.commands:
+                print(c)
+            print()
+            return
+        measured = "-" if rec.measured_mean_s is None else f"{rec.measured_mean_s:.4g} s"
+        print(f"trial {rec.index}/{len(items)} {rec.label}: {rec.status}"
+              f"{' (cached)' if rec.cached else ''}, measured {measured}"
+              + (f" - {rec.error}" if rec.error else ""), file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        records = run_trials(spec, items, options, on_record=show)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    best = best_trial(records)
+    db_path = None if args.dry_run else str(args.results or default_results_path(spec))
+    if not quiet and not args.dry_run:
+        print(format_trials(records))
+        if best is None:
+            print("\nno trial ended ok")
+        else:
+            pred = "" if best.predicted_s is None else f", predicted {best.predicted_s:.4g} s"
+            print(f"\nbest: {best.label} partition {list(best.strategy.partition)}: "
+                  f"{best.measured_mean_s:.4g} s/iteration measured{pred}")
+        print(f"results: {db_path}")
+    if args.json is not None:
+        _write_json(args.json, {
+            "spec": str(args.spec), "spec_sha256": spec.sha256, "results_db": db_path,
+            "backend": args.backend, "launcher": args.launcher, "iters": args.iters,
+            "warmup": args.warmup, "dry_run": args.dry_run,
+            "trials": [r.to_dict() for r in records],
+            "best": None if best is None else best.to_dict()})
+    return 0 if args.dry_run or best is not None else 1

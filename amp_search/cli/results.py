@@ -1,0 +1,83 @@
+"""`amp-search results`: the trials recorded for a spec."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import UsageError
+from ..spec import load_spec
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("results", help="show the trials recorded for a spec",
+                       description="Print every trial of a spec from the results database.")
+    p.add_argument("spec", type=Path, help="YAML spec the trials were launched for")
+    p.add_argument("--results", type=Path, metavar="DB",
+                   help="SQLite results database (default: amp-search-results.sqlite beside "
+                        "the spec)")
+    p.add_argument("--json", type=Path, metavar="FILE",
+                   help="also write the rows as JSON ('-': stdout)")
+    p.set_defaults(func=run)
+
+
+def _f(x, fmt: str = ".4g") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def format_rows(rows) -> str:
+    head = ("id", "strategy", "layers/stage", "predicted s", "measured s", "+-", "peak MiB",
+            "status", "started", "log / error")
+    lines = [head]
+    for r in rows:
+        b = r.partition or []
+        split = "/".join(str(y - x) for x, y in zip(b, b[1:]))
+        note = r.log_path or ""
+        if r.status != "ok" and r.error:
+            note = r.error.splitlines()[0]
+        lines.append((str(r.id), r.label, split, _f(r.predicted_s), _f(r.measured_mean_s),
+                      _f(r.measured_std_s, ".2g"),
+                      "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 2**20:.0f}",
+                      r.status, r.started_at or "-", note[:80]))
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    out = []
+    for k, row in enumerate(lines):
+        out.append("  ".join(c.ljust(w) if i in (1, 2, 7, 8, 9) else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def run(args) -> int:
+    from ..launch.orchestrator import default_results_path
+    from ..launch.results_db import ResultsDB
+
+    spec = load_spec(args.spec)
+    path = args.results or default_results_path(spec)
+    if not Path(path).is_file():
+        raise UsageError(f"no results database at {path}; run `amp-search launch "
+                         f"{args.spec}` first (or pass --results)")
+    rows = ResultsDB(path).rows(spec.sha256)
+    to_stdout = args.json is not None and str(args.json) == "-"
+    if not to_stdout:
+        if rows:
+            print(format_rows(rows))
+            ok = [r for r in rows if r.status == "ok" and r.measured_mean_s is not None]
+            if ok:
+                best = min(ok, key=lambda r: r.measured_mean_s)
+                print(f"\nbest measured: {best.label} partition {best.partition}: "
+                      f"{best.measured_mean_s:.4g} s/iteration")
+        else:
+            print(f"no trials recorded for {args.spec} (sha256 {spec.sha256[:12]}) in {path}")
+    if args.json is not None:
+        text = json.dumps({"spec": str(args.spec), "spec_sha256": spec.sha256,
+                           "results_db": str(path), "rows": [r.to_dict() for r in rows]},
+                          indent=2)
+        if to_stdout:
+            print(text)
+        else:
+            try:
+                args.json.write_text(text + "\n")
+            except OSError as exc:
+                raise UsageError(f"cannot write {args.json}: {exc.strerror}") from None
+    return 0

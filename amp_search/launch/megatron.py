@@ -1,0 +1,164 @@
+"""The Megatron-LM backend: a `pretrain_gpt.py` command line per strategy.
+
+Megatron-LM (a checkout given by --megatron-path) trains the same GPT as the trials: learned
+absolute positions, untied output layer, GELU MLP, no dropout, mock data of the spec's
+vocabulary. The strategy maps to its arguments:
+
+    tmp, pp                  --tensor-model-parallel-size, --pipeline-model-parallel-size
+    mbs, global batch        --micro-batch-size, --global-batch-size (dp = world / (tmp * pp))
+    partition                nothing when every stage holds as many blocks; else
+                             --decoder-first/last-pipeline-num-layers when only the first and
+                             last stages differ; else --pipeline-model-parallel-layout, one
+                             stage per '|' (E embedding, t block, L loss/head), e.g. Et*3|t*2|tL
+    activation_checkpointing --recompute-granularity full --recompute-method uniform
+                             --recompute-num-layers 1
+    zero_stage >= 1          --use-distributed-optimizer (ZeRO-1: optimizer state sharded)
+    precision                --bf16 / --fp16 (fp32: neither)
+
+Megatron numbers ranks as the launcher does (it has no rank map like amp_search.trial.run), in
+the same tp-dp-pp order as DeepSpeed. So the placement is honoured by ordering the nodes by
+their smallest global rank and, inside a node, CUDA_VISIBLE_DEVICES by global rank; that needs
+every node's ranks to be one contiguous block (`megatron_nodes` says when they are not).
+"""
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+from cost_models.layers import Layer
+
+from ..errors import UsageError
+from ..records import Strategy
+from ..trial.ranks import RankAssignment
+from .launchers import NodeLaunch
+
+MEGATRON_SCRIPT = "pretrain_gpt.py"
+_LAYOUT_CHAR = {"embedding": "E", "transformer": "t", "head": "L"}
+
+
+def check_gpt_chain(layers: tuple[Layer, ...]) -> Layer:
+    """Megatron's GPT is embedding, equal transformer blocks, head; returns a block."""
+    kinds = [x.kind for x in layers]
+    blocks = [x for x in layers if x.kind == "transformer"]
+    if (len(layers) < 3 or kinds[0] != "embedding" or kinds[-1] != "head"
+            or len(blocks) != len(layers) - 2):
+        raise UsageError("the megatron backend runs GPT models (embedding, transformer blocks, "
+                         "head); this spec's layers are " + ", ".join(dict.fromkeys(kinds)))
+    shapes = {(b.hidden_size, b.num_attention_heads, b.ffn_hidden_size, b.in_hidden)
+              for b in blocks}
+    if len(shapes) != 1:
+        raise UsageError("the megatron backend needs all transformer blocks of one size")
+    return blocks[0]
+
+
+def stage_layer_counts(layers: tuple[Layer, ...], partition: tuple[int, ...]) -> list[int]:
+    """Transformer blocks on each stage."""
+    return [sum(1 for x in layers[a:b] if x.kind == "transformer")
+            for a, b in zip(partition[:-1], partition[1:])]
+
+
+def pipeline_layout(layers: tuple[Layer, ...], partition: tuple[int, ...]) -> str:
+    """Megatron's --pipeline-model-parallel-layout string for an exact split."""
+    stages = []
+    for a, b in zip(partition[:-1], partition[1:]):
+        s = "".join(_LAYOUT_CHAR[x.kind] for x in layers[a:b])
+        stages.append(re.sub(r"t{2,}", lambda m: f"t*{len(m.group(0))}", s))
+    return "|".join(stages)
+
+
+def split_args(layers: tuple[Layer, ...], partition: tuple[int, ...]) -> list[str]:
+    """The arguments that make Megatron split the pipeline as planned."""
+    counts = stage_layer_counts(layers, partition)
+    p = len(counts)
+    if p == 1 or len(set(counts)) == 1:
+        return []
+    middle = counts[1:-1]
+    if min(counts[0], counts[-1]) > 0 and len(set(middle)) <= 1 and (not middle or middle[0] > 0):
+        return ["--decoder-first-pipeline-num-layers", str(counts[0]),
+                "--decoder-last-pipeline-num-layers", str(counts[-1])]
+    return ["--pipeline-model-parallel-layout", pipeline_layout(layers, partition)]
+
+
+def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: str,
+                  iters: int, seed: int = 1234, lr: float = 1e-4) -> list[str]:
+    """The pretrain_gpt.py arguments for one strategy."""
+    block = check_gpt_chain(layers)
+    s = strategy
+    vocab = layers[0].vocab_size
+    seq = block.seq_length
+    args = [
+        "--tensor-model-parallel-size", str(s.tmp),
+        "--pipeline-model-parallel-size", str(s.pp),
+        "--num-layers", str(len(layers) - 2),
+        "--hidden-size", str(block.hidden_size),
+        "--num-attention-heads", str(block.num_attention_heads),
+        "--ffn-hidden-size", str(block.ffn_hidden_size),
+        "--seq-length", str(seq), "--max-position-embeddings", str(seq),
+        "--micro-batch-size", str(s.mbs), "--global-batch-size", str(s.global_batch_size),
+        "--train-iters", str(iters), "--log-interval", "1", "--eval-iters", "0",
+        "--lr", str(lr), "--lr-decay-style", "constant", "--seed", str(seed),
+        "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab),
+        "--position-embedding-type", "learned_absolute",
+        "--untie-embeddings-and-output-weights",
+        "--attention-dropout", "0", "--hidden-dropout", "0",
+        "--transformer-impl", "local", "--no-gradient-accumulation-fusion",
+        *split_args(layers, s.partition),
+    ]
+    if s.activation_checkpointing:
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                 "--recompute-num-layers", "1"]
+    if s.zero_stage >= 1:
+        args += ["--use-distributed-optimizer"]
+    if precision in ("bf16", "fp16"):
+        args += [f"--{precision}"]
+    return args
+
+
+def megatron_nodes(ranks: tuple[RankAssignment, ...]) -> tuple[NodeLaunch, ...]:
+    """Nodes ordered by their smallest global rank, devices by global rank; raises
+    UsageError when a node's ranks are not one contiguous block (Megatron cannot remap)."""
+    by_node: dict[int, list[RankAssignment]] = {}
+    for a in ranks:
+        by_node.setdefault(a.node, []).append(a)
+    nodes = sorted(by_node.values(), key=lambda rs: min(a.rank for a in rs))
+    expect = 0
+    out = []
+    for rs in nodes:
+        rs = sorted(rs, key=lambda a: a.rank)
+        got = [a.rank for a in rs]
+        if got != list(range(expect, expect + len(rs))):
+            raise UsageError(f"node {rs[0].host} holds global ranks {got}, not one contiguous "
+                             f"block; Megatron-LM numbers ranks node by node, so this "
+                             f"placement cannot be launched exactly (use --backend deepspeed)")
+        expect += len(rs)
+        out.append(NodeLaunch(node=rs[0].node, host=rs[0].host,
+                              devices=tuple(a.local_device for a in rs)))
+    return tuple(out)
+
+
+def megatron_program(megatron_path: Path, args: list[str]) -> tuple[str, ...]:
+    """pretrain_gpt.py and its arguments, as torchrun takes a script."""
+    return (str(Path(megatron_path) / MEGATRON_SCRIPT), *args)
+
+
+_ITER = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.eE+-]+)")
+_LOSS = re.compile(r"lm loss:\s*([0-9.eE+-]+)")
+_MEM = re.compile(r"max allocated:\s*([0-9.eE+-]+)")
+
+
+def parse_megatron_log(text: str, *, warmup: int) -> dict:
+    """Iteration times, losses and peak memory from a Megatron-LM log (--log-interval 1)."""
+    times = [float(x) / 1e3 for x in _ITER.findall(text)]
+    losses = [float(x) for x in _LOSS.findall(text)]
+    mem = [float(x) for x in _MEM.findall(text)]
+    timed = times[warmup:]
+    return {
+        "iteration_times_s": times,
+        "timed_iterations": len(timed),
+        "mean_s": statistics.fmean(timed) if timed else None,
+        "std_s": statistics.pstdev(timed) if len(timed) > 1 else (0.0 if timed else None),
+        "losses": losses,
+        "peak_memory_bytes": [int(m * 2**20) for m in mem],  # Megatron reports MB (MiB)
+        "peak_memory_kind": "cuda_max_memory_allocated" if mem else "",
+    }

@@ -1,0 +1,504 @@
+"""AMP Algorithm 1, last step: run the top predicted strategies for real, one after another,
+record every trial, and pick the fastest measured one.
+
+    run_trials(spec, [Estimate | Strategy | TrialRequest, ...], LaunchOptions(...))
+        -> [TrialRecord, ...]          (best_trial(records) is the winner)
+
+Per trial: a trial directory (trial.json, ds_config.json, hostfiles, log.txt, result.json),
+a `running` row in the results database, the launcher's commands run to the end or to the
+timeout, then the row's final status: ok | oom | failed | timeout (or interrupted on Ctrl-C,
+which stops the trial's processes and re-raises). Trials that finished before (same spec hash,
+strategy, partition, placement, backend) are not run again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..errors import UsageError
+from ..records import Estimate, Strategy
+from ..spec import Spec
+from ..trial.config import TrialConfig, ds_config
+from ..trial.ranks import RankAssignment, assign_ranks, launch_order
+from .hostfile import HostSlots
+from .launchers import LAUNCHERS, BUILDERS, LaunchContext, TrialLaunch, build_launch
+from .megatron import (check_gpt_chain, megatron_args, megatron_nodes, megatron_program,
+                       parse_megatron_log)
+from .process import classify_failure, error_summary, log_tail, run_commands
+from .results_db import FINISHED, ResultsDB
+
+BACKENDS = ("deepspeed", "megatron")
+DEFAULT_RESULTS_NAME = "amp-search-results.sqlite"
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+"""The directory holding amp_search/ and cost_models/ (put on the trials' PYTHONPATH)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """How to run the trials."""
+
+    backend: str = "deepspeed"
+    """deepspeed (amp_search.trial.run) | megatron (Megatron-LM pretrain_gpt.py)."""
+    launcher: str = "local"
+    """local | deepspeed | torchrun | slurm."""
+    hostfile: tuple[HostSlots, ...] | None = None
+    """Hosts of the spec's nodes, in spec node order (overrides cluster.nodes[].hosts)."""
+    iters: int = 40
+    """Iterations per trial, warm-up included (AMP: 40)."""
+    warmup: int = 20
+    """Leading iterations left out of the mean (AMP: mean of the last 20)."""
+    trial_timeout_s: float = 1800.0
+    """A trial running longer is stopped and recorded as `timeout`."""
+    budget_s: float | None = None
+    """Wall-clock budget for all trials; later trials are skipped once it is spent."""
+    dry_run: bool = False
+    """Write the trial files and report the commands; start nothing, record nothing."""
+    results_path: Path | None = None
+    """The SQLite results database (default: amp-search-results.sqlite beside the spec)."""
+    runs_dir: Path | None = None
+    """Where trial directories go (default: runs/ beside the spec)."""
+    python: str = sys.executable
+    """Python interpreter of the trials (same path on every host)."""
+    megatron_path: Path | None = None
+    """Megatron-LM checkout (megatron backend)."""
+    master_port: int = 29500
+    """Rendezvous port of multi-node launches (the local launcher picks a free one)."""
+    seed: int = 1234
+    retry_failed: bool = False
+    """Run again trials that finished as oom / failed / timeout (ok ones are always kept)."""
+    progress: bool = False
+    """Show a tqdm progress bar on stderr."""
+    base_env: dict = field(default_factory=dict)
+    """Environment the trial processes start from (the CLI passes its own)."""
+    ssh: tuple[str, ...] = ("ssh", "-o", "BatchMode=yes")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialRequest:
+    """One strategy to run, with its prediction and optional debug behaviour (tests)."""
+
+    strategy: Strategy
+    predicted_s: float | None = None
+    debug_fail: str = ""
+    """Make every trial process raise this message at start-up."""
+    debug_hang_s: float = 0.0
+    """Make every trial process sleep this long at start-up."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialRecord:
+    """The outcome of one trial."""
+
+    index: int
+    """1-based position in the launch (the plan's rank among the trials)."""
+    label: str
+    strategy: Strategy
+    predicted_s: float | None
+    status: str
+    """ok | oom | failed | timeout | interrupted | skipped (budget) | dry-run."""
+    cached: bool = False
+    """Finished in an earlier launch; taken from the database, not run again."""
+    measured_mean_s: float | None = None
+    measured_std_s: float | None = None
+    peak_memory_bytes: int | None = None
+    """Largest over the ranks."""
+    peak_memory_kind: str = ""
+    """cuda_max_memory_allocated, or cpu_max_rss_approx (whole-process RSS on CPU)."""
+    error: str = ""
+    """Why it did not end ok: one line."""
+    log_tail: str = ""
+    log_path: str | None = None
+    trial_dir: str | None = None
+    row_id: int | None = None
+    versions: dict = field(default_factory=dict)
+    losses: tuple[float, ...] = ()
+    started_at: str | None = None
+    ended_at: str | None = None
+    wall_s: float | None = None
+    commands: tuple[str, ...] = ()
+    """The commands as they read in a terminal."""
+    files: dict = field(default_factory=dict)
+    """dry-run: path -> text of the files the trial would read (trial.json, ds_config.json,
+    hostfiles)."""
+
+    @property
+    def measured_s(self) -> float | None:
+        """Measured seconds per iteration (the name amp_search.calibrate reads)."""
+        return self.measured_mean_s
+
+    def to_dict(self) -> dict:
+        return {
+            "index": self.index, "label": self.label, "strategy": self.strategy.to_dict(),
+            "predicted_s": self.predicted_s, "status": self.status, "cached": self.cached,
+            "measured_mean_s": self.measured_mean_s, "measured_std_s": self.measured_std_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_memory_kind": self.peak_memory_kind, "error": self.error,
+            "log_tail": self.log_tail, "log_path": self.log_path,
+            "trial_dir": self.trial_dir, "row_id": self.row_id, "versions": self.versions,
+            "losses": list(self.losses), "started_at": self.started_at,
+            "ended_at": self.ended_at, "wall_s": self.wall_s, "commands": list(self.commands),
+            "files": dict(self.files),
+        }
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def trial_key(strategy: Strategy, backend: str) -> str:
+    """What identifies a trial within a spec: strategy label + partition + placement."""
+    return (f"{backend}|{strategy.label()}|partition={','.join(map(str, strategy.partition))}"
+            f"|placement={json.dumps([[list(r) for r in s] for s in strategy.placement])}")
+
+
+def default_results_path(spec: Spec) -> Path:
+    """amp-search-results.sqlite beside the spec."""
+    return (spec.path.resolve().parent if spec.path else Path.cwd()) / DEFAULT_RESULTS_NAME
+
+
+def _requests(items: Iterable) -> list[TrialRequest]:
+    out = []
+    for x in items:
+        if isinstance(x, TrialRequest):
+            out.append(x)
+        elif isinstance(x, Estimate):
+            out.append(TrialRequest(strategy=x.strategy, predicted_s=x.iteration_time_s))
+        elif isinstance(x, Strategy):
+            out.append(TrialRequest(strategy=x))
+        else:
+            raise TypeError(f"expected Estimate, Strategy or TrialRequest, got {type(x)}")
+    return out
+
+
+def node_hosts(spec: Spec, options: LaunchOptions) -> dict[int, str]:
+    """node id -> host: from the hostfile (line i = node i), else the spec's hosts, else
+    localhost for the local launcher."""
+    nodes = spec.cluster.nodes
+    if options.launcher == "local":
+        return {n.id: "localhost" for n in nodes}
+    if options.hostfile is not None:
+        hf = options.hostfile
+        if len(hf) < len(nodes):
+            raise UsageError(f"the hostfile lists {len(hf)} hosts but the spec has "
+                             f"{len(nodes)} nodes; list one host per node, in spec order")
+        for n, h in zip(nodes, hf):
+            if h.slots < len(n.devices):
+                raise UsageError(f"hostfile: {h.host} has slots={h.slots} but node {n.id} "
+                                 f"({n.gpu.name}) has {len(n.devices)} devices in the spec")
+        return {n.id: h.host for n, h in zip(nodes, hf)}
+    if all(n.host for n in nodes):
+        return {n.id: n.host for n in nodes}
+    raise UsageError(f"--launcher {options.launcher} needs the nodes' hostnames: give "
+                     f"--hostfile (one 'host slots=N' per node) or cluster.nodes[].hosts")
+
+
+def trial_device(spec: Spec, strategy: Strategy) -> str:
+    """cpu | cuda: the kind of the devices the strategy uses."""
+    kinds = {spec.cluster.devices[d].gpu.kind
+             for st in strategy.placement for rep in st for d in rep}
+    if len(kinds) != 1:
+        raise UsageError("a trial cannot mix CPU and GPU devices")
+    return "cpu" if kinds == {"cpu"} else "cuda"
+
+
+def trial_precision(precision: str, device: str) -> str:
+    """What the trial trains in: the spec's precision, except fp16 on CPU, which DeepSpeed
+    cannot train (its fp16 optimizer needs CUDA): bf16 there."""
+    return "bf16" if device == "cpu" and precision == "fp16" else precision
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
+    """Why the strategy cannot run as a trial ('' if it can)."""
+    s = strategy
+    n = len(spec.model.layers)
+    p = s.partition
+    if len(p) != s.pp + 1 or p[0] != 0 or p[-1] != n or any(a >= b for a, b in zip(p, p[1:])):
+        return f"partition {list(p)} does not split {n} layers into {s.pp} non-empty stages"
+    if s.global_batch_size % (s.dp * s.mbs):
+        return (f"global batch {s.global_batch_size} is not a multiple of dp x mbs = "
+                f"{s.dp} x {s.mbs}")
+    if backend == "deepspeed" and s.pp > 1 and s.zero_stage >= 2:
+        return (f"DeepSpeed's pipeline engine rejects ZeRO stage {s.zero_stage} with pp={s.pp}"
+                f" (ZeRO 0 or 1 only)")
+    if backend == "deepspeed" and s.pp == 1 and s.zero_stage >= 2 and s.activation_checkpointing:
+        return "activation checkpointing with ZeRO 2/3 at pp=1 is not wired in trials"
+    return ""
+
+
+def best_trial(records: list[TrialRecord]) -> TrialRecord | None:
+    """The fastest measured trial that ended ok."""
+    ok = [r for r in records if r.status == "ok" and r.measured_mean_s is not None]
+    return min(ok, key=lambda r: r.measured_mean_s) if ok else None
+
+
+def _check(spec: Spec, options: LaunchOptions) -> None:
+    if options.backend not in BACKENDS:
+        raise UsageError(f"--backend {options.backend!r}; accepted: {', '.join(BACKENDS)}")
+    if options.launcher not in LAUNCHERS:
+        raise UsageError(f"--launcher {options.launcher!r}; accepted: {', '.join(LAUNCHERS)}")
+    if options.iters < 1 or not 0 <= options.warmup < options.iters:
+        raise UsageError(f"--iters {options.iters} --warmup {options.warmup}: need "
+                         f"iters >= 1 and 0 <= warmup < iters (AMP: --iters 40 --warmup 20)")
+    if options.trial_timeout_s <= 0:
+        raise UsageError(f"--trial-timeout must be positive, got {options.trial_timeout_s}")
+    custom = [x.name for x in spec.model.layers if x.kind == "custom"]
+    if custom:
+        raise UsageError(f"layer {custom[0]!r} is a custom layer (given only by FLOPs, "
+                         f"parameters and output size); real trials cannot run it")
+    if options.backend == "megatron":
+        check_gpt_chain(spec.model.layers)
+        if options.launcher == "slurm":
+            raise UsageError("the megatron backend runs under --launcher local, torchrun or "
+                             "deepspeed (Megatron-LM reads torchrun's RANK / LOCAL_RANK)")
+        if options.megatron_path is None:
+            raise UsageError("--backend megatron needs --megatron-path (a Megatron-LM checkout)")
+        script = Path(options.megatron_path) / "pretrain_gpt.py"
+        if not options.dry_run and not script.is_file():
+            raise UsageError(f"{script} not found; --megatron-path must point to a "
+                             f"Megatron-LM checkout")
+
+
+# ----------------------------------------------------------------------------- one trial
+
+@dataclass(frozen=True, kw_only=True)
+class _Prepared:
+    trial_dir: Path
+    config_path: Path
+    result_path: Path
+    log_path: Path
+    launch: TrialLaunch
+    env: dict
+    files: dict
+    """path -> text of every file the trial reads (written unless dry-run)."""
+
+
+def _prepare(spec: Spec, req: TrialRequest, index: int, ranks: tuple[RankAssignment, ...],
+             options: LaunchOptions, runs_dir: Path) -> _Prepared:
+    s = req.strategy
+    device = trial_device(spec, s)
+    precision = trial_precision(spec.training.precision, device)
+    key_hash = hashlib.sha256(trial_key(s, options.backend).encode()).hexdigest()[:8]
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    trial_dir = runs_dir / f"{index:02d}-{s.label()}-{key_hash}-{stamp}"
+    k = 1
+    while trial_dir.exists():
+        k += 1
+        trial_dir = runs_dir / f"{index:02d}-{s.label()}-{key_hash}-{stamp}-{k}"
+    config_path = trial_dir / "trial.json"
+    result_path = trial_dir / "result.json"
+    ds = ds_config(s, precision=precision)
+    cfg = TrialConfig(layers=spec.model.layers, strategy=s, ranks=ranks,
+                      launch_order=launch_order(ranks), precision=precision, device=device,
+                      iters=options.iters, warmup=options.warmup, seed=options.seed,
+                      causal=spec.model.preset != "bert", output=str(result_path),
+                      ds_config=ds, debug_fail=req.debug_fail, debug_hang_s=req.debug_hang_s)
+    files = {config_path: json.dumps(cfg.to_dict(), indent=1),
+             trial_dir / "ds_config.json": json.dumps(ds, indent=1)}
+    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": device,
+           "PYTHONPATH": str(PACKAGE_ROOT) + (
+               ":" + options.base_env["PYTHONPATH"] if options.base_env.get("PYTHONPATH")
+               else "")}
+    if options.backend == "megatron":
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    port = _free_port() if options.launcher == "local" else options.master_port
+    ctx = LaunchContext(python=options.python, workdir=trial_dir, device=device,
+                        master_port=port, ssh=options.ssh, trial_env=env,
+                        node_slots={n.id: len(n.devices) for n in spec.cluster.nodes})
+    if options.backend == "megatron":
+        args = megatron_args(spec.model.layers, s, precision=precision, iters=options.iters,
+                             seed=options.seed)
+        program = megatron_program(options.megatron_path, args)
+        launch = BUILDERS[options.launcher](megatron_nodes(ranks), ctx,
+                                            rank0_host=ranks[0].host, program=program)
+        files[trial_dir / "megatron_args.json"] = json.dumps(args, indent=1)
+    else:
+        launch = build_launch(options.launcher, ranks, ctx, config_path)
+    files.update(launch.files)
+    files[trial_dir / "commands.json"] = json.dumps(launch.to_dict(), indent=1)
+    if not options.dry_run:
+        trial_dir.mkdir(parents=True)
+        for path, text in files.items():
+            Path(path).write_text(text)
+    return _Prepared(trial_dir=trial_dir, config_path=config_path, result_path=result_path,
+                     log_path=trial_dir / "log.txt", launch=launch, env=env,
+                     files={str(k): v for k, v in files.items()})
+
+
+def _from_row(index: int, req: TrialRequest, row) -> TrialRecord:
+    res = row.result or {}
+    return TrialRecord(
+        index=index, label=row.label, strategy=req.strategy,
+        predicted_s=req.predicted_s if req.predicted_s is not None else row.predicted_s,
+        status=row.status, cached=True, measured_mean_s=row.measured_mean_s,
+        measured_std_s=row.measured_std_s, peak_memory_bytes=row.peak_memory_bytes,
+        peak_memory_kind=row.peak_memory_kind or "", error=(row.error or "").splitlines()[0]
+        if row.error else "", log_path=row.log_path, row_id=row.id, versions=row.versions,
+        losses=tuple(res.get("losses", ())), started_at=row.started_at, ended_at=row.ended_at)
+
+
+def _run_one(spec: Spec, req: TrialRequest, index: int, options: LaunchOptions,
+             db: ResultsDB | None, runs_dir: Path, hosts: dict[int, str],
+             timeout_s: float, budget_limited: bool) -> TrialRecord:
+    s = req.strategy
+    base = dict(index=index, label=s.label(), strategy=s, predicted_s=req.predicted_s)
+    reason = preflight(spec, s, options.backend)
+    device_node = {d.id: (d.node, d.local_rank) for d in spec.cluster.devices}
+    if not reason:
+        try:
+            ranks = assign_ranks(s, device_node, hosts)
+        except (KeyError, IndexError):
+            reason = "the placement names devices the spec does not have"
+    if reason:
+        if options.dry_run:
+            return TrialRecord(**base, status="dry-run", error=reason)
+        now = _now()
+        row = db.start(spec_sha256=spec.sha256, spec_path=str(spec.path), label=s.label(),
+                       trial_key=trial_key(s, options.backend), backend=options.backend,
+                       launcher=options.launcher, strategy=s.to_dict(),
+                       predicted_s=req.predicted_s, iters=options.iters,
+                       warmup=options.warmup, log_path="", started_at=now)
+        db.finish(row, status="failed", ended_at=now, error=reason)
+        return TrialRecord(**base, status="failed", error=reason, row_id=row, started_at=now,
+                           ended_at=now)
+
+    prep = _prepare(spec, req, index, ranks, options, runs_dir)
+    commands = tuple(c.display() for c in prep.launch.commands)
+    base.update(trial_dir=str(prep.trial_dir), log_path=str(prep.log_path), commands=commands)
+    if options.dry_run:
+        return TrialRecord(**base, status="dry-run", files=prep.files)
+
+    started = _now()
+    row = db.start(spec_sha256=spec.sha256, spec_path=str(spec.path), label=s.label(),
+                   trial_key=trial_key(s, options.backend), backend=options.backend,
+                   launcher=options.launcher, strategy=s.to_dict(), predicted_s=req.predicted_s,
+                   iters=options.iters, warmup=options.warmup, log_path=str(prep.log_path),
+                   started_at=started)
+    base.update(row_id=row, started_at=started)
+    try:
+        outcome = run_commands(prep.launch.commands, base_env={**options.base_env, **prep.env},
+                               cwd=prep.trial_dir, log_path=prep.log_path, timeout_s=timeout_s)
+    except KeyboardInterrupt:
+        db.finish(row, status="interrupted", ended_at=_now(), error="interrupted (Ctrl-C)")
+        raise
+    ended = _now()
+    long_tail = log_tail(prep.log_path, 300)  # torchrun's report follows the real error
+    tail = "\n".join(long_tail.splitlines()[-20:])
+    # a result is written (atomically) before teardown: a crash after it does not void it
+    result = _read_result(prep, options) if outcome.ok or (
+        not outcome.timed_out and options.backend == "deepspeed") else None
+    if result is not None and result.get("mean_s") is not None:
+        peaks = result.get("peak_memory_bytes") or []
+        rec = TrialRecord(**base, status="ok", measured_mean_s=result["mean_s"],
+                          measured_std_s=result.get("std_s"),
+                          peak_memory_bytes=max(peaks) if peaks else None,
+                          peak_memory_kind=result.get("peak_memory_kind", ""),
+                          versions=result.get("versions", {}),
+                          losses=tuple(result.get("losses", ())), ended_at=ended,
+                          wall_s=outcome.wall_s,
+                          error="" if outcome.ok else f"exit codes "
+                          f"{list(outcome.returncodes)} after the result was written")
+        db.finish(row, status="ok", ended_at=ended, measured_mean_s=rec.measured_mean_s,
+                  measured_std_s=rec.measured_std_s, peak_memory_bytes=rec.peak_memory_bytes,
+                  peak_memory_kind=rec.peak_memory_kind, versions=rec.versions, result=result)
+        return rec
+    if outcome.ok:
+        status, error = "failed", "the trial exited without writing its result"
+    else:
+        status = classify_failure(outcome, long_tail)
+        if status == "timeout":
+            error = f"stopped after {timeout_s:.0f} s" + (
+                " (the launch budget ran out)" if budget_limited else " (--trial-timeout)")
+            if budget_limited:
+                status = "interrupted"  # not the trial's fault: run it again next time
+        else:
+            error = error_summary(long_tail) or f"exit codes {list(outcome.returncodes)}"
+    db.finish(row, status=status, ended_at=ended, error=error + "\n" + tail)
+    return TrialRecord(**base, status=status, error=error, log_tail=tail, ended_at=ended,
+                       wall_s=outcome.wall_s)
+
+
+def _read_result(prep: _Prepared, options: LaunchOptions) -> dict | None:
+    if options.backend == "megatron":
+        try:
+            text = prep.log_path.read_text(errors="replace")
+        except OSError:
+            return None
+        res = parse_megatron_log(text, warmup=options.warmup)
+        prep.result_path.write_text(json.dumps(res, indent=1))
+        return res
+    try:
+        return json.loads(prep.result_path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ----------------------------------------------------------------------------- all trials
+
+def run_trials(spec: Spec, items: Iterable, options: LaunchOptions | None = None, *,
+               on_record: Callable[[TrialRecord], None] | None = None) -> list[TrialRecord]:
+    """Run the trials one after another; returns one TrialRecord per item, in order.
+
+    `items`: Estimates (predicted time from the plan), Strategies or TrialRequests.
+    `on_record` is called as each trial ends (for live output)."""
+    from tqdm import tqdm
+
+    options = options or LaunchOptions()
+    _check(spec, options)
+    requests = _requests(items)
+    hosts = node_hosts(spec, options)
+    runs_dir = Path(options.runs_dir or (spec.path.parent if spec.path else Path.cwd())
+                    / "runs").resolve()
+    db = None if options.dry_run else ResultsDB(options.results_path
+                                                or default_results_path(spec))
+    keep = ("ok",) if options.retry_failed else FINISHED
+    t0 = time.monotonic()
+    records: list[TrialRecord] = []
+    bar = tqdm(total=len(requests), desc="trials", unit="trial", disable=not options.progress,
+               file=sys.stderr, leave=False)
+    try:
+        for index, req in enumerate(requests, 1):
+            s = req.strategy
+            bar.set_postfix_str(s.label())
+            done = None if db is None else db.finished(spec.sha256,
+                                                       trial_key(s, options.backend), keep)
+            if done is not None:
+                rec = _from_row(index, req, done)
+            else:
+                left = None if options.budget_s is None else \
+                    options.budget_s - (time.monotonic() - t0)
+                if left is not None and left <= 0 and not options.dry_run:
+                    rec = TrialRecord(index=index, label=s.label(), strategy=s,
+                                      predicted_s=req.predicted_s, status="skipped",
+                                      error="the --budget-minutes budget is spent")
+                else:
+                    timeout = options.trial_timeout_s if left is None else \
+                        min(options.trial_timeout_s, left)
+                    rec = _run_one(spec, req, index, options, db, runs_dir, hosts, timeout,
+                                   budget_limited=timeout < options.trial_timeout_s)
+            records.append(rec)
+            bar.update(1)
+            if on_record is not None:
+                on_record(rec)
+    finally:
+        bar.close()
+    return records
+
+
+__all__ = ["BACKENDS", "LaunchOptions", "TrialRecord", "TrialRequest", "best_trial",
+           "default_results_path", "node_hosts", "preflight", "run_trials", "trial_key",
+           "trial_device", "trial_precision"]

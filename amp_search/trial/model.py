@@ -1,0 +1,391 @@
+"""The layers the trials train: one torch module per `cost_models.layers.Layer`.
+
+This is the code behind every definition in the docstring of `cost_models/layers.py`; the
+per-rank parameter count of each built module equals `cost_models.layers.param_count(layer, t)`
+(tests/test_trial_model.py checks it for t = 1 and 2).
+
+API (what the memory and profiling code use)
+--------------------------------------------
+
+    build_layer(layer, *, tp_size=1, tp_group=None, precision="fp32",
+                simulate_tp_size=0, causal=True) -> torch.nn.Module
+
+        One module per Layer. `tp_size` is the tensor-parallel degree; the megatron-core
+        layers take their group from `tp_group`, else from megatron's `parallel_state` (which
+        must then be initialized: see `init_single_process_parallel`). `precision` sets the
+        parameter dtype (fp32 | bf16 | fp16). `causal` masks attention (GPT; BERT uses False).
+
+        simulate_tp_size=k (with tp_size=1) builds the *sharded* layer of tensor rank 0 of a
+        tmp=k run in ONE process with no communication: plain torch parameters with the
+        per-rank shapes (QKV 3h/k, fc1 f/k, vocab V/k, ...), same FLOPs and parameter count as
+        one rank of the real layer, no collectives (the profiler costs those separately).
+        It needs no torch.distributed at all.
+
+    Activations are batch-first: every layer but the embedding takes x [mbs, s, h_in] and
+    returns [mbs, s, h]. The embedding takes token ids [mbs, s] (int64). The head returns the
+    vocab-parallel logits [mbs, s, V/tp] (this rank's slice, not gathered); the loss is
+    `head.loss(logits, labels)` (labels [mbs, s] int64), or the module function
+    `lm_loss(logits, labels)` which DeepSpeed's PipelineModule uses as its `loss_fn`.
+
+    example_inputs(layer, mbs, *, dtype=torch.float32, device="cpu", seed=0) -> tuple
+        The input(s) one forward of the layer takes: (x,), (ids,) or, for the head,
+        (x, labels) with the labels for `head.loss`.
+
+    forward_backward(module, layer, inputs) -> torch.Tensor
+        One forward and backward pass (for the head: through its loss); returns the scalar
+        that was back-propagated. For profiling, wrap it in your timer.
+
+    init_single_process_parallel() -> None
+        A gloo world of size 1 plus megatron `initialize_model_parallel(1, 1)`, so that a
+        layer built with tp_size=1 (the real megatron-core modules) runs in one process.
+        Idempotent.
+
+Layer definitions (Megatron-LM's GPT, without dropout):
+- embedding: megatron-core VocabParallelEmbedding (V x h, split on V) + learned positions
+  (s x h, replicated), summed;
+- transformer: x + proj(attn(LN1(x))), then + fc2(gelu(fc1(LN2(.)))); QKV is one
+  ColumnParallelLinear h -> 3h whose output is laid out [heads, 3, head_dim] so each tensor
+  rank owns whole heads; proj and fc2 are RowParallelLinear (bias replicated);
+- mlp: x + fc2(gelu(fc1(LN(x)))), column then row parallel;
+- head: final LayerNorm + untied ColumnParallelLinear h -> V (gather_output=False) and
+  megatron-core vocab_parallel_cross_entropy, averaged over tokens;
+- a transformer or mlp layer with `input_hidden_size` set starts with a replicated
+  torch.nn.Linear(h_in -> h);
+- custom: rejected (`UnsupportedLayer`): it is defined only by its FLOPs, parameters and
+  output size, so there is no real computation to run.
+
+Initialization draws each weight in full (megatron's CPU initialization: the master weight,
+then this rank's slice), so with the same seed a tmp=1 and a tmp=2 model hold the same weights.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cost_models.layers import Layer
+
+__all__ = ["UnsupportedLayer", "build_layer", "lm_loss", "example_inputs", "forward_backward",
+           "init_single_process_parallel", "parameter_count", "TRIAL_PRECISIONS", "CHECKPOINTABLE_LAYERS",
+           "EmbeddingLayer", "TransformerLayer", "MLPLayer", "HeadLayer"]
+
+TRIAL_PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+INIT_STD = 0.02
+"""Standard deviation of the normal weight initialization (GPT-2 / Megatron default)."""
+CHECKPOINTABLE_LAYERS = ["TransformerLayer", "MLPLayer"]
+"""Class names DeepSpeed's activation checkpointing may recompute (checkpointable_layers)."""
+
+
+class UnsupportedLayer(ValueError):
+    """The layer kind cannot be built for a real trial (custom layers)."""
+
+
+# ----------------------------------------------------------------------------- linears
+
+def _init_normal(weight: torch.Tensor) -> None:
+    nn.init.normal_(weight, mean=0.0, std=INIT_STD)
+
+
+class _LocalColumn(nn.Module):
+    """One tensor rank's shard of a column-parallel linear, no communication
+    (simulate_tp_size). Returns (output, None) like megatron-core's ColumnParallelLinear."""
+
+    def __init__(self, in_features: int, out_features: int, tp: int, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features // tp, in_features, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(out_features // tp, dtype=dtype))
+        _init_normal(self.weight)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias), None
+
+
+class _LocalRow(nn.Module):
+    """One tensor rank's shard of a row-parallel linear (input split, bias replicated),
+    without the all-reduce (simulate_tp_size)."""
+
+    def __init__(self, in_features: int, out_features: int, tp: int, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features // tp, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype))
+        _init_normal(self.weight)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias), None
+
+
+class _Linears:
+    """Builds the column / row parallel linears of one layer: megatron-core's (real tensor
+    parallelism) or local shards (simulate)."""
+
+    def __init__(self, *, tp_size: int, tp_group, dtype: torch.dtype, simulate: int):
+        self.tp, self.group, self.dtype, self.simulate = tp_size, tp_group, dtype, simulate
+        self.config = None
+        if not simulate:
+            from megatron.core import ModelParallelConfig
+
+            self.config = ModelParallelConfig(tensor_model_parallel_size=tp_size,
+                                              use_cpu_initialization=True, params_dtype=dtype,
+                                              perform_initialization=True)
+
+    @property
+    def shards(self) -> int:
+        """How many ways the split dimensions are divided."""
+        return self.simulate or self.tp
+
+    def column(self, n_in: int, n_out: int) -> nn.Module:
+        if self.simulate:
+            return _LocalColumn(n_in, n_out, self.simulate, self.dtype)
+        from megatron.core.tensor_parallel import ColumnParallelLinear
+
+        return ColumnParallelLinear(n_in, n_out, config=self.config, init_method=_init_normal,
+                                    bias=True, gather_output=False, tp_group=self.group)
+
+    def row(self, n_in: int, n_out: int) -> nn.Module:
+        if self.simulate:
+            return _LocalRow(n_in, n_out, self.simulate, self.dtype)
+        from megatron.core.tensor_parallel import RowParallelLinear
+
+        return RowParallelLinear(n_in, n_out, config=self.config, init_method=_init_normal,
+                                 bias=True, input_is_parallel=True, skip_bias_add=False,
+                                 tp_group=self.group)
+
+
+def _input_projection(layer: Layer, dtype: torch.dtype) -> nn.Module | None:
+    if layer.input_hidden_size and layer.input_hidden_size != layer.hidden_size:
+        proj = nn.Linear(layer.input_hidden_size, layer.hidden_size, dtype=dtype)
+        _init_normal(proj.weight)
+        nn.init.zeros_(proj.bias)
+        return proj
+    return None
+
+
+# ----------------------------------------------------------------------------- layers
+
+class EmbeddingLayer(nn.Module):
+    """ids [b, s] -> [b, s, h]: vocab-parallel token embedding + replicated positions."""
+
+    def __init__(self, layer: Layer, lin: _Linears):
+        super().__init__()
+        v, h, s = layer.vocab_size, layer.hidden_size, layer.seq_length
+        self.simulate = lin.simulate
+        if lin.simulate:
+            self.word = nn.Embedding(v // lin.simulate, h, dtype=lin.dtype)
+            _init_normal(self.word.weight)
+        else:
+            from megatron.core.tensor_parallel import VocabParallelEmbedding
+
+            self.word = VocabParallelEmbedding(v, h, init_method=_init_normal,
+                                               config=lin.config, tp_group=lin.group)
+        self.position = nn.Parameter(torch.empty(s, h, dtype=lin.dtype))
+        _init_normal(self.position)
+
+    def forward(self, ids):
+        if self.simulate:  # this rank's rows only; the lookup cost is the same
+            ids = ids % self.word.num_embeddings
+        return self.word(ids) + self.position[: ids.shape[1]]
+
+
+class _MLP(nn.Module):
+    """fc2(gelu(fc1(x))): column then row parallel."""
+
+    def __init__(self, h: int, f: int, lin: _Linears):
+        super().__init__()
+        self.fc1 = lin.column(h, f)
+        self.fc2 = lin.row(f, h)
+
+    def forward(self, x):
+        y, _ = self.fc1(x)
+        y, _ = self.fc2(F.gelu(y))
+        return y
+
+
+class TransformerLayer(nn.Module):
+    """Pre-LN GPT block: [b, s, h_in] -> [b, s, h]."""
+
+    def __init__(self, layer: Layer, lin: _Linears, causal: bool = True):
+        super().__init__()
+        h, a = layer.hidden_size, layer.num_attention_heads
+        if a <= 0 or h % a or a % lin.shards:
+            raise ValueError(f"transformer layer {layer.name!r}: {a} heads must divide hidden "
+                             f"size {h} and be divisible by the tensor-parallel degree "
+                             f"{lin.shards}")
+        self.heads_local = a // lin.shards
+        self.head_dim = h // a
+        self.causal = causal
+        self.proj_in = _input_projection(layer, lin.dtype)
+        self.ln1 = nn.LayerNorm(h, dtype=lin.dtype)
+        self.qkv = lin.column(h, 3 * h)  # output laid out [heads, 3, head_dim]
+        self.proj = lin.row(h, h)
+        self.ln2 = nn.LayerNorm(h, dtype=lin.dtype)
+        self.mlp = _MLP(h, layer.ffn_hidden_size, lin)
+
+    def forward(self, x):
+        if self.proj_in is not None:
+            x = self.proj_in(x)
+        b, s, _ = x.shape
+        qkv, _ = self.qkv(self.ln1(x))                       # [b, s, 3h/t]
+        qkv = qkv.view(b, s, self.heads_local, 3, self.head_dim)
+        q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # [b, a/t, s, d]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        y = y.transpose(1, 2).reshape(b, s, self.heads_local * self.head_dim)
+        y, _ = self.proj(y)
+        x = x + y
+        return x + self.mlp(self.ln2(x))
+
+
+class MLPLayer(nn.Module):
+    """Pre-LN MLP with a residual: [b, s, h_in] -> [b, s, h]."""
+
+    def __init__(self, layer: Layer, lin: _Linears):
+        super().__init__()
+        h = layer.hidden_size
+        self.proj_in = _input_projection(layer, lin.dtype)
+        self.ln = nn.LayerNorm(h, dtype=lin.dtype)
+        self.mlp = _MLP(h, layer.ffn_hidden_size, lin)
+
+    def forward(self, x):
+        if self.proj_in is not None:
+            x = self.proj_in(x)
+        return x + self.mlp(self.ln(x))
+
+
+class HeadLayer(nn.Module):
+    """Final LN + untied LM projection: [b, s, h] -> vocab-parallel logits [b, s, V/t]."""
+
+    def __init__(self, layer: Layer, lin: _Linears):
+        super().__init__()
+        self.simulate = lin.simulate
+        self.ln = nn.LayerNorm(layer.hidden_size, dtype=lin.dtype)
+        self.lm = lin.column(layer.hidden_size, layer.vocab_size)
+
+    def forward(self, x):
+        logits, _ = self.lm(self.ln(x))
+        return logits
+
+    def loss(self, logits, labels):
+        """Mean token cross-entropy (vocab-parallel; local shard only when simulating)."""
+        if self.simulate:
+            v_local = logits.shape[-1]
+            return F.cross_entropy(logits.float().flatten(0, 1), (labels % v_local).flatten())
+        return lm_loss(logits, labels)
+
+
+def lm_loss(logits, labels):
+    """Mean cross-entropy of vocab-parallel logits [b, s, V/t] against labels [b, s]
+    (megatron-core vocab_parallel_cross_entropy over parallel_state's tensor group)."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    return vocab_parallel_cross_entropy(logits.float(), labels).mean()
+
+
+# ----------------------------------------------------------------------------- API
+
+def build_layer(layer: Layer, *, tp_size: int = 1, tp_group=None, precision: str = "fp32",
+                simulate_tp_size: int = 0, causal: bool = True) -> nn.Module:
+    """One module implementing `layer` for one tensor rank (see the module docstring)."""
+    if precision not in TRIAL_PRECISIONS:
+        raise ValueError(f"precision {precision!r}; accepted: {', '.join(TRIAL_PRECISIONS)}")
+    if simulate_tp_size and tp_size != 1:
+        raise ValueError("simulate_tp_size builds a sharded layer in one process; "
+                         f"pass tp_size=1 with it (got tp_size={tp_size})")
+    if tp_size < 1 or simulate_tp_size < 0:
+        raise ValueError(f"tp_size must be >= 1 and simulate_tp_size >= 0 "
+                         f"(got {tp_size}, {simulate_tp_size})")
+    if not simulate_tp_size:
+        tp_group = _resolve_group(tp_size, tp_group)
+    lin = _Linears(tp_size=tp_size, tp_group=tp_group, dtype=TRIAL_PRECISIONS[precision],
+                   simulate=simulate_tp_size)
+    if layer.kind in ("embedding", "head") and layer.vocab_size % lin.shards:
+        raise ValueError(f"{layer.kind} layer {layer.name!r}: vocab size {layer.vocab_size} "
+                         f"is not divisible by the tensor-parallel degree {lin.shards}")
+    if layer.kind in ("transformer", "mlp") and layer.ffn_hidden_size % lin.shards:
+        raise ValueError(f"{layer.kind} layer {layer.name!r}: ffn size "
+                         f"{layer.ffn_hidden_size} is not divisible by the tensor-parallel "
+                         f"degree {lin.shards}")
+    if layer.kind == "embedding":
+        return EmbeddingLayer(layer, lin)
+    if layer.kind == "transformer":
+        return TransformerLayer(layer, lin, causal=causal)
+    if layer.kind == "mlp":
+        return MLPLayer(layer, lin)
+    if layer.kind == "head":
+        return HeadLayer(layer, lin)
+    if layer.kind == "custom":
+        raise UnsupportedLayer(f"layer {layer.name or 'custom'!r} is a custom layer (given only "
+                               f"by its FLOPs, parameters and output size); real trials "
+                               f"cannot run it: describe it as embedding / transformer / mlp "
+                               f"/ head layers to run trials")
+    raise ValueError(f"unknown layer kind {layer.kind!r}")
+
+
+def _resolve_group(tp_size: int, tp_group):
+    """The tensor-parallel group the real layers use (given, else parallel_state's); the
+    layers split by its size, which must be tp_size."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError("build_layer without simulate_tp_size needs torch.distributed and "
+                           "megatron parallel_state; call init_single_process_parallel() "
+                           "first, or pass simulate_tp_size")
+    if tp_group is None:
+        from megatron.core import parallel_state
+
+        if not parallel_state.model_parallel_is_initialized():
+            raise RuntimeError("megatron parallel_state is not initialized; call "
+                               "init_single_process_parallel() or initialize_model_parallel")
+        tp_group = parallel_state.get_tensor_model_parallel_group()
+    size = dist.get_world_size(tp_group)
+    if size != tp_size:
+        raise ValueError(f"tp_size={tp_size} but the tensor-parallel group has {size} ranks")
+    return tp_group
+
+
+def example_inputs(layer: Layer, mbs: int, *, dtype: torch.dtype = torch.float32,
+                   device="cpu", seed: int = 0) -> tuple:
+    """Synthetic inputs of one forward pass of `layer` with micro-batch `mbs`."""
+    g = torch.Generator().manual_seed(seed)
+    s = layer.seq_length
+    if layer.kind == "embedding":
+        return (torch.randint(0, layer.vocab_size, (mbs, s), generator=g).to(device),)
+    x = torch.randn(mbs, s, layer.in_hidden, generator=g).to(device=device, dtype=dtype)
+    x.requires_grad_(True)
+    if layer.kind == "head":
+        return x, torch.randint(0, layer.vocab_size, (mbs, s), generator=g).to(device)
+    return (x,)
+
+
+def forward_backward(module: nn.Module, layer: Layer, inputs: tuple) -> torch.Tensor:
+    """Forward and backward of one layer; returns the back-propagated scalar."""
+    if layer.kind == "head":
+        x, labels = inputs
+        out = module.loss(module(x), labels)
+        out.backward()
+        return out.detach()
+    out = module(*inputs)
+    out.backward(torch.ones_like(out))  # unit output gradient, same GEMMs as a real backward
+    return out.detach().sum()
+
+
+def init_single_process_parallel() -> None:
+    """A gloo world of size 1 and megatron parallel_state with tp = pp = 1, for running
+    real (megatron-core) layers with tp_size=1 in a single process. Idempotent."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if not dist.is_initialized():
+        fd, path = tempfile.mkstemp(prefix="amp-search-store-")
+        os.close(fd)
+        os.unlink(path)  # FileStore creates it; no TCP port is needed
+        dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+
+
+def parameter_count(module: nn.Module) -> int:
+    """Parameters held by this rank's module."""
+    return sum(p.numel() for p in module.parameters())
+

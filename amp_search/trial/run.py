@@ -1,0 +1,380 @@
+"""One trial process: `python -m amp_search.trial.run --config trial.json`.
+
+Started by torchrun, the deepspeed launcher or srun, once per device. It
+
+1. reads its launch rank (RANK, else SLURM_PROCID) and looks up its global rank and device
+   in the config (amp_search.trial.ranks explains the mapping);
+2. joins torch.distributed with that rank (gloo on CPU, NCCL on CUDA) and megatron-core's
+   parallel_state with the same tensor / pipeline groups as DeepSpeed's grid (checked);
+3. builds the model as a DeepSpeed PipelineModule split at exactly the planned boundaries,
+   over a PipeModelDataParallelTopology(pp, tmp, dp), with megatron-core tensor-parallel layers
+   (amp_search.trial.model); with pp = 1 and ZeRO 2 or 3 (which DeepSpeed's pipeline engine
+   rejects) it trains the same layers as a plain DeepSpeed engine;
+4. trains `iters` iterations on synthetic tokens; each iteration's time is the slowest rank's;
+5. global rank 0 writes the result JSON: iteration times, mean and std of the iterations
+   after `warmup`, losses, peak memory per rank, the layers each stage holds, versions.
+
+A program, so it reads the launcher's environment variables; nothing else here does.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from .config import TrialConfig
+
+SYNTHETIC_BATCHES = 8
+"""Distinct micro-batches per replica, cycled, so the loss visibly falls over a trial."""
+
+
+def resolve_rank(cfg: TrialConfig, env) -> tuple[int, int]:
+    """(global rank, local device index to use) of this process, from the launcher's
+    variables: the launch rank (RANK, else SLURM_PROCID) through cfg.launch_order, and on
+    CUDA the planned local device's position in CUDA_VISIBLE_DEVICES."""
+    for var in ("RANK", "SLURM_PROCID"):
+        if var in env:
+            launch_rank = int(env[var])
+            break
+    else:
+        raise SystemExit("amp_search.trial.run: no RANK or SLURM_PROCID in the environment; "
+                         "start it with torchrun, the deepspeed launcher or srun")
+    g = cfg.launch_order[launch_rank]
+    if cfg.device != "cuda":
+        return g, 0
+    local = cfg.ranks[g].local_device
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if not visible:
+        return g, local
+    ids = [v.strip() for v in visible.split(",")]
+    if str(local) not in ids:
+        raise RuntimeError(f"rank {g}: planned device {local} is not in "
+                           f"CUDA_VISIBLE_DEVICES={visible}")
+    return g, ids.index(str(local))
+
+
+def _setup(cfg: TrialConfig):
+    """Join torch.distributed / DeepSpeed / megatron; returns (rank, torch device)."""
+    g, local = resolve_rank(cfg, os.environ)
+    # DeepSpeed's PipelineModule and engine read these
+    os.environ.update(RANK=str(g), LOCAL_RANK=str(local), WORLD_SIZE=str(cfg.world_size))
+    os.environ.setdefault("DS_ACCELERATOR", cfg.device)
+
+    import torch
+    import torch.distributed as dist
+
+    if cfg.device == "cuda":
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if cfg.device == "cuda" else "gloo", init_method="env://",
+                            rank=g, world_size=cfg.world_size)
+
+    # the shared-memory op only serves inference all-reduce and takes 60 s to compile
+    # (importlib, not `import deepspeed.comm.torch as m`: deepspeed.comm has an attribute `torch`)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    import deepspeed
+    from megatron.core import parallel_state
+
+    deepspeed.init_distributed(dist_backend="nccl" if cfg.device == "cuda" else "gloo")
+    s = cfg.strategy
+    parallel_state.initialize_model_parallel(s.tmp, s.pp, create_gloo_process_groups=False)
+    return g, device
+
+
+class _Data:
+    """Synthetic next-token data for one data-parallel replica: (ids, labels) micro-batches
+    of [mbs, s], the same on every stage and tensor rank of the replica."""
+
+    def __init__(self, cfg: TrialConfig, replica: int):
+        import torch
+
+        emb = next((x for x in cfg.layers if x.kind == "embedding"), None)
+        vocab = emb.vocab_size if emb else 2
+        seq = cfg.layers[0].seq_length
+        gen = torch.Generator().manual_seed(cfg.seed * 1009 + replica)
+        tokens = torch.randint(0, vocab, (SYNTHETIC_BATCHES, cfg.strategy.mbs, seq + 1),
+                               generator=gen)
+        self.batches = [(t[:, :-1].contiguous(), t[:, 1:].contiguous()) for t in tokens]
+        self.i = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        ids, labels = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        return ids, labels
+
+
+def _layer_specs(cfg: TrialConfig):
+    """One DeepSpeed LayerSpec per layer; only the local stage's layers get built."""
+    from deepspeed.pipe import LayerSpec
+
+    from . import model as M
+
+    classes = {"embedding": M.EmbeddingLayer, "transformer": M.TransformerLayer,
+               "mlp": M.MLPLayer, "head": M.HeadLayer}
+
+    class Spec(LayerSpec):
+        def __init__(self, layer):  # (no super().__init__: we build through build_layer)
+            if layer.kind not in classes:
+                M.build_layer(layer)  # raises UnsupportedLayer with the reason
+            self.typename, self.module_args, self.module_kwargs = classes[layer.kind], (), {}
+            self.layer, self.global_rank = layer, -1
+
+        def build(self, log=False):
+            return M.build_layer(self.layer, tp_size=cfg.strategy.tmp, precision="fp32",
+                                 causal=cfg.causal)
+
+        def __repr__(self):
+            return f"{self.typename.__name__}({self.layer.name})"
+
+    return [Spec(layer) for layer in cfg.layers]
+
+
+def _pipeline_module(cfg: TrialConfig):
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    from . import model as M
+
+    class PlannedPipelineModule(PipelineModule):
+        """PipelineModule split at given layer boundaries (DeepSpeed offers only uniform,
+        parameter and type-based partitioning): `_partition_layers` takes the plan's."""
+
+        def __init__(self, layers, *, boundaries, **kwargs):
+            self._planned_parts = list(boundaries)  # read by _partition_layers in __init__
+            super().__init__(layers, **kwargs)
+
+        def _partition_layers(self, method="planned"):
+            parts = self._planned_parts
+            if len(parts) != self.num_stages + 1 or parts[0] != 0 or \
+                    parts[-1] != len(self._layer_specs) or sorted(parts) != parts:
+                raise ValueError(f"partition {parts} does not split {len(self._layer_specs)} "
+                                 f"layers into {self.num_stages} stages")
+            self.parts = list(parts)
+            stage = self._topo.get_coord(self.global_rank).pipe
+            self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
+
+    s = cfg.strategy
+    topo = PipeModelDataParallelTopology(num_pp=s.pp, num_mp=s.tmp, num_dp=s.dp)
+    return PlannedPipelineModule(
+        _layer_specs(cfg), boundaries=s.partition, topology=topo, loss_fn=M.lm_loss,
+        seed_layers=True, base_seed=cfg.seed, partition_method="planned",
+        activation_checkpoint_interval=1 if s.activation_checkpointing else 0,
+        checkpointable_layers=M.CHECKPOINTABLE_LAYERS)
+
+
+def _check_groups(module, rank: int) -> None:
+    """megatron's tensor / data / pipeline ranks must be DeepSpeed's grid's."""
+    from megatron.core import parallel_state as ps
+
+    grid = module._grid
+    ours = (ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank(),
+            ps.get_pipeline_model_parallel_rank())
+    theirs = (grid.get_slice_parallel_rank(), grid.get_data_parallel_rank(),
+              grid.get_stage_id())
+    if ours != theirs:
+        raise RuntimeError(f"rank {rank}: megatron (tp, dp, pp) ranks {ours} differ from "
+                           f"DeepSpeed's grid {theirs}")
+
+
+class _Sequential:
+    """pp = 1 with ZeRO 2/3: the layer chain as one module returning the loss."""
+
+    @staticmethod
+    def build(cfg: TrialConfig):
+        import torch
+        from deepspeed.runtime.utils import set_random_seed
+
+        from . import model as M
+
+        class Chain(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                mods = []
+                for i, layer in enumerate(cfg.layers):
+                    set_random_seed(cfg.seed + i)  # as PipelineModule(seed_layers=True)
+                    mods.append(M.build_layer(layer, tp_size=cfg.strategy.tmp,
+                                              precision="fp32", causal=cfg.causal))
+                self.layers = torch.nn.ModuleList(mods)
+
+            def forward(self, ids, labels):
+                x = ids
+                for m in self.layers:
+                    x = m(x)
+                return M.lm_loss(x, labels)
+
+        return Chain()
+
+
+class _TensorMPU:
+    """DeepSpeed's `mpu` interface over megatron's tensor and data groups (pp = 1 engine; the
+    PipelineModule brings its own grid)."""
+
+    def __init__(self):
+        from megatron.core import parallel_state as ps
+
+        self.get_model_parallel_rank = ps.get_tensor_model_parallel_rank
+        self.get_model_parallel_world_size = ps.get_tensor_model_parallel_world_size
+        self.get_model_parallel_group = ps.get_tensor_model_parallel_group
+        self.get_data_parallel_rank = ps.get_data_parallel_rank
+        self.get_data_parallel_world_size = ps.get_data_parallel_world_size
+        self.get_data_parallel_group = ps.get_data_parallel_group
+
+
+def _versions() -> dict:
+    import deepspeed
+    import torch
+
+    try:
+        from megatron.core import package_info
+        megatron = package_info.__version__
+    except ImportError:
+        megatron = "unknown"
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "deepspeed": deepspeed.__version__, "megatron_core": megatron}
+
+
+def _peak_memory(device) -> tuple[int, str]:
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_memory_allocated"
+    # Linux reports ru_maxrss in KiB: the whole process, framework included (approximation)
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "cpu_max_rss_approx"
+
+
+def train(cfg: TrialConfig) -> dict | None:
+    """Run the trial; returns the result dict on global rank 0, None elsewhere."""
+    rank, device = _setup(cfg)
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(cfg.seed)
+    s = cfg.strategy
+    pipelined = not (s.pp == 1 and s.zero_stage >= 2)
+    if not pipelined:
+        if s.activation_checkpointing:
+            raise RuntimeError("activation checkpointing with ZeRO 2/3 at pp=1 is not wired "
+                               "in trials")
+        module = _Sequential.build(cfg)
+    else:
+        if s.zero_stage >= 2:
+            raise RuntimeError(f"DeepSpeed cannot combine ZeRO stage {s.zero_stage} with "
+                               f"pipeline parallelism (pp={s.pp}); use ZeRO 0 or 1")
+        module = _pipeline_module(cfg)
+        _check_groups(module, rank)
+    engine, _, _, _ = deepspeed.initialize(
+        model=module, model_parameters=[p for p in module.parameters() if p.requires_grad],
+        config=cfg.ds_config, mpu=None if pipelined else _TensorMPU())
+
+    me = cfg.ranks[rank]
+    data = _Data(cfg, me.replica)
+
+    def step() -> float:
+        if pipelined:
+            return float(engine.train_batch(data_iter=data))
+        losses = []
+        for _ in range(s.gas):
+            ids, labels = next(data)
+            loss = engine(ids.to(device), labels.to(device))
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.detach().float())
+        mean = torch.stack(losses).mean()
+        dist.all_reduce(mean)  # average over data-parallel replicas (and equal tensor ranks)
+        return float(mean) / dist.get_world_size()
+
+    times, losses = [], []
+    for it in range(cfg.iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dt = torch.tensor([time.perf_counter() - t0], device=device)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the iteration ends with its slowest rank
+        times.append(float(dt))
+        losses.append(loss)
+        if rank == 0:
+            print(f"iteration {it + 1}/{cfg.iters} time_s={times[-1]:.4f} loss={loss:.5f}",
+                  flush=True)
+
+    peak = _peak_memory(device)
+    if pipelined:
+        local = (module._local_start, module._local_stop)
+    else:
+        local = (0, len(cfg.layers))
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {"rank": rank, "peak": peak, "layers": local})
+    result = None
+    if rank == 0:
+        timed = times[cfg.warmup:]
+        result = {
+            "status": "ok",
+            "world_size": cfg.world_size,
+            "iteration_times_s": times,
+            "timed_iterations": len(timed),
+            "mean_s": statistics.fmean(timed),
+            "std_s": statistics.pstdev(timed) if len(timed) > 1 else 0.0,
+            "losses": losses,
+            "peak_memory_bytes": [g["peak"][0] for g in gathered],
+            "peak_memory_kind": peak[1],
+            "rank_layers": [list(g["layers"]) for g in gathered],
+            "stage_layers": [[cfg.layers[i].name for i in range(*gathered[a.rank]["layers"])]
+                             for a in cfg.ranks if a.replica == 0 and a.tensor == 0],
+            "versions": _versions(),
+            "device": cfg.device,
+            "precision": cfg.precision,
+        }
+    dist.barrier()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m amp_search.trial.run",
+                                 description="One process of a real amp-search trial.")
+    ap.add_argument("--config", required=True, type=Path, help="trial config JSON")
+    args = ap.parse_args(argv)
+    cfg = TrialConfig.read(args.config)
+    if cfg.debug_fail:
+        raise RuntimeError(cfg.debug_fail)
+    if cfg.debug_hang_s > 0:
+        print(f"debug: sleeping {cfg.debug_hang_s} s", flush=True)
+        time.sleep(cfg.debug_hang_s)
+    if cfg.iters <= cfg.warmup:
+        raise SystemExit(f"iters ({cfg.iters}) must exceed warmup ({cfg.warmup})")
+    result = train(cfg)
+    if result is not None:
+        out = Path(cfg.output)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(out)  # the launcher never sees a half-written result
+        print(f"trial done: mean {result['mean_s']:.4f} s/iteration over "
+              f"{result['timed_iterations']} iterations; result in {out}", flush=True)
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip interpreter teardown: background threads of gloo / DeepSpeed sometimes abort in
+    # their C++ destructors ("terminate called without an active exception") after a
+    # successful run; the result is already written
+    os._exit(code)
