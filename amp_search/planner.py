@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cost_models import comm as C
+from cost_models import memory as M
 from cost_models.compute import backward_with_recompute_s
 from cost_models.layers import output_elements, param_count, tp_allreduce_elements
 from cost_models.params import CostParams
@@ -83,6 +84,9 @@ class CostModel:
                                  dtype=float)
         self.tp_messages = np.array([len(tp_allreduce_elements(l)) for l in layers], dtype=float)
         self._params: dict[int, np.ndarray] = {}
+        self._mem_cache: dict = {}
+        self.capacity_bytes = np.array([d.gpu.memory_bytes for d in spec.cluster.devices],
+                                       dtype=float)
         self.first_fixed = sum(1 for _ in _leading(layers, "embedding"))
         self.last_fixed = sum(1 for _ in _leading(reversed(layers), "head"))
 
@@ -150,8 +154,14 @@ class CostModel:
         elif partition == "uniform":
             bounds = uniform_partition(L, c.pp, first=self.first_fixed, last=self.last_fixed)
         else:
-            bounds = optimal_partition(stage_layer, cut, gas, sync_layer_s=sync_layer,
-                                       sync_fixed_s=sync_fixed).boundaries
+            mem_layer, mem_budget = self._memory_arrays(c, gas, placement)
+            result = optimal_partition(stage_layer, cut, gas, sync_layer_s=sync_layer,
+                                       sync_fixed_s=sync_fixed, memory_layer_bytes=mem_layer,
+                                       memory_budget_bytes=mem_budget)
+            if result is None:      # no split fits: report the fastest one, which won't fit
+                result = optimal_partition(stage_layer, cut, gas, sync_layer_s=sync_layer,
+                                           sync_fixed_s=sync_fixed)
+            bounds = result.boundaries
 
         prefix_c = np.concatenate([np.zeros((c.pp, 1)), np.cumsum(compute, axis=1)], axis=1)
         prefix_t = np.concatenate([np.zeros((c.pp, 1)), np.cumsum(tp, axis=1)], axis=1)
@@ -186,6 +196,29 @@ class CostModel:
                                              sorted(self.timer.sources().items()))
                         + (f"links={self.link_source}",))
 
+    def _memory_arrays(self, c: Candidate, gas: int, placement: np.ndarray
+                       ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Memory as the partition DP needs it, additive over a stage's layers:
+        mem[j, l] = state bytes per parameter * params_l + in-flight micro-batches of stage j *
+        layer l's saved activations, against budget[j] = usable capacity of stage j's smallest
+        device - framework overhead - ZeRO bucket - pipeline buffers - recomputation working
+        set. It linearises amp_search.memory.stage_memory (ZeRO padding, the largest straddling
+        gradient), which then checks the chosen split exactly."""
+        if c.pp == 1:
+            return None, None
+        key = (c.tmp, c.dp, c.mbs, gas, c.zero_stage, c.activation_checkpointing)
+        if key not in self._mem_cache:
+            self._mem_cache[key] = _layer_memory(self.spec, c, gas)
+        per_layer, act, fixed, out_buffer, head_buffer = self._mem_cache[key]
+        js = np.arange(c.pp)
+        inflight = np.array([M.in_flight_microbatches(j, c.pp, gas) for j in js], dtype=float)
+        mem = per_layer[None, :] + inflight[:, None] * act[None, :]
+        capacity = self.capacity_bytes[placement.reshape(c.pp, -1)].min(axis=1)
+        buffers = np.array([min(max(2, min(c.pp - j, gas)), gas) for j in js], dtype=float)
+        pipe = buffers * out_buffer
+        pipe[-1] = buffers[-1] * head_buffer
+        return mem, capacity * (1.0 - self.spec.training.memory_headroom) - fixed - pipe
+
     def _dp_sync_arrays(self, c: Candidate, placement: np.ndarray, gas: int,
                         link_scale: dict) -> tuple[np.ndarray, np.ndarray]:
         """The data-parallel sync of stage j is linear in the parameters it holds:
@@ -212,6 +245,36 @@ class CostModel:
             fixed[j] = sync(0.0) * exposed
             per_param[j] = sync(1.0) * exposed - fixed[j]
         return per_param[:, None] * self.params_per_layer(c.tmp)[None, :], fixed
+
+
+def _layer_memory(spec: Spec, c: Candidate, gas: int) -> tuple:
+    """Per layer: model-state bytes (the whole model's bytes per parameter times the layer's
+    parameters) and saved activation bytes per micro-batch; the fixed bytes per device
+    (framework overhead, ZeRO bucket, recomputation working set); per-buffer bytes of a stage
+    output and of the head's logits (cost_models.memory)."""
+    layers = spec.model.layers
+    t = spec.training
+    g = t.bytes_per_element
+    numels = [M.param_tensor_numels(l, c.tmp) for l in layers]
+    flat = tuple(n for ts in numels for n in ts)
+    states = M.model_state_bytes(flat, precision=t.precision, zero_stage=c.zero_stage, dp=c.dp,
+                                 gas=gas)
+    per_param = (states.parameter_bytes + states.gradient_bytes + states.optimizer_bytes) \
+        / max(sum(flat), 1)
+    per_layer = per_param * np.array([sum(ts) for ts in numels], dtype=float)
+    act = np.array([M.layer_activation_bytes(l, mbs=c.mbs, tmp=c.tmp, bytes_per_element=g,
+                                             recompute=c.activation_checkpointing)
+                    for l in layers], dtype=float)
+    fixed = float(t.framework_overhead_bytes + states.buffer_bytes)
+    if c.activation_checkpointing:
+        fixed += M.recompute_working_set_bytes(layers, mbs=c.mbs, tmp=c.tmp,
+                                               bytes_per_element=g)
+    out_buffer = g * c.mbs * max(output_elements(l) for l in layers[:-1]) if len(layers) > 1 \
+        else 0.0
+    last = layers[-1]
+    head_buffer = g * c.mbs * last.seq_length * (last.vocab_size // c.tmp) \
+        if last.kind == "head" else g * c.mbs * output_elements(last)
+    return per_layer, act, fixed, float(out_buffer), float(head_buffer)
 
 
 def _link_fits(spec: Spec, comm_dir: Path | None) -> dict:

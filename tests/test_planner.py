@@ -175,3 +175,48 @@ def test_estimate_json_cli(tmp_path):
     data = json.loads(out.read_text())
     assert data["partition"] == [0, 14, 26] and data["iteration_time_s"] > 0
     assert "breakdown" in data and "fits" in data and "memory" in data
+
+
+def test_memory_aware_partition(write_spec):
+    """A fast GPU with little memory next to a slow one with plenty: the time-optimal split
+    overloads the fast GPU; the DP's memory budgets move layers to the big one, and the result
+    fits (checked by the exact per-stage memory model)."""
+    from amp_search.partition import optimal_partition
+
+    fast_small = {"name": "FastSmall", "memory": "3 GiB", "memory_bandwidth": "2 TB/s",
+                  "peak_tflops": {"fp16": 400}}
+    slow_big = {"name": "SlowBig", "memory": "80 GiB", "memory_bandwidth": "300 GB/s",
+                "peak_tflops": {"fp16": 50}}
+    node = {"count": 1, "gpus_per_node": 1, "intra_node_bandwidth": "100 GB/s",
+            "inter_node_bandwidth": "100 Gbps"}
+    spec = load_spec(write_spec({
+        "cluster": {"nodes": [{"gpu": fast_small, **node}, {"gpu": slow_big, **node}]},
+        "model": {"preset": "gpt", "num_layers": 24, "hidden_size": 1024,
+                  "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 32000},
+        "training": {"global_batch_size": 8, "precision": "fp16",
+                     "framework_overhead": "256 MiB"}}))
+    e = estimate(spec, pp=2, dp=1, tmp=1, mbs=1, placement_order="listed", profile_dir=None)
+    assert e.fits, [m.to_dict() for m in e.memory]
+    # without the budgets, the fast GPU would take more layers than fit
+    model = CostModel(spec, profile_dir=None)
+    c = Candidate(pp=2, dp=1, tmp=1, mbs=1, zero_stage=0, activation_checkpointing=False)
+    order = device_orders(spec.cluster, "fp16")[0]
+    assert order.name == "listed"
+    unconstrained = model.evaluate(c, order, partition=optimal_partition(
+        *_dp_inputs(model, c, order), 8).boundaries)
+    assert not unconstrained.fits
+    assert e.strategy.partition[1] < unconstrained.strategy.partition[1]
+
+
+def _dp_inputs(model: CostModel, c: Candidate, order):
+    """stage_layer_time and cut arrays as evaluate() builds them (time only)."""
+    placement = megatron_placement(order, c.pp, c.dp, c.tmp)
+    est = model.evaluate(c, order, partition="uniform")   # warms the timer
+    L = model.num_layers
+    t = np.zeros((c.pp, L))
+    for j in range(c.pp):
+        gpu = model.gpus[model.gpu_of_device[placement[j, 0, 0]]]
+        fwd, bwd = model.timer.times(gpu, c.tmp, c.mbs)
+        t[j] = fwd + bwd
+    assert est.iteration_time_s > 0
+    return t, np.zeros((c.pp, L + 1))
