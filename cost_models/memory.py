@@ -1,0 +1,536 @@
+"""Memory of one device in training: model states by ZeRO stage, activations, buffers.
+
+Pure functions of numbers (and of `cost_models.layers.Layer`), one term per function. They
+describe what DeepSpeed 0.19.8 allocates for the trial program `amp_search.trial.run` (torch
+Adam; a PipelineModule, or the plain engine for pp = 1 with ZeRO 2/3), and what autograd saves
+for backward in the layers of `amp_search.trial.model`. `benchmarks/memory_accuracy.py`
+measures every term on the real engine and checks it within 5 %.
+
+Notation: P parameters on the device (one tensor rank of one stage), d the data-parallel
+degree, g the bytes of one element in the training precision (fp32 4, bf16/fp16 2), t the
+tensor-parallel degree, s sequence length, h hidden size, f ffn size, a heads, V vocabulary,
+b the micro-batch size.
+
+Model states: what each DeepSpeed optimizer holds (bytes per device)
+-------------------------------------------------------------------
+Mixed-precision Adam keeps fp32 master weights (4 B) and two fp32 moments (8 B) per parameter
+(Rajbhandari et al. 2020, "ZeRO", section 3.1: 2 + 2 + 12 bytes). What DeepSpeed really holds,
+read from its source and measured:
+
+  engine (who picks it)               weights     gradients (largest at any time)          optimizer
+  torch Adam (fp32, ZeRO 0)           4P          4P                                         8P
+  BF16_Optimizer (bf16, ZeRO 0, pipe) 2P          2P param.grad + 2P accumulator + 4P'       12P'
+  FP16_UnfusedOptimizer (fp16 ZeRO 0) 2P          2P + 4P (fp32 copies at the step)          12P
+  ZeRO 1 (DeepSpeedZeroOptimizer)     gP          max(gP, g P'', 4P')                        12P'
+  ZeRO 2 (plain engine, pp = 1)       gP          max(k g P'' + g X, 4P')  k = 2 if gas > 1   12P'
+  ZeRO 3 (d > 1)                      g(P/d + P + G)      (g + 4) P/d                     12P/d
+
+P' = P/d (the flat buffer is padded to a multiple of 2d); P'' = the parameters *touching* this
+rank's partition, whole (DeepSpeed gives a rank every gradient that overlaps its slice), largest
+over ranks; X = the largest parameter with more elements than the reduce bucket (0 if none);
+G = one all-gather group in flight (`zero3_inflight_gather_numel`). Notes from the source (deepspeed/runtime/...):
+- the fp32 ZeRO 1/2 optimizer still clones an fp32 master partition (stage_1_and_2.py
+  `weights_partition = ....clone().to(master dtype)`), so fp32 ZeRO 1/2 holds 4P + 12P/d;
+- bf16 with ZeRO 0 under the pipeline engine is BF16_Optimizer (engine.py
+  `_do_optimizer_sanity_check`: bf16 + pipeline -> BFLOAT16), which *partitions* the fp32 master
+  and moments over data parallelism like ZeRO 1 and accumulates gradients in a flat buffer of the
+  gradient-accumulation dtype (bf16 unless data_types.grad_accum_dtype says otherwise);
+- ZeRO 1 keeps the full low-precision gradients until the reduction at the accumulation
+  boundary; after it, the gradients of its partition; the fp32 gradient partition exists only
+  during the step;
+- ZeRO 2 reduces in every micro-batch into a contiguous partition buffer; from the second
+  micro-batch on two such buffers coexist (the accumulated one and the new one);
+- ZeRO 3 partitions each parameter; parameters of at most `stage3_param_persistence_threshold`
+  elements stay whole on every rank, and the weights of the layer running are gathered whole;
+- ZeRO 1-3 allocate a gradient bucket of `reduce_bucket_size` elements (DeepSpeed default 5e8:
+  1 GB in bf16) -> `zero_bucket_bytes`.
+
+Activations saved for backward (per micro-batch, bytes)
+-------------------------------------------------------
+Counted tensor by tensor in the trial layers (pre-LN GPT block, F.scaled_dot_product_attention,
+megatron-core linears and vocab-parallel cross-entropy), per token:
+
+  transformer: g (4h + 4h/t + 2f/t + 4) + 4a/t      (+ g h_in with an input projection)
+      LN1 input, LN1 output (QKV input), LN2 input, LN2 output (fc1 input)      4h
+      QKV output (q, k, v views) 3h/t, attention output (proj input) h/t        4h/t
+      fc1 output (GELU input), GELU output (fc2 input)                          2f/t
+      LayerNorm mean and rstd, two per LayerNorm                                4
+      attention log-sum-exp (fp32, one per head)                                4a/t bytes
+  mlp:         g (2h + 2f/t + 2)                     (+ g h_in with an input projection)
+  head:        g (2h + 2) + 4V/t + 9                 fp32 softmax of the logits (megatron saves
+                                                     exp_logits in fp32), target mask (1 B) and
+                                                     masked target (8 B)
+  embedding:   8 (t = 1) or 9 (t > 1)                the token ids (int64) [+ the vocab mask]
+  custom:      g x output elements                   (a guess: one saved tensor per layer)
+
+The flash-attention kernel behind scaled_dot_product_attention saves no attention scores;
+`attention_scores=True` adds the a s^2/t scores of the classic implementation (Korthikanti et al.
+2022, "Reducing activation recomputation", section 4.1: softmax output 2 a s^2 b bytes/layer in
+fp16 without dropout).
+
+With full recomputation (DeepSpeed activation checkpointing of each transformer/mlp block) a
+block keeps only its input, g s h_in per sample; the embedding and head keep everything.
+1F1B keeps min(pp - j, gas) micro-batches in flight on stage j (DeepSpeed TrainSchedule), so the
+first stage holds the most; recomputation adds one block's working set during backward.
+The pipeline engine also keeps each in-flight buffer's stage output (for the last stage: the
+logits) in `pipe_buffers['outputs']`, max(2, min(pp - j, gas)) buffers.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .layers import Layer, param_count
+
+BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
+"""g: bytes of a weight, gradient or activation element in each training precision."""
+FP32_BYTES = 4
+"""fp32 master weights, fp32 gradient partitions, cross-entropy softmax, log-sum-exp."""
+ADAM_STATE_BYTES = 8
+"""Adam's two fp32 moments (exp_avg, exp_avg_sq) per parameter."""
+INDEX_BYTES = 8
+"""int64 token ids and targets."""
+ZERO_PARTITION_ALIGNMENT = 2
+"""DeepSpeed pads its flat buffers to a multiple of 2 x dp elements (stage_1_and_2.py
+`nccl_start_alignment_factor`)."""
+CHECKPOINTED_KINDS = ("transformer", "mlp")
+"""Layer kinds the trials recompute (amp_search.trial.model.CHECKPOINTABLE_LAYERS)."""
+ENGINES = ("torch_adam", "bf16_optimizer", "fp16_optimizer", "zero1", "zero2", "zero3")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeroBuckets:
+    """DeepSpeed's ZeRO bucket settings; the defaults are DeepSpeed 0.19.8's
+    (deepspeed/runtime/zero/config.py)."""
+
+    reduce_bucket_elements: int = 500_000_000
+    """zero_optimization.reduce_bucket_size: elements of the gradient bucket (ZeRO 1-3)."""
+    allgather_bucket_elements: int = 500_000_000
+    """zero_optimization.allgather_bucket_size (ZeRO 1/2 all-gather of updated weights)."""
+    stage3_prefetch_elements: int = 50_000_000
+    """stage3_prefetch_bucket_size."""
+    stage3_persistence_threshold: int = 100_000
+    """stage3_param_persistence_threshold: smaller parameters are never partitioned."""
+    stage3_max_live_parameters: int = 1_000_000_000
+    """stage3_max_live_parameters."""
+
+    def ds_config(self) -> dict:
+        """The `zero_optimization` keys that set these values."""
+        return {"reduce_bucket_size": self.reduce_bucket_elements,
+                "allgather_bucket_size": self.allgather_bucket_elements,
+                "stage3_prefetch_bucket_size": self.stage3_prefetch_elements,
+                "stage3_param_persistence_threshold": self.stage3_persistence_threshold,
+                "stage3_max_live_parameters": self.stage3_max_live_parameters}
+
+
+DEEPSPEED_DEFAULT_BUCKETS = ZeroBuckets()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelStates:
+    """Bytes of the model states one device holds (each part at its largest)."""
+
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    """fp32 master weights + Adam moments."""
+    buffer_bytes: int
+    """DeepSpeed's gradient-reduction bucket."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageBytes:
+    """The memory parts of the most loaded device of one stage, in bytes."""
+
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    buffer_bytes: int
+    activation_bytes: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------- search rules
+
+def zero_allowed(pp: int, zero_stage: int) -> bool:
+    """ZeRO 2 and 3 are rejected by DeepSpeed's pipeline engine (runtime/pipe/engine.py asserts
+    zero stage < 2), so they need pp = 1, where the trials train a plain engine."""
+    return not (pp > 1 and zero_stage >= 2)
+
+
+def deepspeed_engine(*, zero_stage: int, precision: str) -> str:
+    """Which DeepSpeed optimizer the trial program ends up with (engine.py
+    `_configure_optimizer` / `_do_optimizer_sanity_check`, torch Adam as the basic optimizer):
+    ZeRO 1-3 their ZeRO optimizers; ZeRO 0: fp32 the bare torch Adam, bf16 BF16_Optimizer under
+    the pipeline engine (every trial with ZeRO 0 uses it), fp16 FP16_UnfusedOptimizer."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0-3, got {zero_stage}")
+    if precision not in BYTES_PER_ELEMENT:
+        raise ValueError(f"precision {precision!r}; accepted: {', '.join(BYTES_PER_ELEMENT)}")
+    if zero_stage:
+        return f"zero{zero_stage}"
+    return {"fp32": "torch_adam", "bf16": "bf16_optimizer", "fp16": "fp16_optimizer"}[precision]
+
+
+def pipeline_engine(*, pp: int, zero_stage: int) -> bool:
+    """The trials train a PipelineModule except for pp = 1 with ZeRO 2/3 (amp_search.trial.run)."""
+    return not (pp == 1 and zero_stage >= 2)
+
+
+# ----------------------------------------------------------------------------- parameters
+
+def param_tensor_numels(layer: Layer, tmp: int = 1) -> tuple[int, ...]:
+    """Elements of each parameter tensor of the trial layer on one tensor rank, in module
+    registration order (the order DeepSpeed flattens them); sums to `param_count`."""
+    h, f, v, s, t = layer.hidden_size, layer.ffn_hidden_size, layer.vocab_size, \
+        layer.seq_length, tmp
+    proj = ()
+    if layer.input_hidden_size and layer.input_hidden_size != h:
+        proj = (layer.input_hidden_size * h, h)
+    mlp = (h * f // t, f // t, f * h // t, h)
+    k = layer.kind
+    if k == "embedding":
+        return (v * h // t, s * h)
+    if k == "transformer":
+        return proj + (h, h, 3 * h * h // t, 3 * h // t, h * h // t, h, h, h) + mlp
+    if k == "mlp":
+        return proj + (h, h) + mlp
+    if k == "head":
+        return (h, h, v * h // t, v // t)
+    if k == "custom":
+        return (layer.custom_params,)
+    raise ValueError(f"unknown layer kind {k!r}")
+
+
+def flat_numel(params: int, dp: int) -> int:
+    """Elements of DeepSpeed's flat parameter buffer: padded to a multiple of 2 dp."""
+    q = ZERO_PARTITION_ALIGNMENT * dp
+    return -(-params // q) * q
+
+
+def partition_numel(params: int, dp: int) -> int:
+    """P': elements of one rank's slice of the flat buffer (ZeRO 1/2, BF16_Optimizer)."""
+    return flat_numel(params, dp) // dp
+
+
+def straddling_partition_numel(tensor_numels: tuple[int, ...], dp: int) -> int:
+    """P'': the most elements any rank's gradient partition holds in ZeRO 1/2, where a rank
+    keeps every parameter that overlaps its slice whole (stage_1_and_2.py
+    `get_partition_info` -> params_in_partition; `grads_in_partition` sums their numel)."""
+    total = sum(tensor_numels)
+    part = partition_numel(total, dp)
+    best = 0
+    for r in range(dp):
+        lo, hi = r * part, (r + 1) * part
+        start = 0
+        held = 0
+        for n in tensor_numels:
+            if start < hi and start + n > lo:
+                held += n
+            start += n
+        best = max(best, held)
+    return best
+
+
+def zero3_partition_numel(tensor_numels: tuple[int, ...], dp: int) -> int:
+    """ZeRO 3 partitions each parameter on its own: sum of ceil(numel / dp)."""
+    return sum(-(-n // dp) for n in tensor_numels)
+
+
+def zero3_persistent_numel(tensor_numels: tuple[int, ...],
+                           buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS) -> int:
+    """Parameters small enough that ZeRO 3 keeps them whole on every rank
+    (numel <= stage3_param_persistence_threshold)."""
+    return sum(n for n in tensor_numels if n <= buckets.stage3_persistence_threshold)
+
+
+def zero3_gathered_numel(tensor_numels: tuple[int, ...], *, inflight_numel: int = 0,
+                         buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS) -> int:
+    """Weights ZeRO 3 holds whole at once besides each rank's partitions: the persistent ones,
+    up to stage3_max_live_parameters of the others, and `inflight_numel` more while a
+    coalesced all-gather is being unpacked (`zero3_inflight_gather_numel`).
+
+    DeepSpeed releases a gathered parameter after its module ran only if it is not reused
+    within stage3_max_reuse_distance (default 1e9 elements; partitioned_param_coordinator.py
+    `__params_to_release`); its next use (its backward) is at most ~2P elements later, so with
+    the defaults a stage below ~5e8 parameters keeps every weight gathered from its forward to
+    its backward (measured: P/d + P + one gather group)."""
+    persistent = zero3_persistent_numel(tensor_numels, buckets)
+    live = min(sum(tensor_numels) - persistent, buckets.stage3_max_live_parameters)
+    return persistent + live + inflight_numel
+
+
+def zero3_inflight_gather_numel(layer_tensor_numels: list[tuple[int, ...]],
+                                buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS) -> int:
+    """One coalesced all-gather group, which exists twice for a moment (the flat buffer and the
+    weights copied out of it, partition_parameters.py AllGatherCoalescedHandle.wait). When
+    the most weights are gathered (late in forward, early in backward) the groups are blocks'
+    weights prefetched until stage3_prefetch_bucket_size is reached: at most the bucket plus
+    one weight, and at most one layer (the embedding and head, fetched at the ends, are left
+    out of the weight bound). An estimate: measured within 5 % on two models."""
+    def big(ts):
+        return [n for n in ts if n > buckets.stage3_persistence_threshold]
+    largest_layer = max((sum(big(ts)) for ts in layer_tensor_numels), default=0)
+    block_tensors = [n for ts in layer_tensor_numels if len(ts) > 4 for n in big(ts)]
+    largest_tensor = max(block_tensors or [n for ts in layer_tensor_numels for n in big(ts)]
+                         or [0])
+    return min(largest_layer, buckets.stage3_prefetch_elements + largest_tensor)
+
+
+# ----------------------------------------------------------------------------- model states
+
+def weight_bytes(*, params: int, precision: str, zero_stage: int, dp: int,
+                 zero3_partition: int = 0, zero3_gathered: int = 0) -> int:
+    """Training-precision weights: g P (the flat buffer, padded, for ZeRO 1/2); ZeRO 3 with
+    d > 1 keeps its partitions plus the gathered weights, g (sum ceil(n/d) + gathered); with
+    d = 1 the partition is the whole weight, g P."""
+    g = BYTES_PER_ELEMENT[precision]
+    if zero_stage == 3 and dp > 1:
+        return g * (zero3_partition + zero3_gathered)
+    if zero_stage in (1, 2):
+        return g * flat_numel(params, dp)
+    return g * params
+
+
+def optimizer_bytes(*, params: int, engine: str, dp: int) -> int:
+    """fp32 master weights (4 B) + Adam moments (8 B) per parameter the rank updates: all of
+    them for torch Adam (no master copy: 8P) and FP16_UnfusedOptimizer (12P); its partition P'
+    for ZeRO 1-3 and BF16_Optimizer (12P')."""
+    if engine == "torch_adam":
+        return ADAM_STATE_BYTES * params
+    if engine == "fp16_optimizer":
+        return (FP32_BYTES + ADAM_STATE_BYTES) * params
+    if engine == "zero3":
+        return (FP32_BYTES + ADAM_STATE_BYTES) * -(-params // dp)
+    return (FP32_BYTES + ADAM_STATE_BYTES) * partition_numel(params, dp)
+
+
+def gradient_bytes(*, params: int, precision: str, engine: str, dp: int, gas: int,
+                   straddle_numel: int, extra_large_numel: int = 0) -> int:
+    """The largest amount of gradient memory the optimizer holds at one time (see the table in
+    the module docstring); `straddle_numel` is P'' (`straddling_partition_numel`);
+    `extra_large_numel` the largest parameter above the reduce bucket, whose gradient ZeRO 2
+    reduces from its own tensor instead of the bucket (stage_1_and_2.py
+    `extra_large_param_to_reduce`), so it lives beside the partition buffers."""
+    g = BYTES_PER_ELEMENT[precision]
+    fp32_partition = FP32_BYTES * partition_numel(params, dp)
+    if engine == "torch_adam":
+        return g * params
+    if engine == "fp16_optimizer":
+        return (g + FP32_BYTES) * params
+    if engine == "bf16_optimizer":
+        return 2 * g * params + fp32_partition
+    if engine == "zero1":
+        return max(g * params, g * straddle_numel, fp32_partition)
+    if engine == "zero2":
+        return max((2 if gas > 1 else 1) * g * straddle_numel + g * extra_large_numel,
+                   fp32_partition)
+    if engine == "zero3":
+        return (g + FP32_BYTES) * -(-params // dp)
+    raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+
+
+def zero_bucket_bytes(*, precision: str, zero_stage: int,
+                      buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS) -> int:
+    """The gradient bucket ZeRO 1-3 allocate whole: reduce_bucket_size elements of the
+    gradient dtype (stage_1_and_2.py `setup_buckets` / `reduce_gradients`, stage3.py
+    `__ipg_bucket_flat_buffer`); none without ZeRO."""
+    if zero_stage == 0:
+        return 0
+    return BYTES_PER_ELEMENT[precision] * buckets.reduce_bucket_elements
+
+
+def model_state_bytes(tensor_numels: tuple[int, ...], *, precision: str, zero_stage: int,
+                      dp: int, gas: int, zero3_inflight_numel: int = 0,
+                      buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS) -> ModelStates:
+    """Weights, gradients, optimizer states and bucket of one device holding the parameter
+    tensors `tensor_numels` (one stage, one tensor rank, in flattening order);
+    `zero3_inflight_numel` is `zero3_inflight_gather_numel` of its layers (ZeRO 3 only)."""
+    params = sum(tensor_numels)
+    engine = deepspeed_engine(zero_stage=zero_stage, precision=precision)
+    straddle = straddling_partition_numel(tensor_numels, dp) if zero_stage in (1, 2) else 0
+    return ModelStates(
+        parameter_bytes=weight_bytes(params=params, precision=precision, zero_stage=zero_stage,
+                                     dp=dp,
+                                     zero3_partition=zero3_partition_numel(tensor_numels, dp),
+                                     zero3_gathered=zero3_gathered_numel(
+                                         tensor_numels, buckets=buckets,
+                                         inflight_numel=zero3_inflight_numel)),
+        gradient_bytes=gradient_bytes(
+            params=params, precision=precision, engine=engine, dp=dp, gas=gas,
+            straddle_numel=straddle,
+            extra_large_numel=max((n for n in tensor_numels if n > buckets.reduce_bucket_elements),
+                                  default=0)),
+        optimizer_bytes=optimizer_bytes(params=params, engine=engine, dp=dp),
+        buffer_bytes=zero_bucket_bytes(precision=precision, zero_stage=zero_stage,
+                                       buckets=buckets))
+
+
+# ----------------------------------------------------------------------------- activations
+
+def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
+                      attention_scores: bool = False) -> int:
+    """Bytes autograd saves for backward in one forward of the trial layer (no recomputation),
+    per micro-batch; the per-token terms are in the module docstring."""
+    g, t = bytes_per_element, tmp
+    h, f, a, v = layer.hidden_size, layer.ffn_hidden_size, layer.num_attention_heads, \
+        layer.vocab_size
+    s = layer.seq_length
+    proj_in = g * layer.input_hidden_size if layer.input_hidden_size and \
+        layer.input_hidden_size != h else 0
+    k = layer.kind
+    if k == "embedding":
+        per_token = INDEX_BYTES + (1 if t > 1 else 0)
+    elif k == "transformer":
+        per_token = (g * (4 * h + 4 * h // t + 2 * f // t + 4) + FP32_BYTES * a // t + proj_in)
+        if attention_scores:
+            per_token += g * a * s // t
+    elif k == "mlp":
+        per_token = g * (2 * h + 2 * f // t + 2) + proj_in
+    elif k == "head":
+        per_token = g * (2 * h + 2) + FP32_BYTES * v // t + 1 + INDEX_BYTES
+    elif k == "custom":
+        return g * layer.custom_output_elements * mbs
+    else:
+        raise ValueError(f"unknown layer kind {k!r}")
+    return per_token * s * mbs
+
+
+def checkpoint_input_bytes(layer: Layer, *, mbs: int, bytes_per_element: int) -> int:
+    """What a recomputed block keeps: its input, g s h_in per sample."""
+    return bytes_per_element * layer.seq_length * layer.in_hidden * mbs
+
+
+def layer_activation_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
+                           recompute: bool, attention_scores: bool = False) -> int:
+    """Bytes the layer keeps for backward per micro-batch: everything it saves, or with full
+    recomputation only a block's input (embedding and head are not recomputed)."""
+    if recompute and layer.kind in CHECKPOINTED_KINDS:
+        return checkpoint_input_bytes(layer, mbs=mbs, bytes_per_element=bytes_per_element)
+    return layer_saved_bytes(layer, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
+                             attention_scores=attention_scores)
+
+
+def in_flight_microbatches(stage: int, pp: int, gas: int) -> int:
+    """Micro-batches whose activations stage j holds at once under 1F1B: min(pp - j, gas)
+    (DeepSpeed TrainSchedule.num_pipe_buffers; Narayanan et al. 2021, section 2.2)."""
+    return max(1, min(pp - stage, gas))
+
+
+def recompute_working_set_bytes(layers, *, mbs: int, tmp: int, bytes_per_element: int,
+                                attention_scores: bool = False) -> int:
+    """Extra bytes while a recomputed block runs its backward: its full saved set minus the
+    input it already kept (the recomputation saves the same input storage), largest block."""
+    best = 0
+    for x in layers:
+        if x.kind in CHECKPOINTED_KINDS:
+            full = layer_saved_bytes(x, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
+                                     attention_scores=attention_scores)
+            best = max(best, full - checkpoint_input_bytes(
+                x, mbs=mbs, bytes_per_element=bytes_per_element))
+    return best
+
+
+def stage_saved_activation_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tmp: int,
+                                 bytes_per_element: int, recompute: bool,
+                                 attention_scores: bool = False) -> int:
+    """The most bytes saved for backward that stage j holds at once:
+    n = in_flight_microbatches micro-batches of its layers' saved activations; with
+    recomputation, plus one block's working set during backward, which starts after the head's
+    backward has freed what the head saved (so the head's bytes are not counted twice)."""
+    n = in_flight_microbatches(stage, pp, gas)
+    kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
+              attention_scores=attention_scores)
+    per_mb = sum(layer_activation_bytes(x, recompute=recompute, **kw) for x in layers)
+    if not recompute:
+        return n * per_mb
+    head = sum(layer_saved_bytes(x, **kw) for x in layers if x.kind == "head")
+    return n * per_mb + max(0, recompute_working_set_bytes(layers, **kw) - head)
+
+
+def pipeline_buffer_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tmp: int,
+                          bytes_per_element: int, pipelined: bool) -> int:
+    """Stage outputs the pipeline engine keeps in `pipe_buffers['outputs']`: one per buffer
+    (max(2, min(pp - j, gas)) buffers, filled by min(buffers, gas) micro-batches); on the last
+    stage the head's logits (g s V/t per sample), which for fp32 are the very tensor the
+    cross-entropy saves for the micro-batch in flight (counted there, not here)."""
+    if not pipelined or not layers:
+        return 0
+    buffers = min(max(2, min(pp - stage, gas)), gas)
+    last = layers[-1]
+    if last.kind == "head":
+        out = bytes_per_element * last.seq_length * (last.vocab_size // tmp) * mbs
+        aliased = 1 if bytes_per_element == FP32_BYTES else 0
+        return (buffers - aliased) * out
+    from .layers import output_elements
+    return buffers * bytes_per_element * output_elements(last) * mbs
+
+
+# ----------------------------------------------------------------------------- communication
+
+def zero_dp_traffic_elements(*, params: int, zero_stage: int, gas: int, dp: int,
+                             precision: str = "bf16") -> dict:
+    """Elements each rank moves over the data-parallel group per iteration, by collective, as
+    DeepSpeed 0.19.8 issues them (P parameters on the device, d = dp):
+
+    - ZeRO 0, fp32: one all-reduce of all gradients at the accumulation boundary
+      (engine.allreduce_gradients -> buffered_allreduce_fallback);
+      bf16 under the pipeline engine (BF16_Optimizer): the same all-reduce, then an all-gather
+      of the updated bf16 weights (bf16_optimizer.update_lp_params -> all_gather_dp_groups);
+    - ZeRO 1: gradients reduced to their owners once, at the boundary (reduce_gradients ->
+      average_tensor: a dist.reduce per bucket slice, i.e. a reduce-scatter), then an all-gather
+      of the updated weights (all_gather_dp_groups);
+    - ZeRO 2: the same reduce-scatter in *every* micro-batch's backward (gas times), one
+      all-gather after the step;
+    - ZeRO 3: in every micro-batch the weights are all-gathered for forward and again for
+      backward, and gradients reduce-scattered (stage3 reduce_scatter_coalesced); no
+      all-gather after the step. Persistent (small) parameters are gathered once, not counted.
+    """
+    if dp <= 1:
+        return {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
+    if zero_stage == 0:
+        ag = params if precision == "bf16" else 0
+        return {"all_reduce": params, "reduce_scatter": 0, "all_gather": ag}
+    if zero_stage == 1:
+        return {"all_reduce": 0, "reduce_scatter": params, "all_gather": params}
+    if zero_stage == 2:
+        return {"all_reduce": 0, "reduce_scatter": gas * params, "all_gather": params}
+    if zero_stage == 3:
+        return {"all_reduce": 0, "reduce_scatter": gas * params, "all_gather": 2 * gas * params}
+    raise ValueError(f"zero_stage must be 0-3, got {zero_stage}")
+
+
+# ----------------------------------------------------------------------------- one stage
+
+def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas: int,
+                zero_stage: int, recompute: bool, precision: str,
+                buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
+                attention_scores: bool = False) -> StageBytes:
+    """All parts for the device of one stage (every tensor rank holds the same shapes)."""
+    per_layer = [param_tensor_numels(x, tmp) for x in layers]
+    states = model_state_bytes(
+        tuple(n for ts in per_layer for n in ts), precision=precision, zero_stage=zero_stage,
+        dp=dp, gas=gas, buckets=buckets,
+        zero3_inflight_numel=zero3_inflight_gather_numel(per_layer, buckets))
+    g = BYTES_PER_ELEMENT[precision]
+    act = stage_saved_activation_bytes(layers, stage=stage, pp=pp, gas=gas, mbs=mbs, tmp=tmp,
+                                       bytes_per_element=g, recompute=recompute,
+                                       attention_scores=attention_scores)
+    act += pipeline_buffer_bytes(layers, stage=stage, pp=pp, gas=gas, mbs=mbs, tmp=tmp,
+                                 bytes_per_element=g,
+                                 pipelined=pipeline_engine(pp=pp, zero_stage=zero_stage))
+    return StageBytes(parameter_bytes=states.parameter_bytes,
+                      gradient_bytes=states.gradient_bytes,
+                      optimizer_bytes=states.optimizer_bytes,
+                      buffer_bytes=states.buffer_bytes, activation_bytes=int(act))
+
+
+def check_param_count(layer: Layer, tmp: int) -> bool:
+    """param_tensor_numels agrees with cost_models.layers.param_count (tested)."""
+    return sum(param_tensor_numels(layer, tmp)) == param_count(layer, tmp)
+
+
