@@ -85,6 +85,7 @@ class CostModel:
         self.tp_messages = np.array([len(tp_allreduce_elements(l)) for l in layers], dtype=float)
         self._params: dict[int, np.ndarray] = {}
         self._mem_cache: dict = {}
+        self._placement_cache: dict = {}
         self.capacity_bytes = np.array([d.gpu.memory_bytes for d in spec.cluster.devices],
                                        dtype=float)
         self.first_fixed = sum(1 for _ in _leading(layers, "embedding"))
@@ -111,14 +112,17 @@ class CostModel:
         gbs = spec.training.global_batch_size
         gas = gbs // (c.dp * c.mbs)
         if placement is None:
-            placement = megatron_placement(order, c.pp, c.dp, c.tmp)
+            placement, placement_tuple, stage_gpus = self._placement(order, c)
+        else:
+            placement_tuple = as_tuple(placement)
+            stage_gpus = [np.unique(self.gpu_of_device[placement[j]]) for j in range(c.pp)]
         L = self.num_layers
         link_scale = dict(intra_scale=p.bandwidth("intra"), inter_scale=p.bandwidth("inter"))
 
         # t[j, l]: compute of layer l for one micro-batch on stage j's slowest device type
         compute = np.zeros((c.pp, L))
         for j in range(c.pp):
-            for g in np.unique(self.gpu_of_device[placement[j]]):
+            for g in stage_gpus[j]:
                 gpu = self.gpus[g]
                 fwd, bwd = self.timer.times(gpu, c.tmp, c.mbs)
                 back = backward_with_recompute_s(fwd, bwd) if c.activation_checkpointing \
@@ -179,7 +183,7 @@ class CostModel:
         dp_s = float(np.max(sync_fixed + prefix_s[js, hi] - prefix_s[js, lo]))
         strategy = Strategy(pp=c.pp, dp=c.dp, tmp=c.tmp, mbs=c.mbs, global_batch_size=gbs,
                             partition=tuple(int(x) for x in bounds),
-                            placement=as_tuple(placement),
+                            placement=placement_tuple,
                             placement_order=order.name if order is not None else "given",
                             zero_stage=c.zero_stage,
                             activation_checkpointing=c.activation_checkpointing)
@@ -195,6 +199,18 @@ class CostModel:
                         timing_sources=tuple(f"{k}={v}" for k, v in
                                              sorted(self.timer.sources().items()))
                         + (f"links={self.link_source}",))
+
+    def _placement(self, order: DeviceOrder, c: Candidate) -> tuple:
+        """Megatron placement over `order`, as an array and as the record's tuple, with the GPU
+        types of each stage; cached, since mbs, ZeRO and recomputation do not change it."""
+        key = (order.name, c.pp, c.dp, c.tmp)
+        hit = self._placement_cache.get(key)
+        if hit is None:
+            placement = megatron_placement(order, c.pp, c.dp, c.tmp)
+            hit = (placement, as_tuple(placement),
+                   [np.unique(self.gpu_of_device[placement[j]]) for j in range(c.pp)])
+            self._placement_cache[key] = hit
+        return hit
 
     def _memory_arrays(self, c: Candidate, gas: int, placement: np.ndarray
                        ) -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -1,0 +1,84 @@
+"""`amp-search calibrate SPEC`: fit the cost model's free coefficients to measured trials."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import UsageError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="fit the cost model's coefficients to measured trials",
+        description="Fit compute efficiency per device type, bandwidth and latency per link, "
+                    "the data-parallel overlap factor and the per-micro-batch / per-step "
+                    "overheads to the trials recorded for this spec, by least squares on the "
+                    "relative error; store them beside the layer profiles (plan uses them) "
+                    "and report the error before and after.")
+    p.add_argument("spec", help="spec YAML")
+    p.add_argument("--db", type=Path, default=None,
+                   help="results database (default: the one `amp-search launch` writes)")
+    p.add_argument("--trials", type=Path, default=None,
+                   help="instead of the database: a JSON list of {strategy, measured_s}")
+    p.add_argument("--holdout", action="store_true",
+                   help="fit on every other trial and score on the rest (the stored "
+                        "calibration is then fitted on half)")
+    p.add_argument("--dry-run", action="store_true", help="fit and report; store nothing")
+    p.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    p.set_defaults(func=run)
+
+
+def load_trials_file(path: Path):
+    from ..calibrate import as_trials
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"trials file not found: {path}") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read trials file {path}: {exc}") from None
+    if isinstance(data, dict):
+        data = data.get("trials", [])
+    if not isinstance(data, list):
+        raise UsageError(f"{path}: expected a list of {{strategy, measured_s}} records")
+    return as_trials(data)
+
+
+def run(args) -> int:
+    from ..calibrate import calibrate, save_calibration, trials_from_db
+    from ..spec import load_spec
+
+    spec = load_spec(args.spec)
+    trials = load_trials_file(args.trials) if args.trials else trials_from_db(spec, args.db)
+    fit_on = range(0, len(trials), 2) if args.holdout else None
+    cal = calibrate(spec, trials, fit_on=fit_on)
+    if not args.dry_run:
+        save_calibration(cal, spec)
+    if args.json:
+        print(json.dumps(cal.to_dict(), indent=1))
+        return 0
+    print(f"calibration of {'+'.join(cal.devices)} ({cal.precision}) on {cal.n_fit} of "
+          f"{cal.n_trials} trials")
+    print(f"{'coefficient':30s} {'before':>12s} {'after':>12s}")
+    for name in cal.fitted:
+        print(f"{name:30s} {_fmt(cal.initial, name):>12s} {_fmt(cal.params, name):>12s}")
+    print(f"{'trial':34s} {'measured s':>10s} {'before s':>10s} {'err':>7s} {'after s':>10s} "
+          f"{'err':>7s}  fit")
+    for r in cal.rows:
+        print(f"{r.label:34s} {r.measured_s:10.4f} {r.predicted_before_s:10.4f} "
+              f"{100 * r.error_before:+6.1f}% {r.predicted_after_s:10.4f} "
+              f"{100 * r.error_after:+6.1f}%  {'yes' if r.in_fit else 'no'}")
+    print(f"mean absolute error ({cal.scored_on} trials): before {100 * cal.mape_before:.1f}%, "
+          f"after {100 * cal.mape_after:.1f}%")
+    if cal.path is not None:
+        print(f"stored: {cal.path}")
+    return 0
+
+
+def _fmt(params, name: str) -> str:
+    if "[" in name:
+        field, key = name[:-1].split("[")
+        v = getattr(params, field).get(key, 0.0 if field == "latency_s" else 1.0)
+    else:
+        v = getattr(params, name)
+    return f"{v:.4g}"

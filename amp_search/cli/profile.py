@@ -1,0 +1,157 @@
+"""`amp-search profile` (layers) and `amp-search profile-comm` (links)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import UsageError
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def _size_list(text: str) -> tuple[int, ...]:
+    from ..spec import SpecError
+    from ..units import parse_size
+
+    try:
+        return tuple(int(parse_size(x.strip(), "--sizes")) for x in text.split(",") if x.strip())
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc))
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "profile", help="measure each layer's forward/backward time on this device",
+        description="Measure forward and backward time of each distinct layer of the spec's "
+                    "model (the layer code trials run) for each tensor-parallel degree and "
+                    "micro-batch size; writes profiles/measured/<device>__<precision>__<hash>"
+                    ".json, which plan then uses in place of the analytic estimate.")
+    p.add_argument("spec", help="spec YAML")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="what to run on (default: cuda if available, else cpu)")
+    p.add_argument("--name", default=None,
+                   help="catalog name of this device (default: the spec's only device type "
+                        "of that kind)")
+    p.add_argument("--tmp", type=_int_list, default=None, metavar="1,2,4",
+                   help="tensor-parallel degrees (default: those the model divides by, up to "
+                        "the largest node)")
+    p.add_argument("--mbs", type=_int_list, default=(1, 2, 4, 8), metavar="1,2,4,8",
+                   help="micro-batch sizes (default 1,2,4,8)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed passes per point (3)")
+    p.add_argument("--repeats", type=int, default=10, help="timed passes per point (10)")
+    p.add_argument("--out", type=Path, default=None, help="profile file to write")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+    c = subparsers.add_parser(
+        "profile-comm", help="measure collectives and point-to-point per link; fit a model",
+        description="Measure all-reduce, all-gather, reduce-scatter and point-to-point over "
+                    "torch.distributed for a sweep of message and group sizes, inside and "
+                    "across nodes, fit alpha-beta and sigmoid models per link, and write "
+                    "profiles/comm/<device>__<backend>.json, which plan uses instead of the "
+                    "spec's nominal bandwidths.")
+    c.add_argument("spec", nargs="?", default=None,
+                   help="spec YAML (names the device type); or give --name")
+    c.add_argument("--name", default=None, help="device type name the profile is for")
+    c.add_argument("--launcher", choices=("local", "torchrun"), default="local",
+                   help="local: this node only (default); torchrun: one node of a multi-node "
+                        "run (run the same command on every node)")
+    c.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="gloo on cpu, NCCL on cuda (default: cuda if available)")
+    c.add_argument("--nproc", type=int, default=2, help="processes per node (2)")
+    c.add_argument("--nnodes", type=int, default=1)
+    c.add_argument("--node-rank", type=int, default=0)
+    c.add_argument("--master-addr", default="127.0.0.1")
+    c.add_argument("--master-port", type=int, default=None)
+    c.add_argument("--sizes", type=_size_list, default=None, metavar="1KiB,1MiB",
+                   help="message sizes (default: 1 KiB to 64 MiB in half-octave steps)")
+    c.add_argument("--repeats", type=int, default=30,
+                   help="timed operations per point (30)")
+    c.add_argument("--out", type=Path, default=None, help="profile file to write")
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(func=run_comm)
+
+
+def _device(choice: str | None) -> str:
+    if choice is not None:
+        return choice
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _default_tmps(spec) -> tuple[int, ...]:
+    sizes = spec.model.tp_divisors
+    top = max(len(n.devices) for n in spec.cluster.nodes)
+    return tuple(t for t in (1, 2, 4, 8, 16) if t <= top and all(s % t == 0 for s in sizes))
+
+
+def run(args) -> int:
+    from ..profiling.layers import machine_busy, profile_layers
+    from ..spec import load_spec
+
+    spec = load_spec(args.spec)
+    device = _device(args.device)
+    try:
+        profile = profile_layers(spec, device=device, tmps=args.tmp or _default_tmps(spec),
+                                 mbss=args.mbs, warmup=args.warmup, repeats=args.repeats,
+                                 progress=not args.no_progress, device_name=args.name,
+                                 out=args.out)
+    except KeyboardInterrupt:
+        print("amp-search: interrupted; the points measured so far were written")
+        raise
+    print(f"profile of {profile.device} ({profile.precision}, {device}) -> {profile.path}")
+    busy = machine_busy(profile)
+    if busy:
+        print(f"warning: {busy}")
+    print(f"{'layer':40s} {'tmp':>3s} {'mbs':>3s} {'fwd ms':>9s} {'bwd ms':>9s} {'std %':>6s}")
+    for e in profile.entries:
+        std = 100 * (e.forward_std_s + e.backward_std_s) / max(e.forward_s + e.backward_s, 1e-12)
+        print(f"{e.signature:40s} {e.tmp:3d} {e.mbs:3d} {e.forward_s * 1e3:9.3f} "
+              f"{e.backward_s * 1e3:9.3f} {std:6.1f}")
+    return 0
+
+
+def run_comm(args) -> int:
+    from ..profiling.comm import DEFAULT_SIZES, profile_comm
+
+    device = _device(args.device)
+    name = args.name
+    if name is None and args.spec is not None:
+        from ..profiling.layers import profile_device_name
+        from ..spec import load_spec
+
+        name = profile_device_name(load_spec(args.spec), device)
+    if name is None:
+        if device != "cpu":
+            raise UsageError("profile-comm: say which device type this is: give the spec or "
+                             "--name (a catalog name, e.g. A100-80GB)")
+        name = "CPU-local"
+    profile = profile_comm(device_name=name, launcher=args.launcher, nproc=args.nproc,
+                           nnodes=args.nnodes, node_rank=args.node_rank,
+                           master_addr=args.master_addr, master_port=args.master_port,
+                           device=device, sizes=args.sizes or DEFAULT_SIZES,
+                           repeats=args.repeats, out=args.out, progress=not args.no_progress)
+    if profile is None:
+        print("this node took part in the sweep; node 0 wrote the profile")
+        return 0
+    print(f"link profile {profile.describe()} -> {profile.path}")
+    print(f"{'collective':15s} {'link':6s} {'model':10s} {'alpha us':>9s} {'GB/s':>7s} "
+          f"{'err a-b':>8s} {'err sig':>8s}")
+    for (coll, link), f in sorted(profile.fits.items()):
+        sig = f"{100 * f.mape_sigmoid:7.1f}%" if f.sigmoid else "       -"
+        print(f"{coll:15s} {link:6s} {f.model:10s} {f.alpha_s * 1e6:9.1f} "
+              f"{f.bandwidth_bytes_per_s / 1e9:7.2f} {100 * f.mape_alpha_beta:7.1f}% {sig}")
+    missing = [lk for lk in ("intra", "inter") if lk not in profile.links_measured]
+    if missing:
+        print(f"not measured: {', '.join(missing)} (one node); plan keeps the spec's nominal "
+              f"bandwidth there")
+    return 0

@@ -1,0 +1,495 @@
+"""Measured profiles on disk: per-layer times (AMP section 3.4) and per-link collective fits.
+
+    profiles/measured/<device>__<precision>__<hash8>.json   LayerProfile  (amp-search profile)
+    profiles/comm/<device>__<backend>.json                  CommProfile   (amp-search profile-comm)
+
+Layer profile JSON (format 1):
+    {"format": 1, "device": "CPU-local", "precision": "fp32",
+     "versions": {"torch": ..., "deepspeed": ..., "megatron_core": ...},
+     "created": ISO time, "host": ..., "settings": {...how it was measured...},
+     "entries": [{"signature", "tmp", "mbs", "forward_s", "backward_s",
+                  "forward_std_s", "backward_std_s", "repeats"}, ...]}
+
+A profile is only ever used for the device name and precision it was measured with; a file
+for another device is never returned by `find_profile`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import socket
+from bisect import bisect_left
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import UsageError
+from ..spec import PROFILES_DIR
+
+FORMAT = 1
+MEASURED_DIR = PROFILES_DIR / "measured"
+COMM_DIR = PROFILES_DIR / "comm"
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
+LINKS = ("intra", "inter")
+_VERSIONED = (("torch", "torch"), ("deepspeed", "deepspeed"), ("megatron_core", "megatron-core"))
+
+
+def installed_versions() -> dict:
+    """Versions of the libraries whose kernels and schedules the timings depend on."""
+    from importlib import metadata
+
+    out = {}
+    for key, dist in _VERSIONED:
+        try:
+            out[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[key] = None
+    return out
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def safe_name(text: str) -> str:
+    """A device name as a file-name part ('A100 80GB' -> 'A100_80GB')."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "device"
+
+
+# ----------------------------------------------------------------------------- layer profiles
+
+@dataclass(frozen=True)
+class LayerTiming:
+    """One layer's compute time for one micro-batch on one device (its TP collectives excluded)."""
+
+    forward_s: float
+    backward_s: float
+    source: str
+    """'profile:<file>' (exact mbs), 'profile:<file>:interpolated' or ':extrapolated'."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileEntry:
+    """Measured times of one (layer signature, tmp, mbs): median over `repeats` runs."""
+
+    signature: str
+    tmp: int
+    mbs: int
+    forward_s: float
+    backward_s: float
+    forward_std_s: float = 0.0
+    backward_std_s: float = 0.0
+    repeats: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class LayerProfile:
+    """A lookup table (signature, tmp, mbs) -> forward/backward seconds for one device and
+    precision.
+
+    `lookup` needs an exact (signature, tmp) match. Micro-batch sizes:
+    - measured mbs: the measured times;
+    - between two measured mbs: linear interpolation in mbs (time = a + b*mbs between them);
+    - above the largest measured: per-sample scaling of the largest, t(m) = t(m_max) * m / m_max
+      (large micro-batches saturate the kernels, so throughput per sample stays flat);
+    - below the smallest measured: per-sample scaling of the smallest, t(m) = t(m_min) * m /
+      m_min, which ignores fixed per-call costs and so is a lower bound (profile mbs 1 to avoid).
+    """
+
+    def __init__(self, *, device: str, precision: str, entries, versions: dict | None = None,
+                 created: str = "", host: str = "", settings: dict | None = None,
+                 path: Path | None = None):
+        self.device = device
+        self.precision = precision
+        self.versions = dict(versions or {})
+        self.created = created or now_iso()
+        self.host = host
+        self.settings = dict(settings or {})
+        self.path = path
+        self._entries: dict[tuple[str, int, int], ProfileEntry] = {}
+        for e in entries:
+            self.add(e)
+
+    # -- contents
+    def add(self, entry: ProfileEntry) -> None:
+        self._entries[(entry.signature, entry.tmp, entry.mbs)] = entry
+
+    @property
+    def entries(self) -> list[ProfileEntry]:
+        return [self._entries[k] for k in sorted(self._entries)]
+
+    @property
+    def signatures(self) -> tuple[str, ...]:
+        return tuple(sorted({k[0] for k in self._entries}))
+
+    def measured_mbs(self, signature: str, tmp: int) -> list[int]:
+        return sorted(m for (s, t, m) in self._entries if s == signature and t == tmp)
+
+    def covers(self, signature: str, tmp: int) -> bool:
+        return bool(self.measured_mbs(signature, tmp))
+
+    @property
+    def stale_versions(self) -> bool:
+        """True when the libraries it was measured with differ from the installed ones."""
+        now = installed_versions()
+        return any(self.versions.get(k) != now.get(k) for k in now)
+
+    @property
+    def source(self) -> str:
+        name = self.path.name if self.path else f"{self.device}/{self.precision}"
+        return f"profile:{name}"
+
+    # -- the lookup the cost model uses
+    def lookup(self, signature: str, tmp: int, mbs: int) -> LayerTiming | None:
+        ms = self.measured_mbs(signature, tmp)
+        if not ms or mbs < 1:
+            return None
+        if mbs in ms:
+            e = self._entries[(signature, tmp, mbs)]
+            return LayerTiming(e.forward_s, e.backward_s, self.source)
+        if mbs > ms[-1] or mbs < ms[0]:
+            ref = ms[-1] if mbs > ms[-1] else ms[0]
+            e = self._entries[(signature, tmp, ref)]
+            k = mbs / ref
+            return LayerTiming(e.forward_s * k, e.backward_s * k, self.source + ":extrapolated")
+        i = bisect_left(ms, mbs)
+        lo, hi = self._entries[(signature, tmp, ms[i - 1])], self._entries[(signature, tmp, ms[i])]
+        w = (mbs - lo.mbs) / (hi.mbs - lo.mbs)
+        return LayerTiming(lo.forward_s + w * (hi.forward_s - lo.forward_s),
+                           lo.backward_s + w * (hi.backward_s - lo.backward_s),
+                           self.source + ":interpolated")
+
+    # -- files
+    def default_filename(self) -> str:
+        digest = hashlib.sha256("\n".join(self.signatures).encode()).hexdigest()[:8]
+        return f"{safe_name(self.device)}__{self.precision}__{digest}.json"
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "device": self.device, "precision": self.precision,
+                "versions": self.versions, "created": self.created, "host": self.host,
+                "settings": self.settings, "entries": [e.to_dict() for e in self.entries]}
+
+    def save(self, path: Path | None = None) -> Path:
+        """Write atomically (a partial profile after Ctrl-C is still a valid file)."""
+        path = Path(path) if path is not None else MEASURED_DIR / self.default_filename()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        os.replace(tmp, path)
+        self.path = path
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict, path: Path | None = None) -> "LayerProfile":
+        where = str(path) if path else "layer profile"
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise UsageError(f"{where}: not a layer profile of format {FORMAT}")
+        try:
+            entries = [ProfileEntry(signature=str(e["signature"]), tmp=int(e["tmp"]),
+                                    mbs=int(e["mbs"]), forward_s=float(e["forward_s"]),
+                                    backward_s=float(e["backward_s"]),
+                                    forward_std_s=float(e.get("forward_std_s", 0.0)),
+                                    backward_std_s=float(e.get("backward_std_s", 0.0)),
+                                    repeats=int(e.get("repeats", 0)))
+                       for e in d["entries"]]
+            return cls(device=str(d["device"]), precision=str(d["precision"]), entries=entries,
+                       versions=d.get("versions") or {}, created=str(d.get("created", "")),
+                       host=str(d.get("host", "")), settings=d.get("settings") or {}, path=path)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{where}: malformed layer profile ({exc!r})") from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "LayerProfile":
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise UsageError(f"profile not found: {p}") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UsageError(f"cannot read profile {p}: {exc}") from None
+        return cls.from_dict(data, path=p)
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def find_profile(device_name: str, precision: str, directory: Path = MEASURED_DIR, *,
+                 signatures=None) -> LayerProfile | None:
+    """The newest layer profile measured on `device_name` in `precision`, or None.
+
+    Only files whose device name AND precision match are considered, so a profile from another
+    device is never returned. With `signatures` (the layers the caller needs), a profile that
+    covers more of them wins over a newer one that covers fewer.
+    Files that do not parse as layer profiles (calibrations, stray files) are skipped.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    want = set(signatures or ())
+    best, best_key = None, None
+    for p in sorted(directory.glob("*.json")):
+        d = _read_json(p)
+        if not isinstance(d, dict) or d.get("format") != FORMAT or "entries" not in d:
+            continue
+        if d.get("device") != device_name or d.get("precision") != precision:
+            continue
+        try:
+            prof = LayerProfile.from_dict(d, path=p)
+        except UsageError:
+            continue
+        covered = len(want & set(prof.signatures))
+        key = (covered, prof.created, p.name)
+        if best_key is None or key > best_key:
+            best, best_key = prof, key
+    return best
+
+
+# ----------------------------------------------------------------------------- link profiles
+
+def bus_factor(collective: str, n: int) -> float:
+    """Bytes each rank moves per message byte over its link, ring algorithms (Lin et al. 2024;
+    nccl-tests 'bus bandwidth'): all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n of
+    the full (gathered / unscattered) buffer, point-to-point 1."""
+    if collective == "p2p":
+        return 1.0
+    if n <= 1:
+        return 0.0
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def latency_steps(collective: str, n: int) -> float:
+    """Sequential message steps of the ring algorithm: all-reduce 2(n-1), all-gather and
+    reduce-scatter n-1, point-to-point 1."""
+    if collective == "p2p":
+        return 1.0
+    if n <= 1:
+        return 0.0
+    return 2.0 * (n - 1) if collective == "all_reduce" else float(n - 1)
+
+
+def sigmoid_efficiency(message_bytes, floor: float, k: float, x0: float):
+    """Bandwidth efficiency in (floor, 1]: a sigmoid in log2(message bytes) (Lin et al. 2024's
+    transition region); floor at small messages, 1 at large ones."""
+    import numpy as np
+
+    x = np.log2(np.maximum(np.asarray(message_bytes, dtype=float), 1.0))
+    return floor + (1.0 - floor) / (1.0 + np.exp(-k * (x - x0)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkFit:
+    """The fitted model of one collective on one link kind.
+
+    alpha-beta:  t = steps(n) * alpha_s + bus(n) * S / bandwidth_bytes_per_s
+    sigmoid:     t = steps(n) * alpha_s + bus(n) * S / (bandwidth_bytes_per_s * eff(S)),
+                 eff(S) = floor + (1 - floor) / (1 + exp(-k (log2 S - x0)))
+    (S: message bytes; n: group size; steps/bus: `latency_steps` / `bus_factor`.)
+    `model` says which one `time_s` uses (the one with the smaller error on the samples).
+    """
+
+    collective: str
+    link: str
+    alpha_s: float
+    bandwidth_bytes_per_s: float
+    model: str = "alpha-beta"
+    sigmoid: dict | None = None
+    """{'alpha_s', 'bandwidth_bytes_per_s', 'floor', 'k', 'x0'} when the sigmoid was fitted."""
+    mape_alpha_beta: float = float("nan")
+    mape_sigmoid: float = float("nan")
+    group_sizes: tuple[int, ...] = ()
+    message_bytes_range: tuple[float, float] = (0.0, 0.0)
+    samples: int = 0
+
+    def time_s(self, message_bytes: float, group_size: int) -> float:
+        n = int(group_size)
+        if n <= 1 and self.collective != "p2p":
+            return 0.0
+        if self.model == "sigmoid" and self.sigmoid:
+            sg = self.sigmoid
+            eff = float(sigmoid_efficiency(message_bytes, sg["floor"], sg["k"], sg["x0"]))
+            return (latency_steps(self.collective, n) * sg["alpha_s"]
+                    + bus_factor(self.collective, n) * message_bytes
+                    / (sg["bandwidth_bytes_per_s"] * eff))
+        return (latency_steps(self.collective, n) * self.alpha_s
+                + bus_factor(self.collective, n) * message_bytes / self.bandwidth_bytes_per_s)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["group_sizes"] = list(self.group_sizes)
+        d["message_bytes_range"] = list(self.message_bytes_range)
+        for k in ("mape_alpha_beta", "mape_sigmoid"):
+            if isinstance(d[k], float) and math.isnan(d[k]):
+                d[k] = None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LinkFit":
+        nan = float("nan")
+        return cls(collective=str(d["collective"]), link=str(d["link"]),
+                   alpha_s=float(d["alpha_s"]),
+                   bandwidth_bytes_per_s=float(d["bandwidth_bytes_per_s"]),
+                   model=str(d.get("model", "alpha-beta")), sigmoid=d.get("sigmoid"),
+                   mape_alpha_beta=nan if d.get("mape_alpha_beta") is None
+                   else float(d["mape_alpha_beta"]),
+                   mape_sigmoid=nan if d.get("mape_sigmoid") is None else float(d["mape_sigmoid"]),
+                   group_sizes=tuple(int(x) for x in d.get("group_sizes", ())),
+                   message_bytes_range=tuple(float(x) for x in d.get("message_bytes_range",
+                                                                     (0, 0))),
+                   samples=int(d.get("samples", 0)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommSample:
+    """One measured point: seconds per operation, mean (`time_s`, what is fitted), standard
+    deviation and median over `repeats` timed operations."""
+
+    collective: str
+    link: str
+    group_size: int
+    message_bytes: int
+    time_s: float
+    std_s: float = 0.0
+    median_s: float = 0.0
+    repeats: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(kw_only=True)
+class CommProfile:
+    """Measured collectives per link kind and their fits (see `LinkFit`).
+
+    `time_s` returns None for a link kind that was not measured (a one-node machine has no
+    'inter' samples): the caller then falls back to the spec's nominal bandwidth.
+    """
+
+    device: str
+    backend: str
+    world_size: int
+    nodes: int
+    fits: dict = field(default_factory=dict)
+    """(collective, link) -> LinkFit"""
+    samples: list = field(default_factory=list)
+    versions: dict = field(default_factory=dict)
+    created: str = ""
+    host: str = ""
+    settings: dict = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def links_measured(self) -> tuple[str, ...]:
+        return tuple(lk for lk in LINKS if any(k[1] == lk for k in self.fits))
+
+    def fit(self, collective: str, link: str) -> LinkFit | None:
+        return self.fits.get((collective, link))
+
+    def time_s(self, collective: str, message_bytes: float, group_size: int,
+               link: str) -> float | None:
+        """Seconds for one `collective` of `message_bytes` (all-reduce: the buffer; all-gather:
+        the gathered output; reduce-scatter: the input; p2p: the message) over `group_size`
+        ranks on link kind 'intra' | 'inter'; None when that link kind was not measured."""
+        if collective not in COLLECTIVES:
+            raise ValueError(f"unknown collective {collective!r}; known: {COLLECTIVES}")
+        if link not in LINKS:
+            raise ValueError(f"unknown link {link!r}; known: {LINKS}")
+        f = self.fits.get((collective, link))
+        return None if f is None else f.time_s(float(message_bytes), int(group_size))
+
+    def describe(self) -> str:
+        missing = [lk for lk in LINKS if lk not in self.links_measured]
+        note = f"; not measured: {', '.join(missing)} (nominal bandwidth used)" if missing else ""
+        return (f"{self.path.name if self.path else self.device} ({self.backend}, "
+                f"{self.world_size} ranks on {self.nodes} node(s)){note}")
+
+    def default_filename(self) -> str:
+        return f"{safe_name(self.device)}__{self.backend}.json"
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "kind": "comm", "device": self.device, "backend": self.backend,
+                "world_size": self.world_size, "nodes": self.nodes,
+                "links_measured": list(self.links_measured), "versions": self.versions,
+                "created": self.created, "host": self.host, "settings": self.settings,
+                "fits": [f.to_dict() for _, f in sorted(self.fits.items())],
+                "samples": [s.to_dict() for s in self.samples]}
+
+    def save(self, path: Path | None = None) -> Path:
+        path = Path(path) if path is not None else COMM_DIR / self.default_filename()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        os.replace(tmp, path)
+        self.path = path
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict, path: Path | None = None) -> "CommProfile":
+        where = str(path) if path else "comm profile"
+        if not isinstance(d, dict) or d.get("format") != FORMAT or d.get("kind") != "comm":
+            raise UsageError(f"{where}: not a comm profile of format {FORMAT}")
+        try:
+            fits = {}
+            for fd in d.get("fits", []):
+                f = LinkFit.from_dict(fd)
+                fits[(f.collective, f.link)] = f
+            samples = [CommSample(**s) for s in d.get("samples", [])]
+            return cls(device=str(d["device"]), backend=str(d["backend"]),
+                       world_size=int(d["world_size"]), nodes=int(d["nodes"]), fits=fits,
+                       samples=samples, versions=d.get("versions") or {},
+                       created=str(d.get("created", "")), host=str(d.get("host", "")),
+                       settings=d.get("settings") or {}, path=path)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{where}: malformed comm profile ({exc!r})") from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "CommProfile":
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise UsageError(f"comm profile not found: {p}") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UsageError(f"cannot read comm profile {p}: {exc}") from None
+        return cls.from_dict(data, path=p)
+
+
+def find_comm_profile(directory: Path = COMM_DIR, *, device: str | None = None,
+                      backend: str | None = None) -> CommProfile | None:
+    """The newest comm profile in `directory` (optionally only for `device` / `backend`)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    best, best_key = None, None
+    for p in sorted(directory.glob("*.json")):
+        d = _read_json(p)
+        if not isinstance(d, dict) or d.get("kind") != "comm":
+            continue
+        if device is not None and d.get("device") != device:
+            continue
+        if backend is not None and d.get("backend") != backend:
+            continue
+        try:
+            prof = CommProfile.from_dict(d, path=p)
+        except UsageError:
+            continue
+        key = (prof.created, p.name)
+        if best_key is None or key > best_key:
+            best, best_key = prof, key
+    return best
+
+
+def hostname() -> str:
+    return socket.gethostname()

@@ -1,0 +1,266 @@
+"""Layer and link profiles: the lookup table, the file format, device matching, the sweeps and
+the fits. Nothing here depends on how fast the machine is."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from amp_search.errors import UsageError
+from amp_search.profiling import comm as comm_mod
+from amp_search.profiling import layers as layers_mod
+from amp_search.profiling.store import (CommProfile, CommSample, LayerProfile, ProfileEntry,
+                                        bus_factor, find_comm_profile, find_profile,
+                                        installed_versions, latency_steps, sigmoid_efficiency)
+from amp_search.spec import parse_spec
+
+SIG = "transformer:s16:h32:a2:f128"
+
+
+def tiny_spec(precision="fp32", gpu="CPU-local"):
+    return parse_spec({
+        "cluster": {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 2,
+                               "intra_node_bandwidth": "2 GB/s",
+                               "inter_node_bandwidth": "10 Gbps"}]},
+        "model": {"preset": "gpt", "num_layers": 2, "hidden_size": 32,
+                  "num_attention_heads": 2, "seq_length": 16, "vocab_size": 64},
+        "training": {"global_batch_size": 4, "precision": precision}})
+
+
+def entry(sig=SIG, tmp=1, mbs=1, f=1.0, b=2.0):
+    return ProfileEntry(signature=sig, tmp=tmp, mbs=mbs, forward_s=f, backward_s=b, repeats=3)
+
+
+def profile(device="CPU-local", precision="fp32", created="2026-01-01T00:00:00+00:00",
+            entries=None, versions=None):
+    return LayerProfile(device=device, precision=precision, created=created,
+                        versions=installed_versions() if versions is None else versions,
+                        entries=entries if entries is not None else
+                        [entry(mbs=1, f=1.0, b=2.0), entry(mbs=2, f=1.5, b=3.0),
+                         entry(mbs=4, f=3.0, b=6.0)])
+
+
+# ----------------------------------------------------------------------------- lookup
+
+def test_lookup_exact_interpolated_extrapolated_and_missing():
+    p = profile()
+    hit = p.lookup(SIG, 1, 2)
+    assert (hit.forward_s, hit.backward_s) == (1.5, 3.0)
+    assert hit.source.startswith("profile:") and "interp" not in hit.source
+    mid = p.lookup(SIG, 1, 3)  # halfway between mbs 2 and 4
+    assert mid.forward_s == pytest.approx(2.25) and mid.backward_s == pytest.approx(4.5)
+    assert mid.source.endswith(":interpolated")
+    big = p.lookup(SIG, 1, 8)  # per-sample scaling of the largest measured
+    assert big.forward_s == pytest.approx(6.0) and big.source.endswith(":extrapolated")
+    assert p.lookup(SIG, 2, 2) is None  # tmp never measured
+    assert p.lookup("transformer:s16:h64:a2:f256", 1, 1) is None
+
+
+def test_profile_round_trip(tmp_path):
+    p = profile()
+    path = p.save(tmp_path / p.default_filename())
+    assert path.name.startswith("CPU-local__fp32__") and len(path.stem.split("__")[2]) == 8
+    q = LayerProfile.load(path)
+    assert q.device == "CPU-local" and q.precision == "fp32" and q.path == path
+    assert [e.to_dict() for e in q.entries] == [e.to_dict() for e in p.entries]
+    d = json.loads(path.read_text())
+    assert d["format"] == 1 and set(d["versions"]) == {"torch", "deepspeed", "megatron_core"}
+    assert set(d["entries"][0]) == {"signature", "tmp", "mbs", "forward_s", "backward_s",
+                                    "forward_std_s", "backward_std_s", "repeats"}
+
+
+def test_find_profile_matches_device_and_precision_only(tmp_path):
+    profile(device="V100-16GB").save(tmp_path / "a.json")
+    profile(precision="bf16").save(tmp_path / "b.json")
+    assert find_profile("CPU-local", "fp32", tmp_path) is None  # never another device's
+    old = profile(created="2026-01-01T00:00:00+00:00")
+    old.save(tmp_path / "c.json")
+    new = profile(created="2026-02-01T00:00:00+00:00", entries=[entry(f=9.0)])
+    new.save(tmp_path / "d.json")
+    (tmp_path / "junk.json").write_text("{not json")
+    (tmp_path / "CPU-local__fp32__calibration.json").write_text('{"format": 1}')
+    found = find_profile("CPU-local", "fp32", tmp_path)
+    assert found.path.name == "d.json"  # newest wins
+    assert find_profile("V100-16GB", "fp32", tmp_path).device == "V100-16GB"
+    other = profile(created="2026-01-15T00:00:00+00:00", entries=[entry(sig="head:x")])
+    other.save(tmp_path / "e.json")
+    # a caller that names the layers it needs gets the profile that covers them
+    assert find_profile("CPU-local", "fp32", tmp_path, signatures=["head:x"]).path.name \
+        == "e.json"
+    assert find_profile("CPU-local", "fp32", tmp_path / "missing") is None
+
+
+def test_stale_versions_flag():
+    assert not profile().stale_versions
+    assert profile(versions={"torch": "0.1", "deepspeed": None, "megatron_core": None}
+                   ).stale_versions
+
+
+def test_malformed_profile_is_a_usage_error(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"format": 1, "device": "d", "precision": "fp32",
+                               "entries": [{"signature": "s"}]}))
+    with pytest.raises(UsageError, match="malformed"):
+        LayerProfile.load(bad)
+    with pytest.raises(UsageError, match="not found"):
+        LayerProfile.load(tmp_path / "none.json")
+
+
+# ----------------------------------------------------------------------------- layer sweep
+
+def test_profile_layers_tiny_model(tmp_path):
+    spec = tiny_spec()
+    out = tmp_path / "p.json"
+    p = layers_mod.profile_layers(spec, device="cpu", tmps=(1, 2), mbss=(1, 2), warmup=0,
+                                  repeats=2, out=out)
+    sigs = {l.signature for l in spec.model.layers}
+    assert len(sigs) == 3 and set(p.signatures) == sigs
+    assert len(p.entries) == 3 * 2 * 2
+    for e in p.entries:
+        assert e.forward_s > 0 and e.backward_s > 0 and e.repeats == 2
+    q = find_profile("CPU-local", "fp32", tmp_path)
+    assert q is not None and q.path == out and not q.stale_versions
+    for layer in spec.model.layers:
+        assert q.lookup(layer.signature, 2, 2) is not None
+    # a second run adds points to the same file instead of dropping the old ones
+    layers_mod.profile_layers(spec, device="cpu", tmps=(1,), mbss=(4,), warmup=0, repeats=1,
+                              out=out)
+    assert len(LayerProfile.load(out).entries) == 3 * 2 * 2 + 3
+
+
+def test_profile_layers_rejects_bad_input():
+    spec = tiny_spec()
+    with pytest.raises(UsageError, match="does not divide"):
+        layers_mod.profile_layers(spec, tmps=(3,), write=False)
+    with pytest.raises(UsageError, match="positive"):
+        layers_mod.profile_layers(spec, mbss=(0,), write=False)
+    with pytest.raises(UsageError, match="no CUDA|kind gpu"):
+        layers_mod.profile_layers(spec, device="cuda", write=False)
+    with pytest.raises(UsageError, match="not a device type"):
+        layers_mod.profile_layers(spec, device_name="V100-16GB", write=False)
+    with pytest.raises(UsageError, match="--device"):
+        layers_mod.profile_layers(spec, device="tpu", write=False)
+
+
+def test_ctrl_c_keeps_what_was_measured(tmp_path, monkeypatch):
+    real = layers_mod._measure
+    calls = {"n": 0}
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(layers_mod, "_measure", flaky)
+    out = tmp_path / "partial.json"
+    with pytest.raises(KeyboardInterrupt):
+        layers_mod.profile_layers(tiny_spec(), tmps=(1,), mbss=(1, 2), warmup=0, repeats=1,
+                                  out=out)
+    p = LayerProfile.load(out)
+    assert len(p.entries) == 2 and p.settings.get("interrupted") is True
+
+
+# ----------------------------------------------------------------------------- link fits
+
+def synthetic_samples(coll, alpha, bw, *, link="intra", sizes=comm_mod.DEFAULT_SIZES,
+                      groups=(2,), sig=None):
+    out = []
+    for n in groups:
+        if coll == "p2p" and n != 2:
+            continue
+        for s in sizes:
+            eff = 1.0 if sig is None else float(sigmoid_efficiency(s, *sig))
+            t = latency_steps(coll, n) * alpha + bus_factor(coll, n) * s / (bw * eff)
+            out.append(CommSample(collective=coll, link=link, group_size=n, message_bytes=s,
+                                  time_s=t))
+    return out
+
+
+@pytest.mark.parametrize("coll", ["all_reduce", "all_gather", "reduce_scatter", "p2p"])
+def test_alpha_beta_fit_recovers_known_link(coll):
+    samples = synthetic_samples(coll, 20e-6, 3e9, groups=(2, 4))
+    f = comm_mod.fit_link(coll, "intra", samples)
+    assert f.alpha_s == pytest.approx(20e-6, rel=1e-3)
+    assert f.bandwidth_bytes_per_s == pytest.approx(3e9, rel=1e-3)
+    assert f.model == "alpha-beta" and f.mape_alpha_beta < 1e-3
+    assert f.time_s(1 << 20, 4 if coll != "p2p" else 2) == pytest.approx(
+        latency_steps(coll, 4 if coll != "p2p" else 2) * 20e-6
+        + bus_factor(coll, 4 if coll != "p2p" else 2) * (1 << 20) / 3e9, rel=1e-3)
+
+
+def test_sigmoid_fit_wins_on_s_shaped_link():
+    sig = (0.1, 1.5, 17.0)  # 10% of the bandwidth below ~64 KiB, full above ~1 MiB
+    samples = synthetic_samples("all_reduce", 10e-6, 5e9, sig=sig)
+    f = comm_mod.fit_link("all_reduce", "intra", samples)
+    assert f.model == "sigmoid" and f.mape_sigmoid < 0.02 < f.mape_alpha_beta
+    for s in (4096, 1 << 16, 1 << 18, 1 << 22):
+        truth = 2 * 10e-6 + s / (5e9 * float(sigmoid_efficiency(s, *sig)))
+        assert f.time_s(s, 2) == pytest.approx(truth, rel=0.05)
+
+
+def test_comm_profile_round_trip_and_missing_inter_link(tmp_path):
+    samples = [s for c in ("all_reduce", "p2p") for s in synthetic_samples(c, 1e-5, 2e9)]
+    prof = comm_mod.build_profile(samples, device="CPU-local", backend="gloo", world_size=2,
+                                  nodes=1)
+    assert prof.links_measured == ("intra",)
+    assert prof.time_s("all_reduce", 1e6, 2, "inter") is None
+    assert "not measured: inter" in prof.describe()
+    path = prof.save(tmp_path / "c.json")
+    back = find_comm_profile(tmp_path)
+    assert back is not None and back.path == path
+    t = back.time_s("all_reduce", 1e6, 2, "intra")
+    assert t == pytest.approx(2 * 1e-5 + 1e6 / 2e9, rel=1e-3)
+    assert back.time_s("p2p", 1e6, 2, "intra") == pytest.approx(1e-5 + 1e6 / 2e9, rel=1e-3)
+    assert back.time_s("reduce_scatter", 1e6, 2, "intra") is None  # not measured
+    with pytest.raises(ValueError):
+        back.time_s("broadcast", 1e6, 2, "intra")
+    assert find_comm_profile(tmp_path, device="V100-16GB") is None
+
+
+def test_real_two_process_gloo_sweep(tmp_path):
+    prof = comm_mod.profile_comm(device_name="CPU-local", launcher="local", nproc=2,
+                                 sizes=(4096, 65536, 1 << 20), warmup=1, repeats=3,
+                                 out=tmp_path / "c.json")
+    assert prof.world_size == 2 and prof.nodes == 1 and prof.links_measured == ("intra",)
+    assert set(c for c, _ in prof.fits) == {"all_reduce", "all_gather", "reduce_scatter", "p2p"}
+    assert all(s.time_s > 0 for s in prof.samples) and len(prof.samples) == 12
+    for (c, _), f in prof.fits.items():
+        assert f.bandwidth_bytes_per_s > 0 and math.isfinite(f.alpha_s)
+    assert CommProfile.load(tmp_path / "c.json").fits.keys() == prof.fits.keys()
+
+
+def test_profile_comm_rejects_bad_input():
+    with pytest.raises(UsageError, match="launcher"):
+        comm_mod.profile_comm(device_name="x", launcher="ssh")
+    with pytest.raises(UsageError, match="at least 2"):
+        comm_mod.profile_comm(device_name="x", nproc=1)
+    with pytest.raises(UsageError, match="torchrun"):
+        comm_mod.profile_comm(device_name="x", nnodes=2)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def _cli(argv):
+    from amp_search.cli import profile as cli_profile
+
+    parser = argparse.ArgumentParser()
+    cli_profile.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_profile_writes_and_prints(tmp_path, capsys):
+    import yaml
+
+    spec_path = tmp_path / "s.yaml"
+    spec_path.write_text(yaml.safe_dump(tiny_spec().raw))
+    out = tmp_path / "p.json"
+    assert _cli(["profile", str(spec_path), "--device", "cpu", "--tmp", "1", "--mbs", "1",
+                 "--warmup", "0", "--repeats", "1", "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert str(out) in text and "transformer:s16:h32:a2:f128" in text
+    with pytest.raises(UsageError):
+        _cli(["profile", str(spec_path), "--device", "cpu", "--tmp", "3", "--out", str(out)])
