@@ -250,6 +250,9 @@ class CostModel:
         crosses = rings.crosses_nodes.any(axis=1)
         bpe = self.spec.training.bytes_per_element
         exposed = 1.0 - p.dp_overlap
+        bf16_optimizer = M.deepspeed_engine(zero_stage=c.zero_stage,
+                                            precision=self.spec.training.precision) \
+            == "bf16_optimizer"
         fixed, per_param = np.empty(c.pp), np.empty(c.pp)
         for j in range(c.pp):
             def sync(n_params: float) -> float:
@@ -257,7 +260,7 @@ class CostModel:
                     param_bytes=n_params * bpe, grad_bytes=n_params * bpe, n=c.dp,
                     bandwidth_bytes_per_s=bw[j],
                     latency_s=self.latency("all_reduce", "inter" if crosses[j] else "intra"),
-                    zero_stage=c.zero_stage, gas=gas)
+                    zero_stage=c.zero_stage, gas=gas, gather_weights_after_step=bf16_optimizer)
             fixed[j] = sync(0.0) * exposed
             per_param[j] = sync(1.0) * exposed - fixed[j]
         return per_param[:, None] * self.params_per_layer(c.tmp)[None, :], fixed

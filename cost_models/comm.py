@@ -38,11 +38,13 @@ def shared_bandwidth(link_bytes_per_s: float, flows: int) -> float:
 
 def data_parallel_sync_time_s(*, param_bytes: float, grad_bytes: float, n: int,
                               bandwidth_bytes_per_s: float, latency_s: float, zero_stage: int,
-                              gas: int) -> float:
+                              gas: int, gather_weights_after_step: bool = False) -> float:
     """Data-parallel traffic of one iteration for one device, by ZeRO stage (Rajbhandari et
     al. 2020, section 7: stages 0-2 move 2(n-1)/n of the model per iteration, stage 3 1.5x):
 
-    - 0: one ring all-reduce of the gradients at the accumulation boundary (AMP eq. 3);
+    - 0: one ring all-reduce of the gradients at the accumulation boundary (AMP eq. 3), plus an
+         all-gather of the updated weights when the optimizer partitions its fp32 master copy
+         (`gather_weights_after_step`: DeepSpeed's BF16_Optimizer, bf16 without ZeRO);
     - 1: reduce-scatter of the gradients + all-gather of the updated weights (same volume);
     - 2: gradients reduce-scattered in every micro-batch's backward (DeepSpeed reduces the
          gradient partitions as they are produced), weights all-gathered once after the step;
@@ -53,7 +55,9 @@ def data_parallel_sync_time_s(*, param_bytes: float, grad_bytes: float, n: int,
         return 0.0
     ag = allgather_time_s
     if zero_stage in (0, 1):
-        return allreduce_time_s(grad_bytes, n, bandwidth_bytes_per_s, latency_s)
+        gather = ag(param_bytes, n, bandwidth_bytes_per_s, latency_s) \
+            if zero_stage == 0 and gather_weights_after_step else 0.0
+        return allreduce_time_s(grad_bytes, n, bandwidth_bytes_per_s, latency_s) + gather
     if zero_stage == 2:
         return (gas * reduce_scatter_time_s(grad_bytes, n, bandwidth_bytes_per_s, latency_s)
                 + ag(param_bytes, n, bandwidth_bytes_per_s, latency_s))

@@ -79,6 +79,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from .layers import Layer, param_count
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -223,17 +225,20 @@ def straddling_partition_numel(tensor_numels: tuple[int, ...], dp: int) -> int:
     `get_partition_info` -> params_in_partition; `grads_in_partition` sums their numel)."""
     total = sum(tensor_numels)
     part = partition_numel(total, dp)
-    best = 0
-    for r in range(dp):
-        lo, hi = r * part, (r + 1) * part
-        start = 0
-        held = 0
-        for n in tensor_numels:
-            if start < hi and start + n > lo:
-                held += n
-            start += n
-        best = max(best, held)
-    return best
+    if not tensor_numels:
+        return 0
+    # tensor k spans [start_k, end_k) of the flat buffer; rank r owns [r*part, (r+1)*part).
+    # The tensors overlapping rank r are a contiguous run: from the first whose end > lo to
+    # the last whose start < hi (zero-size tensors overlap nothing and add nothing).
+    sizes = np.asarray(tensor_numels, dtype=np.int64)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    prefix = np.concatenate([[0], ends])
+    lo = np.arange(dp, dtype=np.int64) * part
+    first = np.searchsorted(ends, lo, side="right")
+    last = np.searchsorted(starts, lo + part, side="left")
+    held = prefix[np.maximum(last, first)] - prefix[first]
+    return int(held.max())
 
 
 def zero3_partition_numel(tensor_numels: tuple[int, ...], dp: int) -> int:

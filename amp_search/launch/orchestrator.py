@@ -235,8 +235,6 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
     if backend == "deepspeed" and s.pp > 1 and s.zero_stage >= 2:
         return (f"DeepSpeed's pipeline engine rejects ZeRO stage {s.zero_stage} with pp={s.pp}"
                 f" (ZeRO 0 or 1 only)")
-    if backend == "deepspeed" and s.pp == 1 and s.zero_stage >= 2 and s.activation_checkpointing:
-        return "activation checkpointing with ZeRO 2/3 at pp=1 is not wired in trials"
     return ""
 
 

@@ -209,9 +209,16 @@ class _Sequential:
                 self.layers = torch.nn.ModuleList(mods)
 
             def forward(self, ids, labels):
+                from torch.utils.checkpoint import checkpoint
+
                 x = ids
-                for m in self.layers:
-                    x = m(x)
+                for layer, m in zip(cfg.layers, self.layers):
+                    if cfg.strategy.activation_checkpointing and \
+                            type(m).__name__ in M.CHECKPOINTABLE_LAYERS:
+                        # full recomputation: keep the block's input, replay it in backward
+                        x = checkpoint(m, x, use_reentrant=False)
+                    else:
+                        x = m(x)
                 return M.lm_loss(x, labels)
 
         return Chain()
@@ -265,9 +272,6 @@ def train(cfg: TrialConfig) -> dict | None:
     s = cfg.strategy
     pipelined = not (s.pp == 1 and s.zero_stage >= 2)
     if not pipelined:
-        if s.activation_checkpointing:
-            raise RuntimeError("activation checkpointing with ZeRO 2/3 at pp=1 is not wired "
-                               "in trials")
         module = _Sequential.build(cfg)
     else:
         if s.zero_stage >= 2:
