@@ -19,6 +19,8 @@ from pathlib import Path
 
 from .launchers import Command
 
+from ..trial.run import ERROR_MARKER
+
 KILL_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL."""
 PEER_EXIT_GRACE_S = 15.0
@@ -185,6 +187,10 @@ _ERROR_LINE = re.compile(r"^\W*(?:\[rank\d+\]:\s*)?(\w+(?:Error|Exception|Exit)\
 def error_summary(log_text: str) -> str:
     """One line that says why a trial failed: its last exception line, else its last line."""
     lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    for ln in reversed(lines):              # the trial's own one-line report wins
+        head, marker, reason = ln.partition(ERROR_MARKER)
+        if marker and reason:
+            return reason[:300]
     for ln in reversed(lines):
         m = _ERROR_LINE.match(ln)
         if m and "ChildFailedError" not in ln:

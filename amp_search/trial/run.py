@@ -374,8 +374,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+ERROR_MARKER = "amp-search trial error: "
+"""Prefix of the one line a failing trial process writes with a single write() call, so that
+the launcher reads a clean reason even when several ranks fail at once and their tracebacks
+interleave in the shared log."""
+
+
 if __name__ == "__main__":
-    code = main()
+    try:
+        code = main()
+    except BaseException as exc:  # report, then fail as Python would
+        if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            line = f"{ERROR_MARKER}{type(exc).__name__}: {exc}".replace("\n", " ")[:400]
+            os.write(2, (line + "\n").encode())
+        raise
     sys.stdout.flush()
     sys.stderr.flush()
     # skip interpreter teardown: background threads of gloo / DeepSpeed sometimes abort in
