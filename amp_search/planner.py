@@ -62,7 +62,10 @@ class CostModel:
     def __init__(self, spec: Spec, *, cost_params: CostParams | None = None,
                  profile_dir: Path | None = PROFILES_DIR / "measured"):
         self.spec = spec
-        self.params = cost_params or CostParams()
+        if cost_params is not None:
+            self.params, self.params_source = cost_params, "given"
+        else:
+            self.params, self.params_source = _calibration(spec, profile_dir)
         self.timer = LayerTimer(spec, profile_dir)
         self.cluster = ClusterArrays.of(spec.cluster)
         # measured links (amp-search profile-comm) replace the nominal bandwidths
@@ -198,7 +201,7 @@ class CostModel:
                         memory=stage_memory(self.spec, strategy),
                         timing_sources=tuple(f"{k}={v}" for k, v in
                                              sorted(self.timer.sources().items()))
-                        + (f"links={self.link_source}",))
+                        + (f"links={self.link_source}", f"coefficients={self.params_source}"))
 
     def _placement(self, order: DeviceOrder, c: Candidate) -> tuple:
         """Megatron placement over `order`, as an array and as the record's tuple, with the GPU
@@ -379,7 +382,6 @@ def plan(spec: Spec, *, progress: bool = False, cost_params: CostParams | None =
     from tqdm import tqdm
 
     t0 = time.perf_counter()
-    cost_params = cost_params if cost_params is not None else _calibration(spec)
     model = CostModel(spec, cost_params=cost_params, profile_dir=profile_dir)
     pruned: Counter = Counter()
     candidates = enumerate_candidates(spec, pruned)
@@ -485,7 +487,6 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
         else activation_checkpointing
     if zero not in (0, 1, 2, 3):
         raise UsageError(f"--zero-stage {zero}: accepted: 0, 1, 2, 3")
-    cost_params = cost_params if cost_params is not None else _calibration(spec)
     model = CostModel(spec, cost_params=cost_params, profile_dir=profile_dir)
     orders = device_orders(spec.cluster, spec.training.precision)
     if placement_order is not None:
@@ -516,6 +517,12 @@ def evaluate(spec: Spec, strategy: Strategy, *, cost_params: CostParams | None =
                           partition=tuple(strategy.partition))
 
 
-def _calibration(spec: Spec) -> CostParams | None:
-    from .calibrate import find_calibration
-    return find_calibration(spec)
+def _calibration(spec: Spec, profile_dir: Path | None) -> tuple[CostParams, str]:
+    """The calibration stored beside the profiles for this spec's devices, if any."""
+    if profile_dir is None:
+        return CostParams(), "uncalibrated"
+    from .calibrate import calibration_path, find_calibration
+    params = find_calibration(spec, Path(profile_dir))
+    if params is None:
+        return CostParams(), "uncalibrated"
+    return params, f"calibration:{calibration_path(spec, Path(profile_dir)).name}"
