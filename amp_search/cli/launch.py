@@ -8,6 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
+from ._args import positive_int, nonnegative_int, positive_float
 from ..errors import UsageError
 from ..records import Estimate, Strategy
 from ..spec import Spec, load_spec
@@ -24,7 +25,7 @@ def add_parser(sub) -> None:
                     "Exits 0 when a trial ended ok (or with --dry-run), 1 when none did, "
                     "2 on bad input, 130 on Ctrl-C.")
     p.add_argument("spec", type=Path, help="YAML cluster + model + training spec")
-    p.add_argument("--top-k", type=_positive, default=3, metavar="K",
+    p.add_argument("--top-k", type=positive_int, default=3, metavar="K",
                    help="trials to run, best predicted first (default 3)")
     p.add_argument("--plan", type=Path, metavar="FILE",
                    help="read the ranking from `amp-search plan --json FILE` instead of planning")
@@ -39,13 +40,13 @@ def add_parser(sub) -> None:
                         "slurm: srun inside an allocation")
     p.add_argument("--hostfile", type=Path, metavar="FILE",
                    help="DeepSpeed hostfile, one 'host slots=N' per spec node, in spec order")
-    p.add_argument("--iters", type=_positive, default=40, metavar="N",
+    p.add_argument("--iters", type=positive_int, default=40, metavar="N",
                    help="iterations per trial, warm-up included (default 40, as AMP)")
-    p.add_argument("--warmup", type=_nonneg, default=20, metavar="W",
+    p.add_argument("--warmup", type=nonnegative_int, default=20, metavar="W",
                    help="leading iterations left out of the mean (default 20)")
-    p.add_argument("--trial-timeout", type=_positive_float, default=1800.0, metavar="S",
+    p.add_argument("--trial-timeout", type=positive_float, default=1800.0, metavar="S",
                    help="stop a trial after S seconds (default 1800)")
-    p.add_argument("--budget-minutes", type=_positive_float, metavar="M",
+    p.add_argument("--budget-minutes", type=positive_float, metavar="M",
                    help="stop starting trials after M minutes in all")
     p.add_argument("--results", type=Path, metavar="DB",
                    help="SQLite results database (default: amp-search-results.sqlite beside "
@@ -54,7 +55,7 @@ def add_parser(sub) -> None:
                    help="where trial directories go (default: runs/ beside the spec)")
     p.add_argument("--retry-failed", action="store_true",
                    help="run again trials recorded as oom / failed / timeout")
-    p.add_argument("--master-port", type=_positive, default=29500,
+    p.add_argument("--master-port", type=positive_int, default=29500,
                    help="rendezvous port for multi-node launchers (default 29500)")
     p.add_argument("--dry-run", action="store_true",
                    help="print every command and config; run nothing, record nothing")
@@ -62,36 +63,6 @@ def add_parser(sub) -> None:
                    help="also write the trials and the best strategy as JSON ('-': stdout)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
-def _nonneg(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    if not v > 0 or v != v or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
 
 
 def read_plan(path: Path, spec: Spec) -> list[Estimate | Strategy]:

@@ -7,6 +7,7 @@ import sys
 from itertools import groupby
 from pathlib import Path
 
+from ._args import positive_int
 from ..errors import UsageError
 from ..records import Estimate, Plan
 from ..spec import Spec, load_spec
@@ -16,7 +17,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="rank every strategy for a spec",
                        description="Rank every (pp, dp, tmp, mbs) strategy of a YAML spec.")
     p.add_argument("spec", type=Path, help="YAML cluster + model + training spec")
-    p.add_argument("--top-k", type=_positive, default=10, metavar="K",
+    p.add_argument("--top-k", type=positive_int, default=10, metavar="K",
                    help="rows to show and write (default 10)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON "
                                                              "('-' for standard output)")
@@ -27,7 +28,7 @@ def add_parser(sub) -> None:
                        description="Predict the iteration time and memory of one strategy.")
     e.add_argument("spec", type=Path)
     for name in ("pp", "dp", "tmp", "mbs"):
-        e.add_argument(f"--{name}", type=_positive, required=True)
+        e.add_argument(f"--{name}", type=positive_int, required=True)
     e.add_argument("--partition", default="optimal", type=_partition,
                    help="optimal (exact DP), uniform (Megatron), or boundaries such as 0,13,26")
     e.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=None,
@@ -37,16 +38,6 @@ def add_parser(sub) -> None:
                    default=None, help="default: the best of the three")
     e.add_argument("--json", type=Path, metavar="FILE")
     e.set_defaults(func=run_estimate)
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
 
 
 def _partition(text: str):
