@@ -145,16 +145,16 @@ def test_profile_layers_rejects_bad_input():
 
 
 def test_ctrl_c_keeps_what_was_measured(tmp_path, monkeypatch):
-    real = layers_mod._measure
+    real = layers_mod._measure_group
     calls = {"n": 0}
 
-    def flaky(*a, **k):
+    def flaky(*a, **k):  # Ctrl-C while the second layer is measured
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 2:
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(layers_mod, "_measure", flaky)
+    monkeypatch.setattr(layers_mod, "_measure_group", flaky)
     out = tmp_path / "partial.json"
     with pytest.raises(KeyboardInterrupt):
         layers_mod.profile_layers(tiny_spec(), tmps=(1,), mbss=(1, 2), warmup=0, repeats=1,

@@ -10,8 +10,9 @@ What is timed is the layer code the trials run (`amp_search.trial.model.build_la
 
 Forward and backward are timed separately: forward = the module's forward (for the head, the
 logits and the loss); backward = `torch.autograd.backward` with a gradient of ones (for the
-head, `loss.backward()`). Each point is warmed up, then timed `repeats` times; the median is
-stored (the standard deviation beside it). On CPU torch runs one thread, as the trials do
+head, `loss.backward()`). Each point is warmed up, then timed `repeats` times (in rounds over
+the micro-batch sizes of one module); the median is stored (the standard deviation beside
+it). On CPU torch runs one thread, as the trials do
 (OMP_NUM_THREADS=1), and the timer is that thread's CPU time (wall time on an idle core,
 robust to other processes on a shared machine); on CUDA it is a pair of CUDA events around
 each pass.
@@ -133,8 +134,8 @@ def profile_layers(spec: Spec, *, device: str = "cpu", tmps=(1,), mbss=(1, 2, 4,
         path = path or _default_path(profile, layers)
         _merge_existing(profile, path)
 
-    points = [_Point(signature=s, layer=l, tmp=t, mbs=m)
-              for s, l in layers.items() for t in tmps for m in mbss]
+    groups = [[_Point(signature=s, layer=l, tmp=t, mbs=m) for m in mbss]
+              for s, l in layers.items() for t in tmps]
     threads = torch.get_num_threads()
     busy = _OtherLoad()
     if device == "cpu":
@@ -142,19 +143,18 @@ def profile_layers(spec: Spec, *, device: str = "cpu", tmps=(1,), mbss=(1, 2, 4,
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(points), desc=f"profile {name}", unit="point")
+        bar = tqdm(total=sum(len(g) for g in groups), desc=f"profile {name}", unit="point")
     try:
-        modules: dict = {}
-        for p in points:
+        for group in groups:  # one module (signature, tmp) alive at a time
+            p0 = group[0]
             if bar is not None:
-                bar.set_postfix_str(f"{p.signature.split(':')[0]} tmp{p.tmp} mbs{p.mbs}")
-            key = (p.signature, p.tmp)
-            if key not in modules:
-                modules.clear()  # one module alive at a time
-                modules[key] = _build(p.layer, p.tmp, precision, device)
-            profile.add(_measure(modules[key], p, precision, device, warmup, repeats))
+                bar.set_postfix_str(f"{p0.signature.split(':')[0]} tmp{p0.tmp}")
+            module = _build(p0.layer, p0.tmp, precision, device)
+            for entry in _measure_group(module, group, precision, device, warmup, repeats):
+                profile.add(entry)
+            del module
             if bar is not None:
-                bar.update(1)
+                bar.update(len(group))
     except KeyboardInterrupt:
         if write and profile.entries:
             profile.settings["interrupted"] = True
@@ -294,48 +294,55 @@ def _forward(module, layer, inputs):
     return out, torch.ones_like(out)
 
 
-def _measure(module, p: _Point, precision: str, device: str, warmup: int,
-             repeats: int) -> ProfileEntry:
+def _pass(module, p: _Point, inputs, device: str) -> tuple[float, float]:
+    """(forward seconds, backward seconds) of one pass."""
     import torch
 
-    inputs = _inputs(p.layer, p.mbs, precision, device)
-    cuda = device == "cuda"
-    fwd, bwd = [], []
-    # warm-up: at least `warmup` passes and MIN_WARMUP_S seconds (the first passes of a new
-    # shape pay for allocator growth and kernel selection)
-    i, t_start, warm_done = 0, time.perf_counter(), warmup == 0
-    while len(fwd) < repeats:
-        for x in inputs:
-            if x.requires_grad:
-                x.grad = None
-        if cuda:
-            e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-            torch.cuda.synchronize()
-            e0.record()
-            out, grad = _forward(module, p.layer, inputs)
-            e1.record()
-            torch.autograd.backward(out, grad)
-            e2.record()
-            torch.cuda.synchronize()
-            tf, tb = e0.elapsed_time(e1) / 1e3, e1.elapsed_time(e2) / 1e3
-        else:
-            # the thread's CPU time: equal to wall time on an idle core (torch runs one
-            # thread, and CPU autograd runs in the calling thread), but it leaves out the
-            # time other processes on a shared machine take the core away
-            t0 = time.thread_time()
-            out, grad = _forward(module, p.layer, inputs)
-            t1 = time.thread_time()
-            torch.autograd.backward(out, grad)
-            t2 = time.thread_time()
-            tf, tb = t1 - t0, t2 - t1
-        del out, grad
-        i += 1
-        if warm_done:
-            fwd.append(tf)
-            bwd.append(tb)
-        elif i >= warmup and time.perf_counter() - t_start >= MIN_WARMUP_S:
-            warm_done = True
-    return ProfileEntry(signature=p.signature, tmp=p.tmp, mbs=p.mbs,
-                        forward_s=statistics.median(fwd), backward_s=statistics.median(bwd),
-                        forward_std_s=statistics.pstdev(fwd), backward_std_s=statistics.pstdev(bwd),
-                        repeats=repeats)
+    for x in inputs:
+        if x.requires_grad:
+            x.grad = None
+    if device == "cuda":
+        e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        torch.cuda.synchronize()
+        e0.record()
+        out, grad = _forward(module, p.layer, inputs)
+        e1.record()
+        torch.autograd.backward(out, grad)
+        e2.record()
+        torch.cuda.synchronize()
+        return e0.elapsed_time(e1) / 1e3, e1.elapsed_time(e2) / 1e3
+    # the thread's CPU time: equal to wall time on an idle core (torch runs one thread, and
+    # CPU autograd runs in the calling thread), but it leaves out the time other processes
+    # on a shared machine take the core away
+    t0 = time.thread_time()
+    out, grad = _forward(module, p.layer, inputs)
+    t1 = time.thread_time()
+    torch.autograd.backward(out, grad)
+    t2 = time.thread_time()
+    return t1 - t0, t2 - t1
+
+
+def _measure_group(module, group: list[_Point], precision: str, device: str, warmup: int,
+                   repeats: int) -> list[ProfileEntry]:
+    """Time one module at each micro-batch size of `group`. Each size is warmed up (at least
+    `warmup` passes and MIN_WARMUP_S seconds: the first passes of a new shape pay for
+    allocator growth and kernel selection); then the timed passes go in rounds over the
+    sizes, so that a passing disturbance spreads over them instead of spoiling one."""
+    inputs = [_inputs(p.layer, p.mbs, precision, device) for p in group]
+    for p, x in zip(group, inputs):
+        i, t_start = 0, time.perf_counter()
+        while warmup and (i < warmup or time.perf_counter() - t_start < MIN_WARMUP_S):
+            _pass(module, p, x, device)
+            i += 1
+    fwd = [[] for _ in group]
+    bwd = [[] for _ in group]
+    for _ in range(repeats):
+        for k, (p, x) in enumerate(zip(group, inputs)):
+            tf, tb = _pass(module, p, x, device)
+            fwd[k].append(tf)
+            bwd[k].append(tb)
+    return [ProfileEntry(signature=p.signature, tmp=p.tmp, mbs=p.mbs,
+                         forward_s=statistics.median(f), backward_s=statistics.median(b),
+                         forward_std_s=statistics.pstdev(f), backward_std_s=statistics.pstdev(b),
+                         repeats=repeats)
+            for p, f, b in zip(group, fwd, bwd)]
