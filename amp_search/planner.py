@@ -24,7 +24,7 @@ from cost_models.compute import backward_with_recompute_s
 from cost_models.layers import output_elements, param_count, tp_allreduce_elements
 from cost_models.params import CostParams
 
-from .errors import AmpSearchError, Infeasible, UsageError
+from .errors import AmpSearchError, UsageError
 from .memory import stage_memory, zero_allowed
 from .partition import optimal_partition, uniform_partition
 from .placement import DeviceOrder, as_tuple, device_orders, megatron_placement

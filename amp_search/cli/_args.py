@@ -1,8 +1,13 @@
-"""Argument types shared by the sub-commands: each rejects a bad value with one line."""
+"""Shared by the sub-commands: argument types that reject a bad value with one line, and
+JSON output to a file or standard output."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
+from pathlib import Path
+
+from ..errors import UsageError
 
 
 def _integer(text: str, lo: int, what: str) -> int:
@@ -31,3 +36,15 @@ def positive_float(text: str) -> float:
     if not v > 0 or math.isinf(v):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return v
+
+
+def write_json(path: Path, data) -> None:
+    """Write `data` as JSON to `path`, or to standard output when `path` is '-'."""
+    text = json.dumps(data, indent=2)
+    if str(path) == "-":
+        print(text)
+        return
+    try:
+        path.write_text(text + "\n")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None

@@ -1,14 +1,13 @@
 """`amp-search launch`: run the top-k predicted strategies for real, fastest measured wins."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import sys
 from pathlib import Path
 
-from ._args import positive_int, nonnegative_int, positive_float
+from ._args import positive_int, nonnegative_int, positive_float, write_json
 from ..errors import UsageError
 from ..records import Estimate, Strategy
 from ..spec import Spec, load_spec
@@ -147,17 +146,6 @@ def format_trials(records) -> str:
     return "\n".join(out)
 
 
-def _write_json(path: Path, data) -> None:
-    text = json.dumps(data, indent=2)
-    if str(path) == "-":
-        print(text)
-        return
-    try:
-        path.write_text(text + "\n")
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
-
-
 def _sigterm(signum, frame):
     raise KeyboardInterrupt  # stop the running trial the same way as Ctrl-C
 
@@ -225,7 +213,7 @@ def run(args) -> int:
                   f"{best.measured_mean_s:.4g} s/iteration measured{pred}")
         print(f"results: {db_path}")
     if args.json is not None:
-        _write_json(args.json, {
+        write_json(args.json, {
             "spec": str(args.spec), "spec_sha256": spec.sha256, "results_db": db_path,
             "backend": args.backend, "launcher": args.launcher, "iters": args.iters,
             "warmup": args.warmup, "dry_run": args.dry_run,

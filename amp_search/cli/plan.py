@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from itertools import groupby
 from pathlib import Path
 
-from ._args import positive_int
-from ..errors import UsageError
+from ._args import positive_int, write_json
 from ..records import Estimate, Plan
 from ..spec import Spec, load_spec
 
@@ -48,17 +46,6 @@ def _partition(text: str):
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected optimal, uniform or comma-separated boundaries, got {text!r}")
-
-
-def write_json(path: Path, data) -> None:
-    text = json.dumps(data, indent=2)
-    if str(path) == "-":
-        print(text)
-        return
-    try:
-        path.write_text(text + "\n")
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
 
 
 # ---------------------------------------------------------------------- formatting
