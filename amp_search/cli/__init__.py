@@ -3,6 +3,7 @@ with `add_parser(subparsers)` registering it and a `run(args) -> int`."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import AmpSearchError
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     except AmpSearchError as exc:
         print(f"amp-search: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:          # e.g. `amp-search plan ... --json - | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("amp-search: interrupted", file=sys.stderr)
         return 130
