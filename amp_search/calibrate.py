@@ -45,10 +45,16 @@ class MeasuredTrial:
     strategy: Strategy
     measured_s: float
     label: str = ""
+    profile_dir: Path | None = None
+    """Layer profiles to predict this trial with, when they differ from the ones `calibrate`
+    is given (e.g. a profile taken just before the trial); None: those."""
 
     def to_dict(self) -> dict:
-        return {"label": self.label or self.strategy.label(), "measured_s": self.measured_s,
-                "strategy": self.strategy.to_dict()}
+        d = {"label": self.label or self.strategy.label(), "measured_s": self.measured_s,
+             "strategy": self.strategy.to_dict()}
+        if self.profile_dir is not None:
+            d["profile_dir"] = str(self.profile_dir)
+        return d
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,8 +139,10 @@ def as_trials(records) -> list[MeasuredTrial]:
         if not isinstance(s, Strategy) or t is None:
             raise UsageError(f"trial record {i}: needs a strategy and a measured time per "
                              f"iteration; got {type(r).__name__}")
-        out.append(MeasuredTrial(strategy=s, measured_s=float(t), label=str(get("label", "")
-                                                                             or "")))
+        pdir = get("profile_dir")
+        out.append(MeasuredTrial(strategy=s, measured_s=float(t),
+                                 label=str(get("label", "") or ""),
+                                 profile_dir=Path(pdir) if pdir else None))
     return out
 
 
@@ -237,13 +245,18 @@ def _with(base: CostParams, coefs, theta) -> CostParams:
 
 def predict(spec: Spec, trials, params: CostParams, *,
             profile_dir: Path | None = PROFILES_DIR / "measured") -> np.ndarray:
-    """planner.evaluate's iteration time for each trial's strategy under `params`
-    (profile_dir None: analytic layer times only)."""
+    """planner.evaluate's iteration time for each trial's strategy under `params`, with the
+    trial's own profile_dir if it has one, else `profile_dir` (None: analytic times only)."""
     from .planner import CostModel, evaluate
 
-    model = CostModel(spec, cost_params=params, profile_dir=profile_dir)
-    return np.array([evaluate(spec, t.strategy, model=model).iteration_time_s
-                     for t in trials])
+    models: dict = {}
+    out = np.empty(len(trials))
+    for i, t in enumerate(trials):
+        pdir = getattr(t, "profile_dir", None) or profile_dir
+        if pdir not in models:
+            models[pdir] = CostModel(spec, cost_params=params, profile_dir=pdir)
+        out[i] = evaluate(spec, t.strategy, model=models[pdir]).iteration_time_s
+    return out
 
 
 def _mape(pred, meas) -> float:

@@ -1,25 +1,35 @@
 """Does amp-search predict real trials? Predicted vs measured iteration time on this machine.
 
-    python benchmarks/accuracy.py [--spec configs/cpu-local.yaml] [--fresh] [--profile]
+    python benchmarks/accuracy.py [--spec configs/cpu-local.yaml] [--fresh]
 
-1. layer times: the CPU profile in profiles/measured/ (made with `amp-search profile` if
-   missing, or with --profile);
-2. at least 10 distinct strategies of the spec's small GPT on its 2 devices (pp2 / dp2 / tmp2,
-   mbs 1-8, recomputation on and off, ZeRO 0-2) are predicted by the uncalibrated cost model
-   (CostParams(): profile times, the spec's bandwidths);
-3. each runs as a real DeepSpeed trial (`amp_search.launch.run_trials`, 2 processes, gloo);
-4. Spearman's rank correlation and the mean absolute percentage error (MAPE) before
+1. at least 10 distinct strategies of the spec's small GPT on its 2 devices (pp2 / dp2 / tmp2,
+   mbs 1-8, recomputation on and off, ZeRO 0-2);
+2. each is predicted by the uncalibrated cost model (CostParams(): measured CPU layer
+   profile, measured link profile) and then run as a real DeepSpeed trial
+   (`amp_search.launch.run_trials`, 2 processes, gloo);
+3. Spearman's rank correlation and the mean absolute percentage error (MAPE) before
    calibration; then two-fold calibration: fitted on one half of the strategies and scored
    on the other half, and the other way round, so every strategy is predicted by a
    calibration that never saw it;
-5. targets: Spearman >= 0.9 and MAPE < 15% before calibration, MAPE < 7% after. The script
-   exits 1 when one is missed (and 2 when trials fail).
+4. targets: Spearman >= 0.9 and MAPE < 15% before calibration, MAPE < 7% after. The script
+   exits 1 when one is missed (and 2 when fewer than 10 trials end ok).
 
-The measured time of a trial is the median of its timed iterations. On a shared machine other
-processes slow trials down: a trial during which they used more than --max-others cores is
-run again (up to --attempts). Accepted measurements are cached in
-runs/accuracy/measurements.json and reused on the next run (--fresh measures again). A
-benchmark, so it reads the command line and the machine's load; the library code it calls
+Measuring on a shared virtual machine. Other processes slow trials down, and so do changes
+no process shows: this 2-vCPU VM runs whole minutes 10-30% slower or faster than others. So
+the layer profile a trial is predicted with is taken in the same machine state as the trial:
+- a speed probe (`probe`: one transformer layer's forward+backward, timed in two processes
+  at once, ~1% repeatable) is taken before and after every trial;
+- profiles are kept per machine state (runs/accuracy/states/<k>/, each with its probe
+  reference); a trial uses the state whose reference is within --max-drift of its probe, and
+  a new state is profiled (`amp_search.profiling.profile_layers`) when none is;
+- a trial is kept only if its after-probe is also within --max-drift of that reference and
+  other processes used at most --max-others cores meanwhile; otherwise it runs again (up
+  to --attempts; the least disturbed attempt is kept and flagged).
+The prediction never sees the trial's result: it comes from a profile measured before it.
+The measured time of a trial is the median of its timed iterations (the mean is kept).
+Accepted measurements are cached in runs/accuracy/measurements.json and reused on the next
+run, with predictions recomputed by the current cost model (--fresh measures again).
+A benchmark, so it reads the command line and the machine's load; the library code it calls
 does not.
 """
 from __future__ import annotations
@@ -70,6 +80,9 @@ class Row:
     after_s: float | None = None
     fold: str = ""
     others_cores: float | None = None
+    state: int | None = None
+    profile_dir: Path | None = None
+    optimizer_s: float = float("nan")
 
 
 def spearman(x, y) -> float:
@@ -144,44 +157,105 @@ def probe(seconds: float = 2.0) -> float:
     return sum(outs) / len(outs)
 
 
-def measure(spec, row, args, reference_ms: float) -> dict:
-    """Run one real trial under the conditions the profile was taken in, and measure it.
+@dataclass
+class State:
+    """A machine state: a layer profile and the speed probe taken right after it."""
 
-    Two checks keep a measurement only when the machine was in the same state: other
-    processes used at most --max-others cores during the trial, and a speed probe (`probe`)
-    before and after the trial is within --max-drift of the probe taken right after profiling
-    (on a shared virtual machine, whole minutes run 10-30% slower with no process of ours or
-    anyone's to show for it). Otherwise it waits and runs the trial again (up to --attempts;
-    the least disturbed attempt is kept, flagged). The measured time is the median of the
-    timed iterations; the mean is kept beside it."""
+    index: int
+    reference_ms: float
+    profile_dir: Path
+    """states/<k>/measured (with states/<k>/comm beside it: the link profile)."""
+
+
+def load_states(out_dir: Path) -> list[State]:
+    path = out_dir / "states.json"
+    if not path.exists():
+        return []
+    return [State(index=d["index"], reference_ms=d["reference_ms"],
+                  profile_dir=Path(d["profile_dir"])) for d in json.loads(path.read_text())]
+
+
+def save_states(out_dir: Path, states: list[State]) -> None:
+    (out_dir / "states.json").write_text(json.dumps(
+        [{"index": st.index, "reference_ms": st.reference_ms, "profile_dir": str(st.profile_dir)}
+         for st in states], indent=1))
+
+
+def new_state(spec, args, states: list[State]) -> State:
+    """Profile the layers now (on an idle machine; again while other processes disturb it)
+    into a new state directory, with the link profile copied beside it."""
+    import shutil
+
+    from amp_search.profiling.layers import profile_layers
+    from amp_search.profiling.store import COMM_DIR
+
+    k = len(states) + 1
+    pdir = args.out_dir / "states" / str(k) / "measured"
+    pdir.mkdir(parents=True, exist_ok=True)
+    cdir = pdir.parent / "comm"
+    cdir.mkdir(exist_ok=True)
+    for f in COMM_DIR.glob("*.json"):
+        shutil.copy(f, cdir / f.name)
+    for attempt in range(1, args.attempts + 1):
+        if args.wait_quiet > 0:
+            wait_quiet(args.wait_quiet)
+        prof = profile_layers(spec, device="cpu", tmps=(1, 2), mbss=(1, 2, 4, 8, 16),
+                              repeats=20, out=pdir / "profile.json")
+        others = prof.settings.get("other_processes_cores") or 0.0
+        if others <= args.max_others:
+            break
+        print(f"    (other processes used {others:.2f} cores while profiling; again)",
+              flush=True)
+    st = State(index=k, reference_ms=probe(), profile_dir=pdir)
+    states.append(st)
+    save_states(args.out_dir, states)
+    print(f"    new machine state {k}: layers profiled, speed probe {st.reference_ms:.2f} ms",
+          flush=True)
+    return st
+
+
+def state_for(probe_ms: float, states: list[State], max_drift: float) -> State | None:
+    """The state whose probe reference is nearest, if within max_drift."""
+    best = min(states, key=lambda st: abs(probe_ms / st.reference_ms - 1), default=None)
+    if best is not None and abs(probe_ms / best.reference_ms - 1) <= max_drift:
+        return best
+    return None
+
+
+def measure(spec, spec_tuple, args, states: list[State]) -> dict:
+    """Predict and run one strategy in a known machine state (see the module docstring)."""
     from amp_search.launch import LaunchOptions, TrialRequest, run_trials
 
+    pp, dp, tmp, mbs, zero, ckpt = spec_tuple
     best = None
     for attempt in range(1, args.attempts + 1):
-        deadline = time.monotonic() + args.wait_quiet
-        while True:
-            if args.wait_quiet > 0:
-                wait_quiet(max(1.0, deadline - time.monotonic()))
+        if args.wait_quiet > 0:
+            wait_quiet(args.wait_quiet)
+        before = probe()
+        st = state_for(before, states, args.max_drift)
+        if st is None:
+            st = new_state(spec, args, states)
             before = probe()
-            if abs(before / reference_ms - 1) <= args.max_drift or time.monotonic() > deadline:
-                break
-            print(f"    (machine at {reference_ms / before:.0%} of the profiled speed; "
-                  f"waiting)", flush=True)
-            time.sleep(30)
-        db = args.out_dir / "attempts" / f"{row.label}-{datetime.now():%Y%m%d-%H%M%S}.sqlite"
+        e = estimate(spec, pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
+                     activation_checkpointing=ckpt, cost_params=CostParams(),
+                     profile_dir=st.profile_dir)
+        stamp = f"{e.strategy.label()}-{datetime.now():%Y%m%d-%H%M%S}"
+        db = args.out_dir / "attempts" / f"{stamp}.sqlite"
         options = LaunchOptions(iters=args.iters, warmup=args.warmup, results_path=db,
                                 runs_dir=args.out_dir / "trials", trial_timeout_s=900)
         a = _busy_seconds()
-        [rec] = run_trials(spec, [TrialRequest(strategy=row.strategy,
-                                               predicted_s=row.predicted_s)], options)
+        [rec] = run_trials(spec, [TrialRequest(strategy=e.strategy,
+                                               predicted_s=e.iteration_time_s)], options)
         b = _busy_seconds()
         after = probe()
         others = max(0.0, ((b[0] - a[0]) - (b[1] - a[1])) / max(b[2] - a[2], 1e-9))
-        drift = max(abs(before / reference_ms - 1), abs(after / reference_ms - 1))
+        drift = max(abs(before / st.reference_ms - 1), abs(after / st.reference_ms - 1))
         m = {"status": rec.status, "error": rec.error, "others_cores": round(others, 2),
+             "state": st.index, "profile_dir": str(st.profile_dir),
              "probe_before_ms": round(before, 3), "probe_after_ms": round(after, 3),
-             "reference_probe_ms": round(reference_ms, 3), "drift": round(drift, 3),
-             "attempt": attempt, "trial_dir": rec.trial_dir}
+             "reference_probe_ms": round(st.reference_ms, 3), "drift": round(drift, 3),
+             "attempt": attempt, "trial_dir": rec.trial_dir,
+             "strategy": e.strategy.to_dict()}
         if rec.status != "ok":
             return m
         res = json.loads((Path(rec.trial_dir) / "result.json").read_text())
@@ -194,36 +268,30 @@ def measure(spec, row, args, reference_ms: float) -> dict:
             best = m
         if m["clean"]:
             break
-        print(f"    (during {row.label}: other processes {others:.2f} cores, speed drift "
-              f"{drift:.1%}; again)", flush=True)
+        print(f"    (during {e.strategy.label()}: other processes {others:.2f} cores, speed "
+              f"drift {drift:.1%}; again)", flush=True)
     return best
 
 
-def ensure_profile(spec, args) -> str:
-    """The CPU layer profile: the stored one, or (--profile, or none stored) a new one taken
-    on an idle machine (again, up to --attempts, while other processes disturb it)."""
-    from amp_search.profiling.layers import profile_layers
+def optimizer_step_s(spec, s, profile_dir: Path) -> float:
+    """Diagnostics: the measured Adam step of the most loaded device (its stage's layers at
+    the strategy's tmp, divided over dp under ZeRO 1-3), a cost the model has no term for."""
     from amp_search.profiling.store import find_profile
 
-    name = spec.cluster.devices[0].gpu.name
-    sigs = [l.signature for l in spec.model.layers]
-    prof = None if args.profile else find_profile(name, spec.training.precision,
-                                                  signatures=sigs)
-    if prof is not None and all(prof.covers(s, t) for s in sigs for t in (1, 2)):
-        return str(prof.path)
-    for attempt in range(1, args.attempts + 1):
-        if args.wait_quiet > 0:
-            wait_quiet(args.wait_quiet)
-        print("profiling the layers (amp-search profile --device cpu --tmp 1,2) ...",
-              flush=True)
-        prof = profile_layers(spec, device="cpu", tmps=(1, 2), mbss=(1, 2, 4, 8, 16),
-                              repeats=20, progress=True)
-        others = prof.settings.get("other_processes_cores") or 0.0
-        if others <= args.max_others:
-            break
-        print(f"    (other processes used {others:.2f} cores while profiling; again)",
-              flush=True)
-    return str(prof.path)
+    prof = find_profile(spec.cluster.devices[0].gpu.name, spec.training.precision, profile_dir)
+    if prof is None:
+        return float("nan")
+    worst = 0.0
+    for j in range(s.pp):
+        layers = spec.model.layers[s.partition[j]:s.partition[j + 1]]
+        t = sum(prof.lookup(l.signature, s.tmp, s.mbs).optimizer_step_s for l in layers)
+        worst = max(worst, t / (s.dp if s.zero_stage >= 1 else 1))
+    return worst
+
+
+def label_of(t) -> str:
+    pp, dp, tmp, mbs, zero, ckpt = t
+    return f"pp{pp}-dp{dp}-tmp{tmp}-mbs{mbs}-z{zero}" + ("-ckpt" if ckpt else "")
 
 
 def main(argv=None) -> int:
@@ -231,18 +299,17 @@ def main(argv=None) -> int:
     ap.add_argument("--spec", default=str(ROOT / "configs" / "cpu-local.yaml"))
     ap.add_argument("--out-dir", type=Path, default=ROOT / "runs" / "accuracy")
     ap.add_argument("--fresh", action="store_true", help="measure every trial again")
-    ap.add_argument("--profile", action="store_true", help="re-profile the layers first")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--wait-quiet", type=float, default=900.0,
+    ap.add_argument("--wait-quiet", type=float, default=600.0,
                     help="seconds to wait for an idle machine before each trial (0: don't)")
     ap.add_argument("--attempts", type=int, default=3,
                     help="runs of a trial at most while other processes disturb it")
     ap.add_argument("--max-others", type=float, default=0.15,
                     help="CPU cores other processes may use during a trial (0.15)")
-    ap.add_argument("--max-drift", type=float, default=0.05,
+    ap.add_argument("--max-drift", type=float, default=0.04,
                     help="largest change of the machine-speed probe against the one taken "
-                         "after profiling (0.05)")
+                         "after profiling (0.04)")
     ap.add_argument("--probe-worker", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--limit", type=int, default=None, help="only the first N strategies")
     ap.add_argument("--only", default=None, help="comma-separated strategy labels")
@@ -251,54 +318,60 @@ def main(argv=None) -> int:
     if args.probe_worker is not None:
         probe_worker(args.probe_worker)
         return 0
-    from amp_search.launch import trial_key
+    from amp_search.records import Strategy
 
     spec = load_spec(args.spec)
-    profile_path = ensure_profile(spec, args)
-    reference_ms = probe()
-    print(f"layer profile: {profile_path}; speed probe {reference_ms:.2f} ms")
-    base = CostParams()  # the uncalibrated model: profile times, the spec's nominal links
-    rows: list[Row] = []
-    only = set(args.only.split(",")) if args.only else None
-    for pp, dp, tmp, mbs, zero, ckpt in STRATEGIES[:args.limit]:
-        e = estimate(spec, pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
-                     activation_checkpointing=ckpt, cost_params=base)
-        if only is not None and e.strategy.label() not in only:
-            continue
-        rows.append(Row(label=e.strategy.label(), strategy=e.strategy,
-                        predicted_s=e.iteration_time_s, breakdown=e.breakdown.to_dict()))
-    assert len({r.label for r in rows}) == len(rows)
-    print(f"sources: {evaluate(spec, rows[0].strategy, cost_params=base).timing_sources}")
-
     args.out_dir.mkdir(parents=True, exist_ok=True)
     cache_path = args.out_dir / "measurements.json"
-    cache = {} if args.fresh or not cache_path.exists() else json.loads(cache_path.read_text())
-    for r in rows:
-        key = trial_key(r.strategy, "deepspeed")
-        m = cache.get(key)
+    if args.fresh:
+        for f in (cache_path, args.out_dir / "states.json"):
+            if f.exists():
+                f.rename(f.with_name(f"{f.stem}-{datetime.now():%Y%m%d-%H%M%S}.json"))
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    states = load_states(args.out_dir)
+    base = CostParams()  # the uncalibrated model: measured profiles, no fitted coefficient
+    only = set(args.only.split(",")) if args.only else None
+    rows: list[Row] = []
+    for t in STRATEGIES[:args.limit]:
+        label = label_of(t)
+        if only is not None and label not in only:
+            continue
+        m = cache.get(label)
         was_cached = m is not None
         if m is None:
-            m = measure(spec, r, args, reference_ms)
+            m = measure(spec, t, args, states)
             if m["status"] == "ok" and m["clean"]:
-                cache[key] = m  # only undisturbed measurements are kept for later runs
+                cache[label] = m  # only undisturbed measurements are kept for later runs
                 cache_path.write_text(json.dumps(cache, indent=1))
-        r.status, r.measured_s, r.measured_std_s = m["status"], m.get("median_s"), m.get("std_s")
-        r.others_cores = m.get("others_cores")
-        print(f"  {r.label:28s} predicted {r.predicted_s:7.3f} s  measured "
+        strategy = Strategy.from_dict(m["strategy"])
+        e = evaluate(spec, strategy, cost_params=base, profile_dir=Path(m["profile_dir"]))
+        r = Row(label=label, strategy=strategy, predicted_s=e.iteration_time_s,
+                breakdown=e.breakdown.to_dict(), status=m["status"],
+                measured_s=m.get("median_s"), measured_std_s=m.get("std_s"),
+                others_cores=m.get("others_cores"))
+        r.state = m.get("state")
+        r.profile_dir = Path(m["profile_dir"])
+        r.optimizer_s = optimizer_step_s(spec, strategy, r.profile_dir)
+        rows.append(r)
+        print(f"  {label:28s} predicted {r.predicted_s:7.3f} s  measured "
               f"{r.measured_s if r.measured_s is not None else float('nan'):7.3f} s  "
-              f"(mean {m.get('mean_s') or float('nan'):.3f}, {m['status']}, other processes "
-              f"{m.get('others_cores', float('nan')):.2f} cores, speed drift "
-              f"{m.get('drift', float('nan')):+.1%}{'' if m.get('clean') else ', DISTURBED'}"
-              f"{', cached' if was_cached else ''})"
+              f"(mean {m.get('mean_s') or float('nan'):.3f}, {m['status']}, state "
+              f"{m.get('state')}, other processes {m.get('others_cores', float('nan')):.2f} "
+              f"cores, speed drift {m.get('drift', float('nan')):.1%}"
+              f"{'' if m.get('clean') else ', DISTURBED'}{', cached' if was_cached else ''})"
               + (f"  {m.get('error')}" if m.get("error") else ""), flush=True)
+    if rows:
+        first = evaluate(spec, rows[0].strategy, cost_params=base,
+                         profile_dir=rows[0].profile_dir)
+        print(f"sources: {first.timing_sources}")
     ok = [r for r in rows if r.status == "ok" and r.measured_s]
     if len(ok) < 10:
         print(f"only {len(ok)} of {len(rows)} trials ended ok; need 10", file=sys.stderr)
         return 2
 
     # two-fold calibration: every strategy is scored by the fold that did not fit it
-    trials = [MeasuredTrial(strategy=r.strategy, measured_s=r.measured_s, label=r.label)
-              for r in ok]
+    trials = [MeasuredTrial(strategy=r.strategy, measured_s=r.measured_s, label=r.label,
+                            profile_dir=r.profile_dir) for r in ok]
     halves = {"A": list(range(0, len(ok), 2)), "B": list(range(1, len(ok), 2))}
     folds = {}
     for name, fit in halves.items():
@@ -318,16 +391,18 @@ def main(argv=None) -> int:
         "mape_after_fold_B_scored_on_A": folds["B"].mape_after,
     }
     print()
-    print(f"{'strategy':28s} {'measured s':>10s} {'std':>6s} {'pred s':>8s} {'err':>7s} "
-          f"{'calib s':>8s} {'err':>7s}  fold    compute  bubble    p2p     tp     dp")
+    print(f"{'strategy':28s} {'state':>5s} {'measured s':>10s} {'std':>6s} {'pred s':>8s} "
+          f"{'err':>7s} {'calib s':>8s} {'err':>7s}  fold    compute  bubble    p2p     tp"
+          f"     dp   adam*")
     for r in ok:
         b = r.breakdown
-        print(f"{r.label:28s} {r.measured_s:10.4f} {r.measured_std_s or 0:6.3f} "
+        print(f"{r.label:28s} {r.state or 0:5d} {r.measured_s:10.4f} {r.measured_std_s or 0:6.3f} "
               f"{r.predicted_s:8.4f} {100 * (r.predicted_s / r.measured_s - 1):+6.1f}% "
               f"{r.after_s:8.4f} {100 * (r.after_s / r.measured_s - 1):+6.1f}%  "
               f"fit {r.fold}  "
               f"{b['compute_s']:7.3f} {b['pipeline_bubble_s']:7.3f} {b['p2p_s']:6.3f} "
-              f"{b['tensor_parallel_s']:6.3f} {b['data_parallel_s']:6.3f}")
+              f"{b['tensor_parallel_s']:6.3f} {b['data_parallel_s']:6.3f} {r.optimizer_s:6.3f}")
+    print("(adam*: the measured optimizer step of the most loaded device; not a model term)")
     print()
     for name, cal in folds.items():
         print(f"calibration fitted on half {name} ({cal.n_fit} strategies): "
@@ -340,12 +415,15 @@ def main(argv=None) -> int:
           f"< {100 * TARGET_MAPE_BEFORE:.0f}%")
     print(f"{'after (held-out halves)':28s} {result['spearman_after']:9.3f} "
           f"{100 * result['mape_after']:6.1f}%   target < {100 * TARGET_MAPE_AFTER:.0f}%")
-    report = {"spec": str(args.spec), "profile": profile_path, **result,
+    report = {"spec": str(args.spec),
+              "states": [{"index": st.index, "reference_probe_ms": st.reference_ms,
+                          "profile_dir": str(st.profile_dir)} for st in states], **result,
               "folds": {k: v.to_dict() for k, v in folds.items()},
               "rows": [{"label": r.label, "measured_s": r.measured_s,
                         "measured_std_s": r.measured_std_s, "predicted_s": r.predicted_s,
                         "calibrated_s": r.after_s, "fold": r.fold, "breakdown": r.breakdown,
-                        "other_processes_cores": r.others_cores,
+                        "other_processes_cores": r.others_cores, "state": r.state,
+                        "optimizer_step_s": r.optimizer_s,
                         "strategy": r.strategy.to_dict()} for r in ok]}
     out = args.out_dir / "report.json"
     out.write_text(json.dumps(report, indent=1))

@@ -68,7 +68,8 @@ def test_profile_round_trip(tmp_path):
     d = json.loads(path.read_text())
     assert d["format"] == 1 and set(d["versions"]) == {"torch", "deepspeed", "megatron_core"}
     assert set(d["entries"][0]) == {"signature", "tmp", "mbs", "forward_s", "backward_s",
-                                    "forward_std_s", "backward_std_s", "repeats"}
+                                    "forward_std_s", "backward_std_s", "repeats",
+                                    "optimizer_step_s"}
 
 
 def test_find_profile_matches_device_and_precision_only(tmp_path):
@@ -120,6 +121,9 @@ def test_profile_layers_tiny_model(tmp_path):
     assert len(p.entries) == 3 * 2 * 2
     for e in p.entries:
         assert e.forward_s > 0 and e.backward_s > 0 and e.repeats == 2
+        assert e.optimizer_step_s > 0  # every layer of a GPT has parameters
+    hit = p.lookup(SIG, 2, 2)
+    assert hit.optimizer_step_s == p.lookup(SIG, 2, 1).optimizer_step_s > 0
     q = find_profile("CPU-local", "fp32", tmp_path)
     assert q is not None and q.path == out and not q.stale_versions
     for layer in spec.model.layers:

@@ -341,8 +341,40 @@ def _measure_group(module, group: list[_Point], precision: str, device: str, war
             tf, tb = _pass(module, p, x, device)
             fwd[k].append(tf)
             bwd[k].append(tb)
+    opt_s = _optimizer_step_s(module, device, repeats)
     return [ProfileEntry(signature=p.signature, tmp=p.tmp, mbs=p.mbs,
                          forward_s=statistics.median(f), backward_s=statistics.median(b),
                          forward_std_s=statistics.pstdev(f), backward_std_s=statistics.pstdev(b),
-                         repeats=repeats)
+                         repeats=repeats, optimizer_step_s=opt_s)
             for p, f, b in zip(group, fwd, bwd)]
+
+
+def _optimizer_step_s(module, device: str, repeats: int) -> float:
+    """Seconds of one Adam step over the layer's (tensor rank's) parameters, as the trials'
+    DeepSpeed runs it (torch.optim.Adam, `torch_adam`), on fp32 master copies (what mixed
+    precision updates too). Independent of the micro-batch size; one per iteration. ZeRO 1-3
+    split it over the data-parallel ranks."""
+    import torch
+
+    params = [torch.nn.Parameter(torch.zeros(p.shape, dtype=torch.float32, device=device))
+              for p in module.parameters() if p.requires_grad]
+    if not params:
+        return 0.0
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    opt = torch.optim.Adam(params, lr=1e-4)
+    times = []
+    for i in range(2 + max(3, repeats // 2)):
+        if device == "cuda":
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            opt.step()
+            torch.cuda.synchronize()
+            t = time.perf_counter() - t0
+        else:
+            t0 = time.thread_time()
+            opt.step()
+            t = time.thread_time() - t0
+        if i >= 2:
+            times.append(t)
+    return statistics.median(times)

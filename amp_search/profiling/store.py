@@ -8,7 +8,9 @@ Layer profile JSON (format 1):
      "versions": {"torch": ..., "deepspeed": ..., "megatron_core": ...},
      "created": ISO time, "host": ..., "settings": {...how it was measured...},
      "entries": [{"signature", "tmp", "mbs", "forward_s", "backward_s",
-                  "forward_std_s", "backward_std_s", "repeats"}, ...]}
+                  "forward_std_s", "backward_std_s", "repeats", "optimizer_step_s"}, ...]}
+(optimizer_step_s: one Adam step over the layer's parameters at that tmp, the same for every
+mbs; absent in older files, read as 0.)
 
 A profile is only ever used for the device name and precision it was measured with; a file
 for another device is never returned by `find_profile`.
@@ -69,6 +71,10 @@ class LayerTiming:
     backward_s: float
     source: str
     """'profile:<file>' (exact mbs), 'profile:<file>:interpolated' or ':extrapolated'."""
+    optimizer_step_s: float = 0.0
+    """One Adam step over the layer's parameters on this tensor rank (once per iteration,
+    whatever the micro-batch size; ZeRO 1-3 divide it by the data-parallel degree); 0 when
+    the profile did not measure it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +89,8 @@ class ProfileEntry:
     forward_std_s: float = 0.0
     backward_std_s: float = 0.0
     repeats: int = 0
+    optimizer_step_s: float = 0.0
+    """One Adam step over this layer's parameters at this tmp (the same for every mbs)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -149,20 +157,22 @@ class LayerProfile:
         ms = self.measured_mbs(signature, tmp)
         if not ms or mbs < 1:
             return None
+        opt = max(self._entries[(signature, tmp, m)].optimizer_step_s for m in ms)
         if mbs in ms:
             e = self._entries[(signature, tmp, mbs)]
-            return LayerTiming(e.forward_s, e.backward_s, self.source)
+            return LayerTiming(e.forward_s, e.backward_s, self.source, opt)
         if mbs > ms[-1] or mbs < ms[0]:
             ref = ms[-1] if mbs > ms[-1] else ms[0]
             e = self._entries[(signature, tmp, ref)]
             k = mbs / ref
-            return LayerTiming(e.forward_s * k, e.backward_s * k, self.source + ":extrapolated")
+            return LayerTiming(e.forward_s * k, e.backward_s * k, self.source + ":extrapolated",
+                               opt)
         i = bisect_left(ms, mbs)
         lo, hi = self._entries[(signature, tmp, ms[i - 1])], self._entries[(signature, tmp, ms[i])]
         w = (mbs - lo.mbs) / (hi.mbs - lo.mbs)
         return LayerTiming(lo.forward_s + w * (hi.forward_s - lo.forward_s),
                            lo.backward_s + w * (hi.backward_s - lo.backward_s),
-                           self.source + ":interpolated")
+                           self.source + ":interpolated", opt)
 
     # -- files
     def default_filename(self) -> str:
@@ -195,7 +205,8 @@ class LayerProfile:
                                     backward_s=float(e["backward_s"]),
                                     forward_std_s=float(e.get("forward_std_s", 0.0)),
                                     backward_std_s=float(e.get("backward_std_s", 0.0)),
-                                    repeats=int(e.get("repeats", 0)))
+                                    repeats=int(e.get("repeats", 0)),
+                                    optimizer_step_s=float(e.get("optimizer_step_s", 0.0)))
                        for e in d["entries"]]
             return cls(device=str(d["device"]), precision=str(d["precision"]), entries=entries,
                        versions=d.get("versions") or {}, created=str(d.get("created", "")),
