@@ -156,6 +156,9 @@ class CostModel:
 
         stage_layer = compute + tp
         sync_layer, sync_fixed = self._dp_sync_arrays(c, placement, gas, link_scale)
+        # after the sync each stage steps its optimizer once per iteration
+        opt_layer = self._optimizer_arrays(c, stage_gpus)
+        sync_layer = sync_layer + opt_layer
         if isinstance(partition, tuple):
             bounds = partition
         elif partition == "uniform":
@@ -181,21 +184,25 @@ class CostModel:
         b = int(np.argmax(stage_time))
         pipeline_s = (gas - 1) * stage_time[b] + cuts.sum() + stage_time.sum()   # eq. 5
 
-        # AMP eq. 4, second term: the slowest stage's data-parallel sync
+        # AMP eq. 4, second term: the slowest stage's data-parallel sync (and optimizer step)
         prefix_s = np.concatenate([np.zeros((c.pp, 1)), np.cumsum(sync_layer, axis=1)], axis=1)
-        dp_s = float(np.max(sync_fixed + prefix_s[js, hi] - prefix_s[js, lo]))
+        prefix_o = np.concatenate([np.zeros((c.pp, 1)), np.cumsum(opt_layer, axis=1)], axis=1)
+        stage_after = sync_fixed + prefix_s[js, hi] - prefix_s[js, lo]
+        s_b = int(np.argmax(stage_after))
+        opt_s = float(prefix_o[s_b, hi[s_b]] - prefix_o[s_b, lo[s_b]])
+        dp_s = float(stage_after[s_b]) - opt_s
         strategy = Strategy(pp=c.pp, dp=c.dp, tmp=c.tmp, mbs=c.mbs, global_batch_size=gbs,
                             partition=tuple(int(x) for x in bounds),
                             placement=placement_tuple,
                             placement_order=order.name if order is not None else "given",
                             zero_stage=c.zero_stage,
                             activation_checkpointing=c.activation_checkpointing)
-        total = pipeline_s + dp_s + p.step_overhead_s                           # eq. 4
+        total = pipeline_s + dp_s + opt_s + p.step_overhead_s                   # eq. 4
         breakdown = Breakdown(
             compute_s=float(gas * stage_compute[b] + p.step_overhead_s),
             pipeline_bubble_s=float(stage_time.sum() - stage_time[b]),
             p2p_s=float(cuts.sum()), tensor_parallel_s=float(gas * stage_tp[b]),
-            data_parallel_s=float(dp_s))
+            data_parallel_s=dp_s, optimizer_s=opt_s)
         return Estimate(strategy=strategy, iteration_time_s=float(total), breakdown=breakdown,
                         stage_time_s=tuple(float(x) for x in stage_time),
                         memory=stage_memory(self.spec, strategy),
@@ -237,6 +244,21 @@ class CostModel:
         pipe = buffers * out_buffer
         pipe[-1] = buffers[-1] * head_buffer
         return mem, capacity * (1.0 - self.spec.training.memory_headroom) - fixed - pipe
+
+    def _optimizer_arrays(self, c: Candidate, stage_gpus) -> np.ndarray:
+        """opt[j, l]: one optimizer step over layer l's parameters on stage j's slowest device
+        type, split over the data-parallel ranks when the optimizer partitions its states
+        (ZeRO 1-3, and DeepSpeed's BF16_Optimizer)."""
+        engine = M.deepspeed_engine(zero_stage=c.zero_stage,
+                                    precision=self.spec.training.precision)
+        share = c.dp if engine not in ("torch_adam", "fp16_optimizer") else 1
+        opt = np.zeros((c.pp, self.num_layers))
+        for j in range(c.pp):
+            for g in stage_gpus[j]:
+                gpu = self.gpus[g]
+                t = self.timer.optimizer_step_s(gpu, c.tmp) * self.params.compute(gpu.name)
+                np.maximum(opt[j], t / share, out=opt[j])
+        return opt
 
     def _dp_sync_arrays(self, c: Candidate, placement: np.ndarray, gas: int,
                         link_scale: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -70,11 +70,12 @@ class Strategy:
 
 @dataclass(frozen=True, kw_only=True)
 class Breakdown:
-    """Where the iteration time goes; the five parts sum to the iteration time.
+    """Where the iteration time goes; the six parts sum to the iteration time.
 
     With b the bottleneck stage (largest t_j = compute_j + tp_j):
     compute = gas * compute_b, tensor_parallel = gas * tp_b, pipeline_bubble = sum of the other
-    stages' t_j (fill and drain), p2p = sum of e_j, data_parallel = the gradient sync.
+    stages' t_j (fill and drain), p2p = sum of e_j; then, on the stage whose gradient sync plus
+    optimizer step is longest, data_parallel = its sync and optimizer = its step.
     """
 
     compute_s: float
@@ -82,6 +83,7 @@ class Breakdown:
     p2p_s: float
     tensor_parallel_s: float
     data_parallel_s: float
+    optimizer_s: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)

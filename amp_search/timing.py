@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_models.compute import analytic_layer_time
-from cost_models.layers import Layer
+from cost_models.compute import analytic_layer_time, optimizer_step_time_s
+from cost_models.layers import Layer, param_count
 
 from .spec import GPU, Spec
 
@@ -72,6 +72,29 @@ class LayerTimer:
             bytes_per_element=training.bytes_per_element)
         used.add("analytic")
         return t.forward_s, t.backward_s
+
+    def optimizer_step_s(self, gpu: GPU, tmp: int) -> np.ndarray:
+        """Seconds of one optimizer step over each layer's parameters on one tensor rank of
+        `gpu` (not yet divided among data-parallel ranks): the profile's measured Adam step
+        where it has one, else memory-bound at the device's bandwidth."""
+        key = (gpu.name, tmp, "optimizer")
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        profile = self._profile(gpu)
+        training = self.spec.training
+        out = np.empty(len(self.spec.model.layers))
+        for i, layer in enumerate(self.spec.model.layers):
+            hit = profile.lookup(layer.signature, tmp, 1) if profile is not None else None
+            if hit is not None and hit.optimizer_step_s > 0:
+                out[i] = hit.optimizer_step_s
+            else:
+                out[i] = optimizer_step_time_s(
+                    param_count(layer, tmp),
+                    memory_bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s,
+                    precision=training.precision)
+        self._cache[key] = out
+        return out
 
     def sources(self) -> dict[str, str]:
         """gpu name -> 'profile:<file>', 'analytic' or 'profile:<file>+analytic' (mixed)."""

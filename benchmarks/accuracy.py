@@ -82,7 +82,6 @@ class Row:
     others_cores: float | None = None
     state: int | None = None
     profile_dir: Path | None = None
-    optimizer_s: float = float("nan")
 
 
 def spearman(x, y) -> float:
@@ -273,22 +272,6 @@ def measure(spec, spec_tuple, args, states: list[State]) -> dict:
     return best
 
 
-def optimizer_step_s(spec, s, profile_dir: Path) -> float:
-    """Diagnostics: the measured Adam step of the most loaded device (its stage's layers at
-    the strategy's tmp, divided over dp under ZeRO 1-3), a cost the model has no term for."""
-    from amp_search.profiling.store import find_profile
-
-    prof = find_profile(spec.cluster.devices[0].gpu.name, spec.training.precision, profile_dir)
-    if prof is None:
-        return float("nan")
-    worst = 0.0
-    for j in range(s.pp):
-        layers = spec.model.layers[s.partition[j]:s.partition[j + 1]]
-        t = sum(prof.lookup(l.signature, s.tmp, s.mbs).optimizer_step_s for l in layers)
-        worst = max(worst, t / (s.dp if s.zero_stage >= 1 else 1))
-    return worst
-
-
 def label_of(t) -> str:
     pp, dp, tmp, mbs, zero, ckpt = t
     return f"pp{pp}-dp{dp}-tmp{tmp}-mbs{mbs}-z{zero}" + ("-ckpt" if ckpt else "")
@@ -351,7 +334,6 @@ def main(argv=None) -> int:
                 others_cores=m.get("others_cores"))
         r.state = m.get("state")
         r.profile_dir = Path(m["profile_dir"])
-        r.optimizer_s = optimizer_step_s(spec, strategy, r.profile_dir)
         rows.append(r)
         print(f"  {label:28s} predicted {r.predicted_s:7.3f} s  measured "
               f"{r.measured_s if r.measured_s is not None else float('nan'):7.3f} s  "
@@ -393,7 +375,7 @@ def main(argv=None) -> int:
     print()
     print(f"{'strategy':28s} {'state':>5s} {'measured s':>10s} {'std':>6s} {'pred s':>8s} "
           f"{'err':>7s} {'calib s':>8s} {'err':>7s}  fold    compute  bubble    p2p     tp"
-          f"     dp   adam*")
+          f"     dp    opt")
     for r in ok:
         b = r.breakdown
         print(f"{r.label:28s} {r.state or 0:5d} {r.measured_s:10.4f} {r.measured_std_s or 0:6.3f} "
@@ -401,8 +383,7 @@ def main(argv=None) -> int:
               f"{r.after_s:8.4f} {100 * (r.after_s / r.measured_s - 1):+6.1f}%  "
               f"fit {r.fold}  "
               f"{b['compute_s']:7.3f} {b['pipeline_bubble_s']:7.3f} {b['p2p_s']:6.3f} "
-              f"{b['tensor_parallel_s']:6.3f} {b['data_parallel_s']:6.3f} {r.optimizer_s:6.3f}")
-    print("(adam*: the measured optimizer step of the most loaded device; not a model term)")
+              f"{b['tensor_parallel_s']:6.3f} {b['data_parallel_s']:6.3f} {b['optimizer_s']:6.3f}")
     print()
     for name, cal in folds.items():
         print(f"calibration fitted on half {name} ({cal.n_fit} strategies): "
@@ -423,7 +404,6 @@ def main(argv=None) -> int:
                         "measured_std_s": r.measured_std_s, "predicted_s": r.predicted_s,
                         "calibrated_s": r.after_s, "fold": r.fold, "breakdown": r.breakdown,
                         "other_processes_cores": r.others_cores, "state": r.state,
-                        "optimizer_step_s": r.optimizer_s,
                         "strategy": r.strategy.to_dict()} for r in ok]}
     out = args.out_dir / "report.json"
     out.write_text(json.dumps(report, indent=1))

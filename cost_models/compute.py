@@ -45,6 +45,19 @@ def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, peak_flops_per_s: f
     return LayerTime(forward_s=forward_s, backward_s=2.0 * forward_s)
 
 
+ADAM_BYTES_PER_PARAM = {"fp32": 28, "bf16": 32, "fp16": 32}
+"""Memory traffic of one Adam step per parameter: read the fp32 weight, gradient and two
+moments (16 B), write the weight and the moments back (12 B); mixed precision also reads
+and writes the low-precision copy (+4 B). The step is elementwise, so memory-bound."""
+
+
+def optimizer_step_time_s(n_params: float, *, memory_bandwidth_bytes_per_s: float,
+                          precision: str) -> float:
+    """One Adam step over `n_params` parameters (a device's share): memory-bound, at the
+    device's peak memory bandwidth."""
+    return n_params * ADAM_BYTES_PER_PARAM[precision] / memory_bandwidth_bytes_per_s
+
+
 def backward_with_recompute_s(forward_s: float, backward_s: float) -> float:
     """Full activation recomputation replays the forward inside the backward pass."""
     return backward_s + forward_s

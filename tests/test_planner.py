@@ -57,7 +57,7 @@ def test_breakdown_sums_to_iteration_time(hetero_plan: Plan):
     for e in hetero_plan.strategies[:20]:
         b = e.breakdown
         total = (b.compute_s + b.pipeline_bubble_s + b.p2p_s + b.tensor_parallel_s
-                 + b.data_parallel_s)
+                 + b.data_parallel_s + b.optimizer_s)
         assert total == pytest.approx(e.iteration_time_s, rel=1e-9)
         s = e.strategy
         cuts = [0.0] * (s.pp - 1)
@@ -158,7 +158,8 @@ def test_plan_json_cli(tmp_path):
                 "breakdown", "memory", "fits", "speedup_over_megatron"):
         assert key in first
     assert set(first["breakdown"]) == {"compute_s", "pipeline_bubble_s", "p2p_s",
-                                       "tensor_parallel_s", "data_parallel_s"}
+                                       "tensor_parallel_s", "data_parallel_s",
+                                       "optimizer_s"}
     assert len(first["placement"]) == first["pp"]
     assert len(first["placement"][0]) == first["dp"]
     assert len(first["placement"][0][0]) == first["tmp"]
@@ -220,3 +221,30 @@ def _dp_inputs(model: CostModel, c: Candidate, order):
         t[j] = fwd + bwd
     assert est.iteration_time_s > 0
     return t, np.zeros((c.pp, L + 1))
+
+
+def test_optimizer_step_term_is_split_by_partitioning_optimizers():
+    """One Adam step per iteration, memory-bound (analytic) or measured (profile); ZeRO 1-3
+    split it over the data-parallel ranks, plain torch Adam (fp32, ZeRO 0) does not."""
+    from cost_models.compute import ADAM_BYTES_PER_PARAM
+    from cost_models.layers import param_count
+
+    spec = load_spec(ROOT / "configs" / "cpu-local.yaml")
+    gpu = spec.cluster.devices[0].gpu
+    n = sum(param_count(l, 1) for l in spec.model.layers)
+    step = n * ADAM_BYTES_PER_PARAM["fp32"] / gpu.memory_bandwidth_bytes_per_s
+    one = estimate(spec, pp=1, dp=1, tmp=2, mbs=1, zero_stage=0, profile_dir=None)
+    n2 = sum(param_count(l, 2) for l in spec.model.layers)
+    assert one.breakdown.optimizer_s == pytest.approx(
+        n2 * ADAM_BYTES_PER_PARAM["fp32"] / gpu.memory_bandwidth_bytes_per_s)
+    z0 = estimate(spec, pp=1, dp=2, tmp=1, mbs=1, zero_stage=0, profile_dir=None)
+    z1 = estimate(spec, pp=1, dp=2, tmp=1, mbs=1, zero_stage=1, profile_dir=None)
+    assert z0.breakdown.optimizer_s == pytest.approx(step)
+    assert z1.breakdown.optimizer_s == pytest.approx(step / 2)
+    # the pipeline stage with the larger step (and sync) is the one reported
+    pp2 = estimate(spec, pp=2, dp=1, tmp=1, mbs=1, zero_stage=0, profile_dir=None)
+    lo, mid, hi = pp2.strategy.partition
+    stage_steps = [sum(param_count(l, 1) for l in spec.model.layers[a:b])
+                   * ADAM_BYTES_PER_PARAM["fp32"] / gpu.memory_bandwidth_bytes_per_s
+                   for a, b in ((lo, mid), (mid, hi))]
+    assert pp2.breakdown.optimizer_s == pytest.approx(max(stage_steps))

@@ -136,7 +136,7 @@ def run_estimate(args) -> int:
         b = e.breakdown
         print(f"\nbreakdown: compute {b.compute_s:.4g} s, bubble {b.pipeline_bubble_s:.4g} s, "
               f"p2p {b.p2p_s:.4g} s, tensor-parallel {b.tensor_parallel_s:.4g} s, "
-              f"data-parallel {b.data_parallel_s:.4g} s")
+              f"data-parallel {b.data_parallel_s:.4g} s, optimizer {b.optimizer_s:.4g} s")
         for m in e.memory:
             print(f"stage {m.stage}: peak {_gib(m.peak_bytes)} GiB of {_gib(m.capacity_bytes)} "
                   f"GiB (params {_gib(m.parameter_bytes)}, grads {_gib(m.gradient_bytes)}, "
