@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from cost_models.params import LINK_KINDS, CostParams
+from cost_models.params import CostParams
 
 from .errors import UsageError
 from .records import Strategy

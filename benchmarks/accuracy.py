@@ -19,7 +19,7 @@ no process shows: this 2-vCPU VM runs whole minutes 10-30% slower or faster than
 the layer profile a trial is predicted with is taken in the same machine state as the trial:
 - a speed probe (`probe`: one transformer layer's forward+backward, timed in two processes
   at once, ~1% repeatable) is taken before and after every trial;
-- profiles are kept per machine state (runs/accuracy/states/<k>/, each with its probe
+- profiles are kept per machine state (runs/accuracy/states/<time>-<k>/, each with its probe
   reference); a trial uses the state whose reference is within --max-drift of its probe, and
   a new state is profiled (`amp_search.profiling.profile_layers`) when none is;
 - a trial is kept only if its after-probe is also within --max-drift of that reference and
@@ -163,7 +163,7 @@ class State:
     index: int
     reference_ms: float
     profile_dir: Path
-    """states/<k>/measured (with states/<k>/comm beside it: the link profile)."""
+    """states/<time>-<k>/measured (with the link profile in comm/ beside it)."""
 
 
 def load_states(out_dir: Path) -> list[State]:
@@ -189,7 +189,8 @@ def new_state(spec, args, states: list[State]) -> State:
     from amp_search.profiling.store import COMM_DIR
 
     k = len(states) + 1
-    pdir = args.out_dir / "states" / str(k) / "measured"
+    # a new directory per state, never reused: archived runs (--fresh) keep their profiles
+    pdir = args.out_dir / "states" / f"{datetime.now():%Y%m%d-%H%M%S}-{k}" / "measured"
     pdir.mkdir(parents=True, exist_ok=True)
     cdir = pdir.parent / "comm"
     cdir.mkdir(exist_ok=True)

@@ -56,7 +56,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from cost_models import memory as MEM  # noqa: E402
-from cost_models.layers import Layer, param_count  # noqa: E402
+from cost_models.layers import Layer  # noqa: E402
 
 TOLERANCE = 0.05
 """Largest relative error accepted for any part (issue 3)."""

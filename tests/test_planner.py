@@ -8,13 +8,13 @@ import sys
 import numpy as np
 import pytest
 
-from amp_search import Estimate, Plan, estimate, load_spec, plan
+from amp_search import Plan, estimate, load_spec, plan
 from amp_search.placement import device_orders, megatron_placement
 from amp_search.planner import CostModel, Candidate, divisors, enumerate_candidates
 from amp_search.topology import ClusterArrays, p2p_links, ring_links
 from cost_models import comm
 from cost_models.pipeline import pipeline_time_s
-from conftest import ROOT, hetero_spec
+from conftest import ROOT
 
 HETERO = ROOT / "configs" / "amp-hetero-gpt2.yaml"
 

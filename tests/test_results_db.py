@@ -48,7 +48,7 @@ def test_interrupted_is_not_finished_and_latest_wins(tmp_path):
 
 
 def test_status_is_checked(tmp_path):
-    db = ResultsDB(tmp_path / "r.sqlite")
+    ResultsDB(tmp_path / "r.sqlite")  # creates the schema
     with pytest.raises(sqlite3.IntegrityError):
         with sqlite3.connect(tmp_path / "r.sqlite") as con:
             con.execute("UPDATE results SET status='weird'")

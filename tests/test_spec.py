@@ -1,7 +1,6 @@
 """Spec loading: units, defaults, and one clear line (exit 2) for every kind of bad input."""
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 

@@ -48,3 +48,29 @@ def write_json(path: Path, data) -> None:
         path.write_text(text + "\n")
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+
+
+# ----------------------------------------------------------------------------- tables
+
+def layers_per_stage(partition, max_chars: int | None = None) -> str:
+    """Stage boundaries (0, 3, 8, ...) as layers per stage: '3/5/...'."""
+    b = list(partition or [])
+    text = "/".join(str(y - x) for x, y in zip(b, b[1:]))
+    if max_chars is not None and len(text) > max_chars:
+        text = text[:max_chars - 3] + "..."
+    return text
+
+
+def render_table(head: tuple[str, ...], rows: list[tuple[str, ...]],
+                 left: tuple[int, ...] = ()) -> str:
+    """Columns padded to their widest cell under a dashed rule; numbers right-aligned, the
+    columns in `left` left-aligned."""
+    lines = [head, *rows]
+    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
+    out = []
+    for k, r in enumerate(lines):
+        out.append("  ".join(c.ljust(w) if i in left else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)

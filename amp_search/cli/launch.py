@@ -7,7 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
-from ._args import positive_int, nonnegative_int, positive_float, write_json
+from ._args import (layers_per_stage, nonnegative_int, positive_float, positive_int,
+                    render_table, write_json)
 from ..errors import UsageError
 from ..records import Estimate, Strategy
 from ..spec import Spec, load_spec
@@ -114,36 +115,23 @@ def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.0f}"
 
 
-def _split(s: Strategy) -> str:
-    b = s.partition
-    return "/".join(str(y - x) for x, y in zip(b, b[1:]))
-
-
 def format_trials(records) -> str:
     """Predicted vs measured seconds per iteration, per trial."""
     head = ("#", "strategy", "layers/stage", "predicted s", "measured s", "+-", "peak MiB",
             "status", "note")
-    lines = [head]
+    cells = []
     for r in records:
         note = "cached" if r.cached else ""
         if r.error:
             note = (note + ": " if note else "") + r.error
         if len(note) > 70:
             note = note[:67] + "..."
-        lines.append((str(r.index), r.label, _split(r.strategy),
+        cells.append((str(r.index), r.label, layers_per_stage(r.strategy.partition),
                       "-" if r.predicted_s is None else f"{r.predicted_s:.4g}",
                       "-" if r.measured_mean_s is None else f"{r.measured_mean_s:.4g}",
                       "-" if r.measured_std_s is None else f"{r.measured_std_s:.2g}",
                       _mib(r.peak_memory_bytes), r.status, note))
-    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    left = (1, 2, 7, 8)
-    out = []
-    for k, row in enumerate(lines):
-        out.append("  ".join(c.ljust(w) if i in left else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(row, widths))).rstrip())
-        if k == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return render_table(head, cells, left=(1, 2, 7, 8))
 
 
 def _sigterm(signum, frame):

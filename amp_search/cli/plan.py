@@ -6,7 +6,7 @@ import sys
 from itertools import groupby
 from pathlib import Path
 
-from ._args import positive_int, write_json
+from ._args import layers_per_stage, positive_int, render_table, write_json
 from ..records import Estimate, Plan
 from ..spec import Spec, load_spec
 
@@ -54,13 +54,6 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f}"
 
 
-def _split(e: Estimate) -> str:
-    b = e.strategy.partition
-    sizes = [str(y - x) for x, y in zip(b, b[1:])]
-    text = "/".join(sizes)
-    return text if len(text) <= 24 else text[:21] + "..."
-
-
 def _placement(spec: Spec, e: Estimate) -> str:
     """e.g. 'fastest-first: V100-16GB x3 | T4-16GB x1' (GPU type of each stage, run-length)."""
     devices = spec.cluster.devices
@@ -82,22 +75,15 @@ def _memory(e: Estimate) -> str:
 def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> str:
     head = ("rank", "pp", "dp", "tmp", "mbs", "zero", "ckpt", "layers/stage", "placement",
             "mem GiB", "iter s", "samples/s", "vs Megatron")
-    lines = [head]
+    cells = []
     for label, e, speedup in rows:
         s = e.strategy
-        lines.append((label, str(s.pp), str(s.dp), str(s.tmp), str(s.mbs), str(s.zero_stage),
-                      "full" if s.activation_checkpointing else "-", _split(e),
-                      _placement(spec, e), _memory(e), f"{e.iteration_time_s:.4g}",
-                      f"{e.samples_per_s:.4g}",
+        cells.append((label, str(s.pp), str(s.dp), str(s.tmp), str(s.mbs), str(s.zero_stage),
+                      "full" if s.activation_checkpointing else "-",
+                      layers_per_stage(s.partition, 24), _placement(spec, e), _memory(e),
+                      f"{e.iteration_time_s:.4g}", f"{e.samples_per_s:.4g}",
                       "-" if speedup is None else f"{speedup:.2f}x"))
-    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
-    out = []
-    for k, r in enumerate(lines):
-        out.append("  ".join(c.rjust(w) if i not in (7, 8) else c.ljust(w)
-                             for i, (c, w) in enumerate(zip(r, widths))).rstrip())
-        if k == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return render_table(head, cells, left=(7, 8))
 
 
 def run_plan(args) -> int:

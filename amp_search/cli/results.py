@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from ..errors import UsageError
+from ._args import layers_per_stage, render_table
 from ..spec import load_spec
 
 
@@ -27,25 +28,16 @@ def _f(x, fmt: str = ".4g") -> str:
 def format_rows(rows) -> str:
     head = ("id", "strategy", "layers/stage", "predicted s", "measured s", "+-", "peak MiB",
             "status", "started", "log / error")
-    lines = [head]
+    cells = []
     for r in rows:
-        b = r.partition or []
-        split = "/".join(str(y - x) for x, y in zip(b, b[1:]))
         note = r.log_path or ""
         if r.status != "ok" and r.error:
             note = r.error.splitlines()[0]
-        lines.append((str(r.id), r.label, split, _f(r.predicted_s), _f(r.measured_mean_s),
-                      _f(r.measured_std_s, ".2g"),
+        cells.append((str(r.id), r.label, layers_per_stage(r.partition), _f(r.predicted_s),
+                      _f(r.measured_mean_s), _f(r.measured_std_s, ".2g"),
                       "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 2**20:.0f}",
                       r.status, r.started_at or "-", note[:80]))
-    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    out = []
-    for k, row in enumerate(lines):
-        out.append("  ".join(c.ljust(w) if i in (1, 2, 7, 8, 9) else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(row, widths))).rstrip())
-        if k == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return render_table(head, cells, left=(1, 2, 7, 8, 9))
 
 
 def run(args) -> int:
