@@ -186,13 +186,9 @@ class LayerProfile:
 
     def save(self, path: Path | None = None) -> Path:
         """Write atomically (a partial profile after Ctrl-C is still a valid file)."""
-        path = Path(path) if path is not None else MEASURED_DIR / self.default_filename()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        os.replace(tmp, path)
-        self.path = path
-        return path
+        self.path = _write_atomic(path or MEASURED_DIR / self.default_filename(),
+                                  self.to_dict())
+        return self.path
 
     @classmethod
     def from_dict(cls, d: dict, path: Path | None = None) -> "LayerProfile":
@@ -216,14 +212,27 @@ class LayerProfile:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "LayerProfile":
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise UsageError(f"profile not found: {p}") from None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UsageError(f"cannot read profile {p}: {exc}") from None
-        return cls.from_dict(data, path=p)
+        return cls.from_dict(_load_json(Path(path), "profile"), path=Path(path))
+
+
+def _write_atomic(path: str | os.PathLike, data: dict) -> Path:
+    """Write JSON through a temporary file and a rename: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _load_json(path: Path, what: str):
+    """The JSON in `path`; a missing or unreadable file is a UsageError naming it."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{what} not found: {path}") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc}") from None
 
 
 def _read_json(path: Path):
@@ -438,13 +447,8 @@ class CommProfile:
                 "samples": [s.to_dict() for s in self.samples]}
 
     def save(self, path: Path | None = None) -> Path:
-        path = Path(path) if path is not None else COMM_DIR / self.default_filename()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        os.replace(tmp, path)
-        self.path = path
-        return path
+        self.path = _write_atomic(path or COMM_DIR / self.default_filename(), self.to_dict())
+        return self.path
 
     @classmethod
     def from_dict(cls, d: dict, path: Path | None = None) -> "CommProfile":
@@ -467,14 +471,7 @@ class CommProfile:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "CommProfile":
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise UsageError(f"comm profile not found: {p}") from None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UsageError(f"cannot read comm profile {p}: {exc}") from None
-        return cls.from_dict(data, path=p)
+        return cls.from_dict(_load_json(Path(path), "comm profile"), path=Path(path))
 
 
 def find_comm_profile(directory: Path = COMM_DIR, *, device: str | None = None,
