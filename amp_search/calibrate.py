@@ -259,7 +259,8 @@ def predict(spec: Spec, trials, params: CostParams, *,
     return out
 
 
-def _mape(pred, meas) -> float:
+def mape(pred, meas) -> float:
+    """Mean absolute percentage error of predicted against measured times (a fraction)."""
     pred, meas = np.asarray(pred, float), np.asarray(meas, float)
     return float(np.mean(np.abs(pred / meas - 1.0))) if len(meas) else float("nan")
 
@@ -367,10 +368,10 @@ def calibrate(spec: Spec, records, *, fit_on=None, initial: CostParams | None = 
                           in_fit=bool(m))
                  for t, b, a, m in zip(trials, pred0, pred1, mask))
     return Calibration(params=params, initial=initial,
-                       mape_before=_mape(pred0[scored], meas[scored]),
-                       mape_after=_mape(pred1[scored], meas[scored]),
-                       fit_mape_before=_mape(pred0[mask], meas[mask]),
-                       fit_mape_after=_mape(pred1[mask], meas[mask]),
+                       mape_before=mape(pred0[scored], meas[scored]),
+                       mape_after=mape(pred1[scored], meas[scored]),
+                       fit_mape_before=mape(pred0[mask], meas[mask]),
+                       fit_mape_after=mape(pred1[mask], meas[mask]),
                        n_trials=len(trials), n_fit=int(mask.sum()),
                        fitted=tuple(coefs[i].name for i in act),
                        devices=_devices(spec), precision=spec.training.precision, rows=rows,

@@ -251,7 +251,7 @@ class CostModel:
         (ZeRO 1-3, and DeepSpeed's BF16_Optimizer)."""
         engine = M.deepspeed_engine(zero_stage=c.zero_stage,
                                     precision=self.spec.training.precision)
-        share = c.dp if engine not in ("torch_adam", "fp16_optimizer") else 1
+        share = c.dp if M.partitions_optimizer(engine) else 1
         opt = np.zeros((c.pp, self.num_layers))
         for j in range(c.pp):
             for g in stage_gpus[j]:

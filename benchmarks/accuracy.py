@@ -48,8 +48,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from amp_search.calibrate import MeasuredTrial, calibrate  # noqa: E402
+from amp_search.calibrate import MeasuredTrial, calibrate, mape  # noqa: E402
 from amp_search.planner import estimate, evaluate  # noqa: E402
+from amp_search.profiling.layers import OtherLoad  # noqa: E402
 from amp_search.spec import load_spec  # noqa: E402
 from cost_models.params import CostParams  # noqa: E402
 
@@ -90,10 +91,6 @@ def spearman(x, y) -> float:
     return float(spearmanr(x, y).statistic)
 
 
-def mape(pred, meas) -> float:
-    return sum(abs(p / m - 1.0) for p, m in zip(pred, meas)) / len(meas)
-
-
 def wait_quiet(limit_s: float, idle_needed: float = 0.9) -> float:
     """Wait (up to limit_s) until the CPUs are idle for 6 s: other processes on a shared
     machine would slow the trial down. Returns the last idle fraction seen."""
@@ -110,16 +107,6 @@ def wait_quiet(limit_s: float, idle_needed: float = 0.9) -> float:
         if ok >= 3:
             break
     return idle
-
-
-def _busy_seconds():
-    """(CPU seconds all processes used, CPU seconds this process and its waited-for children
-    used, wall time) -- the difference is what *other* processes used."""
-    v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-    hz = os.sysconf("SC_CLK_TCK")
-    t = os.times()
-    return ((sum(v[:8]) - v[3] - v[4]) / hz, t.user + t.system + t.children_user
-            + t.children_system, time.monotonic())
 
 
 def probe_worker(seconds: float) -> None:
@@ -243,14 +230,13 @@ def measure(spec, spec_tuple, args, states: list[State]) -> dict:
         db = args.out_dir / "attempts" / f"{stamp}.sqlite"
         options = LaunchOptions(iters=args.iters, warmup=args.warmup, results_path=db,
                                 runs_dir=args.out_dir / "trials", trial_timeout_s=900)
-        a = _busy_seconds()
+        load = OtherLoad()
         [rec] = run_trials(spec, [TrialRequest(strategy=e.strategy,
                                                predicted_s=e.iteration_time_s)], options)
-        b = _busy_seconds()
+        others = load.others_cores() or 0.0
         after = probe()
-        others = max(0.0, ((b[0] - a[0]) - (b[1] - a[1])) / max(b[2] - a[2], 1e-9))
         drift = max(abs(before / st.reference_ms - 1), abs(after / st.reference_ms - 1))
-        m = {"status": rec.status, "error": rec.error, "others_cores": round(others, 2),
+        m = {"status": rec.status, "error": rec.error, "others_cores": others,
              "state": st.index, "profile_dir": str(st.profile_dir),
              "probe_before_ms": round(before, 3), "probe_after_ms": round(after, 3),
              "reference_probe_ms": round(st.reference_ms, 3), "drift": round(drift, 3),

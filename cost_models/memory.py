@@ -301,6 +301,12 @@ def weight_bytes(*, params: int, precision: str, zero_stage: int, dp: int,
     return g * params
 
 
+def partitions_optimizer(engine: str) -> bool:
+    """Whether the engine's optimizer updates only its 1/dp partition of the parameters (ZeRO
+    1-3, BF16_Optimizer) rather than all of them (torch Adam, FP16_UnfusedOptimizer)."""
+    return engine not in ("torch_adam", "fp16_optimizer")
+
+
 def optimizer_bytes(*, params: int, engine: str, dp: int) -> int:
     """fp32 master weights (4 B) + Adam moments (8 B) per parameter the rank updates: all of
     them for torch Adam (no master copy: 8P) and FP16_UnfusedOptimizer (12P); its partition P'

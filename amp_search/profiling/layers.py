@@ -137,7 +137,7 @@ def profile_layers(spec: Spec, *, device: str = "cpu", tmps=(1,), mbss=(1, 2, 4,
     groups = [[_Point(signature=s, layer=l, tmp=t, mbs=m) for m in mbss]
               for s, l in layers.items() for t in tmps]
     threads = torch.get_num_threads()
-    busy = _OtherLoad()
+    busy = OtherLoad()
     if device == "cpu":
         torch.set_num_threads(1)
     bar = None
@@ -171,9 +171,10 @@ def profile_layers(spec: Spec, *, device: str = "cpu", tmps=(1,), mbss=(1, 2, 4,
     return profile
 
 
-class _OtherLoad:
+class OtherLoad:
     """How many cores other processes kept busy while we measured (from /proc/stat minus
-    this process's own CPU time); None where /proc/stat is not available."""
+    the CPU time of this process and of the children it waited for meanwhile); None where
+    /proc/stat is not available."""
 
     def __init__(self):
         self.start = self._sample()
@@ -187,7 +188,9 @@ class _OtherLoad:
             return None
         hz = os.sysconf("SC_CLK_TCK")
         busy = (sum(v[:8]) - v[3] - v[4]) / hz  # all but idle and iowait, in CPU seconds
-        return busy, time.process_time(), time.monotonic()
+        t = os.times()
+        own = t.user + t.system + t.children_user + t.children_system
+        return busy, own, time.monotonic()
 
     def others_cores(self) -> float | None:
         end = self._sample()
