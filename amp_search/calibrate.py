@@ -2,9 +2,10 @@
 
     trials (strategy, measured seconds per iteration)
         -> least squares on the relative error of planner.evaluate(spec, strategy, params)
-        -> Calibration (params, MAPE before / after)  -> profiles/measured/<devices>__<prec>__calibration.json
+        -> Calibration (params, MAPE before / after)  -> <profiles>/measured/<devices>__<prec>__calibration.json
 
-The model is used as a black box: `planner.evaluate` with a CostParams. Coefficients are
+The model is used as a black box: `planner.evaluate` with a CostParams, on the measurements
+(layer profiles, link fits) the caller passes in. Coefficients are
 searched in transformed units so that each is O(1) and respects its range:
     compute_scale[device], bandwidth_scale[link]   log of the multiplier
     latency_s[link]                                 units of 100 us, added to the measured
@@ -29,10 +30,11 @@ import numpy as np
 from cost_models.params import CostParams
 
 from .errors import UsageError
+from .measurements import NO_MEASUREMENTS, Measurements, calibration_path, device_types
+from .planner import CostModel, evaluate
 from .records import Strategy
-from .spec import PROFILES_DIR, Spec
+from .spec import Spec
 
-CALIBRATION_DIR = PROFILES_DIR / "measured"
 FORMAT = 1
 
 
@@ -45,16 +47,13 @@ class MeasuredTrial:
     strategy: Strategy
     measured_s: float
     label: str = ""
-    profile_dir: Path | None = None
-    """Layer profiles to predict this trial with, when they differ from the ones `calibrate`
-    is given (e.g. a profile taken just before the trial); None: those."""
+    measurements: Measurements | None = None
+    """What to predict this trial with, when it differs from what `calibrate` is given (e.g.
+    a profile taken just before the trial); None: those."""
 
     def to_dict(self) -> dict:
-        d = {"label": self.label or self.strategy.label(), "measured_s": self.measured_s,
-             "strategy": self.strategy.to_dict()}
-        if self.profile_dir is not None:
-            d["profile_dir"] = str(self.profile_dir)
-        return d
+        return {"label": self.label or self.strategy.label(), "measured_s": self.measured_s,
+                "strategy": self.strategy.to_dict()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,10 +138,8 @@ def as_trials(records) -> list[MeasuredTrial]:
         if not isinstance(s, Strategy) or t is None:
             raise UsageError(f"trial record {i}: needs a strategy and a measured time per "
                              f"iteration; got {type(r).__name__}")
-        pdir = get("profile_dir")
         out.append(MeasuredTrial(strategy=s, measured_s=float(t),
-                                 label=str(get("label", "") or ""),
-                                 profile_dir=Path(pdir) if pdir else None))
+                                 label=str(get("label", "") or "")))
     return out
 
 
@@ -188,19 +185,14 @@ class _Coef:
         return math.exp(theta) if self.log else theta * self.unit
 
 
-def _measured_latency_s(spec: Spec, link: str, profile_dir: Path | None) -> float:
+def _measured_latency_s(spec: Spec, link: str, measurements: Measurements) -> float:
     """The smallest per-message latency the model already charges on `link` (the alpha of a
     measured link profile; 0 with nominal links): how far a negative correction may go."""
-    from .planner import CostModel
-
-    model = CostModel(spec, cost_params=CostParams(), profile_dir=profile_dir)
-    try:
-        return max(0.0, min(model.latency(c, link) for c in ("all_reduce", "p2p")))
-    except (AttributeError, TypeError):
-        return 0.0
+    model = CostModel(spec, cost_params=CostParams(), measurements=measurements)
+    return max(0.0, min(model.latency(c, link) for c in ("all_reduce", "p2p")))
 
 
-def _coefficients(spec: Spec, profile_dir: Path | None = None) -> list[_Coef]:
+def _coefficients(spec: Spec, measurements: Measurements = NO_MEASUREMENTS) -> list[_Coef]:
     devices = sorted({d.gpu.name for d in spec.cluster.devices})
     links = []
     if any(len(n.devices) > 1 for n in spec.cluster.nodes):
@@ -213,7 +205,7 @@ def _coefficients(spec: Spec, profile_dir: Path | None = None) -> list[_Coef]:
               for lk in links]
     # latency_s is added to a measured link's alpha, so it may correct it downwards
     coefs += [_Coef(f"latency_s[{lk}]", "latency_s", lk, 1e-4, False,
-                    -0.999 * _measured_latency_s(spec, lk, profile_dir) / 1e-4, 1e3)
+                    -0.999 * _measured_latency_s(spec, lk, measurements) / 1e-4, 1e3)
               for lk in links]
     coefs += [_Coef("dp_overlap", "dp_overlap", None, 1.0, False, 0.0, 1.0),
               _Coef("microbatch_overhead_s", "microbatch_overhead_s", None, 1e-3, False, 0.0,
@@ -244,18 +236,16 @@ def _with(base: CostParams, coefs, theta) -> CostParams:
 # ----------------------------------------------------------------------------- fitting
 
 def predict(spec: Spec, trials, params: CostParams, *,
-            profile_dir: Path | None = PROFILES_DIR / "measured") -> np.ndarray:
+            measurements: Measurements = NO_MEASUREMENTS) -> np.ndarray:
     """planner.evaluate's iteration time for each trial's strategy under `params`, with the
-    trial's own profile_dir if it has one, else `profile_dir` (None: analytic times only)."""
-    from .planner import CostModel, evaluate
-
+    trial's own measurements if it has them, else `measurements`."""
     models: dict = {}
     out = np.empty(len(trials))
     for i, t in enumerate(trials):
-        pdir = getattr(t, "profile_dir", None) or profile_dir
-        if pdir not in models:
-            models[pdir] = CostModel(spec, cost_params=params, profile_dir=pdir)
-        out[i] = evaluate(spec, t.strategy, model=models[pdir]).iteration_time_s
+        m = getattr(t, "measurements", None) or measurements
+        if id(m) not in models:
+            models[id(m)] = CostModel(spec, cost_params=params, measurements=m)
+        out[i] = evaluate(spec, t.strategy, model=models[id(m)]).iteration_time_s
     return out
 
 
@@ -286,12 +276,14 @@ def _select(n: int, fit_on) -> np.ndarray:
 
 def calibrate(spec: Spec, records, *, fit_on=None, initial: CostParams | None = None,
               regularization: float = 1e-4,
-              profile_dir: Path | None = PROFILES_DIR / "measured") -> Calibration:
+              measurements: Measurements = NO_MEASUREMENTS) -> Calibration:
     """Least-squares fit of the free coefficients to measured trials.
 
     records: MeasuredTrial (or see `as_trials`); fit_on: indices (or one bool per record) of
     the trials to fit on; the rest are held out and scored. `initial` is the uncalibrated
-    model (default: CostParams()), which is also the starting point.
+    model (default: CostParams()), which is also the starting point. `measurements`: the
+    layer profiles and link fits to predict with (the calibration they hold is not used:
+    `initial` is).
     """
     from scipy.optimize import least_squares
 
@@ -316,9 +308,9 @@ def calibrate(spec: Spec, records, *, fit_on=None, initial: CostParams | None = 
     fit_trials = [t for t, m in zip(trials, mask) if m]
     meas_fit = meas[mask]
 
-    coefs = _coefficients(spec, profile_dir)
+    coefs = _coefficients(spec, measurements)
     theta0 = np.array([min(max(c.to_theta(_get(initial, c)), c.lo), c.hi) for c in coefs])
-    pred0 = predict(spec, trials, initial, profile_dir=profile_dir)
+    pred0 = predict(spec, trials, initial, measurements=measurements)
 
     # which coefficients the fitted trials constrain at all
     base = pred0[mask]
@@ -326,7 +318,7 @@ def calibrate(spec: Spec, records, *, fit_on=None, initial: CostParams | None = 
     for i, c in enumerate(coefs):
         th = theta0.copy()
         th[i] = th[i] + 0.5 if th[i] + 0.5 <= c.hi else th[i] - 0.5
-        moved = predict(spec, fit_trials, _with(initial, coefs, th), profile_dir=profile_dir)
+        moved = predict(spec, fit_trials, _with(initial, coefs, th), measurements=measurements)
         if np.any(np.abs(moved / base - 1.0) > 1e-9):
             active.append(i)
     act = np.array(active, dtype=int)
@@ -334,7 +326,7 @@ def calibrate(spec: Spec, records, *, fit_on=None, initial: CostParams | None = 
     def residual(x):
         th = theta0.copy()
         th[act] = x
-        pred = predict(spec, fit_trials, _with(initial, coefs, th), profile_dir=profile_dir)
+        pred = predict(spec, fit_trials, _with(initial, coefs, th), measurements=measurements)
         return np.concatenate([pred / meas_fit - 1.0,
                                math.sqrt(regularization) * (x - theta0[act])])
 
@@ -361,7 +353,7 @@ def calibrate(spec: Spec, records, *, fit_on=None, initial: CostParams | None = 
         th = theta0.copy()
         th[act] = best.x
         params = _with(initial, coefs, th)
-    pred1 = predict(spec, trials, params, profile_dir=profile_dir)
+    pred1 = predict(spec, trials, params, measurements=measurements)
     scored = ~mask if (~mask).any() else mask
     rows = tuple(TrialFit(label=t.label or t.strategy.label(), measured_s=t.measured_s,
                           predicted_before_s=float(b), predicted_after_s=float(a),
@@ -374,26 +366,15 @@ def calibrate(spec: Spec, records, *, fit_on=None, initial: CostParams | None = 
                        fit_mape_after=mape(pred1[mask], meas[mask]),
                        n_trials=len(trials), n_fit=int(mask.sum()),
                        fitted=tuple(coefs[i].name for i in act),
-                       devices=_devices(spec), precision=spec.training.precision, rows=rows,
+                       devices=device_types(spec), precision=spec.training.precision, rows=rows,
                        spec_sha256=spec.sha256, created=now_iso())
 
 
 # ----------------------------------------------------------------------------- storage
 
-def _devices(spec: Spec) -> tuple[str, ...]:
-    return tuple(sorted({d.gpu.name for d in spec.cluster.devices}))
-
-
-def calibration_path(spec: Spec, directory: Path = CALIBRATION_DIR) -> Path:
-    """profiles/measured/<device>[+<device>...]__<precision>__calibration.json: beside the
-    layer profiles of the same devices and precision."""
-    from .profiling.store import safe_name
-
-    names = "+".join(safe_name(d) for d in _devices(spec))
-    return Path(directory) / f"{names}__{spec.training.precision}__calibration.json"
-
-
-def save_calibration(cal: Calibration, spec: Spec, directory: Path = CALIBRATION_DIR) -> Path:
+def save_calibration(cal: Calibration, spec: Spec, directory: Path) -> Path:
+    """Write the calibration where `load_measurements` finds it: `directory` is the layer
+    profile folder of a profiles root (amp_search.measurements.layer_profile_dir)."""
     path = calibration_path(spec, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -401,32 +382,3 @@ def save_calibration(cal: Calibration, spec: Spec, directory: Path = CALIBRATION
     os.replace(tmp, path)
     object.__setattr__(cal, "path", path)
     return path
-
-
-def load_calibration(spec: Spec, directory: Path = CALIBRATION_DIR) -> dict | None:
-    """The stored calibration for the spec's device types and precision, as written."""
-    path = calibration_path(spec, directory)
-    if not path.exists():
-        return None
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read calibration {path}: {exc}") from None
-    if not isinstance(d, dict) or d.get("kind") != "calibration" or \
-            d.get("devices") != list(_devices(spec)) or \
-            d.get("precision") != spec.training.precision:
-        raise UsageError(f"{path} is not a calibration for {', '.join(_devices(spec))} "
-                         f"{spec.training.precision}; delete it or re-run amp-search calibrate")
-    d["path"] = str(path)
-    return d
-
-
-def find_calibration(spec: Spec, directory: Path = CALIBRATION_DIR) -> CostParams | None:
-    """The fitted CostParams for the spec's device types and precision, or None."""
-    d = load_calibration(spec, directory)
-    if d is None:
-        return None
-    try:
-        return CostParams.from_dict(d["params"])
-    except (KeyError, TypeError) as exc:
-        raise UsageError(f"malformed calibration {d['path']}: {exc!r}") from None

@@ -3,8 +3,8 @@
     AmpSearchError              anything the user can fix; the CLI prints one line, exits 2
      ├── SpecError              the spec (YAML) is wrong: names the key path and what is accepted
      └── UsageError             a command-line value or file is wrong (missing file, bad flag value)
-
-    Infeasible                  a candidate strategy cannot run (caught and counted by the search)
+          └── Infeasible        a given strategy breaks a rule of the search space
+                                (amp_search.search_space); `reason` is the rule's prune key
 
 Broken internal invariants are plain `assert`s / ValueErrors and do show a traceback.
 """
@@ -28,8 +28,9 @@ class UsageError(AmpSearchError):
     """A command-line argument or input file is wrong."""
 
 
-class Infeasible(Exception):
-    """A candidate strategy cannot run; `reason` is a short key used to count prunes."""
+class Infeasible(UsageError):
+    """A given strategy cannot run; `reason` is the prune key of the rule it breaks (the
+    search counts candidates under the same keys)."""
 
     def __init__(self, reason: str, detail: str = ""):
         self.reason = reason

@@ -16,7 +16,8 @@ Each part is at its own largest, so the sum bounds the real peak from above. Dee
 sizes are its defaults (cost_models.memory.DEEPSPEED_DEFAULT_BUCKETS), which is what the trial
 runner's ds_config leaves them at.
 
-Strategies whose peak exceeds the capacity are pruned by the search under OUT_OF_MEMORY.
+Strategies whose peak exceeds the capacity are pruned by the search under
+search_space.Reason.OUT_OF_MEMORY.
 """
 from __future__ import annotations
 
@@ -28,30 +29,25 @@ from cost_models.layers import Layer
 from .records import StageMemory, Strategy
 from .spec import Spec
 
-OUT_OF_MEMORY = "out_of_memory"
-"""The prune reason the search counts strategies that do not fit under."""
-
-__all__ = ["OUT_OF_MEMORY", "stage_memory", "prune_reason", "zero_allowed"]
+__all__ = ["stage_memory"]
 
 
-def zero_allowed(pp: int, zero_stage: int) -> bool:
-    """DeepSpeed's pipeline engine rejects ZeRO 2 and 3 (runtime/pipe/engine.py asserts
-    `zero_optimization_stage() < ZeroStageEnum.gradients`), so they need pp = 1."""
-    return M.zero_allowed(pp, zero_stage)
-
-
-def stage_memory(spec: Spec, strategy: Strategy) -> tuple[StageMemory, ...]:
-    """Predicted peak memory of the most loaded device of each pipeline stage."""
+def stage_memory(spec: Spec, strategy: Strategy,
+                 capacity_bytes=None) -> tuple[StageMemory, ...]:
+    """Predicted peak memory of the most loaded device of each pipeline stage.
+    `capacity_bytes`: the memory of each stage's smallest device, if the caller has it."""
     t = spec.training
     s = strategy
     devices = spec.cluster.devices
+    if capacity_bytes is None:
+        capacity_bytes = [min(devices[d].gpu.memory_bytes for replica in s.placement[j]
+                              for d in replica) for j in range(s.pp)]
     out = []
     for j in range(s.pp):
         st = _stage_bytes(spec.model.layers[s.partition[j]:s.partition[j + 1]], j, s.pp, s.dp,
                           s.tmp, s.mbs, s.gas, s.zero_stage, s.activation_checkpointing,
                           t.precision)
-        capacity = min(devices[d].gpu.memory_bytes for replica in s.placement[j]
-                       for d in replica)
+        capacity = capacity_bytes[j]
         overhead = t.framework_overhead_bytes + st.buffer_bytes
         peak = (st.parameter_bytes + st.gradient_bytes + st.optimizer_bytes
                 + st.activation_bytes + overhead)
@@ -62,11 +58,6 @@ def stage_memory(spec: Spec, strategy: Strategy) -> tuple[StageMemory, ...]:
                                peak_bytes=peak,
                                capacity_bytes=int(capacity * (1.0 - t.memory_headroom))))
     return tuple(out)
-
-
-def prune_reason(memory: tuple[StageMemory, ...]) -> str | None:
-    """OUT_OF_MEMORY when some stage's peak exceeds its capacity, else None."""
-    return None if all(m.fits for m in memory) else OUT_OF_MEMORY
 
 
 @lru_cache(maxsize=65536)

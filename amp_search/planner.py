@@ -1,79 +1,111 @@
 """The planner: AMP's Algorithm 1 with a memory model, exact fast layer assignment and NIC
-sharing.
+sharing. `plan()` is the whole pipeline:
 
-    spec -> CostModel (cluster arrays, layer times per device type)
-         -> enumerate (pp, dp, tmp, mbs, zero, recompute)      [prunes counted by reason]
-         -> place (Megatron order over 3 node orders)
-         -> partition (exact DP, amp_search.partition)
-         -> cost (AMP eq. 4-5 + TP/DP/P2P terms) + memory
-         -> rank                                             => Plan
+    spec -> CostModel (cluster arrays, layer times per device type, measurements given)
+         -> enumerate (search_space: named rules, equivalent points collapsed)
+         -> place (Megatron order over the node orders)
+         -> stage costs (cost_models: compute, TP/P2P/DP collectives, optimizer step)
+         -> partition (exact DP, amp_search.partition) + memory
+         -> assemble (cost_models.pipeline: AMP eq. 5 and 4)
+         -> rank (one row per layout)                                => Plan
+
+Measurements (layer profiles, link fits, calibration) are never read here: the caller loads
+them (`amp_search.measurements.load_measurements`) and passes them in.
 """
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from cost_models import comm as C
 from cost_models import memory as M
-from cost_models.compute import backward_with_recompute_s
+from cost_models import pipeline as P
+from cost_models.compute import microbatch_time_s
 from cost_models.layers import output_elements, param_count, tp_allreduce_elements
 from cost_models.params import CostParams
 
 from .errors import AmpSearchError, UsageError
-from .memory import stage_memory, zero_allowed
+from .measurements import NO_MEASUREMENTS, Measurements
+from .memory import stage_memory
 from .partition import optimal_partition, uniform_partition
 from .placement import DeviceOrder, as_tuple, device_orders, megatron_placement
 from .records import Breakdown, Estimate, Plan, Strategy
-from .spec import PROFILES_DIR, Spec
+from .search_space import (Candidate, Reason, SearchSpace, check_batch_has_a_degree, divisors,
+                           enumerate_candidates, first_violation)
+from .spec import Spec
 from .timing import LayerTimer
 from .topology import ClusterArrays, p2p_links, ring_links
+
+__all__ = ["Candidate", "CostModel", "NoFeasibleStrategy", "StageCosts", "estimate",
+           "evaluate", "megatron_baseline", "plan", "rank"]
 
 
 class NoFeasibleStrategy(AmpSearchError):
     """Every candidate was pruned; the message says why."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Candidate:
-    """A point of the search space before placement and partition."""
+@dataclass(frozen=True)
+class StageCosts:
+    """The costs of one strategy on its placement, before the layers are split: entry [j, l]
+    is layer l run by pipeline stage j's devices (the slowest device type of the stage)."""
 
-    pp: int
-    dp: int
-    tmp: int
-    mbs: int
-    zero_stage: int
-    activation_checkpointing: bool
+    compute_s: np.ndarray
+    """[pp, L] one micro-batch forward + backward (+ recomputation) of the layer."""
+    tensor_parallel_s: np.ndarray
+    """[pp, L] the layer's tensor-parallel all-reduces for one micro-batch."""
+    cut_s: np.ndarray
+    """[pp, L + 1] e: P2P into stage j when it starts at layer i (activation + gradient)."""
+    sync_s: np.ndarray
+    """[pp, L] exposed data-parallel sync of the layer's parameters, once per iteration."""
+    sync_fixed_s: np.ndarray
+    """[pp] the sync's per-stage latency part (independent of the layers held)."""
+    optimizer_s: np.ndarray
+    """[pp, L] one optimizer step over the layer's parameters on one device."""
+    microbatch_overhead_s: float
+    """Calibrated fixed cost per micro-batch per stage."""
+    step_overhead_s: float
+    """Calibrated fixed cost per iteration."""
 
+    @property
+    def layer_s(self) -> np.ndarray:
+        """What the pipeline's t_j sums: compute + tensor-parallel communication."""
+        return self.compute_s + self.tensor_parallel_s
 
-def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    @property
+    def after_pipeline_s(self) -> np.ndarray:
+        """What eq. 4's second term sums per stage: DP sync + optimizer step."""
+        return self.sync_s + self.optimizer_s
 
 
 class CostModel:
     """Everything about a spec that does not depend on the strategy, computed once; then
     `evaluate()` costs one strategy in well under a millisecond plus its DP."""
 
-    def __init__(self, spec: Spec, *, cost_params: CostParams | None = None,
-                 profile_dir: Path | None = PROFILES_DIR / "measured"):
+    def __init__(self, spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
+                 cost_params: CostParams | None = None):
         self.spec = spec
+        self.measurements = measurements
         if cost_params is not None:
             self.params, self.params_source = cost_params, "given"
+        elif measurements.calibration is not None:
+            self.params, self.params_source = (measurements.calibration,
+                                               measurements.calibration_source)
         else:
-            self.params, self.params_source = _calibration(spec, profile_dir)
-        self.timer = LayerTimer(spec, profile_dir)
+            self.params, self.params_source = CostParams(), "uncalibrated"
+        precision = spec.training.precision
+        for name, profile in measurements.layer_profiles.items():
+            if profile.device != name or profile.precision != precision:
+                raise UsageError(f"the layer profile given for {name} ({precision}) was "
+                                 f"measured on {profile.device} in {profile.precision}")
+        self.timer = LayerTimer(spec, measurements.layer_profiles)
         self.cluster = ClusterArrays.of(spec.cluster)
-        # measured links (amp-search profile-comm) replace the nominal bandwidths
-        self.link_fits = _link_fits(spec, None if profile_dir is None
-                                    else Path(profile_dir).parent / "comm")
-        self.cluster_for = {k: self.cluster.with_links(*self.link_fits.get(k, (None, None)))
+        fits = measurements.link_fits
+        self.cluster_for = {k: self.cluster.with_links(fits.get((k, "intra")),
+                                                       fits.get((k, "inter")))
                             for k in ("all_reduce", "p2p")}
-        self.link_source = self.link_fits.get("source", "nominal")
         layers = spec.model.layers
         self.num_layers = len(layers)
         bpe = spec.training.bytes_per_element
@@ -91,12 +123,12 @@ class CostModel:
         self._placement_cache: dict = {}
         self.capacity_bytes = np.array([d.gpu.memory_bytes for d in spec.cluster.devices],
                                        dtype=float)
-        self.first_fixed = sum(1 for _ in _leading(layers, "embedding"))
-        self.last_fixed = sum(1 for _ in _leading(reversed(layers), "head"))
+        self.first_fixed = _leading(layers, "embedding")
+        self.last_fixed = _leading(layers[::-1], "head")
 
     def latency(self, collective: str, link: str) -> float:
         """Calibrated latency plus the measured per-message latency of the link, if any."""
-        fit = self.link_fits.get(collective, (None, None))[0 if link == "intra" else 1]
+        fit = self.measurements.link_fits.get((collective, link))
         return self.params.latency(link) + (fit.alpha_s if fit is not None else 0.0)
 
     def params_per_layer(self, tmp: int) -> np.ndarray:
@@ -105,110 +137,167 @@ class CostModel:
                                          dtype=float)
         return self._params[tmp]
 
+    def sources(self) -> tuple[str, ...]:
+        """Where the numbers came from: layer times per device type, links, coefficients."""
+        return tuple(f"{k}={v}" for k, v in sorted(self.timer.sources().items())) + (
+            f"links={self.measurements.link_source}", f"coefficients={self.params_source}")
+
     # ------------------------------------------------------------------ one strategy
     def evaluate(self, c: Candidate, order: DeviceOrder | None = None, *,
                  placement: np.ndarray | None = None,
                  partition: str | tuple[int, ...] = "optimal") -> Estimate:
         """Cost one strategy: placement from `order` (Megatron's mapping) or given; partition
         'optimal' (exact DP), 'uniform' (Megatron) or explicit boundaries."""
-        spec, p = self.spec, self.params
-        gbs = spec.training.global_batch_size
-        gas = gbs // (c.dp * c.mbs)
         if placement is None:
             placement, placement_tuple, stage_gpus = self._placement(order, c)
         else:
             placement_tuple = as_tuple(placement)
             stage_gpus = [np.unique(self.gpu_of_device[placement[j]]) for j in range(c.pp)]
-        L = self.num_layers
-        link_scale = dict(intra_scale=p.bandwidth("intra"), inter_scale=p.bandwidth("inter"))
-
-        # t[j, l]: compute of layer l for one micro-batch on stage j's slowest device type
-        compute = np.zeros((c.pp, L))
-        for j in range(c.pp):
-            for g in stage_gpus[j]:
-                gpu = self.gpus[g]
-                fwd, bwd = self.timer.times(gpu, c.tmp, c.mbs)
-                back = backward_with_recompute_s(fwd, bwd) if c.activation_checkpointing \
-                    else bwd
-                np.maximum(compute[j], (fwd + back) * p.compute(gpu.name), out=compute[j])
-
-        # tensor-parallel all-reduces inside each layer, on the stage's slowest tensor ring
-        tp = np.zeros((c.pp, L))
-        if c.tmp > 1:
-            rings = ring_links(self.cluster_for["all_reduce"], placement, **link_scale)
-            bw = rings.bandwidth_bytes_per_s.min(axis=1)                        # [stage]
-            lat = np.where(rings.crosses_nodes.any(axis=1), self.latency("all_reduce", "inter"),
-                           self.latency("all_reduce", "intra"))
-            n = c.tmp
-            tp = (2 * (n - 1) / n * self.tp_bytes[None, :] * c.mbs / bw[:, None]
-                  + self.tp_messages[None, :] * 2 * (n - 1) * lat[:, None])
-
-        # e[j, i]: P2P into stage j when it starts at layer i: activation forward + gradient
-        # backward, each crossing once outside the steady state (AMP eq. 5, sum of e_i)
-        cut = np.zeros((c.pp, L + 1))
-        if c.pp > 1:
-            links = p2p_links(self.cluster_for["p2p"], placement, **link_scale)
-            lat = np.where(links.crosses_nodes, self.latency("p2p", "inter"),
-                           self.latency("p2p", "intra"))
-            for j in range(1, c.pp):
-                cut[j, 1:L] = 2 * (self.out_bytes[:L - 1] * c.mbs
-                                   / links.bandwidth_bytes_per_s[j - 1] + lat[j - 1])
-
-        stage_layer = compute + tp
-        sync_layer, sync_fixed = self._dp_sync_arrays(c, placement, gas, link_scale)
-        # after the sync each stage steps its optimizer once per iteration
-        opt_layer = self._optimizer_arrays(c, stage_gpus)
-        sync_layer = sync_layer + opt_layer
-        if isinstance(partition, tuple):
-            bounds = partition
-        elif partition == "uniform":
-            bounds = uniform_partition(L, c.pp, first=self.first_fixed, last=self.last_fixed)
-        else:
-            mem_layer, mem_budget = self._memory_arrays(c, gas, placement)
-            result = optimal_partition(stage_layer, cut, gas, sync_layer_s=sync_layer,
-                                       sync_fixed_s=sync_fixed, memory_layer_bytes=mem_layer,
-                                       memory_budget_bytes=mem_budget)
-            if result is None:      # no split fits: report the fastest one, which won't fit
-                result = optimal_partition(stage_layer, cut, gas, sync_layer_s=sync_layer,
-                                           sync_fixed_s=sync_fixed)
-            bounds = result.boundaries
-
-        prefix_c = np.concatenate([np.zeros((c.pp, 1)), np.cumsum(compute, axis=1)], axis=1)
-        prefix_t = np.concatenate([np.zeros((c.pp, 1)), np.cumsum(tp, axis=1)], axis=1)
-        js = np.arange(c.pp)
-        lo, hi = np.array(bounds[:-1]), np.array(bounds[1:])
-        stage_compute = prefix_c[js, hi] - prefix_c[js, lo] + p.microbatch_overhead_s
-        stage_tp = prefix_t[js, hi] - prefix_t[js, lo]
-        stage_time = stage_compute + stage_tp
-        cuts = cut[js[1:], lo[1:]] if c.pp > 1 else np.zeros(0)
-        b = int(np.argmax(stage_time))
-        pipeline_s = (gas - 1) * stage_time[b] + cuts.sum() + stage_time.sum()   # eq. 5
-
-        # AMP eq. 4, second term: the slowest stage's data-parallel sync (and optimizer step)
-        prefix_s = np.concatenate([np.zeros((c.pp, 1)), np.cumsum(sync_layer, axis=1)], axis=1)
-        prefix_o = np.concatenate([np.zeros((c.pp, 1)), np.cumsum(opt_layer, axis=1)], axis=1)
-        stage_after = sync_fixed + prefix_s[js, hi] - prefix_s[js, lo]
-        s_b = int(np.argmax(stage_after))
-        opt_s = float(prefix_o[s_b, hi[s_b]] - prefix_o[s_b, lo[s_b]])
-        dp_s = float(stage_after[s_b]) - opt_s
-        strategy = Strategy(pp=c.pp, dp=c.dp, tmp=c.tmp, mbs=c.mbs, global_batch_size=gbs,
-                            partition=tuple(int(x) for x in bounds),
-                            placement=placement_tuple,
+        costs = self.stage_costs(c, placement, stage_gpus)
+        bounds = self._partition(c, costs, placement, partition)
+        strategy = Strategy(pp=c.pp, dp=c.dp, tmp=c.tmp, mbs=c.mbs,
+                            global_batch_size=self.spec.training.global_batch_size,
+                            partition=tuple(int(x) for x in bounds), placement=placement_tuple,
                             placement_order=order.name if order is not None else "given",
                             zero_stage=c.zero_stage,
                             activation_checkpointing=c.activation_checkpointing)
-        total = pipeline_s + dp_s + opt_s + p.step_overhead_s                   # eq. 4
+        return self._assemble(strategy, costs, self._stage_capacity(placement))
+
+    def stage_costs(self, c: Candidate, placement: np.ndarray, stage_gpus) -> StageCosts:
+        """Every per-layer cost array of the strategy (cost_models' terms, vectorised)."""
+        p = self.params
+        L = self.num_layers
+        link_scale = dict(intra_scale=p.bandwidth("intra"), inter_scale=p.bandwidth("inter"))
+
+        compute = np.zeros((c.pp, L))
+        optimizer = np.zeros((c.pp, L))
+        engine = M.deepspeed_engine(zero_stage=c.zero_stage,
+                                    precision=self.spec.training.precision)
+        optimizer_share = c.dp if M.partitions_optimizer(engine) else 1
+        for j in range(c.pp):
+            for g in stage_gpus[j]:     # a stage runs at its slowest device type's pace
+                gpu = self.gpus[g]
+                scale = p.compute(gpu.name)
+                fwd, bwd = self.timer.times(gpu, c.tmp, c.mbs)
+                np.maximum(compute[j], microbatch_time_s(fwd, bwd, c.activation_checkpointing)
+                           * scale, out=compute[j])
+                np.maximum(optimizer[j], self.timer.optimizer_step_s(gpu, c.tmp) * scale
+                           / optimizer_share, out=optimizer[j])
+
+        tensor_parallel = np.zeros((c.pp, L))
+        if c.tmp > 1:       # each stage's tensor rings run on its slowest ring's links
+            rings = ring_links(self.cluster_for["all_reduce"], placement, **link_scale)
+            bw = rings.bandwidth_bytes_per_s.min(axis=1)
+            lat = self._link_latency("all_reduce", rings.crosses_nodes.any(axis=1))
+            tensor_parallel = C.allreduce_time_s(
+                self.tp_bytes[None, :] * c.mbs, c.tmp, bw[:, None], lat[:, None],
+                messages=self.tp_messages[None, :])
+
+        cut = np.zeros((c.pp, L + 1))
+        if c.pp > 1:
+            links = p2p_links(self.cluster_for["p2p"], placement, **link_scale)
+            lat = self._link_latency("p2p", links.crosses_nodes)
+            cut[1:, 1:L] = C.stage_boundary_time_s(
+                self.out_bytes[None, :L - 1] * c.mbs, links.bandwidth_bytes_per_s[:, None],
+                lat[:, None])
+
+        sync, sync_fixed = self._dp_sync(c, placement, link_scale)
+        return StageCosts(compute_s=compute, tensor_parallel_s=tensor_parallel, cut_s=cut,
+                          sync_s=sync, sync_fixed_s=sync_fixed, optimizer_s=optimizer,
+                          microbatch_overhead_s=p.microbatch_overhead_s,
+                          step_overhead_s=p.step_overhead_s)
+
+    def _link_latency(self, collective: str, crosses_nodes: np.ndarray) -> np.ndarray:
+        return np.where(crosses_nodes, self.latency(collective, "inter"),
+                        self.latency(collective, "intra"))
+
+    def _dp_sync(self, c: Candidate, placement: np.ndarray,
+                 link_scale: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The data-parallel sync of stage j is linear in the parameters it holds
+        (cost_models.comm.data_parallel_sync_time_s on the stage's slowest dp ring):
+        sync_j = fixed[j] + sum over its layers of per_layer[j, l], less what overlap hides."""
+        if c.dp == 1:
+            return np.zeros((c.pp, self.num_layers)), np.zeros(c.pp)
+        rings = ring_links(self.cluster_for["all_reduce"], placement.transpose(0, 2, 1),
+                           **link_scale)
+        bpe = self.spec.training.bytes_per_element
+
+        def sync(element_bytes: float) -> np.ndarray:      # [pp]: one parameter's bytes
+            return P.exposed_time_s(C.data_parallel_sync_time_s(
+                param_bytes=element_bytes, grad_bytes=element_bytes, n=c.dp,
+                bandwidth_bytes_per_s=rings.bandwidth_bytes_per_s.min(axis=1),
+                latency_s=self._link_latency("all_reduce", rings.crosses_nodes.any(axis=1)),
+                zero_stage=c.zero_stage, gas=self.spec.training.global_batch_size
+                // (c.dp * c.mbs),
+                gather_weights_after_step=M.deepspeed_engine(
+                    zero_stage=c.zero_stage, precision=self.spec.training.precision)
+                == "bf16_optimizer"), self.params.dp_overlap)
+
+        fixed = sync(0.0)
+        per_param = sync(float(bpe)) - fixed
+        return per_param[:, None] * self.params_per_layer(c.tmp)[None, :], fixed
+
+    def _partition(self, c: Candidate, costs: StageCosts, placement: np.ndarray,
+                   partition: str | tuple[int, ...]) -> tuple[int, ...]:
+        if isinstance(partition, tuple):
+            return partition
+        if partition == "uniform":
+            return uniform_partition(self.num_layers, c.pp, first=self.first_fixed,
+                                     last=self.last_fixed)
+        gas = self.spec.training.global_batch_size // (c.dp * c.mbs)
+        mem_layer, mem_budget = self._memory_arrays(c, gas, placement)
+        kw = dict(sync_layer_s=costs.after_pipeline_s, sync_fixed_s=costs.sync_fixed_s)
+        result = optimal_partition(costs.layer_s, costs.cut_s, gas, memory_layer_bytes=mem_layer,
+                                   memory_budget_bytes=mem_budget, **kw)
+        if result is None:      # no split fits: report the fastest one, which won't fit
+            result = optimal_partition(costs.layer_s, costs.cut_s, gas, **kw)
+        return result.boundaries
+
+    def _memory_arrays(self, c: Candidate, gas: int, placement: np.ndarray
+                       ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Memory as the partition DP needs it (cost_models.memory.linear_stage_memory),
+        against each stage's smallest device's usable capacity."""
+        if c.pp == 1:
+            return None, None
+        key = (c.tmp, c.dp, c.mbs, gas, c.zero_stage, c.activation_checkpointing)
+        lin = self._mem_cache.get(key)
+        if lin is None:
+            t = self.spec.training
+            lin = M.linear_stage_memory(
+                self.spec.model.layers, dp=c.dp, tmp=c.tmp, mbs=c.mbs, gas=gas,
+                zero_stage=c.zero_stage, recompute=c.activation_checkpointing,
+                precision=t.precision, framework_overhead_bytes=t.framework_overhead_bytes)
+            self._mem_cache[key] = lin
+        layer_bytes, reserved = lin.stage_arrays(c.pp, gas)
+        usable = self._stage_capacity(placement) * (1.0 - self.spec.training.memory_headroom)
+        return layer_bytes, usable - reserved
+
+    def _stage_capacity(self, placement: np.ndarray) -> np.ndarray:
+        """[pp] memory of each stage's smallest device."""
+        return self.capacity_bytes[placement.reshape(placement.shape[0], -1)].min(axis=1)
+
+    def _assemble(self, strategy: Strategy, costs: StageCosts, capacity: np.ndarray) -> Estimate:
+        """AMP eq. 5 and 4 on the chosen split, with the breakdown and the memory check."""
+        bounds, gas = strategy.partition, strategy.gas
+        stage_compute = P.stage_totals(costs.compute_s, bounds) + costs.microbatch_overhead_s
+        stage_tp = P.stage_totals(costs.tensor_parallel_s, bounds)
+        stage_time = stage_compute + stage_tp
+        cuts = P.boundary_times(costs.cut_s, bounds)
+        sync = costs.sync_fixed_s + P.stage_totals(costs.sync_s, bounds)
+        step = P.stage_totals(costs.optimizer_s, bounds)
+        total = P.iteration_time_s(P.pipeline_time_s(stage_time, cuts, gas), sync + step,
+                                   costs.step_overhead_s)
+        b = int(np.argmax(stage_time))              # the bottleneck stage
+        s = int(np.argmax(sync + step))             # the stage the iteration waits for last
         breakdown = Breakdown(
-            compute_s=float(gas * stage_compute[b] + p.step_overhead_s),
+            compute_s=float(gas * stage_compute[b] + costs.step_overhead_s),
             pipeline_bubble_s=float(stage_time.sum() - stage_time[b]),
             p2p_s=float(cuts.sum()), tensor_parallel_s=float(gas * stage_tp[b]),
-            data_parallel_s=dp_s, optimizer_s=opt_s)
-        return Estimate(strategy=strategy, iteration_time_s=float(total), breakdown=breakdown,
+            data_parallel_s=float(sync[s]), optimizer_s=float(step[s]))
+        return Estimate(strategy=strategy, iteration_time_s=total, breakdown=breakdown,
                         stage_time_s=tuple(float(x) for x in stage_time),
-                        memory=stage_memory(self.spec, strategy),
-                        timing_sources=tuple(f"{k}={v}" for k, v in
-                                             sorted(self.timer.sources().items()))
-                        + (f"links={self.link_source}", f"coefficients={self.params_source}"))
+                        memory=stage_memory(self.spec, strategy, capacity_bytes=capacity),
+                        timing_sources=self.sources())
 
     def _placement(self, order: DeviceOrder, c: Candidate) -> tuple:
         """Megatron placement over `order`, as an array and as the record's tuple, with the GPU
@@ -222,329 +311,163 @@ class CostModel:
             self._placement_cache[key] = hit
         return hit
 
-    def _memory_arrays(self, c: Candidate, gas: int, placement: np.ndarray
-                       ) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """Memory as the partition DP needs it, additive over a stage's layers:
-        mem[j, l] = state bytes per parameter * params_l + in-flight micro-batches of stage j *
-        layer l's saved activations, against budget[j] = usable capacity of stage j's smallest
-        device - framework overhead - ZeRO bucket - pipeline buffers - recomputation working
-        set. It linearises amp_search.memory.stage_memory (ZeRO padding, the largest straddling
-        gradient), which then checks the chosen split exactly."""
-        if c.pp == 1:
-            return None, None
-        key = (c.tmp, c.dp, c.mbs, gas, c.zero_stage, c.activation_checkpointing)
-        if key not in self._mem_cache:
-            self._mem_cache[key] = _layer_memory(self.spec, c, gas)
-        per_layer, act, fixed, out_buffer, head_buffer = self._mem_cache[key]
-        js = np.arange(c.pp)
-        inflight = np.array([M.in_flight_microbatches(j, c.pp, gas) for j in js], dtype=float)
-        mem = per_layer[None, :] + inflight[:, None] * act[None, :]
-        capacity = self.capacity_bytes[placement.reshape(c.pp, -1)].min(axis=1)
-        buffers = np.array([min(max(2, min(c.pp - j, gas)), gas) for j in js], dtype=float)
-        pipe = buffers * out_buffer
-        pipe[-1] = buffers[-1] * head_buffer
-        return mem, capacity * (1.0 - self.spec.training.memory_headroom) - fixed - pipe
 
-    def _optimizer_arrays(self, c: Candidate, stage_gpus) -> np.ndarray:
-        """opt[j, l]: one optimizer step over layer l's parameters on stage j's slowest device
-        type, split over the data-parallel ranks when the optimizer partitions its states
-        (ZeRO 1-3, and DeepSpeed's BF16_Optimizer)."""
-        engine = M.deepspeed_engine(zero_stage=c.zero_stage,
-                                    precision=self.spec.training.precision)
-        share = c.dp if M.partitions_optimizer(engine) else 1
-        opt = np.zeros((c.pp, self.num_layers))
-        for j in range(c.pp):
-            for g in stage_gpus[j]:
-                gpu = self.gpus[g]
-                t = self.timer.optimizer_step_s(gpu, c.tmp) * self.params.compute(gpu.name)
-                np.maximum(opt[j], t / share, out=opt[j])
-        return opt
-
-    def _dp_sync_arrays(self, c: Candidate, placement: np.ndarray, gas: int,
-                        link_scale: dict) -> tuple[np.ndarray, np.ndarray]:
-        """The data-parallel sync of stage j is linear in the parameters it holds:
-        sync_j = sync_fixed[j] + sum over its layers of sync_layer[j, l] (cost_models.comm,
-        on the stage's slowest dp ring, less the part the overlap factor hides)."""
-        zeros = np.zeros((c.pp, self.num_layers)), np.zeros(c.pp)
-        if c.dp == 1:
-            return zeros
-        p = self.params
-        rings = ring_links(self.cluster_for["all_reduce"], placement.transpose(0, 2, 1),
-                           **link_scale)
-        bw = rings.bandwidth_bytes_per_s.min(axis=1)
-        crosses = rings.crosses_nodes.any(axis=1)
-        bpe = self.spec.training.bytes_per_element
-        exposed = 1.0 - p.dp_overlap
-        bf16_optimizer = M.deepspeed_engine(zero_stage=c.zero_stage,
-                                            precision=self.spec.training.precision) \
-            == "bf16_optimizer"
-        fixed, per_param = np.empty(c.pp), np.empty(c.pp)
-        for j in range(c.pp):
-            def sync(n_params: float) -> float:
-                return C.data_parallel_sync_time_s(
-                    param_bytes=n_params * bpe, grad_bytes=n_params * bpe, n=c.dp,
-                    bandwidth_bytes_per_s=bw[j],
-                    latency_s=self.latency("all_reduce", "inter" if crosses[j] else "intra"),
-                    zero_stage=c.zero_stage, gas=gas, gather_weights_after_step=bf16_optimizer)
-            fixed[j] = sync(0.0) * exposed
-            per_param[j] = sync(1.0) * exposed - fixed[j]
-        return per_param[:, None] * self.params_per_layer(c.tmp)[None, :], fixed
-
-
-def _layer_memory(spec: Spec, c: Candidate, gas: int) -> tuple:
-    """Per layer: model-state bytes (the whole model's bytes per parameter times the layer's
-    parameters) and saved activation bytes per micro-batch; the fixed bytes per device
-    (framework overhead, ZeRO bucket, recomputation working set); per-buffer bytes of a stage
-    output and of the head's logits (cost_models.memory)."""
-    layers = spec.model.layers
-    t = spec.training
-    g = t.bytes_per_element
-    numels = [M.param_tensor_numels(l, c.tmp) for l in layers]
-    flat = tuple(n for ts in numels for n in ts)
-    states = M.model_state_bytes(flat, precision=t.precision, zero_stage=c.zero_stage, dp=c.dp,
-                                 gas=gas)
-    per_param = (states.parameter_bytes + states.gradient_bytes + states.optimizer_bytes) \
-        / max(sum(flat), 1)
-    per_layer = per_param * np.array([sum(ts) for ts in numels], dtype=float)
-    act = np.array([M.layer_activation_bytes(l, mbs=c.mbs, tmp=c.tmp, bytes_per_element=g,
-                                             recompute=c.activation_checkpointing)
-                    for l in layers], dtype=float)
-    fixed = float(t.framework_overhead_bytes + states.buffer_bytes)
-    if c.activation_checkpointing:
-        fixed += M.recompute_working_set_bytes(layers, mbs=c.mbs, tmp=c.tmp,
-                                               bytes_per_element=g)
-    out_buffer = g * c.mbs * max(output_elements(l) for l in layers[:-1]) if len(layers) > 1 \
-        else 0.0
-    last = layers[-1]
-    head_buffer = g * c.mbs * last.seq_length * (last.vocab_size // c.tmp) \
-        if last.kind == "head" else g * c.mbs * output_elements(last)
-    return per_layer, act, fixed, float(out_buffer), float(head_buffer)
-
-
-def _link_fits(spec: Spec, comm_dir: Path | None) -> dict:
-    """collective -> (intra LinkFit | None, inter LinkFit | None) from the newest comm profile
-    measured on this cluster's device type (only when every device is of that type: a profile
-    of other hardware is never used). Collectives use their alpha-beta fit."""
-    names = {d.gpu.name for d in spec.cluster.devices}
-    if comm_dir is None or len(names) != 1:
-        return {}
-    from .profiling.store import find_comm_profile
-    profile = find_comm_profile(comm_dir, device=names.pop())
-    if profile is None:
-        return {}
-    fits: dict = {c: (profile.fit(c, "intra"), profile.fit(c, "inter"))
-                  for c in ("all_reduce", "p2p")}
-    measured = "+".join(profile.links_measured)
-    fits["source"] = f"profile:{Path(profile.path).name} ({measured}; rest nominal)"
-    return fits
-
-
-def _leading(layers, kind: str):
+def _leading(layers, kind: str) -> int:
+    """How many layers of `kind` open the chain."""
+    n = 0
     for layer in layers:
         if layer.kind != kind:
-            return
-        yield layer
-
-
-# ---------------------------------------------------------------------- enumeration
-
-def enumerate_candidates(spec: Spec, pruned: Counter) -> list[Candidate]:
-    """Every (pp, dp, tmp, mbs, zero, recompute) with pp*dp*tmp = #devices; what is dropped
-    is counted in `pruned` under its reason."""
-    n = spec.cluster.num_devices
-    L = spec.model.num_layers
-    gbs = spec.training.global_batch_size
-    zeros, ckpts = spec.training.zero_stage, spec.training.activation_checkpointing
-    knobs = len(zeros) * len(ckpts)
-    out = []
-    for tmp in divisors(n):
-        for pp in divisors(n // tmp):
-            dp = n // (tmp * pp)
-            if pp > L:
-                pruned["pp_exceeds_layers"] += knobs
-                continue
-            if any(size % tmp for size in spec.model.tp_divisors):
-                pruned["tmp_does_not_divide_model"] += knobs
-                continue
-            if gbs % dp:
-                pruned["dp_does_not_divide_batch"] += knobs
-                continue
-            for mbs in divisors(gbs // dp):
-                for z in zeros:
-                    for ck in ckpts:
-                        if not zero_allowed(pp, z):
-                            pruned["zero_2_3_with_pipeline"] += 1
-                            continue
-                        out.append(Candidate(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=z,
-                                             activation_checkpointing=ck))
-    return out
-
-
-def _check_any_degree(spec: Spec, candidates: list[Candidate], pruned: Counter) -> None:
-    """A global batch that no feasible dp divides is the user's error, not an empty plan."""
-    n, gbs = spec.cluster.num_devices, spec.training.global_batch_size
-    if not candidates and pruned.get("dp_does_not_divide_batch"):
-        options = sorted({n // (tmp * pp) for tmp in divisors(n) for pp in divisors(n // tmp)
-                          if pp <= spec.model.num_layers
-                          and not any(s % tmp for s in spec.model.tp_divisors)})
-        from .errors import SpecError
-        raise SpecError("training.global_batch_size",
-                        f"no feasible data-parallel degree divides {gbs}: with {n} devices "
-                        f"and {spec.model.num_layers} layers, dp must be one of {options}; "
-                        f"use a multiple of one of them")
+            break
+        n += 1
+    return n
 
 
 # ---------------------------------------------------------------------- public API
 
-def plan(spec: Spec, *, progress: bool = False, cost_params: CostParams | None = None,
-         profile_dir: Path | None = PROFILES_DIR / "measured") -> Plan:
+def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
+         cost_params: CostParams | None = None, progress: bool = False) -> Plan:
     """Rank every feasible strategy for `spec` (AMP Algorithm 1, lines 1-7).
 
-    Raises NoFeasibleStrategy when nothing fits, with the prune counts in the message."""
+    `measurements`: layer profiles, link fits and calibration to use (default: none, the
+    analytic model on the packaged catalog). Raises NoFeasibleStrategy when nothing fits, with
+    the prune counts in the message."""
     from tqdm import tqdm
 
     t0 = time.perf_counter()
-    model = CostModel(spec, cost_params=cost_params, profile_dir=profile_dir)
+    model = CostModel(spec, measurements=measurements, cost_params=cost_params)
+    space = SearchSpace.of(spec)
     pruned: Counter = Counter()
-    candidates = enumerate_candidates(spec, pruned)
-    _check_any_degree(spec, candidates, pruned)
+    candidates = enumerate_candidates(space, pruned)
+    check_batch_has_a_degree(space, candidates, pruned)
+    looked_at = len(candidates) + sum(pruned.values())
     orders = device_orders(spec.cluster, spec.training.precision)
-    best: list[Estimate] = []
-    evaluated = 0
-    bar = tqdm(candidates, desc="searching", unit="strategy", disable=not progress,
-               leave=False, mininterval=0.25)
-    for c in bar:
-        kept = None
-        for order in orders:
-            e = model.evaluate(c, order)
-            evaluated += 1
-            if kept is None or e.iteration_time_s < kept.iteration_time_s:
-                kept = e
-        if not kept.fits:
-            pruned["out_of_memory"] += 1
-            continue
-        best.append(kept)
-    bar.close()
-    if not best:
+    estimates = []
+    for c in tqdm(candidates, desc="searching", unit="strategy", disable=not progress,
+                  leave=False, mininterval=0.25):
+        best = min((model.evaluate(c, order) for order in orders),
+                   key=lambda e: e.iteration_time_s)
+        if best.fits:
+            estimates.append(best)
+        else:
+            pruned[Reason.OUT_OF_MEMORY.value] += 1
+    ranked = rank(estimates, pruned)
+    if not ranked:
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(pruned.items()))
         raise NoFeasibleStrategy(
             f"no strategy is feasible ({detail}); try training.zero_stage: search, "
             f"training.activation_checkpointing: search, or a smaller global_batch_size")
-    best.sort(key=lambda e: e.iteration_time_s)
-    baseline = megatron_baseline(spec, model)
-    return Plan(strategies=tuple(best), baseline=baseline,
-                search_time_s=time.perf_counter() - t0,
-                candidates=len(candidates) + sum(pruned.values()) - pruned["out_of_memory"],
-                evaluated=evaluated, pruned=dict(pruned))
+    return Plan(strategies=tuple(ranked), baseline=megatron_baseline(spec, model, space),
+                search_time_s=time.perf_counter() - t0, candidates=looked_at,
+                evaluated=len(candidates) * len(orders), pruned=dict(pruned))
 
 
-def megatron_baseline(spec: Spec, model: CostModel) -> Estimate | None:
+def ranking_key(e: Estimate) -> tuple[float, int, str]:
+    """Fastest first; times that agree to the 4 significant digits the table shows are
+    ordered by the lower peak memory, then by label (a stated, stable order)."""
+    peak = max((m.peak_bytes for m in e.memory), default=0)
+    return float(f"{e.iteration_time_s:.4g}"), peak, e.strategy.label()
+
+
+def rank(estimates: list[Estimate], pruned: Counter) -> list[Estimate]:
+    """Sort by `ranking_key` and keep one strategy per layout (pp, dp, tmp, mbs): the others
+    differ only in ZeRO stage or recomputation, which trade memory for time, and a faster
+    setting of them fits; they are counted under SLOWER_KNOBS_SAME_LAYOUT."""
+    seen, out = set(), []
+    for e in sorted(estimates, key=ranking_key):
+        s = e.strategy
+        layout = (s.pp, s.dp, s.tmp, s.mbs)
+        if layout in seen:
+            pruned[Reason.SLOWER_KNOBS_SAME_LAYOUT.value] += 1
+            continue
+        seen.add(layout)
+        out.append(e)
+    return out
+
+
+def megatron_baseline(spec: Spec, model: CostModel, space: SearchSpace) -> Estimate | None:
     """AMP section 4.1: for each mbs, tmp at most the smallest node, the smallest tmp*pp
     that fits, tensor groups inside nodes (listed order), uniform layer split; the fastest
-    of those proposals by the cost model."""
-    n, gbs = spec.cluster.num_devices, spec.training.global_batch_size
+    of those proposals by the cost model. ZeRO: the spec's first stage."""
+    n = space.num_devices
     order = device_orders(spec.cluster, spec.training.precision)[0]
-    L = spec.model.num_layers
-    zero = spec.training.zero_stage[0]
-    best = None
-    for ckpt in sorted(set(spec.training.activation_checkpointing)):
+    blocks = space.num_layers - model.first_fixed - model.last_fixed
+    zero = space.zero_stages[0]
+    for ckpt in sorted(set(space.recompute)):
         proposals = []
         for product in divisors(n):                      # tmp * pp, smallest first
             for tmp in divisors(product):
-                pp = product // tmp
-                dp = n // product
-                if tmp > spec.cluster.min_gpus_per_node or gbs % dp or \
-                        any(s % tmp for s in spec.model.tp_divisors) or \
-                        pp > L - model.first_fixed - model.last_fixed or \
-                        not zero_allowed(pp, zero):
+                pp, dp = product // tmp, n // product
+                if tmp > spec.cluster.min_gpus_per_node or pp > blocks or \
+                        space.global_batch_size % dp:
                     continue
-                for mbs in divisors(gbs // dp):
+                for mbs in divisors(space.global_batch_size // dp):
                     c = Candidate(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
                                   activation_checkpointing=ckpt)
-                    e = model.evaluate(c, order, partition="uniform")
-                    if e.fits:
-                        proposals.append(e)
+                    if first_violation(space, c) is None:
+                        e = model.evaluate(c, order, partition="uniform")
+                        if e.fits:
+                            proposals.append(e)
             if proposals:
                 break
-        for e in proposals:
-            if best is None or e.iteration_time_s < best.iteration_time_s:
-                best = e
-        if best is not None:
-            return best
-    return best
+        if proposals:
+            return min(proposals, key=lambda e: e.iteration_time_s)
+    return None
 
 
 def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
              partition: str | tuple[int, ...] = "optimal", zero_stage: int | None = None,
              activation_checkpointing: bool | None = None, placement_order: str | None = None,
-             cost_params: CostParams | None = None,
-             profile_dir: Path | None = PROFILES_DIR / "measured") -> Estimate:
+             measurements: Measurements = NO_MEASUREMENTS,
+             cost_params: CostParams | None = None) -> Estimate:
     """Predict one given strategy (the best of the placement orders unless one is named).
-    A strategy that does not fit in memory is still estimated, with `fits` False."""
-    n, L, gbs = spec.cluster.num_devices, spec.model.num_layers, spec.training.global_batch_size
+    It must satisfy the search space's rules (Infeasible otherwise, naming the rule). A
+    strategy that does not fit in memory is still estimated, with `fits` False."""
+    n, L = spec.cluster.num_devices, spec.model.num_layers
     for name, v in (("pp", pp), ("dp", dp), ("tmp", tmp), ("mbs", mbs)):
-        if not isinstance(v, int) or v < 1:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise UsageError(f"--{name} must be a positive integer, got {v!r}")
     if pp * dp * tmp != n:
         raise UsageError(f"pp*dp*tmp = {pp}*{dp}*{tmp} = {pp * dp * tmp}, but the cluster has "
                          f"{n} devices; the product must equal {n}")
-    if pp > L:
-        raise UsageError(f"--pp {pp} exceeds the model's {L} layers")
-    bad = [s for s in spec.model.tp_divisors if s % tmp]
-    if bad:
-        raise UsageError(f"--tmp {tmp} does not divide the model size {bad[0]} "
-                         f"(heads, hidden, ffn and vocab must be divisible by tmp)")
-    if gbs % (dp * mbs):
-        raise UsageError(f"dp*mbs = {dp * mbs} does not divide global_batch_size {gbs}")
+    zero = spec.training.zero_stage[0] if zero_stage is None else zero_stage
+    if zero not in (0, 1, 2, 3):
+        raise UsageError(f"--zero-stage {zero}: accepted: 0, 1, 2, 3")
+    ckpt = spec.training.activation_checkpointing[0] if activation_checkpointing is None \
+        else bool(activation_checkpointing)
+    c = Candidate(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
+                  activation_checkpointing=ckpt)
+    violation = first_violation(SearchSpace.of(spec), c)
+    if violation is not None:
+        raise violation.error()
+    model = CostModel(spec, measurements=measurements, cost_params=cost_params)
     if isinstance(partition, tuple):
         if len(partition) != pp + 1 or partition[0] != 0 or partition[-1] != L or \
                 any(a >= b for a, b in zip(partition, partition[1:])):
             raise UsageError(f"--partition {','.join(map(str, partition))}: expected {pp + 1} "
                              f"strictly increasing boundaries from 0 to {L}")
-    elif partition not in ("optimal", "uniform"):
-        raise UsageError(f"--partition {partition!r}: accepted: optimal, uniform, or "
-                         f"boundaries such as 0,12,{L}")
-    zero = spec.training.zero_stage[0] if zero_stage is None else zero_stage
-    ckpt = spec.training.activation_checkpointing[0] if activation_checkpointing is None \
-        else activation_checkpointing
-    if zero not in (0, 1, 2, 3):
-        raise UsageError(f"--zero-stage {zero}: accepted: 0, 1, 2, 3")
-    model = CostModel(spec, cost_params=cost_params, profile_dir=profile_dir)
-    orders = device_orders(spec.cluster, spec.training.precision)
-    if placement_order is not None:
-        orders = [o for o in orders if o.name == placement_order] or [
-            o for o in device_orders(spec.cluster, spec.training.precision)[:1]]
-    c = Candidate(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
-                  activation_checkpointing=ckpt)
-    if partition == "uniform":
+    elif partition == "uniform":
         try:
             uniform_partition(L, pp, first=model.first_fixed, last=model.last_fixed)
         except ValueError as exc:
             raise UsageError(f"--partition uniform: {exc}") from None
+    elif partition != "optimal":
+        raise UsageError(f"--partition {partition!r}: accepted: optimal, uniform, or "
+                         f"boundaries such as 0,12,{L}")
+    orders = device_orders(spec.cluster, spec.training.precision)
+    if placement_order is not None:
+        orders = [o for o in orders if o.name == placement_order] or orders[:1]
     return min((model.evaluate(c, o, partition=partition) for o in orders),
                key=lambda e: e.iteration_time_s)
 
 
-def evaluate(spec: Spec, strategy: Strategy, *, cost_params: CostParams | None = None,
-             profile_dir: Path | None = PROFILES_DIR / "measured",
-             model: CostModel | None = None) -> Estimate:
+def evaluate(spec: Spec, strategy: Strategy, *, measurements: Measurements = NO_MEASUREMENTS,
+             cost_params: CostParams | None = None, model: CostModel | None = None) -> Estimate:
     """Predict a fully given Strategy (its own partition and placement), e.g. to compare
     with a measured trial or to fit a calibration. Pass `model` to reuse its caches."""
     if model is None:
-        model = CostModel(spec, cost_params=cost_params, profile_dir=profile_dir)
+        model = CostModel(spec, measurements=measurements, cost_params=cost_params)
     c = Candidate(pp=strategy.pp, dp=strategy.dp, tmp=strategy.tmp, mbs=strategy.mbs,
                   zero_stage=strategy.zero_stage,
                   activation_checkpointing=strategy.activation_checkpointing)
     return model.evaluate(c, placement=np.array(strategy.placement, dtype=np.int64),
                           partition=tuple(strategy.partition))
-
-
-def _calibration(spec: Spec, profile_dir: Path | None) -> tuple[CostParams, str]:
-    """The calibration stored beside the profiles for this spec's devices, if any."""
-    if profile_dir is None:
-        return CostParams(), "uncalibrated"
-    from .calibrate import calibration_path, find_calibration
-    params = find_calibration(spec, Path(profile_dir))
-    if params is None:
-        return CostParams(), "uncalibrated"
-    return params, f"calibration:{calibration_path(spec, Path(profile_dir)).name}"

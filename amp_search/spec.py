@@ -19,10 +19,9 @@ from cost_models.layers import Layer
 
 from .errors import SpecError, UsageError
 from .hosts import validate_hostname
+from .resources import catalog_path
 from .units import parse_bandwidth, parse_size
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
-CATALOG_PATH = PROFILES_DIR / "gpus.yaml"
 PRECISIONS = ("fp32", "fp16", "bf16")
 PRESETS = ("gpt", "bert", "layers")
 # sanity caps: absurd values are rejected, not attempted
@@ -166,7 +165,6 @@ class Spec:
     path: Path | None = None
     sha256: str = ""
     """Hash of the parsed spec content (what the results database keys trials by)."""
-    raw: dict | None = None
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -213,8 +211,9 @@ class _Reader:
         return v
 
 
-def load_catalog(path: Path = CATALOG_PATH) -> dict[str, GPU]:
-    """The GPU catalog: name -> GPU."""
+def load_catalog(path: Path | None = None) -> dict[str, GPU]:
+    """The GPU catalog: name -> GPU (default: the one the package ships)."""
+    path = catalog_path() if path is None else Path(path)
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -439,12 +438,9 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
             raise SpecError("training.precision", f"{g.gpu.name} (cluster.nodes[{g_idx}]) has "
                                                   f"no {precision} support; use one of "
                                                   f"{', '.join(p for p, v in g.gpu.peak_flops_per_s.items() if v)}")
-    gbs = training.global_batch_size
-    if gbs % 1:
-        raise SpecError("training.global_batch_size", "must be an integer")
     canonical = json.dumps(data, sort_keys=True, default=str)
     return Spec(cluster=cluster, model=model, training=training, path=path,
-                sha256=hashlib.sha256(canonical.encode()).hexdigest(), raw=data)
+                sha256=hashlib.sha256(canonical.encode()).hexdigest())
 
 
 def load_spec(path: str | os.PathLike) -> Spec:

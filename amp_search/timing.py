@@ -1,7 +1,8 @@
 """Per-layer forward/backward times per device type: measured profile first, analytic second.
 
-For each GPU type in the cluster, `LayerTimer` looks for a measured profile of that exact
-device name and precision (profiles/measured/, written by `amp-search profile`); a layer,
+For each GPU type in the cluster, `LayerTimer` uses the measured profile of that exact device
+name in the spec's precision that it is given (`Measurements.layer_profiles`, written by
+`amp-search profile` and loaded at the edge by `amp_search.measurements`); a layer,
 tensor-parallel degree and micro-batch size the profile covers takes its measured times, the
 rest falls back to the analytic model of cost_models.compute. A profile of another device
 name is never used. `sources()` says, per device type, where its numbers came from.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
@@ -22,20 +24,13 @@ from .spec import GPU, Spec
 @dataclass
 class LayerTimer:
     spec: Spec
-    profile_dir: Path | None = None
-    """Where measured profiles live; None disables profiles (analytic only)."""
-    _profiles: dict = field(default_factory=dict)
+    profiles: Mapping = field(default_factory=dict)
+    """device type name -> LayerProfile (in the spec's precision); absent: analytic only."""
     _cache: dict = field(default_factory=dict)
     _used: dict = field(default_factory=dict)   # gpu name -> set of sources actually used
 
     def _profile(self, gpu: GPU):
-        if self.profile_dir is None:
-            return None
-        if gpu.name not in self._profiles:
-            from .profiling.store import find_profile
-            self._profiles[gpu.name] = find_profile(gpu.name, self.spec.training.precision,
-                                                    self.profile_dir)
-        return self._profiles[gpu.name]
+        return self.profiles.get(gpu.name)
 
     def times(self, gpu: GPU, tmp: int, mbs: int) -> tuple[np.ndarray, np.ndarray]:
         """(forward_s[L], backward_s[L]) for one micro-batch on one tensor rank of `gpu`."""

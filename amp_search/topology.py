@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.comm import shared_bandwidth
+
 from .spec import Cluster
 
 
@@ -72,8 +74,8 @@ def _edge_bandwidth(arr: ClusterArrays, src: np.ndarray, dst: np.ndarray,
     cross = ns != nd
     out_flows = np.bincount(ns[cross], minlength=arr.num_nodes)
     in_flows = np.bincount(nd[cross], minlength=arr.num_nodes)
-    shared = np.minimum(arr.inter_bytes_per_s[ns] / np.maximum(out_flows[ns], 1),
-                        arr.inter_bytes_per_s[nd] / np.maximum(in_flows[nd], 1))
+    shared = np.minimum(shared_bandwidth(arr.inter_bytes_per_s[ns], out_flows[ns]),
+                        shared_bandwidth(arr.inter_bytes_per_s[nd], in_flows[nd]))
     bw = np.where(cross, shared * inter_scale, arr.intra_bytes_per_s[ns] * intra_scale)
     return bw, cross
 

@@ -153,6 +153,20 @@ class State:
     """states/<time>-<k>/measured (with the link profile in comm/ beside it)."""
 
 
+_MEASUREMENTS: dict = {}
+
+
+def measurements_in(spec, profile_dir: Path):
+    """The measurements of one machine state (its layer profile, the link profile beside it),
+    loaded once."""
+    from amp_search.measurements import load_measurements
+
+    root = Path(profile_dir).parent
+    if root not in _MEASUREMENTS:
+        _MEASUREMENTS[root] = load_measurements(spec, root)
+    return _MEASUREMENTS[root]
+
+
 def load_states(out_dir: Path) -> list[State]:
     path = out_dir / "states.json"
     if not path.exists():
@@ -172,8 +186,9 @@ def new_state(spec, args, states: list[State]) -> State:
     into a new state directory, with the link profile copied beside it."""
     import shutil
 
+    from amp_search.measurements import link_profile_dir
     from amp_search.profiling.layers import profile_layers
-    from amp_search.profiling.store import COMM_DIR
+    from amp_search.resources import profiles_dir
 
     k = len(states) + 1
     # a new directory per state, never reused: archived runs (--fresh) keep their profiles
@@ -181,7 +196,7 @@ def new_state(spec, args, states: list[State]) -> State:
     pdir.mkdir(parents=True, exist_ok=True)
     cdir = pdir.parent / "comm"
     cdir.mkdir(exist_ok=True)
-    for f in COMM_DIR.glob("*.json"):
+    for f in link_profile_dir(profiles_dir()).glob("*.json"):
         shutil.copy(f, cdir / f.name)
     for attempt in range(1, args.attempts + 1):
         if args.wait_quiet > 0:
@@ -225,7 +240,7 @@ def measure(spec, spec_tuple, args, states: list[State]) -> dict:
             before = probe()
         e = estimate(spec, pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
                      activation_checkpointing=ckpt, cost_params=CostParams(),
-                     profile_dir=st.profile_dir)
+                     measurements=measurements_in(spec, st.profile_dir))
         stamp = f"{e.strategy.label()}-{datetime.now():%Y%m%d-%H%M%S}"
         db = args.out_dir / "attempts" / f"{stamp}.sqlite"
         options = LaunchOptions(iters=args.iters, warmup=args.warmup, results_path=db,
@@ -314,7 +329,8 @@ def main(argv=None) -> int:
                 cache[label] = m  # only undisturbed measurements are kept for later runs
                 cache_path.write_text(json.dumps(cache, indent=1))
         strategy = Strategy.from_dict(m["strategy"])
-        e = evaluate(spec, strategy, cost_params=base, profile_dir=Path(m["profile_dir"]))
+        e = evaluate(spec, strategy, cost_params=base,
+                     measurements=measurements_in(spec, Path(m["profile_dir"])))
         r = Row(label=label, strategy=strategy, predicted_s=e.iteration_time_s,
                 breakdown=e.breakdown.to_dict(), status=m["status"],
                 measured_s=m.get("median_s"), measured_std_s=m.get("std_s"),
@@ -331,7 +347,7 @@ def main(argv=None) -> int:
               + (f"  {m.get('error')}" if m.get("error") else ""), flush=True)
     if rows:
         first = evaluate(spec, rows[0].strategy, cost_params=base,
-                         profile_dir=rows[0].profile_dir)
+                         measurements=measurements_in(spec, rows[0].profile_dir))
         print(f"sources: {first.timing_sources}")
     ok = [r for r in rows if r.status == "ok" and r.measured_s]
     if len(ok) < 10:
@@ -340,7 +356,7 @@ def main(argv=None) -> int:
 
     # two-fold calibration: every strategy is scored by the fold that did not fit it
     trials = [MeasuredTrial(strategy=r.strategy, measured_s=r.measured_s, label=r.label,
-                            profile_dir=r.profile_dir) for r in ok]
+                            measurements=measurements_in(spec, r.profile_dir)) for r in ok]
     halves = {"A": list(range(0, len(ok), 2)), "B": list(range(1, len(ok), 2))}
     folds = {}
     for name, fit in halves.items():

@@ -1,46 +1,106 @@
 """Communication terms (AMP section 3.4, with alpha-beta latency and NIC sharing).
 
 All sizes in bytes, bandwidths in bytes/s (one direction), times in seconds.
+
+Every function takes numpy arrays as well as floats for sizes, bandwidths and latencies
+(elementwise, broadcasting), so the planner costs all stages and layers in one call; the group
+size `n` is a plain integer. The ring algorithm's factors live here once:
+
+    t(collective, S, n) = steps(n) * alpha + bus(n) * S / B        (Lin et al. 2024, nccl-tests)
+
+    collective       bus(n)        steps(n)
+    all-reduce       2(n-1)/n      2(n-1)         AMP eq. 3
+    all-gather       (n-1)/n       n-1            S: the gathered output
+    reduce-scatter   (n-1)/n       n-1            S: the input
+    p2p              1             1              AMP: e = v / b
 """
 from __future__ import annotations
 
+import numpy as np
 
-def allreduce_time_s(message_bytes: float, n: int, bandwidth_bytes_per_s: float,
-                     latency_s: float = 0.0) -> float:
-    """Ring all-reduce, AMP eq. 3: 2(n-1)M / (nB), plus 2(n-1) message latencies."""
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """Bytes each rank moves over its link per message byte, ring algorithms (Lin et al. 2024;
+    nccl-tests 'bus bandwidth'): all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n of
+    the full (gathered / unscattered) buffer, point-to-point 1."""
+    if collective == "p2p":
+        return 1.0
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
     if n <= 1:
         return 0.0
-    return 2.0 * (n - 1) * message_bytes / (n * bandwidth_bytes_per_s) + 2 * (n - 1) * latency_s
+    return 2.0 * (n - 1) / n if collective == "all_reduce" else (n - 1) / n
 
 
-def allgather_time_s(message_bytes: float, n: int, bandwidth_bytes_per_s: float,
-                     latency_s: float = 0.0) -> float:
-    """Ring all-gather (or reduce-scatter) of a full message of M bytes: (n-1)M / (nB)
-    (the bus-bandwidth factor (n-1)/n of Lin et al. 2024), plus n-1 latencies."""
+def latency_steps(collective: str, n: int) -> float:
+    """Sequential message steps of the ring algorithm: all-reduce 2(n-1), all-gather and
+    reduce-scatter n-1, point-to-point 1."""
+    if collective == "p2p":
+        return 1.0
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
     if n <= 1:
         return 0.0
-    return (n - 1) * message_bytes / (n * bandwidth_bytes_per_s) + (n - 1) * latency_s
+    return 2.0 * (n - 1) if collective == "all_reduce" else float(n - 1)
 
 
-reduce_scatter_time_s = allgather_time_s
+def sigmoid_efficiency(message_bytes, floor: float, k: float, x0: float):
+    """Bandwidth efficiency in (floor, 1]: a sigmoid in log2(message bytes) (Lin et al. 2024's
+    transition region); floor at small messages, 1 at large ones."""
+    x = np.log2(np.maximum(np.asarray(message_bytes, dtype=float), 1.0))
+    return floor + (1.0 - floor) / (1.0 + np.exp(-k * (x - x0)))
 
 
-def p2p_time_s(message_bytes: float, bandwidth_bytes_per_s: float,
-               latency_s: float = 0.0) -> float:
+def collective_time_s(collective: str, message_bytes, n: int, bandwidth_bytes_per_s,
+                      latency_s=0.0, messages=1.0):
+    """`messages` ring collectives of `message_bytes` in all over `n` ranks:
+    messages * steps(n) * latency + bus(n) * bytes / bandwidth."""
+    return (messages * latency_steps(collective, n) * latency_s
+            + bus_factor(collective, n) * message_bytes / bandwidth_bytes_per_s)
+
+
+def allreduce_time_s(message_bytes, n: int, bandwidth_bytes_per_s, latency_s=0.0,
+                     messages=1.0):
+    """Ring all-reduce, AMP eq. 3: 2(n-1)M / (nB), plus 2(n-1) latencies per message."""
+    return collective_time_s("all_reduce", message_bytes, n, bandwidth_bytes_per_s, latency_s,
+                             messages)
+
+
+def allgather_time_s(message_bytes, n: int, bandwidth_bytes_per_s, latency_s=0.0):
+    """Ring all-gather of a full message of M bytes: (n-1)M / (nB), plus n-1 latencies."""
+    return collective_time_s("all_gather", message_bytes, n, bandwidth_bytes_per_s, latency_s)
+
+
+def reduce_scatter_time_s(message_bytes, n: int, bandwidth_bytes_per_s, latency_s=0.0):
+    """Ring reduce-scatter of an input of M bytes: (n-1)M / (nB), plus n-1 latencies."""
+    return collective_time_s("reduce_scatter", message_bytes, n, bandwidth_bytes_per_s,
+                             latency_s)
+
+
+def p2p_time_s(message_bytes, bandwidth_bytes_per_s, latency_s=0.0):
     """Point-to-point send between pipeline stages, AMP: e = v / b (plus one latency)."""
-    return message_bytes / bandwidth_bytes_per_s + latency_s
+    return collective_time_s("p2p", message_bytes, 1, bandwidth_bytes_per_s, latency_s)
 
 
-def shared_bandwidth(link_bytes_per_s: float, flows: int) -> float:
+def stage_boundary_time_s(activation_bytes, bandwidth_bytes_per_s, latency_s=0.0):
+    """AMP eq. 5's e_i for one micro-batch crossing a stage boundary: the activation forward
+    and its gradient backward, one P2P each."""
+    return 2.0 * p2p_time_s(activation_bytes, bandwidth_bytes_per_s, latency_s)
+
+
+def shared_bandwidth(link_bytes_per_s, flows):
     """Fair sharing (Proteus): k flows that cross the same NIC at once get B/k each."""
-    return link_bytes_per_s / max(flows, 1)
+    return link_bytes_per_s / np.maximum(flows, 1)
 
 
-def data_parallel_sync_time_s(*, param_bytes: float, grad_bytes: float, n: int,
-                              bandwidth_bytes_per_s: float, latency_s: float, zero_stage: int,
-                              gas: int, gather_weights_after_step: bool = False) -> float:
+def data_parallel_sync_time_s(*, param_bytes, grad_bytes, n: int, bandwidth_bytes_per_s,
+                              latency_s, zero_stage: int, gas: int,
+                              gather_weights_after_step: bool = False):
     """Data-parallel traffic of one iteration for one device, by ZeRO stage (Rajbhandari et
-    al. 2020, section 7: stages 0-2 move 2(n-1)/n of the model per iteration, stage 3 1.5x):
+    al. 2020, section 7: stages 0-2 move 2(n-1)/n of the model per iteration, stage 3 1.5x),
+    as DeepSpeed 0.19.8 issues it:
 
     - 0: one ring all-reduce of the gradients at the accumulation boundary (AMP eq. 3), plus an
          all-gather of the updated weights when the optimizer partitions its fp32 master copy
@@ -50,18 +110,20 @@ def data_parallel_sync_time_s(*, param_bytes: float, grad_bytes: float, n: int,
          gradient partitions as they are produced), weights all-gathered once after the step;
     - 3: weights all-gathered in every micro-batch's forward and again in its backward, and
          gradients reduce-scattered in every backward.
+
+    Linear in the bytes: the planner takes its value at 0 (the latencies) and its slope.
     """
     if n <= 1:
-        return 0.0
-    ag = allgather_time_s
+        return 0.0 * (param_bytes + grad_bytes + latency_s + bandwidth_bytes_per_s)
+    bw, lat = bandwidth_bytes_per_s, latency_s
     if zero_stage in (0, 1):
-        gather = ag(param_bytes, n, bandwidth_bytes_per_s, latency_s) \
+        gather = allgather_time_s(param_bytes, n, bw, lat) \
             if zero_stage == 0 and gather_weights_after_step else 0.0
-        return allreduce_time_s(grad_bytes, n, bandwidth_bytes_per_s, latency_s) + gather
+        return allreduce_time_s(grad_bytes, n, bw, lat) + gather
     if zero_stage == 2:
-        return (gas * reduce_scatter_time_s(grad_bytes, n, bandwidth_bytes_per_s, latency_s)
-                + ag(param_bytes, n, bandwidth_bytes_per_s, latency_s))
+        return gas * reduce_scatter_time_s(grad_bytes, n, bw, lat) \
+            + allgather_time_s(param_bytes, n, bw, lat)
     if zero_stage == 3:
-        return gas * (2 * ag(param_bytes, n, bandwidth_bytes_per_s, latency_s)
-                      + reduce_scatter_time_s(grad_bytes, n, bandwidth_bytes_per_s, latency_s))
+        return gas * (2 * allgather_time_s(param_bytes, n, bw, lat)
+                      + reduce_scatter_time_s(grad_bytes, n, bw, lat))
     raise ValueError(f"zero_stage must be 0-3, got {zero_stage}")

@@ -58,6 +58,7 @@ def optimizer_step_time_s(n_params: float, *, memory_bandwidth_bytes_per_s: floa
     return n_params * ADAM_BYTES_PER_PARAM[precision] / memory_bandwidth_bytes_per_s
 
 
-def backward_with_recompute_s(forward_s: float, backward_s: float) -> float:
-    """Full activation recomputation replays the forward inside the backward pass."""
-    return backward_s + forward_s
+def microbatch_time_s(forward_s, backward_s, recompute: bool):
+    """One micro-batch through a layer: forward, then backward; full activation recomputation
+    replays the forward inside the backward pass. Floats or arrays."""
+    return forward_s + backward_s + (forward_s if recompute else 0.0)

@@ -81,7 +81,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .layers import Layer, param_count
+from .layers import Layer
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
 """g: bytes of a weight, gradient or activation element in each training precision."""
@@ -471,48 +471,35 @@ def pipeline_buffer_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tm
     cross-entropy saves for the micro-batch in flight (counted there, not here)."""
     if not pipelined or not layers:
         return 0
-    buffers = min(max(2, min(pp - stage, gas)), gas)
     last = layers[-1]
+    n = pipe_buffer_count(stage, pp, gas)
     if last.kind == "head":
-        out = bytes_per_element * last.seq_length * (last.vocab_size // tmp) * mbs
-        aliased = 1 if bytes_per_element == FP32_BYTES else 0
-        return (buffers - aliased) * out
+        n -= head_buffers_aliased(bytes_per_element)
+    return int(n * stage_output_buffer_bytes(last, mbs=mbs, tmp=tmp,
+                                             bytes_per_element=bytes_per_element))
+
+
+def pipe_buffer_count(stage: int, pp: int, gas: int) -> int:
+    """Output buffers the pipeline engine allocates on stage j: max(2, min(pp - j, gas)),
+    of which at most gas are ever filled (DeepSpeed TrainSchedule.num_pipe_buffers)."""
+    return min(max(2, min(pp - stage, gas)), gas)
+
+
+def stage_output_buffer_bytes(last: Layer, *, mbs: int, tmp: int,
+                              bytes_per_element: int) -> float:
+    """Bytes one pipeline buffer holds when `last` is the stage's last layer: its output
+    activation; after the head, its logits g s V/t per sample."""
     from .layers import output_elements
-    return buffers * bytes_per_element * output_elements(last) * mbs
+
+    if last.kind != "head":
+        return float(bytes_per_element * output_elements(last) * mbs)
+    return float(bytes_per_element * last.seq_length * (last.vocab_size // tmp) * mbs)
 
 
-# ----------------------------------------------------------------------------- communication
-
-def zero_dp_traffic_elements(*, params: int, zero_stage: int, gas: int, dp: int,
-                             precision: str = "bf16") -> dict:
-    """Elements each rank moves over the data-parallel group per iteration, by collective, as
-    DeepSpeed 0.19.8 issues them (P parameters on the device, d = dp):
-
-    - ZeRO 0, fp32: one all-reduce of all gradients at the accumulation boundary
-      (engine.allreduce_gradients -> buffered_allreduce_fallback);
-      bf16 under the pipeline engine (BF16_Optimizer): the same all-reduce, then an all-gather
-      of the updated bf16 weights (bf16_optimizer.update_lp_params -> all_gather_dp_groups);
-    - ZeRO 1: gradients reduced to their owners once, at the boundary (reduce_gradients ->
-      average_tensor: a dist.reduce per bucket slice, i.e. a reduce-scatter), then an all-gather
-      of the updated weights (all_gather_dp_groups);
-    - ZeRO 2: the same reduce-scatter in *every* micro-batch's backward (gas times), one
-      all-gather after the step;
-    - ZeRO 3: in every micro-batch the weights are all-gathered for forward and again for
-      backward, and gradients reduce-scattered (stage3 reduce_scatter_coalesced); no
-      all-gather after the step. Persistent (small) parameters are gathered once, not counted.
-    """
-    if dp <= 1:
-        return {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
-    if zero_stage == 0:
-        ag = params if precision == "bf16" else 0
-        return {"all_reduce": params, "reduce_scatter": 0, "all_gather": ag}
-    if zero_stage == 1:
-        return {"all_reduce": 0, "reduce_scatter": params, "all_gather": params}
-    if zero_stage == 2:
-        return {"all_reduce": 0, "reduce_scatter": gas * params, "all_gather": params}
-    if zero_stage == 3:
-        return {"all_reduce": 0, "reduce_scatter": gas * params, "all_gather": 2 * gas * params}
-    raise ValueError(f"zero_stage must be 0-3, got {zero_stage}")
+def head_buffers_aliased(bytes_per_element: int) -> int:
+    """Logit buffers of the last stage that are the very tensor the fp32 cross-entropy saves
+    for the micro-batch in flight (counted with the activations, not again here)."""
+    return 1 if bytes_per_element == FP32_BYTES else 0
 
 
 # ----------------------------------------------------------------------------- one stage
@@ -540,8 +527,76 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
                       buffer_bytes=states.buffer_bytes, activation_bytes=int(act))
 
 
-def check_param_count(layer: Layer, tmp: int) -> bool:
-    """param_tensor_numels agrees with cost_models.layers.param_count (tested)."""
-    return sum(param_tensor_numels(layer, tmp)) == param_count(layer, tmp)
+# ----------------------------------------------------------------------------- for the DP
+
+@dataclass(frozen=True, kw_only=True)
+class LinearMemory:
+    """Stage memory in the additive form the partition DP needs (pp > 1); `stage_arrays`
+    gives, for pp stages,
+
+        bytes(stage j holding layers a..b-1) ~ sum_{l=a}^{b-1} layer_bytes[j, l] + reserved_bytes[j]
+
+    layer_bytes[j, l] = model-state bytes per parameter (of the whole model, `model_state_bytes`)
+    x layer l's parameters + in_flight_microbatches(j) x layer l's saved activations;
+    reserved_bytes[j] = framework overhead + ZeRO bucket + recomputation working set + stage j's
+    pipeline buffers (sized by the largest output any layer could hand on; the last stage's by
+    the model's last layer, the head's logits). It linearises `stage_bytes` (ZeRO padding and
+    the largest straddling gradient are averaged in; the recomputation working set is not
+    reduced by the head's freed activations: an upper bound), which then checks the chosen
+    split exactly. Nothing here depends on pp, so one record serves every pipeline depth."""
+
+    state_bytes: np.ndarray
+    """[L] model-state bytes of each layer."""
+    activation_bytes: np.ndarray
+    """[L] saved activation bytes of each layer per micro-batch in flight."""
+    fixed_bytes: float
+    """Per device: framework overhead + ZeRO bucket + recomputation working set."""
+    output_buffer_bytes: float
+    """One pipeline buffer of a stage that ends before the last layer (the largest output)."""
+    last_buffer_bytes: float
+    """One pipeline buffer of the last stage (the last layer's output, the head's logits)."""
+    last_buffers_aliased: int
+    """Buffers of the last stage already counted with the activations (fp32 logits)."""
+
+    def stage_arrays(self, pp: int, gas: int) -> tuple[np.ndarray, np.ndarray]:
+        """(layer_bytes [pp, L], reserved_bytes [pp]) for a pipeline of pp stages."""
+        stages = range(pp)
+        inflight = np.array([in_flight_microbatches(j, pp, gas) for j in stages], dtype=float)
+        buffers = np.array([pipe_buffer_count(j, pp, gas) for j in stages], dtype=float)
+        reserved = self.fixed_bytes + buffers * self.output_buffer_bytes
+        reserved[-1] = self.fixed_bytes + (buffers[-1] - self.last_buffers_aliased) \
+            * self.last_buffer_bytes
+        return (self.state_bytes[None, :] + inflight[:, None] * self.activation_bytes[None, :],
+                reserved)
 
 
+def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_stage: int,
+                        recompute: bool, precision: str, framework_overhead_bytes: int,
+                        buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
+                        attention_scores: bool = False) -> LinearMemory:
+    """`LinearMemory` of a pipelined strategy (see there); the same terms as `stage_bytes`."""
+    g = BYTES_PER_ELEMENT[precision]
+    numels = [param_tensor_numels(x, tmp) for x in layers]
+    flat = tuple(n for ts in numels for n in ts)
+    states = model_state_bytes(flat, precision=precision, zero_stage=zero_stage, dp=dp, gas=gas,
+                               buckets=buckets)
+    per_param = (states.parameter_bytes + states.gradient_bytes + states.optimizer_bytes) \
+        / max(sum(flat), 1)
+    kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=g, attention_scores=attention_scores)
+    fixed = float(framework_overhead_bytes + states.buffer_bytes)
+    if recompute:
+        fixed += recompute_working_set_bytes(layers, **kw)
+    by_signature: dict = {}
+    for x in layers[:-1]:
+        if x.signature not in by_signature:
+            by_signature[x.signature] = stage_output_buffer_bytes(x, mbs=mbs, tmp=tmp,
+                                                                  bytes_per_element=g)
+    last = layers[-1]
+    return LinearMemory(
+        state_bytes=per_param * np.array([sum(ts) for ts in numels], dtype=float),
+        activation_bytes=np.array([layer_activation_bytes(x, recompute=recompute, **kw)
+                                   for x in layers], dtype=float),
+        fixed_bytes=fixed, output_buffer_bytes=max(by_signature.values(), default=0.0),
+        last_buffer_bytes=stage_output_buffer_bytes(last, mbs=mbs, tmp=tmp,
+                                                    bytes_per_element=g),
+        last_buffers_aliased=head_buffers_aliased(g) if last.kind == "head" else 0)

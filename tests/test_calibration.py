@@ -6,26 +6,29 @@ import math
 
 import pytest
 
-from amp_search.calibrate import (MeasuredTrial, as_trials, calibrate, calibration_path,
-                                  find_calibration, load_calibration, predict,
-                                  save_calibration)
+from amp_search.calibrate import MeasuredTrial, as_trials, calibrate, predict, save_calibration
+from amp_search.measurements import calibration_path, find_calibration, load_calibration
 from amp_search.errors import UsageError
 from amp_search.planner import plan
 from amp_search.spec import parse_spec
 from cost_models.params import CostParams
 
 
-def hetero_spec():
+def hetero_spec_data():
     """2 nodes x 2 V100 + 1 node x 2 T4: two device types, intra and inter links."""
     node = {"gpus_per_node": 2, "intra_node_bandwidth": "50 GB/s",
             "inter_node_bandwidth": "10 Gbps"}
-    return parse_spec({
+    return {
         "cluster": {"nodes": [{"gpu": "V100-16GB", "count": 2, **node},
                               {"gpu": "T4-16GB", "count": 1, **node}]},
         "model": {"preset": "gpt", "num_layers": 6, "hidden_size": 1024,
                   "num_attention_heads": 16, "seq_length": 512, "vocab_size": 32000},
         "training": {"global_batch_size": 24, "precision": "fp16", "zero_stage": "search",
-                     "activation_checkpointing": "search"}})
+                     "activation_checkpointing": "search"}}
+
+
+def hetero_spec():
+    return parse_spec(hetero_spec_data())
 
 
 TRUE = CostParams(compute_scale={"V100-16GB": 1.4, "T4-16GB": 0.8},
@@ -36,12 +39,11 @@ TRUE = CostParams(compute_scale={"V100-16GB": 1.4, "T4-16GB": 0.8},
 
 def synthetic_trials(spec, params, count=40):
     """`count` distinct strategies from the analytic plan, 'measured' under `params`."""
-    strategies = [e.strategy for e in plan(spec, cost_params=CostParams(),
-                                           profile_dir=None).strategies]
+    strategies = [e.strategy for e in plan(spec, cost_params=CostParams()).strategies]
     step = max(1, len(strategies) // count)
     chosen = strategies[::step][:count]
     dummy = [MeasuredTrial(strategy=s, measured_s=1.0) for s in chosen]
-    times = predict(spec, dummy, params, profile_dir=None)
+    times = predict(spec, dummy, params)
     return [MeasuredTrial(strategy=s, measured_s=float(t)) for s, t in zip(chosen, times)]
 
 
@@ -56,7 +58,7 @@ def test_recovers_known_coefficients():
     spec = hetero_spec()
     trials = synthetic_trials(spec, TRUE)
     assert len({t.strategy.label() for t in trials}) >= 20
-    cal = calibrate(spec, trials, profile_dir=None, regularization=1e-8)
+    cal = calibrate(spec, trials, regularization=1e-8)
     assert cal.mape_before > 0.2          # the default model is far off
     assert cal.mape_after < 1e-3          # and the fit explains the data
     assert "compute_scale[V100-16GB]" in cal.fitted and "dp_overlap" in cal.fitted
@@ -68,16 +70,16 @@ def test_recovers_known_coefficients():
 def test_held_out_scoring_and_storage(tmp_path):
     spec = hetero_spec()
     trials = synthetic_trials(spec, TRUE, count=20)
-    cal = calibrate(spec, trials, fit_on=range(0, 20, 2), profile_dir=None)
+    cal = calibrate(spec, trials, fit_on=range(0, 20, 2))
     assert cal.n_trials == 20 and cal.n_fit == 10 and cal.scored_on == "held-out"
     assert sum(r.in_fit for r in cal.rows) == 10
     assert cal.mape_after < 0.05 < cal.mape_before
-    assert find_calibration(spec, tmp_path) is None
+    assert find_calibration(spec, tmp_path) == (None, "uncalibrated")
     path = save_calibration(cal, spec, tmp_path)
     assert path == calibration_path(spec, tmp_path) and cal.path == path
     assert path.name == "T4-16GB+V100-16GB__fp16__calibration.json"
-    got = find_calibration(spec, tmp_path)
-    assert got == cal.params
+    got, source = find_calibration(spec, tmp_path)
+    assert got == cal.params and source == f"calibration:{path.name}"
     assert load_calibration(spec, tmp_path)["n_trials"] == 20
 
 
@@ -85,12 +87,11 @@ def test_fixed_coefficients_and_bad_input():
     spec = hetero_spec()
     trials = synthetic_trials(spec, TRUE, count=6)
     with pytest.raises(UsageError, match="no measured trials"):
-        calibrate(spec, [], profile_dir=None)
+        calibrate(spec, [])
     with pytest.raises(UsageError, match="out of range"):
-        calibrate(spec, trials, fit_on=[99], profile_dir=None)
+        calibrate(spec, trials, fit_on=[99])
     with pytest.raises(UsageError, match="positive"):
-        calibrate(spec, [MeasuredTrial(strategy=trials[0].strategy, measured_s=0.0)],
-                  profile_dir=None)
+        calibrate(spec, [MeasuredTrial(strategy=trials[0].strategy, measured_s=0.0)])
     with pytest.raises(UsageError, match="strategy"):
         as_trials([{"measured_s": 1.0}])
     # dict records as a results database returns them
@@ -104,7 +105,7 @@ def test_unused_coefficients_are_not_fitted():
     spec = hetero_spec()
     trials = [t for t in synthetic_trials(spec, TRUE) if t.strategy.dp == 1]
     assert trials
-    cal = calibrate(spec, trials, profile_dir=None)
+    cal = calibrate(spec, trials)
     assert "dp_overlap" not in cal.fitted
     assert cal.params.dp_overlap == 0.0 and math.isfinite(cal.mape_after)
 
@@ -119,7 +120,7 @@ def test_cli_calibrate_from_trials_file(tmp_path, capsys):
 
     spec = hetero_spec()
     spec_path = tmp_path / "s.yaml"
-    spec_path.write_text(yaml.safe_dump(spec.raw))
+    spec_path.write_text(yaml.safe_dump(hetero_spec_data()))
     trials = synthetic_trials(spec, TRUE, count=12)
     path = tmp_path / "trials.json"
     path.write_text(json.dumps([t.to_dict() for t in trials]))

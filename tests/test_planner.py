@@ -10,7 +10,8 @@ import pytest
 
 from amp_search import Plan, estimate, load_spec, plan
 from amp_search.placement import device_orders, megatron_placement
-from amp_search.planner import CostModel, Candidate, divisors, enumerate_candidates
+from amp_search.planner import CostModel, Candidate
+from amp_search.search_space import SearchSpace, divisors, enumerate_candidates
 from amp_search.topology import ClusterArrays, p2p_links, ring_links
 from cost_models import comm
 from cost_models.pipeline import pipeline_time_s
@@ -26,13 +27,13 @@ def hetero():
 
 @pytest.fixture(scope="module")
 def hetero_plan(hetero):
-    return plan(hetero, profile_dir=None)
+    return plan(hetero)
 
 
 def test_enumeration_covers_every_degree(hetero):
     from collections import Counter
     pruned = Counter()
-    cands = enumerate_candidates(hetero, pruned)
+    cands = enumerate_candidates(SearchSpace.of(hetero), pruned)
     triples = {(c.pp, c.dp, c.tmp) for c in cands}
     expected = {(pp, 16 // (pp * t), t) for t in divisors(16) for pp in divisors(16 // t)}
     assert triples == expected                 # 16 heads, 26 layers: nothing pruned
@@ -66,15 +67,14 @@ def test_breakdown_sums_to_iteration_time(hetero_plan: Plan):
 
 def test_optimal_partition_never_worse_than_uniform(hetero):
     for pp, dp, tmp in [(2, 8, 1), (4, 4, 1), (8, 2, 1), (4, 2, 2)]:
-        opt = estimate(hetero, pp=pp, dp=dp, tmp=tmp, mbs=1, profile_dir=None)
-        uni = estimate(hetero, pp=pp, dp=dp, tmp=tmp, mbs=1, partition="uniform",
-                       profile_dir=None)
+        opt = estimate(hetero, pp=pp, dp=dp, tmp=tmp, mbs=1)
+        uni = estimate(hetero, pp=pp, dp=dp, tmp=tmp, mbs=1, partition="uniform")
         assert opt.iteration_time_s <= uni.iteration_time_s * (1 + 1e-12)
 
 
 def test_slow_t4_stage_gets_fewer_layers(hetero):
     """Listed order puts the T4 node last: with pp=4 the T4 stage must carry less work."""
-    e = estimate(hetero, pp=4, dp=4, tmp=1, mbs=1, placement_order="listed", profile_dir=None)
+    e = estimate(hetero, pp=4, dp=4, tmp=1, mbs=1, placement_order="listed")
     b = e.strategy.partition
     sizes = [y - x for x, y in zip(b, b[1:])]
     assert sizes[-1] < max(sizes[:-1])
@@ -126,9 +126,8 @@ def test_comm_terms():
 
 
 def test_recompute_costs_time(hetero):
-    a = estimate(hetero, pp=4, dp=4, tmp=1, mbs=1, profile_dir=None)
-    b = estimate(hetero, pp=4, dp=4, tmp=1, mbs=1, activation_checkpointing=True,
-                 profile_dir=None)
+    a = estimate(hetero, pp=4, dp=4, tmp=1, mbs=1)
+    b = estimate(hetero, pp=4, dp=4, tmp=1, mbs=1, activation_checkpointing=True)
     assert b.iteration_time_s > a.iteration_time_s
     assert b.strategy.activation_checkpointing
 
@@ -137,8 +136,8 @@ def test_uneven_model_is_balanced_by_cost_not_count():
     """AMP's TransGAN: 12 wide blocks then 12 narrow ones. The DP gives the narrow blocks to
     few stages; a uniform split by layer count is slower."""
     spec = load_spec(ROOT / "configs" / "amp-transgan.yaml")
-    opt = estimate(spec, pp=4, dp=4, tmp=1, mbs=1, profile_dir=None)
-    uni = estimate(spec, pp=4, dp=4, tmp=1, mbs=1, partition="uniform", profile_dir=None)
+    opt = estimate(spec, pp=4, dp=4, tmp=1, mbs=1)
+    uni = estimate(spec, pp=4, dp=4, tmp=1, mbs=1, partition="uniform")
     assert opt.iteration_time_s < uni.iteration_time_s * 0.9
     b = opt.strategy.partition
     assert b[-2] >= 13          # the last stage starts inside or after the wide blocks... holds all narrow ones
@@ -196,10 +195,10 @@ def test_memory_aware_partition(write_spec):
                   "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 32000},
         "training": {"global_batch_size": 8, "precision": "fp16",
                      "framework_overhead": "256 MiB"}}))
-    e = estimate(spec, pp=2, dp=1, tmp=1, mbs=1, placement_order="listed", profile_dir=None)
+    e = estimate(spec, pp=2, dp=1, tmp=1, mbs=1, placement_order="listed")
     assert e.fits, [m.to_dict() for m in e.memory]
     # without the budgets, the fast GPU would take more layers than fit
-    model = CostModel(spec, profile_dir=None)
+    model = CostModel(spec)
     c = Candidate(pp=2, dp=1, tmp=1, mbs=1, zero_stage=0, activation_checkpointing=False)
     order = device_orders(spec.cluster, "fp16")[0]
     assert order.name == "listed"
@@ -233,16 +232,16 @@ def test_optimizer_step_term_is_split_by_partitioning_optimizers():
     gpu = spec.cluster.devices[0].gpu
     n = sum(param_count(l, 1) for l in spec.model.layers)
     step = n * ADAM_BYTES_PER_PARAM["fp32"] / gpu.memory_bandwidth_bytes_per_s
-    one = estimate(spec, pp=1, dp=1, tmp=2, mbs=1, zero_stage=0, profile_dir=None)
+    one = estimate(spec, pp=1, dp=1, tmp=2, mbs=1, zero_stage=0)
     n2 = sum(param_count(l, 2) for l in spec.model.layers)
     assert one.breakdown.optimizer_s == pytest.approx(
         n2 * ADAM_BYTES_PER_PARAM["fp32"] / gpu.memory_bandwidth_bytes_per_s)
-    z0 = estimate(spec, pp=1, dp=2, tmp=1, mbs=1, zero_stage=0, profile_dir=None)
-    z1 = estimate(spec, pp=1, dp=2, tmp=1, mbs=1, zero_stage=1, profile_dir=None)
+    z0 = estimate(spec, pp=1, dp=2, tmp=1, mbs=1, zero_stage=0)
+    z1 = estimate(spec, pp=1, dp=2, tmp=1, mbs=1, zero_stage=1)
     assert z0.breakdown.optimizer_s == pytest.approx(step)
     assert z1.breakdown.optimizer_s == pytest.approx(step / 2)
     # the pipeline stage with the larger step (and sync) is the one reported
-    pp2 = estimate(spec, pp=2, dp=1, tmp=1, mbs=1, zero_stage=0, profile_dir=None)
+    pp2 = estimate(spec, pp=2, dp=1, tmp=1, mbs=1, zero_stage=0)
     lo, mid, hi = pp2.strategy.partition
     stage_steps = [sum(param_count(l, 1) for l in spec.model.layers[a:b])
                    * ADAM_BYTES_PER_PARAM["fp32"] / gpu.memory_bandwidth_bytes_per_s

@@ -12,21 +12,25 @@ from amp_search.errors import UsageError
 from amp_search.profiling import comm as comm_mod
 from amp_search.profiling import layers as layers_mod
 from amp_search.profiling.store import (CommProfile, CommSample, LayerProfile, ProfileEntry,
-                                        bus_factor, find_comm_profile, find_profile,
-                                        installed_versions, latency_steps, sigmoid_efficiency)
+                                        find_comm_profile, find_profile, installed_versions)
+from cost_models.comm import bus_factor, latency_steps, sigmoid_efficiency
 from amp_search.spec import parse_spec
 
 SIG = "transformer:s16:h32:a2:f128"
 
 
-def tiny_spec(precision="fp32", gpu="CPU-local"):
-    return parse_spec({
+def tiny_spec_data(precision="fp32", gpu="CPU-local"):
+    return {
         "cluster": {"nodes": [{"gpu": gpu, "count": 1, "gpus_per_node": 2,
                                "intra_node_bandwidth": "2 GB/s",
                                "inter_node_bandwidth": "10 Gbps"}]},
         "model": {"preset": "gpt", "num_layers": 2, "hidden_size": 32,
                   "num_attention_heads": 2, "seq_length": 16, "vocab_size": 64},
-        "training": {"global_batch_size": 4, "precision": precision}})
+        "training": {"global_batch_size": 4, "precision": precision}}
+
+
+def tiny_spec(precision="fp32", gpu="CPU-local"):
+    return parse_spec(tiny_spec_data(precision, gpu))
 
 
 def entry(sig=SIG, tmp=1, mbs=1, f=1.0, b=2.0):
@@ -260,7 +264,7 @@ def test_cli_profile_writes_and_prints(tmp_path, capsys):
     import yaml
 
     spec_path = tmp_path / "s.yaml"
-    spec_path.write_text(yaml.safe_dump(tiny_spec().raw))
+    spec_path.write_text(yaml.safe_dump(tiny_spec_data()))
     out = tmp_path / "p.json"
     assert _cli(["profile", str(spec_path), "--device", "cpu", "--tmp", "1", "--mbs", "1",
                  "--warmup", "0", "--repeats", "1", "--out", str(out), "--no-progress"]) == 0

@@ -8,7 +8,7 @@ import sys
 
 from ..errors import AmpSearchError
 
-COMMAND_MODULES = ("plan", "launch", "results", "profile", "calibrate")
+COMMAND_MODULES = ("plan", "launch", "results", "profile", "calibrate", "example")
 
 
 def build_parser() -> argparse.ArgumentParser:

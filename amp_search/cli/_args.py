@@ -50,6 +50,32 @@ def write_json(path: Path, data) -> None:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
 
 
+# ----------------------------------------------------------------------------- measurements
+
+def add_profiles_argument(parser: argparse.ArgumentParser, *, writes: bool = False) -> None:
+    """--profiles DIR: the profiles root measurements are read from (or written to)."""
+    what = "written to" if writes else "read from"
+    parser.add_argument(
+        "--profiles", type=Path, default=None, metavar="DIR",
+        help=f"profiles folder measurements are {what}: layer profiles and calibrations in "
+             f"DIR/measured, link profiles in DIR/comm (default: the folder the package "
+             f"ships, `amp-search example --where` prints it)")
+
+
+def profiles_root(args) -> Path:
+    from ..resources import profiles_dir
+
+    root = getattr(args, "profiles", None)
+    return Path(root) if root is not None else profiles_dir()
+
+
+def measurements_for(spec, args):
+    """The measurements under --profiles (default: the shipped folder) for this spec."""
+    from ..measurements import load_measurements
+
+    return load_measurements(spec, profiles_root(args))
+
+
 # ----------------------------------------------------------------------------- tables
 
 def layers_per_stage(partition, max_chars: int | None = None) -> str:

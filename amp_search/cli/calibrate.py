@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from ..errors import UsageError
+from ._args import add_profiles_argument, measurements_for, profiles_root
 
 
 def add_parser(subparsers) -> None:
@@ -25,6 +26,7 @@ def add_parser(subparsers) -> None:
                         "calibration is then fitted on half)")
     p.add_argument("--dry-run", action="store_true", help="fit and report; store nothing")
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    add_profiles_argument(p, writes=True)
     p.set_defaults(func=run)
 
 
@@ -46,14 +48,15 @@ def load_trials_file(path: Path):
 
 def run(args) -> int:
     from ..calibrate import calibrate, save_calibration, trials_from_db
+    from ..measurements import layer_profile_dir
     from ..spec import load_spec
 
     spec = load_spec(args.spec)
     trials = load_trials_file(args.trials) if args.trials else trials_from_db(spec, args.db)
     fit_on = range(0, len(trials), 2) if args.holdout else None
-    cal = calibrate(spec, trials, fit_on=fit_on)
+    cal = calibrate(spec, trials, fit_on=fit_on, measurements=measurements_for(spec, args))
     if not args.dry_run:
-        save_calibration(cal, spec)
+        save_calibration(cal, spec, layer_profile_dir(profiles_root(args)))
     if args.json:
         print(json.dumps(cal.to_dict(), indent=1))
         return 0

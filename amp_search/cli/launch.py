@@ -7,8 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
-from ._args import (layers_per_stage, nonnegative_int, positive_float, positive_int,
-                    render_table, write_json)
+from ._args import (add_profiles_argument, layers_per_stage, measurements_for,
+                    nonnegative_int, positive_float, positive_int, render_table, write_json)
 from ..errors import UsageError
 from ..records import Estimate, Strategy
 from ..spec import Spec, load_spec
@@ -62,10 +62,11 @@ def add_parser(sub) -> None:
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the trials and the best strategy as JSON ('-': stdout)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_profiles_argument(p)
     p.set_defaults(func=run)
 
 
-def read_plan(path: Path, spec: Spec) -> list[Estimate | Strategy]:
+def read_plan(path: Path, spec: Spec, measurements=None) -> list[Estimate | Strategy]:
     """Strategies (with their predicted times) from a plan JSON (`amp-search plan --json`).
 
     Each row gives pp, dp, tmp, mbs, partition, placement and optionally zero_stage,
@@ -87,7 +88,7 @@ def read_plan(path: Path, spec: Spec) -> list[Estimate | Strategy]:
         try:
             s = Strategy.from_dict({**row, "global_batch_size": spec.training.global_batch_size})
             predicted = row.get("iteration_time_s")
-            out.append(TrialRequest(strategy=s, predicted_s=_predict(spec, s)
+            out.append(TrialRequest(strategy=s, predicted_s=_predict(spec, s, measurements)
                                     if predicted is None else float(predicted)))
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"{path}: strategies[{i}] is not a strategy ({exc!r} missing or "
@@ -99,12 +100,14 @@ def read_plan(path: Path, spec: Spec) -> list[Estimate | Strategy]:
     return out
 
 
-def _predict(spec: Spec, strategy: Strategy) -> float | None:
+def _predict(spec: Spec, strategy: Strategy, measurements=None) -> float | None:
     """The cost model's prediction for a hand-written strategy (None if it cannot say)."""
-    try:
-        from ..planner import evaluate
+    from ..measurements import NO_MEASUREMENTS
+    from ..planner import evaluate
 
-        return evaluate(spec, strategy).iteration_time_s
+    try:
+        return evaluate(spec, strategy,
+                        measurements=measurements or NO_MEASUREMENTS).iteration_time_s
     except Exception:  # noqa: BLE001 - a prediction is optional; the trial still runs
         return None
 
@@ -148,12 +151,14 @@ def run(args) -> int:
         raise UsageError(f"--warmup ({args.warmup}) must be smaller than --iters "
                          f"({args.iters})")
     hostfile = parse_hostfile(args.hostfile) if args.hostfile is not None else None
+    measurements = measurements_for(spec, args)
     if args.plan is not None:
-        items = read_plan(args.plan, spec)[:args.top_k]
+        items = read_plan(args.plan, spec, measurements)[:args.top_k]
     else:
         from ..planner import plan
 
-        items = list(plan(spec, progress=not args.no_progress and sys.stderr.isatty())
+        items = list(plan(spec, measurements=measurements,
+                          progress=not args.no_progress and sys.stderr.isatty())
                      .strategies[:args.top_k])
     options = LaunchOptions(
         backend=args.backend, launcher=args.launcher, hostfile=hostfile, iters=args.iters,

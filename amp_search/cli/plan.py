@@ -6,7 +6,8 @@ import sys
 from itertools import groupby
 from pathlib import Path
 
-from ._args import layers_per_stage, positive_int, render_table, write_json
+from ._args import (add_profiles_argument, layers_per_stage, measurements_for, positive_int,
+                    render_table, write_json)
 from ..records import Estimate, Plan
 from ..spec import Spec, load_spec
 
@@ -20,6 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON "
                                                              "('-' for standard output)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_profiles_argument(p)
     p.set_defaults(func=run_plan)
 
     e = sub.add_parser("estimate", help="predict one given strategy",
@@ -35,6 +37,7 @@ def add_parser(sub) -> None:
     e.add_argument("--placement-order", choices=("listed", "fastest-first", "slowest-first"),
                    default=None, help="default: the best of the three")
     e.add_argument("--json", type=Path, metavar="FILE")
+    add_profiles_argument(e)
     e.set_defaults(func=run_estimate)
 
 
@@ -90,7 +93,8 @@ def run_plan(args) -> int:
     from ..planner import plan
 
     spec = load_spec(args.spec)
-    result: Plan = plan(spec, progress=not args.no_progress and sys.stderr.isatty())
+    result: Plan = plan(spec, measurements=measurements_for(spec, args),
+                        progress=not args.no_progress and sys.stderr.isatty())
     rows = [(str(i), e, result.speedup(e)) for i, e in enumerate(result.strategies[:args.top_k],
                                                                   1)]
     if result.baseline is not None:
@@ -116,7 +120,8 @@ def run_estimate(args) -> int:
         args.activation_checkpointing == "full"
     e = estimate(spec, pp=args.pp, dp=args.dp, tmp=args.tmp, mbs=args.mbs,
                  partition=args.partition, zero_stage=args.zero_stage,
-                 activation_checkpointing=ckpt, placement_order=args.placement_order)
+                 activation_checkpointing=ckpt, placement_order=args.placement_order,
+                 measurements=measurements_for(spec, args))
     if args.json is None or str(args.json) != "-":
         print(format_table(spec, [("-", e, None)]))
         b = e.breakdown

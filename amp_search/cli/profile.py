@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import UsageError
+from ._args import add_profiles_argument, profiles_root
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -32,7 +33,7 @@ def add_parser(subparsers) -> None:
         "profile", help="measure each layer's forward/backward time on this device",
         description="Measure forward and backward time of each distinct layer of the spec's "
                     "model (the layer code trials run) for each tensor-parallel degree and "
-                    "micro-batch size; writes profiles/measured/<device>__<precision>__<hash>"
+                    "micro-batch size; writes <profiles>/measured/<device>__<precision>__<hash>"
                     ".json, which plan then uses in place of the analytic estimate.")
     p.add_argument("spec", help="spec YAML")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
@@ -47,8 +48,10 @@ def add_parser(subparsers) -> None:
                    help="micro-batch sizes (default 1,2,4,8)")
     p.add_argument("--warmup", type=int, default=3, help="untimed passes per point (3)")
     p.add_argument("--repeats", type=int, default=10, help="timed passes per point (10)")
-    p.add_argument("--out", type=Path, default=None, help="profile file to write")
+    p.add_argument("--out", type=Path, default=None,
+                   help="profile file to write (default: one in --profiles DIR/measured)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_profiles_argument(p, writes=True)
     p.set_defaults(func=run)
 
     c = subparsers.add_parser(
@@ -56,7 +59,7 @@ def add_parser(subparsers) -> None:
         description="Measure all-reduce, all-gather, reduce-scatter and point-to-point over "
                     "torch.distributed for a sweep of message and group sizes, inside and "
                     "across nodes, fit alpha-beta and sigmoid models per link, and write "
-                    "profiles/comm/<device>__<backend>.json, which plan uses instead of the "
+                    "<profiles>/comm/<device>__<backend>.json, which plan uses instead of the "
                     "spec's nominal bandwidths.")
     c.add_argument("spec", nargs="?", default=None,
                    help="spec YAML (names the device type); or give --name")
@@ -75,8 +78,10 @@ def add_parser(subparsers) -> None:
                    help="message sizes (default: 1 KiB to 64 MiB in half-octave steps)")
     c.add_argument("--repeats", type=int, default=30,
                    help="timed operations per point (30)")
-    c.add_argument("--out", type=Path, default=None, help="profile file to write")
+    c.add_argument("--out", type=Path, default=None,
+                   help="profile file to write (default: one in --profiles DIR/comm)")
     c.add_argument("--no-progress", action="store_true")
+    add_profiles_argument(c, writes=True)
     c.set_defaults(func=run_comm)
 
 
@@ -95,6 +100,7 @@ def _default_tmps(spec) -> tuple[int, ...]:
 
 
 def run(args) -> int:
+    from ..measurements import layer_profile_dir
     from ..profiling.layers import machine_busy, profile_layers
     from ..spec import load_spec
 
@@ -104,7 +110,8 @@ def run(args) -> int:
         profile = profile_layers(spec, device=device, tmps=args.tmp or _default_tmps(spec),
                                  mbss=args.mbs, warmup=args.warmup, repeats=args.repeats,
                                  progress=not args.no_progress, device_name=args.name,
-                                 out=args.out)
+                                 out=args.out,
+                                 directory=layer_profile_dir(profiles_root(args)))
     except KeyboardInterrupt:
         print("amp-search: interrupted; the points measured so far were written")
         raise
@@ -121,6 +128,7 @@ def run(args) -> int:
 
 
 def run_comm(args) -> int:
+    from ..measurements import link_profile_dir
     from ..profiling.comm import DEFAULT_SIZES, profile_comm
 
     device = _device(args.device)
@@ -139,7 +147,9 @@ def run_comm(args) -> int:
                            nnodes=args.nnodes, node_rank=args.node_rank,
                            master_addr=args.master_addr, master_port=args.master_port,
                            device=device, sizes=args.sizes or DEFAULT_SIZES,
-                           repeats=args.repeats, out=args.out, progress=not args.no_progress)
+                           repeats=args.repeats, out=args.out,
+                           directory=link_profile_dir(profiles_root(args)),
+                           progress=not args.no_progress)
     if profile is None:
         print("this node took part in the sweep; node 0 wrote the profile")
         return 0

@@ -30,9 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
+from cost_models.comm import COLLECTIVES, bus_factor, latency_steps, sigmoid_efficiency
+
 from ..errors import UsageError
-from .store import (COLLECTIVES, CommProfile, CommSample, LinkFit, bus_factor, hostname,
-                    installed_versions, latency_steps, now_iso, sigmoid_efficiency)
+from .store import CommProfile, CommSample, LinkFit, hostname, installed_versions, now_iso
 
 LAUNCHERS = ("local", "torchrun")
 DEFAULT_SIZES = tuple(int(round(2 ** (k / 2))) // 4 * 4 for k in range(20, 53))
@@ -278,9 +279,11 @@ def profile_comm(*, device_name: str, launcher: str = "local", nproc: int = 2,
                  nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
                  master_port: int | None = None, device: str = "cpu", sizes=DEFAULT_SIZES,
                  collectives=COLLECTIVES, warmup: int = 3, repeats: int = 30,
-                 out: Path | None = None, progress: bool = False,
+                 out: Path | None = None, directory: Path | None = None,
+                 progress: bool = False,
                  timeout_s: float = 1800.0, write: bool = True) -> CommProfile | None:
-    """Launch the sweep with torchrun, fit it, write profiles/comm/<device>__<backend>.json.
+    """Launch the sweep with torchrun, fit it, write it to `out` or to
+    `directory`/<device>__<backend>.json (the CLI: the link-profile folder of --profiles).
 
     Returns the profile on node 0 (None on the other nodes, which only take part)."""
     if launcher not in LAUNCHERS:
@@ -347,5 +350,7 @@ def profile_comm(*, device_name: str, launcher: str = "local", nproc: int = 2,
                             world_size=int(data["world_size"]), nodes=int(data["nodes"]),
                             settings=settings)
     if write:
-        profile.save(out)
+        if out is None and directory is None:
+            raise UsageError("profile_comm: give `out` (a file) or `directory` to write to")
+        profile.save(out or Path(directory) / profile.default_filename())
     return profile

@@ -92,11 +92,11 @@ def distinct_layers(spec: Spec) -> dict:
 def profile_layers(spec: Spec, *, device: str = "cpu", tmps=(1,), mbss=(1, 2, 4, 8),
                    warmup: int = 3, repeats: int = 10, progress: bool = False,
                    device_name: str | None = None, out: Path | None = None,
-                   write: bool = True) -> LayerProfile:
+                   directory: Path | None = None, write: bool = True) -> LayerProfile:
     """Measure every distinct layer of `spec` for each tmp in `tmps` and mbs in `mbss`.
 
-    Writes the profile (to `out`, else profiles/measured/<device>__<precision>__<hash>.json)
-    when `write`; an existing file at that path measured with the same library versions is
+    Writes the profile (to `out`, else `directory`/<device>__<precision>__<hash>.json; the CLI
+    passes the layer-profile folder of its --profiles root) when `write`; an existing file at that path measured with the same library versions is
     merged into (new points replace old ones). Ctrl-C stops the sweep, writes what was
     measured so far and re-raises KeyboardInterrupt.
     """
@@ -131,7 +131,9 @@ def profile_layers(spec: Spec, *, device: str = "cpu", tmps=(1,), mbss=(1, 2, 4,
                            settings=settings)
     path = Path(out) if out is not None else None
     if write:
-        path = path or _default_path(profile, layers)
+        if path is None and directory is None:
+            raise UsageError("profile_layers: give `out` (a file) or `directory` to write to")
+        path = path or Path(directory) / _default_name(profile, layers)
         _merge_existing(profile, path)
 
     groups = [[_Point(signature=s, layer=l, tmp=t, mbs=m) for m in mbss]
@@ -210,13 +212,11 @@ def machine_busy(profile: LayerProfile) -> str | None:
     return None
 
 
-def _default_path(profile: LayerProfile, layers: dict) -> Path:
-    from .store import MEASURED_DIR
-
+def _default_name(profile: LayerProfile, layers: dict) -> str:
     probe = LayerProfile(device=profile.device, precision=profile.precision,
                          entries=[ProfileEntry(signature=s, tmp=1, mbs=1, forward_s=0.0,
                                                backward_s=0.0) for s in layers])
-    return MEASURED_DIR / probe.default_filename()
+    return probe.default_filename()
 
 
 def _merge_existing(profile: LayerProfile, path: Path) -> None:

@@ -28,13 +28,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from cost_models.comm import COLLECTIVES, collective_time_s, sigmoid_efficiency
+
 from ..errors import UsageError
-from ..spec import PROFILES_DIR
 
 FORMAT = 1
-MEASURED_DIR = PROFILES_DIR / "measured"
-COMM_DIR = PROFILES_DIR / "comm"
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
 LINKS = ("intra", "inter")
 _VERSIONED = (("torch", "torch"), ("deepspeed", "deepspeed"), ("megatron_core", "megatron-core"))
 
@@ -184,10 +182,9 @@ class LayerProfile:
                 "versions": self.versions, "created": self.created, "host": self.host,
                 "settings": self.settings, "entries": [e.to_dict() for e in self.entries]}
 
-    def save(self, path: Path | None = None) -> Path:
+    def save(self, path: Path) -> Path:
         """Write atomically (a partial profile after Ctrl-C is still a valid file)."""
-        self.path = _write_atomic(path or MEASURED_DIR / self.default_filename(),
-                                  self.to_dict())
+        self.path = _write_atomic(path, self.to_dict())
         return self.path
 
     @classmethod
@@ -242,7 +239,7 @@ def _read_json(path: Path):
         return None
 
 
-def find_profile(device_name: str, precision: str, directory: Path = MEASURED_DIR, *,
+def find_profile(device_name: str, precision: str, directory: Path, *,
                  signatures=None) -> LayerProfile | None:
     """The newest layer profile measured on `device_name` in `precision`, or None.
 
@@ -275,40 +272,6 @@ def find_profile(device_name: str, precision: str, directory: Path = MEASURED_DI
 
 # ----------------------------------------------------------------------------- link profiles
 
-def bus_factor(collective: str, n: int) -> float:
-    """Bytes each rank moves per message byte over its link, ring algorithms (Lin et al. 2024;
-    nccl-tests 'bus bandwidth'): all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n of
-    the full (gathered / unscattered) buffer, point-to-point 1."""
-    if collective == "p2p":
-        return 1.0
-    if n <= 1:
-        return 0.0
-    if collective == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    raise ValueError(f"unknown collective {collective!r}")
-
-
-def latency_steps(collective: str, n: int) -> float:
-    """Sequential message steps of the ring algorithm: all-reduce 2(n-1), all-gather and
-    reduce-scatter n-1, point-to-point 1."""
-    if collective == "p2p":
-        return 1.0
-    if n <= 1:
-        return 0.0
-    return 2.0 * (n - 1) if collective == "all_reduce" else float(n - 1)
-
-
-def sigmoid_efficiency(message_bytes, floor: float, k: float, x0: float):
-    """Bandwidth efficiency in (floor, 1]: a sigmoid in log2(message bytes) (Lin et al. 2024's
-    transition region); floor at small messages, 1 at large ones."""
-    import numpy as np
-
-    x = np.log2(np.maximum(np.asarray(message_bytes, dtype=float), 1.0))
-    return floor + (1.0 - floor) / (1.0 + np.exp(-k * (x - x0)))
-
-
 @dataclass(frozen=True, kw_only=True)
 class LinkFit:
     """The fitted model of one collective on one link kind.
@@ -316,7 +279,8 @@ class LinkFit:
     alpha-beta:  t = steps(n) * alpha_s + bus(n) * S / bandwidth_bytes_per_s
     sigmoid:     t = steps(n) * alpha_s + bus(n) * S / (bandwidth_bytes_per_s * eff(S)),
                  eff(S) = floor + (1 - floor) / (1 + exp(-k (log2 S - x0)))
-    (S: message bytes; n: group size; steps/bus: `latency_steps` / `bus_factor`.)
+    (S: message bytes; n: group size; steps/bus: cost_models.comm `latency_steps` /
+    `bus_factor`.)
     `model` says which one `time_s` uses (the one with the smaller error on the samples).
     """
 
@@ -340,11 +304,10 @@ class LinkFit:
         if self.model == "sigmoid" and self.sigmoid:
             sg = self.sigmoid
             eff = float(sigmoid_efficiency(message_bytes, sg["floor"], sg["k"], sg["x0"]))
-            return (latency_steps(self.collective, n) * sg["alpha_s"]
-                    + bus_factor(self.collective, n) * message_bytes
-                    / (sg["bandwidth_bytes_per_s"] * eff))
-        return (latency_steps(self.collective, n) * self.alpha_s
-                + bus_factor(self.collective, n) * message_bytes / self.bandwidth_bytes_per_s)
+            return float(collective_time_s(self.collective, message_bytes, n,
+                                           sg["bandwidth_bytes_per_s"] * eff, sg["alpha_s"]))
+        return float(collective_time_s(self.collective, message_bytes, n,
+                                       self.bandwidth_bytes_per_s, self.alpha_s))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -446,8 +409,8 @@ class CommProfile:
                 "fits": [f.to_dict() for _, f in sorted(self.fits.items())],
                 "samples": [s.to_dict() for s in self.samples]}
 
-    def save(self, path: Path | None = None) -> Path:
-        self.path = _write_atomic(path or COMM_DIR / self.default_filename(), self.to_dict())
+    def save(self, path: Path) -> Path:
+        self.path = _write_atomic(path, self.to_dict())
         return self.path
 
     @classmethod
@@ -474,7 +437,7 @@ class CommProfile:
         return cls.from_dict(_load_json(Path(path), "comm profile"), path=Path(path))
 
 
-def find_comm_profile(directory: Path = COMM_DIR, *, device: str | None = None,
+def find_comm_profile(directory: Path, *, device: str | None = None,
                       backend: str | None = None) -> CommProfile | None:
     """The newest comm profile in `directory` (optionally only for `device` / `backend`)."""
     directory = Path(directory)

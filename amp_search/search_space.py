@@ -1,0 +1,226 @@
+"""The search space, as named rules: what a strategy must satisfy to run, and which points are
+the same plan.
+
+Every rule is a function `(space, candidate) -> Violation | None`. The enumeration, the
+Megatron baseline, `estimate`'s errors and the prune counts of `plan` all use these, so the
+rules are written once:
+
+    rule                        reason (prune count key)      why
+    pp_within_layers            pp_exceeds_layers             a stage needs at least one layer
+    tmp_divides_model           tmp_does_not_divide_model     heads, widths, vocab split evenly
+    dp_divides_batch            dp_does_not_divide_batch      every replica gets whole samples
+    mbs_divides_replica_batch   mbs_does_not_divide_batch     whole micro-batches per replica
+    zero_with_pipeline          zero_2_3_with_pipeline        DeepSpeed's pipeline engine
+                                                              rejects ZeRO 2/3
+
+and one equivalence, applied by the search only (an equivalent point is a valid strategy, so
+`estimate` accepts it):
+
+    zero_without_data_parallel  zero_without_data_parallel    ZeRO shards over dp; at dp = 1
+                                                              every stage is the same plan, so
+                                                              only the lowest searched stage
+                                                              is kept
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable
+
+from cost_models.memory import zero_allowed
+
+from .errors import Infeasible, SpecError
+from .spec import Spec
+
+
+class Reason(str, Enum):
+    """Why a point of the search space is not ranked (the keys of `Plan.pruned`)."""
+
+    PP_EXCEEDS_LAYERS = "pp_exceeds_layers"
+    TMP_DOES_NOT_DIVIDE_MODEL = "tmp_does_not_divide_model"
+    DP_DOES_NOT_DIVIDE_BATCH = "dp_does_not_divide_batch"
+    MBS_DOES_NOT_DIVIDE_BATCH = "mbs_does_not_divide_batch"
+    ZERO_WITH_PIPELINE = "zero_2_3_with_pipeline"
+    ZERO_WITHOUT_DATA_PARALLEL = "zero_without_data_parallel"
+    OUT_OF_MEMORY = "out_of_memory"
+    SLOWER_KNOBS_SAME_LAYOUT = "slower_knobs_same_layout"
+    """Same (pp, dp, tmp, mbs) as a faster ranked strategy that fits: only its ZeRO stage or
+    recomputation differ, which trade memory for time; the faster one is kept."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """A point of the search space before placement and partition."""
+
+    pp: int
+    dp: int
+    tmp: int
+    mbs: int
+    zero_stage: int
+    activation_checkpointing: bool
+
+    @property
+    def layout(self) -> tuple[int, int, int, int]:
+        return self.pp, self.dp, self.tmp, self.mbs
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A rule a candidate breaks: the prune key and a sentence for the user."""
+
+    reason: Reason
+    message: str
+
+    def error(self) -> Infeasible:
+        return Infeasible(self.reason.value, self.message)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The sizes the rules look at, taken from a spec once."""
+
+    num_devices: int
+    num_layers: int
+    global_batch_size: int
+    tp_divisors: tuple[int, ...]
+    zero_stages: tuple[int, ...]
+    recompute: tuple[bool, ...]
+
+    @classmethod
+    def of(cls, spec: Spec) -> "SearchSpace":
+        t = spec.training
+        return cls(num_devices=spec.cluster.num_devices, num_layers=spec.model.num_layers,
+                   global_batch_size=t.global_batch_size, tp_divisors=spec.model.tp_divisors,
+                   zero_stages=t.zero_stage, recompute=t.activation_checkpointing)
+
+
+Rule = Callable[[SearchSpace, Candidate], "Violation | None"]
+
+
+def pp_within_layers(s: SearchSpace, c: Candidate) -> Violation | None:
+    if c.pp > s.num_layers:
+        return Violation(Reason.PP_EXCEEDS_LAYERS,
+                         f"pp = {c.pp} exceeds the model's {s.num_layers} layers "
+                         f"(embedding and head included)")
+    return None
+
+
+def tmp_divides_model(s: SearchSpace, c: Candidate) -> Violation | None:
+    bad = [size for size in s.tp_divisors if size % c.tmp]
+    if bad:
+        return Violation(Reason.TMP_DOES_NOT_DIVIDE_MODEL,
+                         f"tmp = {c.tmp} does not divide the model size {bad[0]} (heads, hidden, "
+                         f"ffn and vocab must be divisible by tmp)")
+    return None
+
+
+def dp_divides_batch(s: SearchSpace, c: Candidate) -> Violation | None:
+    if s.global_batch_size % c.dp:
+        return Violation(Reason.DP_DOES_NOT_DIVIDE_BATCH,
+                         f"dp = {c.dp} does not divide global_batch_size "
+                         f"{s.global_batch_size}")
+    return None
+
+
+def mbs_divides_replica_batch(s: SearchSpace, c: Candidate) -> Violation | None:
+    if s.global_batch_size % (c.dp * c.mbs):
+        return Violation(Reason.MBS_DOES_NOT_DIVIDE_BATCH,
+                         f"dp*mbs = {c.dp * c.mbs} does not divide global_batch_size "
+                         f"{s.global_batch_size}")
+    return None
+
+
+def zero_with_pipeline(s: SearchSpace, c: Candidate) -> Violation | None:
+    if not zero_allowed(c.pp, c.zero_stage):
+        return Violation(Reason.ZERO_WITH_PIPELINE,
+                         f"ZeRO stage {c.zero_stage} with pp = {c.pp}: DeepSpeed's pipeline "
+                         f"engine accepts ZeRO 0 and 1 only; use pp = 1 or zero_stage 0/1")
+    return None
+
+
+def zero_without_data_parallel(s: SearchSpace, c: Candidate) -> Violation | None:
+    lowest = min(s.zero_stages)
+    if c.dp == 1 and c.zero_stage != lowest:
+        return Violation(Reason.ZERO_WITHOUT_DATA_PARALLEL,
+                         f"ZeRO stage {c.zero_stage} at dp = 1 shards nothing: the same plan "
+                         f"as stage {lowest}")
+    return None
+
+
+LAYOUT_RULES: tuple[Rule, ...] = (pp_within_layers, tmp_divides_model, dp_divides_batch)
+"""Rules on (pp, dp, tmp) alone: checked once per layout in the enumeration."""
+FEASIBILITY_RULES: tuple[Rule, ...] = LAYOUT_RULES + (mbs_divides_replica_batch,
+                                                      zero_with_pipeline)
+"""Everything a strategy must satisfy to run (what `estimate` checks)."""
+EQUIVALENCE_RULES: tuple[Rule, ...] = (zero_without_data_parallel,)
+"""Points that repeat another point's plan (the search keeps one)."""
+
+
+def first_violation(space: SearchSpace, c: Candidate,
+                    rules: tuple[Rule, ...] = FEASIBILITY_RULES) -> Violation | None:
+    for rule in rules:
+        v = rule(space, c)
+        if v is not None:
+            return v
+    return None
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of n, ascending (O(sqrt n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def degrees(num_devices: int):
+    """Every (pp, dp, tmp) with pp * dp * tmp = num_devices."""
+    for tmp in divisors(num_devices):
+        for pp in divisors(num_devices // tmp):
+            yield pp, num_devices // (tmp * pp), tmp
+
+
+def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]:
+    """Every (pp, dp, tmp, mbs, zero, recompute) that satisfies the rules, one per equivalent
+    group; what is dropped is counted in `pruned` under its reason."""
+    knobs = len(space.zero_stages) * len(space.recompute)
+    out = []
+    for pp, dp, tmp in degrees(space.num_devices):
+        probe = Candidate(pp=pp, dp=dp, tmp=tmp, mbs=1, zero_stage=space.zero_stages[0],
+                          activation_checkpointing=space.recompute[0])
+        v = first_violation(space, probe, LAYOUT_RULES)
+        if v is not None:
+            pruned[v.reason.value] += knobs
+            continue
+        for mbs in divisors(space.global_batch_size // dp):
+            for z in space.zero_stages:
+                for ck in space.recompute:
+                    c = Candidate(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=z,
+                                  activation_checkpointing=ck)
+                    v = first_violation(space, c, FEASIBILITY_RULES[len(LAYOUT_RULES):]
+                                        + EQUIVALENCE_RULES)
+                    if v is not None:
+                        pruned[v.reason.value] += 1
+                        continue
+                    out.append(c)
+    return out
+
+
+def check_batch_has_a_degree(space: SearchSpace, candidates: list[Candidate],
+                             pruned: Counter) -> None:
+    """A global batch that no feasible dp divides is the user's error, not an empty plan."""
+    if candidates or not pruned.get(Reason.DP_DOES_NOT_DIVIDE_BATCH.value):
+        return
+    rules = (pp_within_layers, tmp_divides_model)
+    options = sorted({dp for pp, dp, tmp in degrees(space.num_devices)
+                      if first_violation(space, Candidate(pp=pp, dp=dp, tmp=tmp, mbs=1,
+                                                          zero_stage=0,
+                                                          activation_checkpointing=False),
+                                         rules) is None})
+    raise SpecError("training.global_batch_size",
+                    f"no feasible data-parallel degree divides {space.global_batch_size}: with "
+                    f"{space.num_devices} devices and {space.num_layers} layers, dp must be one "
+                    f"of {options}; use a multiple of one of them")

@@ -1,0 +1,101 @@
+"""The search space as named rules: one set used by the enumeration, the Megatron baseline,
+`estimate`'s errors and the prune counts; equivalent points collapse; the ranking holds one
+strategy per layout."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from amp_search import Infeasible, UsageError, estimate, load_spec, plan
+from amp_search.search_space import (FEASIBILITY_RULES, Candidate, Reason, SearchSpace,
+                                     enumerate_candidates, first_violation)
+from conftest import ROOT
+
+CPU_LOCAL = ROOT / "configs" / "cpu-local.yaml"
+
+
+def cand(pp, dp, tmp, mbs=1, zero=0, ckpt=False):
+    return Candidate(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
+                     activation_checkpointing=ckpt)
+
+
+def test_each_rule_names_its_reason():
+    space = SearchSpace(num_devices=8, num_layers=6, global_batch_size=12,
+                        tp_divisors=(4, 64), zero_stages=(0, 1, 2, 3), recompute=(False,))
+    cases = {cand(8, 1, 1): Reason.PP_EXCEEDS_LAYERS,
+             cand(1, 1, 8): Reason.TMP_DOES_NOT_DIVIDE_MODEL,
+             cand(1, 8, 1): Reason.DP_DOES_NOT_DIVIDE_BATCH,
+             cand(2, 2, 2, mbs=4): Reason.MBS_DOES_NOT_DIVIDE_BATCH,
+             cand(2, 2, 2, zero=2): Reason.ZERO_WITH_PIPELINE}
+    for c, reason in cases.items():
+        v = first_violation(space, c)
+        assert v is not None and v.reason == reason, (c, v)
+        assert isinstance(v.error(), Infeasible) and v.error().reason == reason.value
+    assert first_violation(space, cand(2, 2, 2, mbs=3, zero=1)) is None
+    assert len(FEASIBILITY_RULES) == 5
+
+
+def test_enumeration_counts_prunes_and_collapses_zero_without_dp():
+    space = SearchSpace(num_devices=4, num_layers=6, global_batch_size=8, tp_divisors=(4,),
+                        zero_stages=(0, 1, 2, 3), recompute=(False, True))
+    pruned = Counter()
+    cands = enumerate_candidates(space, pruned)
+    assert all(first_violation(space, c) is None for c in cands)
+    # at dp = 1 only the lowest searched ZeRO stage is a candidate
+    assert {c.zero_stage for c in cands if c.dp == 1} == {0}
+    assert pruned[Reason.ZERO_WITHOUT_DATA_PARALLEL.value] > 0
+    assert pruned[Reason.ZERO_WITH_PIPELINE.value] > 0
+    # every point of the grid is either a candidate or counted once
+    grid = 0
+    for pp, dp, tmp in [(1, 1, 4), (2, 1, 2), (4, 1, 1), (1, 2, 2), (2, 2, 1), (1, 4, 1)]:
+        grid += len([m for m in (1, 2, 4, 8) if (8 // dp) % m == 0]) * 8
+    assert len(cands) + sum(pruned.values()) == grid
+    # a spec that asks for one ZeRO stage keeps it at dp = 1
+    only2 = SearchSpace(num_devices=2, num_layers=6, global_batch_size=8, tp_divisors=(4,),
+                        zero_stages=(2,), recompute=(False,))
+    assert {c.zero_stage for c in enumerate_candidates(only2, Counter())} == {2}
+
+
+def test_estimate_applies_the_same_rules():
+    spec = load_spec(CPU_LOCAL)
+    with pytest.raises(Infeasible, match="zero_2_3_with_pipeline"):
+        estimate(spec, pp=2, dp=1, tmp=1, mbs=1, zero_stage=3)
+    with pytest.raises(Infeasible, match="mbs_does_not_divide_batch"):
+        estimate(spec, pp=1, dp=2, tmp=1, mbs=16)
+    with pytest.raises(UsageError, match="product must equal 2"):
+        estimate(spec, pp=2, dp=2, tmp=1, mbs=1)
+    # an equivalent point is a valid strategy: estimate accepts it
+    assert estimate(spec, pp=1, dp=1, tmp=2, mbs=1, zero_stage=3).iteration_time_s > 0
+
+
+def test_cli_estimate_infeasible_is_one_line(capsys):
+    from amp_search.cli import main
+    rc = main(["estimate", str(CPU_LOCAL), "--pp", "2", "--dp", "1", "--tmp", "1", "--mbs",
+               "1", "--zero-stage", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "zero_2_3_with_pipeline" in err[0]
+
+
+def test_ranking_holds_distinct_layouts_and_breaks_ties_by_memory():
+    """configs/cpu-local.yaml searches ZeRO 0-3 and recomputation: the top 8 (what
+    `launch --top-k 8` runs) are eight different (pp, dp, tmp, mbs) plans."""
+    spec = load_spec(CPU_LOCAL)
+    result = plan(spec)
+    layouts = [(e.strategy.pp, e.strategy.dp, e.strategy.tmp, e.strategy.mbs)
+               for e in result.strategies]
+    assert len(layouts) == len(set(layouts)) >= 8
+    assert result.pruned[Reason.SLOWER_KNOBS_SAME_LAYOUT.value] > 0
+    assert result.pruned[Reason.ZERO_WITHOUT_DATA_PARALLEL.value] > 0
+    from amp_search.planner import ranking_key
+    keys = [ranking_key(e) for e in result.strategies]
+    assert keys == sorted(keys)
+
+
+def test_megatron_baseline_obeys_the_rules():
+    spec = load_spec(ROOT / "configs" / "a100-gpt7b.yaml")
+    base = plan(spec).baseline
+    s = base.strategy
+    assert first_violation(SearchSpace.of(spec), cand(s.pp, s.dp, s.tmp, s.mbs, s.zero_stage,
+                                                      s.activation_checkpointing)) is None
+    assert s.tmp <= spec.cluster.min_gpus_per_node
