@@ -91,8 +91,10 @@ frontiers, mostly for gas 2 to 8 with several device speeds and sync
 coefficients (benchmarks/partition_dp.py --mode full).
 
 Kernels are ``numba.njit(cache=True)`` functions over dense float64/int64
-arrays.  ``use_numba=False`` runs the very same code as plain Python (see
-``_python_twins``), which lets the tests compare the two.
+arrays (``_kernel``: without an on-disk cache, and one warning saying so, where
+numba finds no writable cache folder).  ``use_numba=False`` runs the very same
+code as plain Python (see ``_python_twins``), which lets the tests compare the
+two.
 """
 
 from __future__ import annotations
@@ -100,10 +102,35 @@ from __future__ import annotations
 import itertools
 import math
 import types
+import warnings
 from dataclasses import dataclass
 
 import numba
 import numpy as np
+
+_cache_warned = False
+
+
+def _kernel(fn):
+    """``numba.njit(cache=True)(fn)``; where numba finds no writable cache folder (the
+    package's ``__pycache__`` and the user-wide cache both read-only: numba raises
+    ``RuntimeError: cannot cache function ...: no locator available``), ``numba.njit(fn)``
+    instead, which compiles on first use in every process. One warning per process says so."""
+    global _cache_warned
+    try:
+        return numba.njit(cache=True)(fn)
+    except RuntimeError as exc:
+        if "cannot cache" not in str(exc):
+            raise
+    if not _cache_warned:
+        _cache_warned = True
+        # warn_explicit with line 0: the warning prints as one line, without a source line
+        warnings.warn_explicit("amp-search: numba finds no writable cache folder, so the "
+                               "partition kernels are compiled in every run (~10 s); set "
+                               "NUMBA_CACHE_DIR to a writable folder to keep them",
+                               RuntimeWarning, __file__, 0, module=__name__)
+    return numba.njit(fn)
+
 
 # Shared array conventions, for a chain of L layers cut into pp stages:
 #   prefix[j, b]  (pp, L+1) float64: time of layers [0, b) on stage j's devices,
@@ -114,7 +141,7 @@ import numpy as np
 #   because every stage before it and after it needs at least one layer.
 
 
-@numba.njit(cache=True)
+@_kernel
 def _capped_min_sum(prefix, cut, cap, sprefix, sfixed, scap, mprefix, mbudget, has_mem,
                     rest, s_max, cost, start, window, window_key):
     """f(cap, scap): min of sum_j T_j + sum_j cut_j over memory-feasible partitions with
@@ -259,7 +286,7 @@ def _capped_min_sum(prefix, cut, cap, sprefix, sfixed, scap, mprefix, mbudget, h
     return cost[pp - 1, L]
 
 
-@numba.njit(cache=True)
+@_kernel
 def _suffix_bound(prefix, cut, mprefix, mbudget, has_mem, rest, window, window_key):
     """rest[j, b] (out, pp+1 x L+1): min of sum (T_i + cut_i) over stages i = j..pp-1
     covering layers [b, L) within the memory budgets, with no time or sync cap, cut_j
@@ -298,7 +325,7 @@ def _suffix_bound(prefix, cut, mprefix, mbudget, has_mem, rest, window, window_k
                 rest[j, b] = window_key[head] - pre[b] + cut[j, b]
 
 
-@numba.njit(cache=True)
+@_kernel
 def _min_bottleneck(prefix, offset, mprefix, mbudget, has_mem, upper, worst):
     """Smallest achievable max_j q_j, q_j = offset[j] + prefix[j, b_{j+1}] - prefix[j, b_j],
     over the memory-feasible partitions (min-max DP).
@@ -343,7 +370,7 @@ def _min_bottleneck(prefix, offset, mprefix, mbudget, has_mem, upper, worst):
     return worst[pp - 1, L]
 
 
-@numba.njit(cache=True)
+@_kernel
 def _trace(start, L):
     """Boundaries b_0..b_pp of the optimum stored in start[j, b] (see _capped_min_sum)."""
     pp = start.shape[0]
@@ -355,7 +382,7 @@ def _trace(start, L):
     return bounds
 
 
-@numba.njit(cache=True)
+@_kernel
 def _bottleneck(prefix, offset, bounds):
     """max_j (offset[j] + stage j's prefix difference), by the same prefix differences the
     DP compares: max_j T_j with offset 0, max_j sync_j with the sync prefix."""
@@ -367,7 +394,7 @@ def _bottleneck(prefix, offset, bounds):
     return m
 
 
-@numba.njit(cache=True)
+@_kernel
 def _push(stack, top, lo, hi, s_low, probe):
     """stack[top] = (lo, hi, s_low, probe), doubling stack when full: (stack, top + 1)."""
     if top == stack.shape[0]:
@@ -379,7 +406,7 @@ def _push(stack, top, lo, hi, s_low, probe):
     return stack, top + 1
 
 
-@numba.njit(cache=True)
+@_kernel
 def _f(q, ws, o, cap_o, cap_i, s_max, rest):
     """f with cap_o on axis o and cap_i on the other one (axis 0: time, 1: sync), pruned at
     s_max (see _capped_min_sum).  q: the problem arrays, ws: the scratch arrays (_search).
@@ -392,7 +419,7 @@ def _f(q, ws, o, cap_o, cap_i, s_max, rest):
                            has_mem, rest, s_max, cost, start, window, window_key)
 
 
-@numba.njit(cache=True)
+@_kernel
 def _axis(q, use, a, bounds):
     """Coordinate a of a partition: max_j T_j (a = 0) or max_j sync_j (a = 1), and 0 when
     that term is not in the objective."""
@@ -403,7 +430,7 @@ def _axis(q, use, a, bounds):
     return _bottleneck(q[1], q[2], bounds)
 
 
-@numba.njit(cache=True)
+@_kernel
 def _inner(q, ws, use, weight, o, cap_o, w_lo, i_lb, best, best_bounds, rest, pending):
     """h(cap_o) = min over partitions with coordinate o <= cap_o of S + w_i * coordinate i:
     the inner walk over the other axis i (module docstring, parts 3 and 4).
@@ -484,7 +511,7 @@ def _inner(q, ws, use, weight, o, cap_o, w_lo, i_lb, best, best_bounds, rest, pe
     return h, h_o, not (h < best - w_lo), best, best_bounds, solves
 
 
-@numba.njit(cache=True)
+@_kernel
 def _search(prefix, cut, gas, sprefix, sfixed, has_sync, mprefix, mbudget, has_mem):
     """Boundaries minimising the full objective, and the number of f solves (module
     docstring).  The boundaries are empty when no partition is memory-feasible."""
@@ -581,7 +608,7 @@ def _search(prefix, cut, gas, sprefix, sfixed, has_sync, mprefix, mbudget, has_m
     return best_bounds, solves
 
 
-@numba.njit(cache=True)
+@_kernel
 def _prefix(values):
     """(pp, L+1) running sums of the rows of values (pp, L)."""
     pp, L = values.shape
@@ -592,7 +619,7 @@ def _prefix(values):
     return prefix
 
 
-@numba.njit(cache=True)
+@_kernel
 def _solve(times, cut, gas, sync_layer, sync_fixed, has_sync, mem_layer, mem_budget, has_mem):
     """optimal_partition's kernel: (boundaries, T_j per stage, sync_j per stage, full
     objective, f solves).  The boundaries are empty when nothing is memory-feasible.

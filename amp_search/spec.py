@@ -2,7 +2,23 @@
 
     spec.yaml --load_spec--> Spec(cluster: Cluster, model: ModelSpec, training: TrainingSpec)
 
-Every problem is reported as a SpecError naming the key path and what is accepted.
+Every problem is reported as a SpecError naming the key path and what is accepted. The file is
+read by `yaml_io` (size, encoding, nesting, alias and duplicate-key limits); `parse_spec` then
+checks every value, and accepts any Python data without raising anything but SpecError or
+UsageError. Accepted ranges (inclusive):
+
+    cluster.nodes[i].count                    1 to 1,000,000 nodes (1,000,000 devices in all)
+    cluster.nodes[i].gpus_per_node            1 to 1,024
+    cluster.nodes[i].intra/inter_node_bandwidth   1 Mbps to 100 TB/s; inter_node_bandwidth may
+        be left out when the cluster has one node in all: it is never used then, and the
+        record holds the node's intra_node_bandwidth as a placeholder
+    gpu.memory                                64 MiB to 64 TiB
+    gpu.memory_bandwidth                      1 GB/s to 100 TB/s
+    gpu.peak_tflops.<precision>               0.001 to 100,000 TFLOP/s, or null (unsupported)
+    names (model, layer, GPU)                 1 to 128 printable characters
+    model sizes                               see the MAX_* caps below; heads >= 1
+    training.memory_headroom                  0% to 50%
+    training.framework_overhead               0 B up to less than the smallest device memory
 """
 from __future__ import annotations
 
@@ -10,17 +26,19 @@ import hashlib
 import json
 import math
 import os
+import re
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
-
-import yaml
 
 from cost_models.layers import Layer
 
 from .errors import SpecError, UsageError
 from .hosts import validate_hostname
 from .resources import catalog_path
-from .units import parse_bandwidth, parse_size
+from .units import (DEVICE_MEMORY, MEMORY_BANDWIDTH, NETWORK_BANDWIDTH, OVERHEAD_MEMORY,
+                    parse_bandwidth, parse_size)
+from .yaml_io import load_yaml_file, show_path
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 PRESETS = ("gpt", "bert", "layers")
@@ -31,6 +49,10 @@ MAX_SEQ = 10_000_000
 MAX_VOCAB = 10_000_000
 MAX_DEVICES = 1_000_000
 MAX_BATCH = 100_000_000
+MAX_GPUS_PER_NODE = 1024
+MIN_TFLOPS, MAX_TFLOPS = 0.001, 100_000.0
+MAX_NAME_CHARS = 128
+MAX_SOURCE_CHARS = 1000
 
 
 # ----------------------------------------------------------------------------- records
@@ -169,6 +191,53 @@ class Spec:
 
 # ----------------------------------------------------------------------------- helpers
 
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlevel = 2
+
+
+def _show(v) -> str:
+    """A short, one-line rendering of any user value for a message."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 200:
+        return f"an integer of about {int(v.bit_length() * 0.30103)} digits"
+    try:
+        text = _REPR.repr(v)
+    except Exception:   # noqa: BLE001 - a library caller's object with a broken __repr__
+        text = f"<{type(v).__name__}>"
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]{1,60}$")
+
+
+def _key(k) -> str:
+    """A mapping key as it appears in a key path: as written if plain, else quoted."""
+    return k if isinstance(k, str) and _PLAIN_KEY.match(k) else _show(k)
+
+
+def _name(v, path: str, default: str, limit: int = MAX_NAME_CHARS) -> str:
+    """A name (or other short text): a string or integer of 1 to `limit` printable characters."""
+    if v is None:
+        return default
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() <= 64:
+        v = str(v)
+    if not isinstance(v, str) or not 0 < len(v) <= limit or not v.isprintable():
+        raise SpecError(path, f"expected text of 1 to {limit} printable characters, got "
+                              f"{_show(v) if isinstance(v, str) else type(v).__name__}")
+    return v
+
+
+def _number(v, path: str, lo: float, hi: float, what: str) -> float:
+    """A finite int or float in [lo, hi]."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise SpecError(path, f"expected a number ({what}), got {_show(v)}; accepted: "
+                              f"{lo:g} to {hi:,g}")
+    if not (math.isfinite(v) if isinstance(v, float) else True) or not lo <= v <= hi:
+        raise SpecError(path, f"{_show(v)} is out of range; accepted: {lo:g} to {hi:,g} "
+                              f"({what})")
+    return float(v)
+
+
 class _Reader:
     """Typed access to a YAML mapping that reports the key path on every error and rejects
     unknown keys with the list of valid ones."""
@@ -177,9 +246,9 @@ class _Reader:
         if not isinstance(data, dict):
             raise SpecError(path or "<top>", f"expected a mapping with keys {', '.join(allowed)};"
                                              f" got {type(data).__name__}")
-        unknown = [k for k in data if k not in allowed]
+        unknown = [k for k in data if not isinstance(k, str) or k not in allowed]
         if unknown:
-            where = f"{path}.{unknown[0]}" if path else str(unknown[0])
+            where = f"{path}.{_key(unknown[0])}" if path else _key(unknown[0])
             raise SpecError(where, f"unknown key; valid keys here: {', '.join(allowed)}")
         self.data, self.path = data, path
 
@@ -199,59 +268,72 @@ class _Reader:
     def int(self, key: str, default=None, *, lo: int = 1, hi: int, required=False) -> int:
         v = self.raw(key, default, required)
         if isinstance(v, bool) or not isinstance(v, int):
-            raise SpecError(self.at(key), f"expected an integer in [{lo}, {hi}], got {v!r}")
+            raise SpecError(self.at(key), f"expected an integer in [{lo}, {hi}], got {_show(v)}")
         if not lo <= v <= hi:
-            raise SpecError(self.at(key), f"{v} is out of range; accepted: {lo} to {hi}")
+            raise SpecError(self.at(key), f"{_show(v)} is out of range; accepted: {lo} to {hi}")
         return v
 
     def choice(self, key: str, options: tuple, default=None):
         v = self.raw(key, default, default is None)
-        if v not in options:
-            raise SpecError(self.at(key), f"got {v!r}; accepted: {', '.join(map(str, options))}")
+        if not isinstance(v, (str, int)) or isinstance(v, bool) or v not in options:
+            raise SpecError(self.at(key), f"got {_show(v)}; accepted: "
+                                          f"{', '.join(map(str, options))}")
         return v
 
 
 def load_catalog(path: Path | None = None) -> dict[str, GPU]:
-    """The GPU catalog: name -> GPU (default: the one the package ships)."""
+    """The GPU catalog: name -> GPU (default: the one the package ships). Read through the
+    same front door as a spec, and every entry checked as an inline GPU is."""
     path = catalog_path() if path is None else Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise UsageError(f"cannot read the GPU catalog {path}: {exc}") from None
-    return {name: _gpu(entry, name, f"catalog.{name}") for name, entry in data["gpus"].items()}
+    data = load_yaml_file(path, what="GPU catalog")
+    gpus = data.get("gpus") if isinstance(data, dict) else None
+    if not isinstance(gpus, dict):
+        raise UsageError(f"GPU catalog {show_path(path)}: expected a mapping 'gpus: {{NAME: {{memory, "
+                         f"memory_bandwidth, peak_tflops}}}}'")
+    catalog = {}
+    for name, entry in gpus.items():
+        name = _name(name, f"catalog.{_key(name)}", "")
+        catalog[name] = _gpu(entry, name, f"catalog.{name}")
+    return catalog
 
 
 def _gpu(entry, name: str, path: str) -> GPU:
+    """A GPU from a catalog entry or an inline mapping; `name` is the default name."""
     r = _Reader(entry, path, ("name", "kind", "memory", "memory_bandwidth", "peak_tflops",
                               "source"))
     peak = r.raw("peak_tflops", required=True)
     if not isinstance(peak, dict) or not peak:
         raise SpecError(r.at("peak_tflops"), "expected a mapping precision -> TFLOP/s, "
                                              "e.g. {fp32: 15.7, fp16: 125}")
+    bad = [k for k in peak if not isinstance(k, str) or k not in PRECISIONS]
+    if bad:
+        raise SpecError(f"{r.at('peak_tflops')}.{_key(bad[0])}", f"unknown precision; accepted: "
+                                                                f"{', '.join(PRECISIONS)}")
     flops = {}
     for p in PRECISIONS:
         v = peak.get(p)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
-            raise SpecError(f"{r.at('peak_tflops')}.{p}", f"expected a positive number of "
-                                                          f"TFLOP/s or null, got {v!r}")
-        flops[p] = None if v is None else float(v) * 1e12
-    bad = [k for k in peak if k not in PRECISIONS]
-    if bad:
-        raise SpecError(f"{r.at('peak_tflops')}.{bad[0]}", f"unknown precision; accepted: "
-                                                          f"{', '.join(PRECISIONS)}")
-    return GPU(name=str(r.raw("name", name)), kind=r.choice("kind", ("gpu", "cpu"), "gpu"),
-               memory_bytes=parse_size(r.raw("memory", required=True), r.at("memory")),
+        flops[p] = None if v is None else _number(
+            v, f"{r.at('peak_tflops')}.{p}", MIN_TFLOPS, MAX_TFLOPS,
+            "dense TFLOP/s; null where the precision is unsupported") * 1e12
+    return GPU(name=_name(r.raw("name"), r.at("name"), name),
+               kind=r.choice("kind", ("gpu", "cpu"), "gpu"),
+               memory_bytes=parse_size(r.raw("memory", required=True), r.at("memory"),
+                                       DEVICE_MEMORY),
                memory_bandwidth_bytes_per_s=parse_bandwidth(
-                   r.raw("memory_bandwidth", required=True), r.at("memory_bandwidth")),
-               peak_flops_per_s=flops, source=str(r.raw("source", "")))
+                   r.raw("memory_bandwidth", required=True), r.at("memory_bandwidth"),
+                   MEMORY_BANDWIDTH),
+               peak_flops_per_s=flops,
+               source=_name(r.raw("source"), r.at("source"), "", MAX_SOURCE_CHARS))
 
 
 def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
+    """The node groups. inter_node_bandwidth is required unless the cluster has one node in
+    all; then the planner never uses it and the group's intra_node_bandwidth stands in."""
     r = _Reader(data, "cluster", ("nodes",))
     nodes = r.raw("nodes", required=True)
     if not isinstance(nodes, list) or not nodes:
         raise SpecError("cluster.nodes", "expected a non-empty list of node groups")
-    groups = []
+    fields = []
     total = 0
     for i, entry in enumerate(nodes):
         path = f"cluster.nodes[{i}]"
@@ -259,15 +341,15 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
                                   "inter_node_bandwidth", "hosts"))
         gpu_v = n.raw("gpu", required=True)
         if isinstance(gpu_v, dict):
-            gpu = _gpu(gpu_v, str(gpu_v.get("name", f"custom-{i}")), n.at("gpu"))
+            gpu = _gpu(gpu_v, f"custom-{i}", n.at("gpu"))
         elif isinstance(gpu_v, str) and gpu_v in catalog:
             gpu = catalog[gpu_v]
         else:
-            raise SpecError(n.at("gpu"), f"unknown GPU {gpu_v!r}; known: {', '.join(catalog)} "
+            raise SpecError(n.at("gpu"), f"unknown GPU {_show(gpu_v)}; known: {', '.join(catalog)} "
                                          f"(or define one inline: {{name, memory, "
                                          f"memory_bandwidth, peak_tflops}})")
         count = n.int("count", 1, hi=MAX_DEVICES)
-        per = n.int("gpus_per_node", required=True, hi=1024)
+        per = n.int("gpus_per_node", required=True, hi=MAX_GPUS_PER_NODE)
         total += count * per
         if total > MAX_DEVICES:
             raise SpecError(n.at("count"), f"more than {MAX_DEVICES} devices in all")
@@ -276,14 +358,24 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
             raise SpecError(n.at("hosts"), f"expected a list of {count} hostnames (one per node)")
         for k, h in enumerate(hosts):
             validate_hostname(h, f"{n.at('hosts')}[{k}]")
-        groups.append(NodeGroup(
-            gpu=gpu, count=count, gpus_per_node=per,
-            intra_node_bandwidth_bytes_per_s=parse_bandwidth(
-                n.raw("intra_node_bandwidth", required=True), n.at("intra_node_bandwidth")),
-            inter_node_bandwidth_bytes_per_s=parse_bandwidth(
-                n.raw("inter_node_bandwidth", required=True), n.at("inter_node_bandwidth")),
-            hosts=tuple(hosts)))
-    return Cluster.from_groups(tuple(groups))
+        intra = parse_bandwidth(n.raw("intra_node_bandwidth", required=True),
+                                n.at("intra_node_bandwidth"), NETWORK_BANDWIDTH)
+        inter = None
+        if n.has("inter_node_bandwidth"):
+            inter = parse_bandwidth(n.raw("inter_node_bandwidth"), n.at("inter_node_bandwidth"),
+                                    NETWORK_BANDWIDTH)
+        fields.append(dict(gpu=gpu, count=count, gpus_per_node=per,
+                           intra_node_bandwidth_bytes_per_s=intra,
+                           inter_node_bandwidth_bytes_per_s=inter, hosts=tuple(hosts)))
+    num_nodes = sum(f["count"] for f in fields)
+    for i, f in enumerate(fields):
+        if f["inter_node_bandwidth_bytes_per_s"] is None:
+            if num_nodes > 1:
+                raise SpecError(f"cluster.nodes[{i}].inter_node_bandwidth",
+                                f"required key is missing (the cluster has {num_nodes} nodes; "
+                                f"it may be left out only for a single node), e.g. '100 Gbps'")
+            f["inter_node_bandwidth_bytes_per_s"] = f["intra_node_bandwidth_bytes_per_s"]
+    return Cluster.from_groups(tuple(NodeGroup(**f) for f in fields))
 
 
 _MODEL_KEYS = ("preset", "num_layers", "hidden_size", "num_attention_heads", "seq_length",
@@ -306,6 +398,7 @@ def _divisors(n: int) -> list[int]:
 def _model(data) -> ModelSpec:
     r = _Reader(data, "model", _MODEL_KEYS)
     preset = r.choice("preset", PRESETS)
+    _name(r.raw("name"), r.at("name"), "")
     seq = r.int("seq_length", required=True, hi=MAX_SEQ)
     if preset in ("gpt", "bert"):
         for k in ("layers",):
@@ -342,7 +435,7 @@ def _model(data) -> ModelSpec:
         count = lr.int("count", 1, hi=MAX_LAYERS)
         if len(layers) + count > MAX_LAYERS:
             raise SpecError(lr.at("count"), f"more than {MAX_LAYERS} layers in all")
-        name = str(lr.raw("name", kind))
+        name = _name(lr.raw("name"), lr.at("name"), kind)
         needs = {"embedding": ("hidden_size", "vocab_size"),
                  "transformer": ("hidden_size", "num_attention_heads"),
                  "mlp": ("hidden_size",), "head": ("hidden_size", "vocab_size"),
@@ -357,15 +450,16 @@ def _model(data) -> ModelSpec:
             flops = lr.raw("forward_flops")
             if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not \
                     0 <= flops <= 1e18:
-                raise SpecError(lr.at("forward_flops"), "expected forward FLOPs per sample, a "
-                                                        "number in [0, 1e18]")
+                raise SpecError(lr.at("forward_flops"), f"got {_show(flops)}; expected forward "
+                                                        f"FLOPs per sample, a number in "
+                                                        f"[0, 1e18]")
             base = Layer(kind="custom", seq_length=seq, custom_forward_flops=float(flops),
                          custom_params=lr.int("params", lo=0, hi=10**13),
                          custom_output_elements=lr.int("output_elements", hi=10**12))
             width = 0
         else:
             h = lr.int("hidden_size", hi=MAX_WIDTH)
-            a = lr.int("num_attention_heads", 0, lo=0, hi=MAX_WIDTH)
+            a = lr.int("num_attention_heads", hi=MAX_WIDTH) if kind == "transformer" else 0
             if kind == "transformer":
                 _heads_divide(lr.at("num_attention_heads"), h, a)
                 heads.add(a)
@@ -395,22 +489,22 @@ def _training(data) -> TrainingSpec:
                                    "optimizer"))
     ckpt = r.choice("activation_checkpointing", ("none", "full", "search"), "none")
     zero = r.raw("zero_stage", 0)
-    if zero == "search":
+    if isinstance(zero, str) and zero == "search":
         zero_stages = (0, 1, 2, 3)
     elif isinstance(zero, int) and not isinstance(zero, bool) and 0 <= zero <= 3:
         zero_stages = (zero,)
     else:
-        raise SpecError(r.at("zero_stage"), f"got {zero!r}; accepted: 0, 1, 2, 3, search")
+        raise SpecError(r.at("zero_stage"), f"got {_show(zero)}; accepted: 0, 1, 2, 3, search")
     headroom = r.raw("memory_headroom", "5%")
     hr_path = r.at("memory_headroom")
     if isinstance(headroom, str) and headroom.strip().endswith("%"):
         try:
             headroom = float(headroom.strip()[:-1]) / 100
         except ValueError:
-            raise SpecError(hr_path, f"cannot read {headroom!r}; write e.g. '5%' or 0.05")
+            raise SpecError(hr_path, f"cannot read {_show(headroom)}; write e.g. '5%' or 0.05")
     if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or \
             not 0 <= headroom <= 0.5:
-        raise SpecError(hr_path, f"got {headroom!r}; accepted: a fraction from 0 to 0.5 "
+        raise SpecError(hr_path, f"got {_show(headroom)}; accepted: a fraction from 0 to 0.5 "
                                  f"(0% to 50%), e.g. '5%' or 0.05")
     return TrainingSpec(
         global_batch_size=r.int("global_batch_size", required=True, hi=MAX_BATCH),
@@ -420,13 +514,14 @@ def _training(data) -> TrainingSpec:
         zero_stage=zero_stages,
         memory_headroom=float(headroom),
         framework_overhead_bytes=parse_size(r.raw("framework_overhead", "1 GiB"),
-                                            r.at("framework_overhead")),
+                                            r.at("framework_overhead"), OVERHEAD_MEMORY),
         optimizer=r.choice("optimizer", ("adam",), "adam"),
     )
 
 
 def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None = None) -> Spec:
-    """Build a Spec from already-parsed YAML data."""
+    """Build a Spec from already-parsed YAML data (or any Python data: nothing but SpecError or
+    UsageError is raised for it)."""
     r = _Reader(data, "", ("cluster", "model", "training"))
     catalog = load_catalog() if catalog is None else catalog
     cluster = _cluster(r.raw("cluster", required=True), catalog)
@@ -435,30 +530,46 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
     precision = training.precision
     for g_idx, g in enumerate(cluster.node_groups):
         if g.gpu.peak_flops_per_s.get(precision) is None:
+            supported = ", ".join(p for p, v in g.gpu.peak_flops_per_s.items() if v)
             raise SpecError("training.precision", f"{g.gpu.name} (cluster.nodes[{g_idx}]) has "
                                                   f"no {precision} support; use one of "
-                                                  f"{', '.join(p for p, v in g.gpu.peak_flops_per_s.items() if v)}")
-    canonical = json.dumps(data, sort_keys=True, default=str)
+                                                  f"{supported}")
+    _check_overhead(cluster, training)
     return Spec(cluster=cluster, model=model, training=training, path=path,
-                sha256=hashlib.sha256(canonical.encode()).hexdigest())
+                sha256=_content_hash(data))
+
+
+def _check_overhead(cluster: Cluster, training: TrainingSpec) -> None:
+    """framework_overhead must leave room on the smallest device."""
+    g_idx, g = min(enumerate(cluster.node_groups), key=lambda x: x[1].gpu.memory_bytes)
+    if training.framework_overhead_bytes >= g.gpu.memory_bytes:
+        raise SpecError("training.framework_overhead",
+                        f"{training.framework_overhead_bytes / 2**30:.4g} GiB leaves no memory on "
+                        f"{g.gpu.name} (cluster.nodes[{g_idx}], "
+                        f"{g.gpu.memory_bytes / 2**30:.4g} GiB); accepted: 0 B up to less than "
+                        f"the smallest device memory")
+
+
+def _content_hash(data) -> str:
+    """SHA-256 of the spec's content, keys sorted. Called only after every value has been
+    checked, so `data` holds nothing but known keys and bounded scalars (no cycle, no huge
+    name): the encoding is bounded. What the results database keys trials by."""
+    try:
+        canonical = json.dumps(data, sort_keys=True, default=str)
+    except (TypeError, ValueError, RecursionError, OverflowError) as exc:
+        raise SpecError("", f"cannot hash the spec's content ({type(exc).__name__}); use plain "
+                            f"mappings, lists, strings and numbers") from None
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def load_spec(path: str | os.PathLike) -> Spec:
-    """Read and validate a YAML spec file. Raises SpecError / UsageError with one clear line."""
+    """Read and validate a YAML spec file. Raises SpecError / UsageError with one clear line.
+
+    The file goes through `yaml_io` (at most 1 MiB; UTF-8 or UTF-16 with a BOM; nesting, alias
+    and duplicate-key checks), then `parse_spec` checks every value."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise UsageError(f"spec file not found: {p}") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read spec file {p}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError("", f"{p}: not valid YAML{where}: {problem}") from None
+    data = load_yaml_file(p, what="spec file")
     if data is None:
-        raise SpecError("", f"{p}: the spec is empty; it needs cluster, model and training")
+        raise SpecError("", f"{show_path(p)}: the spec is empty; it needs cluster, model and "
+                            f"training")
     return parse_spec(data, path=p)

@@ -3,10 +3,16 @@
 Bandwidths: '170 Gbps', '10 Gb/s', '25 GB/s', '900 MB/s', '1.6 TB/s'.
 Sizes: '16 GiB', '40 GB', '512 MiB', '1 TiB'.
 A bare number is rejected, because '10' could be Gbps or GB/s (a factor of 8).
+
+Every value must be a finite number (so '1e999 GB/s', which float() reads as infinity, is
+rejected) written in at most 64 characters, and, where the caller passes `bounds`, lie within
+them; the message states the accepted range in units, e.g. "accepted: 1 Mbps to 100 TB/s".
 """
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
 
 from .errors import SpecError
 
@@ -21,27 +27,64 @@ SIZE_UNITS_BYTES = {
     "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
     "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
 }
-_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z/]+)\s*$")
+MAX_QUANTITY_CHARS = 64
+"""Longest accepted quantity string; longer ones are rejected before any parsing."""
+# unambiguous number (no nested optional digit runs, so no backtracking blow-up), then a unit
+_NUMBER_UNIT = re.compile(r"^\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
+                          r"\s*([A-Za-z/]+)\s*$")
+_REL_TOL = 1e-9   # bounds are inclusive up to rounding ('0.001 Gbps' is 1 Mbps)
 
 
-def _match_unit(text: str, units: dict, what: str, path: str) -> tuple[float, float]:
+@dataclass(frozen=True)
+class Bounds:
+    """An inclusive accepted range in SI units, with the text a message shows for it."""
+
+    lo: float
+    hi: float
+    text: str
+
+    def check(self, value: float, shown, path: str) -> None:
+        if not (self.lo * (1 - _REL_TOL) <= value <= self.hi * (1 + _REL_TOL)):
+            raise SpecError(path, f"{shown} is out of range; accepted: {self.text}")
+
+
+# the ranges the spec uses (generous: every shipped config and catalog entry is well inside)
+NETWORK_BANDWIDTH = Bounds(1e6 / 8, 100e12, "1 Mbps to 100 TB/s")
+MEMORY_BANDWIDTH = Bounds(1e9, 100e12, "1 GB/s to 100 TB/s")
+DEVICE_MEMORY = Bounds(64 * 2**20, 64 * 2**40, "64 MiB to 64 TiB")
+OVERHEAD_MEMORY = Bounds(0, 64 * 2**40, "0 B to 64 TiB")
+
+
+def _shown(text) -> str:
+    """A short one-line rendering of a user value for a message."""
+    s = repr(text) if isinstance(text, str) else type(text).__name__
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _match_unit(text, units: dict, what: str, path: str) -> tuple[float, float]:
     accepted = ", ".join(units)
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise SpecError(path, f"expected a {what} string with a unit such as "
                               f"{_examples(units)}, got {type(text).__name__}")
     if isinstance(text, (int, float)):
-        raise SpecError(path, f"a bare number ({text}) is ambiguous; write the unit, "
+        shown = f"{text:g}" if isinstance(text, float) else (
+            str(text) if text.bit_length() < 64 else "a very large integer")
+        raise SpecError(path, f"a bare number ({shown}) is ambiguous; write the unit, "
                               f"one of: {accepted}")
-    m = _NUMBER_UNIT.match(text)
+    m = _NUMBER_UNIT.match(text) if len(text) <= MAX_QUANTITY_CHARS else None
     if not m:
-        raise SpecError(path, f"cannot read {text!r} as a {what}; write a number and a unit, "
-                              f"one of: {accepted}")
+        raise SpecError(path, f"cannot read {_shown(text)} as a {what}; write a number and a "
+                              f"unit (at most {MAX_QUANTITY_CHARS} characters), one of: "
+                              f"{accepted}")
     value, unit = float(m.group(1)), m.group(2)
     scale = units.get(unit)
     if scale is None and unit.lower().endswith("bps"):  # 'gbps', 'GBPS': bits, never bytes
         scale = units.get(unit[0].upper() + "bps")
     if scale is None:
-        raise SpecError(path, f"unknown unit {unit!r} in {text!r}; accepted: {accepted}")
+        raise SpecError(path, f"unknown unit {_shown(unit)} in {_shown(text)}; accepted: "
+                              f"{accepted}")
+    if not math.isfinite(value * scale):
+        raise SpecError(path, f"{_shown(text)} is not a finite {what}")
     return value, scale
 
 
@@ -49,17 +92,26 @@ def _examples(units: dict) -> str:
     return "'170 Gbps' or '25 GB/s'" if "Gbps" in units else "'16 GiB'"
 
 
-def parse_bandwidth(text, path: str) -> float:
-    """'170 Gbps' -> bytes per second. Gbps/Gb/s are bits; GB/s are bytes."""
+def parse_bandwidth(text, path: str, bounds: Bounds | None = None) -> float:
+    """'170 Gbps' -> bytes per second. Gbps/Gb/s are bits; GB/s are bytes.
+
+    Finite and positive always; within `bounds` (e.g. NETWORK_BANDWIDTH) where given."""
     value, scale = _match_unit(text, BANDWIDTH_UNITS_BYTES_PER_S, "bandwidth", path)
     if value <= 0:
-        raise SpecError(path, f"bandwidth must be positive, got {text!r}")
+        raise SpecError(path, f"bandwidth must be positive, got {_shown(text)}"
+                              + (f"; accepted: {bounds.text}" if bounds else ""))
+    if bounds is not None:
+        bounds.check(value * scale, _shown(text), path)
     return value * scale
 
 
-def parse_size(text, path: str) -> int:
-    """'16 GiB' -> bytes."""
+def parse_size(text, path: str, bounds: Bounds | None = None) -> int:
+    """'16 GiB' -> bytes.
+
+    Finite and not negative always; within `bounds` (e.g. DEVICE_MEMORY) where given."""
     value, scale = _match_unit(text, SIZE_UNITS_BYTES, "size", path)
     if value < 0:
-        raise SpecError(path, f"size must not be negative, got {text!r}")
+        raise SpecError(path, f"size must not be negative, got {_shown(text)}")
+    if bounds is not None:
+        bounds.check(value * scale, _shown(text), path)
     return int(round(value * scale))

@@ -137,3 +137,261 @@ def test_cli_bad_yaml_exit_2(write_spec):
                        capture_output=True, text=True)
     assert r.returncode == 2 and "cluster.nodes[0].gpu: unknown GPU" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+# ----------------------------------------------------------------------------- issue 13: hardening
+
+import math  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+
+import yaml  # noqa: E402
+
+from amp_search.hosts import is_valid_hostname  # noqa: E402
+from amp_search.spec import load_catalog, parse_spec  # noqa: E402
+from amp_search.units import NETWORK_BANDWIDTH  # noqa: E402
+from amp_search import yaml_io  # noqa: E402
+
+
+def _write_bytes(tmp_path, data: bytes, name="spec.yaml"):
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+@pytest.mark.parametrize("text,message", [
+    ("1e999 GB/s", "is not a finite bandwidth"),
+    ("0.5 Mbps", "out of range; accepted: 1 Mbps to 100 TB/s"),
+    ("101 TB/s", "out of range; accepted: 1 Mbps to 100 TB/s"),
+    ("0 Gbps", "must be positive"),
+    ("nan Gbps", "cannot read"),
+    ("1" * 10_000 + "x", "at most 64 characters"),
+])
+def test_bandwidth_finite_and_in_range(text, message):
+    t0 = time.perf_counter()
+    with pytest.raises(SpecError, match=message):
+        parse_bandwidth(text, "x", NETWORK_BANDWIDTH)
+    assert time.perf_counter() - t0 < 1
+    assert parse_bandwidth("1 Mbps", "x", NETWORK_BANDWIDTH) == 125e3
+    assert parse_bandwidth("0.001 Gbps", "x", NETWORK_BANDWIDTH) == pytest.approx(125e3)
+
+
+ABSURD = [
+    ("cluster.nodes.1.gpu", {"memory": "1e999 GiB", "memory_bandwidth": "1 TB/s",
+                             "peak_tflops": {"fp16": 10}}, "memory: '1e999 GiB' is not a finite"),
+    ("cluster.nodes.1.gpu", {"memory": "1e30 GiB", "memory_bandwidth": "1 TB/s",
+                             "peak_tflops": {"fp16": 10}}, "accepted: 64 MiB to 64 TiB"),
+    ("cluster.nodes.1.gpu", {"memory": "16 GiB", "memory_bandwidth": "1e999 GB/s",
+                             "peak_tflops": {"fp16": 10}}, "memory_bandwidth: '1e999 GB/s'"),
+    ("cluster.nodes.1.gpu", {"memory": "16 GiB", "memory_bandwidth": "1 TB/s",
+                             "peak_tflops": {"fp16": math.nan}}, "peak_tflops.fp16: nan is out"),
+    ("cluster.nodes.1.gpu", {"memory": "16 GiB", "memory_bandwidth": "1 TB/s",
+                             "peak_tflops": {"fp16": math.inf}}, "peak_tflops.fp16: inf is out"),
+    ("cluster.nodes.1.gpu", {"memory": "16 GiB", "memory_bandwidth": "1 TB/s",
+                             "peak_tflops": {"fp16": 1e300}}, "accepted: 0.001 to 100,000"),
+    ("cluster.nodes.1.gpu", {"memory": "16 GiB", "memory_bandwidth": "1 TB/s",
+                             "peak_tflops": {"fp16": 1e-300}}, "accepted: 0.001 to 100,000"),
+    ("cluster.nodes.1.gpu", {"name": {"a": [1] * 10**6}, "memory": "16 GiB",
+                             "memory_bandwidth": "1 TB/s", "peak_tflops": {"fp16": 10}},
+     "gpu.name: expected text of 1 to 128"),
+    ("cluster.nodes.0.intra_node_bandwidth", "1e999 GB/s", "is not a finite bandwidth"),
+    ("cluster.nodes.0.inter_node_bandwidth", ".inf Gbps", "cannot read"),
+    ("cluster.nodes.1.inter_node_bandwidth", _DELETE, "cluster.nodes[1].inter_node_bandwidth: "
+                                                      "required key is missing (the cluster "
+                                                      "has 4 nodes"),
+    ("cluster.nodes.0.hosts", ["::::", "b", "c"], "'::::' is not a valid hostname"),
+    ("training.framework_overhead", "1e999 GiB", "is not a finite size"),
+    ("training.framework_overhead", "16 GiB",
+     "16 GiB leaves no memory on T4-16GB (cluster.nodes[1], 14.9 GiB)"),
+    ("training.memory_headroom", math.nan, "accepted: a fraction from 0 to 0.5"),
+    ("model.num_layers", 10**5000, "an integer of about 5000 digits is out of range"),
+    ("model.name", [[[[[1]]]]] * 1000, "model.name: expected text"),
+    ("model.preset", ["gpt"] * 10**6, "model.preset: got ['gpt', 'gpt',"),
+]
+
+
+@pytest.mark.parametrize("path,value,message", ABSURD,
+                         ids=[f"{i}-{a[0]}" for i, a in enumerate(ABSURD)])
+def test_absurd_values_rejected(write_spec, path, value, message):
+    d = _mutate(path, value)
+    with pytest.raises(SpecError) as err:
+        parse_spec(d)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
+
+
+def test_layers_preset_zero_heads_is_a_spec_error():
+    d = hetero_spec()
+    d["model"] = {"preset": "layers", "seq_length": 128, "layers": [
+        {"kind": "embedding", "hidden_size": 64, "vocab_size": 1024},
+        {"kind": "transformer", "hidden_size": 64, "num_attention_heads": 0},
+        {"kind": "head", "hidden_size": 64, "vocab_size": 1024}]}
+    with pytest.raises(SpecError, match=r"model.layers\[1\].num_attention_heads: 0 is out of "
+                                        r"range; accepted: 1 to"):
+        parse_spec(d)
+
+
+def test_inter_node_bandwidth_optional_for_one_node():
+    d = hetero_spec()
+    d["cluster"]["nodes"] = [{"gpu": "T4-16GB", "gpus_per_node": 4,
+                              "intra_node_bandwidth": "50 Gbps"}]
+    spec = parse_spec(d)
+    g = spec.cluster.node_groups[0]
+    assert g.inter_node_bandwidth_bytes_per_s == g.intra_node_bandwidth_bytes_per_s
+    d["cluster"]["nodes"][0]["count"] = 2
+    with pytest.raises(SpecError, match=r"cluster.nodes\[0\].inter_node_bandwidth: required"):
+        parse_spec(d)
+
+
+def test_parse_spec_any_python_data_is_a_spec_error():
+    cyclic: list = []
+    cyclic.append(cyclic)
+    d = hetero_spec()
+    d["model"]["name"] = cyclic
+    with pytest.raises(SpecError, match="model.name"):
+        parse_spec(d)
+    for bad in (None, 1, "x", [], cyclic, {1: 2}, {("a",) * 10**5: 1}, {"cluster": cyclic}):
+        with pytest.raises(SpecError) as err:
+            parse_spec(bad)
+        assert "\n" not in str(err.value) and len(str(err.value)) < 400
+
+
+def test_hostnames():
+    for good in ("node-1", "gpu01.cluster.local", "10.0.0.1", "::1", "fe80::1%eth0"):
+        assert is_valid_hostname(good), good
+    for bad in ("::::", "1.2.3.999", "-oProxyCommand=x", "a b", "a;b", "", "x" * 254,
+                "fe80::1%a b", 7, None):
+        assert not is_valid_hostname(bad), bad
+
+
+def test_shipped_catalog_and_configs_load():
+    catalog = load_catalog()
+    assert "CPU-local" in catalog and catalog["CPU-local"].peak_flops_per_s["fp16"] == 1e9
+    for f in sorted((ROOT / "configs").glob("*.yaml")):
+        load_spec(f)
+
+
+# --------------------------------------------------------------- the front door (yaml_io)
+
+def test_encodings(tmp_path):
+    text = (ROOT / "configs" / "amp-hetero-gpt2.yaml").read_text() + "# café\n"
+    want = load_spec(ROOT / "configs" / "amp-hetero-gpt2.yaml").sha256
+    for data in (text.encode("utf-8"), b"\xef\xbb\xbf" + text.encode("utf-8"),
+                 "\ufeff".encode("utf-16-le") + text.encode("utf-16-le"),
+                 "\ufeff".encode("utf-16-be") + text.encode("utf-16-be")):
+        assert load_spec(_write_bytes(tmp_path, data)).sha256 == want
+    latin1 = text.encode("latin-1")
+    offset = latin1.index(b"\xe9")
+    with pytest.raises(SpecError, match=f"not valid UTF-8 text: byte 0xE9 at offset {offset} "
+                                        f"\\(line {text.count(chr(10))}\\)"):
+        load_spec(_write_bytes(tmp_path, latin1))
+    for data in (text.encode("utf-16-le"), "a: 1\n".encode("utf-16-be")):
+        with pytest.raises(SpecError, match="UTF-16 .*without a byte-order mark"):
+            load_spec(_write_bytes(tmp_path, data))
+    with pytest.raises(SpecError, match="the file is UTF-32"):
+        load_spec(_write_bytes(tmp_path, text.encode("utf-32")))
+
+
+def test_duplicate_key_names_path_and_both_lines(tmp_path):
+    text = (ROOT / "configs" / "amp-hetero-gpt2.yaml").read_text()
+    n = text.count("\n")
+    with pytest.raises(SpecError) as err:
+        load_spec(_write_bytes(tmp_path, (text + "model:\n  preset: gpt\n").encode()))
+    assert str(err.value).startswith("model: duplicate key in ")
+    first = text.splitlines().index("model:") + 1
+    assert f"at lines {first} and {n + 1}" in str(err.value)
+    with pytest.raises(SpecError, match=r"^cluster.nodes\[1\].count: duplicate key"):
+        load_spec(_write_bytes(tmp_path, text.replace("      count: 1\n",
+                                                      "      count: 1\n      count: 2\n").encode()))
+    # a merge key may be overridden: not a duplicate
+    assert yaml_io.load_yaml_bytes(b"a: &a {x: 1}\nb: {<<: *a, x: 2}\n")["b"] == {"x": 2}
+
+
+@pytest.mark.parametrize("doc,message", [
+    ("a: &a [1, *a]\n", "alias \\*a is inside the node it names"),
+    ("a: " + "[" * 1000 + "]" * 1000 + "\n", "nested deeper than 64 levels"),
+    ("a: &a " + "[" * 40 + "]" * 40 + "\nb: " + "[" * 30 + "*a" + "]" * 30 + "\n",
+     "nested deeper than 64 levels"),
+    ("a: &a 1\nb: [" + ", ".join(["*a"] * 1001) + "]\n", "more than 1,000 aliases"),
+    ("a: [" + ",".join(["1"] * 100_001) + "]\n", "more than 100,000 values"),
+    ("a: 1\n---\nb: 2\n", "but found another document"),
+    ("a: !!python/object/apply:os.system [ls]\n", "could not determine a constructor"),
+    ("a: " + "9" * 5000 + "\n", "cannot read this value: Exceeds the limit"),
+    ("a: 2001-13-45\n", "cannot read this value: month must be in 1..12"),
+    ("a: *nope\n", "found undefined alias"),
+    ("a: \x07\n", "control characters are not allowed"),
+])
+def test_yaml_limits(tmp_path, doc, message):
+    t0 = time.perf_counter()
+    with pytest.raises(SpecError, match=message) as err:
+        load_spec(_write_bytes(tmp_path, doc.encode()))
+    assert time.perf_counter() - t0 < 5
+    assert "\n" not in str(err.value)
+
+
+def test_billion_laughs_fails_fast(tmp_path):
+    doc = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefghi", "bcdefghij"))
+    doc += "model:\n  name: *j\n"
+    t0 = time.perf_counter()
+    with pytest.raises(SpecError, match="more than 100,000 values once aliases are expanded"):
+        load_spec(_write_bytes(tmp_path, doc.encode()))
+    assert time.perf_counter() - t0 < 2
+
+
+def test_size_limit_and_special_files(tmp_path):
+    with pytest.raises(SpecError, match="larger than 1,048,576 bytes"):
+        load_spec(_write_bytes(tmp_path, b"# " + b"x" * (1 << 20) + b"\n"))
+    with pytest.raises(UsageError, match="is a directory"):
+        load_spec(tmp_path)
+    if os.path.exists("/dev/zero"):
+        t0 = time.perf_counter()
+        with pytest.raises(SpecError, match="larger than 1,048,576 bytes"):
+            load_spec("/dev/zero")
+        assert time.perf_counter() - t0 < 5
+    if hasattr(os, "mkfifo"):
+        fifo = tmp_path / "fifo.yaml"
+        os.mkfifo(fifo)
+        t0 = time.perf_counter()
+        with pytest.raises(UsageError, match="no data \\(a FIFO with no writer\\?\\)"):
+            load_spec(fifo)
+        assert time.perf_counter() - t0 < 5
+    with pytest.raises(UsageError, match="cannot read spec file"):
+        load_spec(str(tmp_path / "a\x00b"))
+
+
+def test_catalog_goes_through_the_front_door(tmp_path):
+    bad = _write_bytes(tmp_path, b"gpus:\n  X: {memory: 1 GiB, memory_bandwidth: 1 TB/s, "
+                                 b"peak_tflops: {fp16: .nan}}\n", "gpus.yaml")
+    with pytest.raises(SpecError, match=r"catalog.X.peak_tflops.fp16: nan is out of range"):
+        load_catalog(bad)
+    with pytest.raises(UsageError, match="expected a mapping 'gpus:"):
+        load_catalog(_write_bytes(tmp_path, b"- 1\n", "gpus.yaml"))
+    with pytest.raises(UsageError, match="GPU catalog not found"):
+        load_catalog(tmp_path / "none.yaml")
+
+
+# ----------------------------------------------------------------------- numba cache fallback
+
+def test_numba_cache_falls_back_without_a_locator(monkeypatch):
+    """With no writable cache folder numba raises 'cannot cache function ...: no locator
+    available' when a cached kernel is defined; the kernels are then compiled uncached and one
+    warning says so."""
+    import numba.core.caching
+    import numpy as np
+
+    from amp_search import partition
+
+    monkeypatch.setattr(numba.core.caching.CacheImpl, "_locator_classes", [])
+    with pytest.raises(RuntimeError, match="no locator available"):
+        numba.njit(cache=True)(partition._prefix.py_func)
+    monkeypatch.setattr(partition, "_cache_warned", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prefix = partition._kernel(partition._prefix.py_func)
+        partition._kernel(partition._bottleneck.py_func)
+    assert len(caught) == 1 and "NUMBA_CACHE_DIR" in str(caught[0].message)
+    assert "\n" not in str(caught[0].message)
+    values = np.arange(6.0).reshape(2, 3)
+    assert np.array_equal(prefix(values), partition._prefix(values))
