@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +98,8 @@ class Calibration:
     n_fit: int
     fitted: tuple[str, ...]
     """Coefficients the trials constrain (the others kept their starting values)."""
+    values: dict = field(default_factory=dict)
+    """fitted coefficient name -> (value before, value after)."""
     devices: tuple[str, ...]
     precision: str
     rows: tuple[TrialFit, ...] = ()
@@ -175,6 +177,8 @@ class _Coef:
     log: bool
     lo: float
     hi: float
+    default: float = 1.0
+    """The value while CostParams holds none (a scale 1, a latency 0, the catalog's cost)."""
 
     def to_theta(self, value: float) -> float:
         if self.log:
@@ -201,12 +205,19 @@ def _coefficients(spec: Spec, measurements: Measurements = NO_MEASUREMENTS) -> l
         links.append("inter")
     coefs = [_Coef(f"compute_scale[{d}]", "compute_scale", d, 1.0, True, -5.0, 5.0)
              for d in devices]
+    # the analytic model's fixed costs per device type (they move only analytic layer times),
+    # starting from the catalog's values
+    gpus = {d.gpu.name: d.gpu for d in spec.cluster.devices}
+    for field, unit in (("host_block_pass_s", 1e-4), ("host_tp_allreduce_per_rank_s", 1e-5),
+                        ("kernel_floor_s", 1e-4)):
+        coefs += [_Coef(f"{field}[{d}]", field, d, unit, False, 0.0, 1e4,
+                        default=float(getattr(gpus[d], field))) for d in devices]
     coefs += [_Coef(f"bandwidth_scale[{lk}]", "bandwidth_scale", lk, 1.0, True, -7.0, 7.0)
               for lk in links]
     # latency_s is added to a measured link's alpha, so it may correct it downwards
     coefs += [_Coef(f"latency_s[{lk}]", "latency_s", lk, 1e-4, False,
-                    -0.999 * _measured_latency_s(spec, lk, measurements) / 1e-4, 1e3)
-              for lk in links]
+                    -0.999 * _measured_latency_s(spec, lk, measurements) / 1e-4, 1e3,
+                    default=0.0) for lk in links]
     coefs += [_Coef("dp_overlap", "dp_overlap", None, 1.0, False, 0.0, 1.0),
               _Coef("microbatch_overhead_s", "microbatch_overhead_s", None, 1e-3, False, 0.0,
                     1e4),
@@ -217,8 +228,7 @@ def _coefficients(spec: Spec, measurements: Measurements = NO_MEASUREMENTS) -> l
 def _get(p: CostParams, c: _Coef) -> float:
     if c.key is None:
         return float(getattr(p, c.field))
-    default = 0.0 if c.field == "latency_s" else 1.0
-    return float(getattr(p, c.field).get(c.key, default))
+    return float(getattr(p, c.field).get(c.key, c.default))
 
 
 def _with(base: CostParams, coefs, theta) -> CostParams:
@@ -366,6 +376,8 @@ def calibrate(spec: Spec, records, *, fit_on=None, initial: CostParams | None = 
                        fit_mape_after=mape(pred1[mask], meas[mask]),
                        n_trials=len(trials), n_fit=int(mask.sum()),
                        fitted=tuple(coefs[i].name for i in act),
+                       values={coefs[i].name: (_get(initial, coefs[i]), _get(params, coefs[i]))
+                               for i in act},
                        devices=device_types(spec), precision=spec.training.precision, rows=rows,
                        spec_sha256=spec.sha256, created=now_iso())
 

@@ -32,21 +32,25 @@ from .spec import Spec
 __all__ = ["stage_memory"]
 
 
-def stage_memory(spec: Spec, strategy: Strategy,
-                 capacity_bytes=None) -> tuple[StageMemory, ...]:
+def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
+                 attention_scores=None) -> tuple[StageMemory, ...]:
     """Predicted peak memory of the most loaded device of each pipeline stage.
-    `capacity_bytes`: the memory of each stage's smallest device, if the caller has it."""
+    `capacity_bytes`: the memory of each stage's smallest device; `attention_scores`: whether
+    each stage runs standard attention (Spec.attention_for), if the caller has them."""
     t = spec.training
     s = strategy
     devices = spec.cluster.devices
-    if capacity_bytes is None:
-        capacity_bytes = [min(devices[d].gpu.memory_bytes for replica in s.placement[j]
-                              for d in replica) for j in range(s.pp)]
+    if capacity_bytes is None or attention_scores is None:
+        stage_gpus = [{devices[d].gpu.name: devices[d].gpu for replica in s.placement[j]
+                       for d in replica}.values() for j in range(s.pp)]
+        capacity_bytes = [min(g.memory_bytes for g in gs) for gs in stage_gpus]
+        attention_scores = [any(spec.attention_for(g) == "standard" for g in gs)
+                            for gs in stage_gpus]
     out = []
     for j in range(s.pp):
         st = _stage_bytes(spec.model.layers[s.partition[j]:s.partition[j + 1]], j, s.pp, s.dp,
                           s.tmp, s.mbs, s.gas, s.zero_stage, s.activation_checkpointing,
-                          t.precision)
+                          t.precision, bool(attention_scores[j]))
         capacity = capacity_bytes[j]
         overhead = t.framework_overhead_bytes + st.buffer_bytes
         peak = (st.parameter_bytes + st.gradient_bytes + st.optimizer_bytes
@@ -62,7 +66,9 @@ def stage_memory(spec: Spec, strategy: Strategy,
 
 @lru_cache(maxsize=65536)
 def _stage_bytes(layers: tuple[Layer, ...], stage: int, pp: int, dp: int, tmp: int, mbs: int,
-                 gas: int, zero_stage: int, recompute: bool, precision: str) -> M.StageBytes:
+                 gas: int, zero_stage: int, recompute: bool, precision: str,
+                 attention_scores: bool) -> M.StageBytes:
     """One stage's parts, cached: the search asks for the same stage many times."""
     return M.stage_bytes(layers, stage=stage, pp=pp, dp=dp, tmp=tmp, mbs=mbs, gas=gas,
-                         zero_stage=zero_stage, recompute=recompute, precision=precision)
+                         zero_stage=zero_stage, recompute=recompute, precision=precision,
+                         attention_scores=attention_scores)

@@ -23,7 +23,8 @@ import numpy as np
 from cost_models import comm as C
 from cost_models import memory as M
 from cost_models import pipeline as P
-from cost_models.compute import microbatch_time_s
+from cost_models.compute import (HostCosts, host_time_s, kernel_floor_time_s,
+                                 microbatch_time_s, overlapped_time_s)
 from cost_models.layers import output_elements, param_count, tp_allreduce_elements
 from cost_models.params import CostParams
 
@@ -34,17 +35,22 @@ from .partition import optimal_partition, uniform_partition
 from .placement import DeviceOrder, as_tuple, device_orders, megatron_placement
 from .records import Breakdown, Estimate, Plan, Strategy
 from .search_space import (Candidate, Reason, SearchSpace, check_batch_has_a_degree, divisors,
-                           enumerate_candidates, first_violation)
+                           enumerate_candidates, first_violation, search_cost)
 from .spec import Spec
 from .timing import LayerTimer
 from .topology import ClusterArrays, p2p_links, ring_links
 
-__all__ = ["Candidate", "CostModel", "NoFeasibleStrategy", "StageCosts", "estimate",
+__all__ = ["Candidate", "CostModel", "NoFeasibleStrategy", "PlacedLayout", "SearchTooLarge",
+           "StageCosts", "estimate",
            "evaluate", "megatron_baseline", "plan", "rank"]
 
 
 class NoFeasibleStrategy(AmpSearchError):
     """Every candidate was pruned; the message says why."""
+
+
+class SearchTooLarge(AmpSearchError):
+    """The search would take longer than the caller allows; the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,9 @@ class StageCosts:
     is layer l run by pipeline stage j's devices (the slowest device type of the stage)."""
 
     compute_s: np.ndarray
-    """[pp, L] one micro-batch forward + backward (+ recomputation) of the layer."""
+    """[pp, L] device time of one micro-batch forward + backward (+ recomputation)."""
+    host_s: np.ndarray
+    """[pp, L] host time to issue them (analytic times; a measured time holds it already)."""
     tensor_parallel_s: np.ndarray
     """[pp, L] the layer's tensor-parallel all-reduces for one micro-batch."""
     cut_s: np.ndarray
@@ -71,13 +79,35 @@ class StageCosts:
 
     @property
     def layer_s(self) -> np.ndarray:
-        """What the pipeline's t_j sums: compute + tensor-parallel communication."""
-        return self.compute_s + self.tensor_parallel_s
+        """What the pipeline's t_j sums: device compute + tensor-parallel communication, or the
+        host's time to issue them where that is longer."""
+        return overlapped_time_s(self.host_s, self.compute_s + self.tensor_parallel_s)
 
     @property
     def after_pipeline_s(self) -> np.ndarray:
         """What eq. 4's second term sums per stage: DP sync + optimizer step."""
         return self.sync_s + self.optimizer_s
+
+
+@dataclass(frozen=True)
+class PlacedLayout:
+    """A (pp, dp, tmp) placement and what mbs, ZeRO and recomputation do not change: the
+    devices of each stage and, per stage, the slowest link of each traffic kind (computed over
+    every device once, then cached: on a million devices that is what costs)."""
+
+    placement: np.ndarray
+    """[stage, replica, tensor rank] -> device id."""
+    placement_tuple: tuple
+    stage_gpus: list
+    """Per stage: the indices (into CostModel.gpus) of its device types."""
+    capacity_bytes: np.ndarray
+    """[pp] memory of each stage's smallest device."""
+    tp_links: tuple | None
+    """(bandwidth [pp], crosses nodes [pp]) of each stage's slowest tensor ring; None: tmp 1."""
+    dp_links: tuple | None
+    """The same for the data-parallel rings; None: dp 1."""
+    p2p_links: tuple | None
+    """(bandwidth [pp-1], crosses nodes [pp-1]) of each stage boundary; None: pp 1."""
 
 
 class CostModel:
@@ -112,13 +142,16 @@ class CostModel:
         self.gpus = sorted({d.gpu.name: d.gpu for d in spec.cluster.devices}.values(),
                            key=lambda g: g.name)
         index = {g.name: i for i, g in enumerate(self.gpus)}
+        self.standard_attention = [spec.attention_for(g) == "standard" for g in self.gpus]
         self.gpu_of_device = np.array([index[d.gpu.name] for d in spec.cluster.devices])
         # per sample: P2P bytes leaving layer l, TP all-reduce bytes and message count of layer l
         self.out_bytes = np.array([output_elements(l) * bpe for l in layers], dtype=float)
-        self.tp_bytes = np.array([sum(tp_allreduce_elements(l)) * bpe for l in layers],
-                                 dtype=float)
-        self.tp_messages = np.array([len(tp_allreduce_elements(l)) for l in layers], dtype=float)
+        self.tp_bytes = {ck: np.array([sum(tp_allreduce_elements(l, ck)) * bpe for l in layers],
+                                      dtype=float) for ck in (False, True)}
+        self.tp_messages = {ck: np.array([len(tp_allreduce_elements(l, ck)) for l in layers],
+                                         dtype=float) for ck in (False, True)}
         self._params: dict[int, np.ndarray] = {}
+        self._fixed_cache: dict = {}
         self._mem_cache: dict = {}
         self._placement_cache: dict = {}
         self.capacity_bytes = np.array([d.gpu.memory_bytes for d in spec.cluster.devices],
@@ -148,85 +181,134 @@ class CostModel:
                  partition: str | tuple[int, ...] = "optimal") -> Estimate:
         """Cost one strategy: placement from `order` (Megatron's mapping) or given; partition
         'optimal' (exact DP), 'uniform' (Megatron) or explicit boundaries."""
-        if placement is None:
-            placement, placement_tuple, stage_gpus = self._placement(order, c)
-        else:
-            placement_tuple = as_tuple(placement)
-            stage_gpus = [np.unique(self.gpu_of_device[placement[j]]) for j in range(c.pp)]
-        costs = self.stage_costs(c, placement, stage_gpus)
-        bounds = self._partition(c, costs, placement, partition)
+        layout = self.layout(c, order, placement)
+        costs = self.stage_costs(c, layout)
+        scores = [any(self.standard_attention[g] for g in gs) for gs in layout.stage_gpus]
+        bounds = self._partition(c, costs, layout, partition, any(scores))
         strategy = Strategy(pp=c.pp, dp=c.dp, tmp=c.tmp, mbs=c.mbs,
                             global_batch_size=self.spec.training.global_batch_size,
-                            partition=tuple(int(x) for x in bounds), placement=placement_tuple,
+                            partition=tuple(int(x) for x in bounds),
+                            placement=layout.placement_tuple,
                             placement_order=order.name if order is not None else "given",
                             zero_stage=c.zero_stage,
                             activation_checkpointing=c.activation_checkpointing)
-        return self._assemble(strategy, costs, self._stage_capacity(placement))
+        return self._assemble(strategy, costs, layout.capacity_bytes, scores)
 
-    def stage_costs(self, c: Candidate, placement: np.ndarray, stage_gpus) -> StageCosts:
+    def layout(self, c: Candidate, order: DeviceOrder | None = None,
+               placement: np.ndarray | None = None) -> PlacedLayout:
+        """The placement of (pp, dp, tmp): Megatron's over `order` (cached) or the one given."""
+        p = self.params
+        scale = dict(intra_scale=p.bandwidth("intra"), inter_scale=p.bandwidth("inter"))
+        key = None if placement is not None else (order.name, c.pp, c.dp, c.tmp,
+                                                  tuple(scale.values()))
+        hit = self._placement_cache.get(key) if key is not None else None
+        if hit is not None:
+            return hit
+        if placement is None:
+            placement = megatron_placement(order, c.pp, c.dp, c.tmp)
+        tp = dp = p2p = None
+        if c.tmp > 1:
+            r = ring_links(self.cluster_for["all_reduce"], placement, **scale)
+            tp = (r.bandwidth_bytes_per_s.min(axis=1), r.crosses_nodes.any(axis=1))
+        if c.dp > 1:
+            r = ring_links(self.cluster_for["all_reduce"], placement.transpose(0, 2, 1), **scale)
+            dp = (r.bandwidth_bytes_per_s.min(axis=1), r.crosses_nodes.any(axis=1))
+        if c.pp > 1:
+            r = p2p_links(self.cluster_for["p2p"], placement, **scale)
+            p2p = (r.bandwidth_bytes_per_s, r.crosses_nodes)
+        hit = PlacedLayout(
+            placement=placement, placement_tuple=as_tuple(placement),
+            stage_gpus=[np.unique(self.gpu_of_device[placement[j]]) for j in range(c.pp)],
+            capacity_bytes=self.capacity_bytes[placement.reshape(c.pp, -1)].min(axis=1),
+            tp_links=tp, dp_links=dp, p2p_links=p2p)
+        if key is not None:
+            self._placement_cache[key] = hit
+        return hit
+
+    def stage_costs(self, c: Candidate, layout: PlacedLayout) -> StageCosts:
         """Every per-layer cost array of the strategy (cost_models' terms, vectorised)."""
         p = self.params
         L = self.num_layers
-        link_scale = dict(intra_scale=p.bandwidth("intra"), inter_scale=p.bandwidth("inter"))
+        stage_gpus = layout.stage_gpus
 
-        compute = np.zeros((c.pp, L))
+        compute, host = np.zeros((c.pp, L)), np.zeros((c.pp, L))
         optimizer = np.zeros((c.pp, L))
         engine = M.deepspeed_engine(zero_stage=c.zero_stage,
                                     precision=self.spec.training.precision)
         optimizer_share = c.dp if M.partitions_optimizer(engine) else 1
+        ckpt = c.activation_checkpointing
         for j in range(c.pp):
             for g in stage_gpus[j]:     # a stage runs at its slowest device type's pace
                 gpu = self.gpus[g]
                 scale = p.compute(gpu.name)
-                fwd, bwd = self.timer.times(gpu, c.tmp, c.mbs)
-                np.maximum(compute[j], microbatch_time_s(fwd, bwd, c.activation_checkpointing)
-                           * scale, out=compute[j])
+                lt = self.timer.times(gpu, c.tmp, c.mbs)
+                floor, issue = self._fixed_costs(gpu, c.tmp, ckpt)
+                device = microbatch_time_s(lt.forward_s, lt.backward_s, ckpt) * scale \
+                    + np.where(lt.analytic, floor, 0.0)
+                np.maximum(compute[j], device, out=compute[j])
+                np.maximum(host[j], np.where(lt.analytic, issue, 0.0), out=host[j])
                 np.maximum(optimizer[j], self.timer.optimizer_step_s(gpu, c.tmp) * scale
                            / optimizer_share, out=optimizer[j])
 
         tensor_parallel = np.zeros((c.pp, L))
         if c.tmp > 1:       # each stage's tensor rings run on its slowest ring's links
-            rings = ring_links(self.cluster_for["all_reduce"], placement, **link_scale)
-            bw = rings.bandwidth_bytes_per_s.min(axis=1)
-            lat = self._link_latency("all_reduce", rings.crosses_nodes.any(axis=1))
+            bw, crosses = layout.tp_links
+            lat = self._link_latency("all_reduce", crosses)
             tensor_parallel = C.allreduce_time_s(
-                self.tp_bytes[None, :] * c.mbs, c.tmp, bw[:, None], lat[:, None],
-                messages=self.tp_messages[None, :])
+                self.tp_bytes[ckpt][None, :] * c.mbs, c.tmp, bw[:, None], lat[:, None],
+                messages=self.tp_messages[ckpt][None, :])
 
         cut = np.zeros((c.pp, L + 1))
         if c.pp > 1:
-            links = p2p_links(self.cluster_for["p2p"], placement, **link_scale)
-            lat = self._link_latency("p2p", links.crosses_nodes)
+            bw, crosses = layout.p2p_links
+            lat = self._link_latency("p2p", crosses)
             cut[1:, 1:L] = C.stage_boundary_time_s(
-                self.out_bytes[None, :L - 1] * c.mbs, links.bandwidth_bytes_per_s[:, None],
-                lat[:, None])
+                self.out_bytes[None, :L - 1] * c.mbs, bw[:, None], lat[:, None])
 
-        sync, sync_fixed = self._dp_sync(c, placement, link_scale)
-        return StageCosts(compute_s=compute, tensor_parallel_s=tensor_parallel, cut_s=cut,
+        sync, sync_fixed = self._dp_sync(c, layout)
+        return StageCosts(compute_s=compute, host_s=host, tensor_parallel_s=tensor_parallel,
+                          cut_s=cut,
                           sync_s=sync, sync_fixed_s=sync_fixed, optimizer_s=optimizer,
                           microbatch_overhead_s=p.microbatch_overhead_s,
                           step_overhead_s=p.step_overhead_s)
+
+    def _fixed_costs(self, gpu, tmp: int, recompute: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer: the kernel floor (device) and the host time of one micro-batch on `gpu`
+        (cost_models.compute), from the catalog's fixed costs or the fitted ones."""
+        p = self.params
+        floor_s = p.fixed_cost("kernel_floor_s", gpu.name, gpu.kernel_floor_s)
+        costs = HostCosts(
+            block_pass_s=p.fixed_cost("host_block_pass_s", gpu.name, gpu.host_block_pass_s),
+            tp_allreduce_per_rank_s=p.fixed_cost("host_tp_allreduce_per_rank_s", gpu.name,
+                                                 gpu.host_tp_allreduce_per_rank_s))
+        key = (tmp, recompute, floor_s, costs)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            layers = self.spec.model.layers
+            hit = self._fixed_cache[key] = (
+                np.array([kernel_floor_time_s(l, recompute=recompute, kernel_floor_s=floor_s)
+                          for l in layers]),
+                np.array([host_time_s(l, tmp=tmp, recompute=recompute, host=costs)
+                          for l in layers]))
+        return hit
 
     def _link_latency(self, collective: str, crosses_nodes: np.ndarray) -> np.ndarray:
         return np.where(crosses_nodes, self.latency(collective, "inter"),
                         self.latency(collective, "intra"))
 
-    def _dp_sync(self, c: Candidate, placement: np.ndarray,
-                 link_scale: dict) -> tuple[np.ndarray, np.ndarray]:
+    def _dp_sync(self, c: Candidate, layout: PlacedLayout) -> tuple[np.ndarray, np.ndarray]:
         """The data-parallel sync of stage j is linear in the parameters it holds
         (cost_models.comm.data_parallel_sync_time_s on the stage's slowest dp ring):
         sync_j = fixed[j] + sum over its layers of per_layer[j, l], less what overlap hides."""
         if c.dp == 1:
             return np.zeros((c.pp, self.num_layers)), np.zeros(c.pp)
-        rings = ring_links(self.cluster_for["all_reduce"], placement.transpose(0, 2, 1),
-                           **link_scale)
+        bw, crosses = layout.dp_links
         bpe = self.spec.training.bytes_per_element
 
         def sync(element_bytes: float) -> np.ndarray:      # [pp]: one parameter's bytes
             return P.exposed_time_s(C.data_parallel_sync_time_s(
                 param_bytes=element_bytes, grad_bytes=element_bytes, n=c.dp,
-                bandwidth_bytes_per_s=rings.bandwidth_bytes_per_s.min(axis=1),
-                latency_s=self._link_latency("all_reduce", rings.crosses_nodes.any(axis=1)),
+                bandwidth_bytes_per_s=bw, latency_s=self._link_latency("all_reduce", crosses),
                 zero_stage=c.zero_stage, gas=self.spec.training.global_batch_size
                 // (c.dp * c.mbs),
                 gather_weights_after_step=M.deepspeed_engine(
@@ -237,15 +319,15 @@ class CostModel:
         per_param = sync(float(bpe)) - fixed
         return per_param[:, None] * self.params_per_layer(c.tmp)[None, :], fixed
 
-    def _partition(self, c: Candidate, costs: StageCosts, placement: np.ndarray,
-                   partition: str | tuple[int, ...]) -> tuple[int, ...]:
+    def _partition(self, c: Candidate, costs: StageCosts, layout: PlacedLayout,
+                   partition: str | tuple[int, ...], scores: bool) -> tuple[int, ...]:
         if isinstance(partition, tuple):
             return partition
         if partition == "uniform":
             return uniform_partition(self.num_layers, c.pp, first=self.first_fixed,
                                      last=self.last_fixed)
         gas = self.spec.training.global_batch_size // (c.dp * c.mbs)
-        mem_layer, mem_budget = self._memory_arrays(c, gas, placement)
+        mem_layer, mem_budget = self._memory_arrays(c, gas, layout, scores)
         kw = dict(sync_layer_s=costs.after_pipeline_s, sync_fixed_s=costs.sync_fixed_s)
         result = optimal_partition(costs.layer_s, costs.cut_s, gas, memory_layer_bytes=mem_layer,
                                    memory_budget_bytes=mem_budget, **kw)
@@ -253,35 +335,34 @@ class CostModel:
             result = optimal_partition(costs.layer_s, costs.cut_s, gas, **kw)
         return result.boundaries
 
-    def _memory_arrays(self, c: Candidate, gas: int, placement: np.ndarray
+    def _memory_arrays(self, c: Candidate, gas: int, layout: PlacedLayout, scores: bool
                        ) -> tuple[np.ndarray | None, np.ndarray | None]:
         """Memory as the partition DP needs it (cost_models.memory.linear_stage_memory),
-        against each stage's smallest device's usable capacity."""
+        against each stage's smallest device's usable capacity; with the attention scores
+        stored when any stage runs standard attention (the exact check is per stage)."""
         if c.pp == 1:
             return None, None
-        key = (c.tmp, c.dp, c.mbs, gas, c.zero_stage, c.activation_checkpointing)
+        key = (c.tmp, c.dp, c.mbs, gas, c.zero_stage, c.activation_checkpointing, scores)
         lin = self._mem_cache.get(key)
         if lin is None:
             t = self.spec.training
             lin = M.linear_stage_memory(
                 self.spec.model.layers, dp=c.dp, tmp=c.tmp, mbs=c.mbs, gas=gas,
                 zero_stage=c.zero_stage, recompute=c.activation_checkpointing,
-                precision=t.precision, framework_overhead_bytes=t.framework_overhead_bytes)
+                precision=t.precision, framework_overhead_bytes=t.framework_overhead_bytes,
+                attention_scores=scores)
             self._mem_cache[key] = lin
         layer_bytes, reserved = lin.stage_arrays(c.pp, gas)
-        usable = self._stage_capacity(placement) * (1.0 - self.spec.training.memory_headroom)
+        usable = layout.capacity_bytes * (1.0 - self.spec.training.memory_headroom)
         return layer_bytes, usable - reserved
 
-    def _stage_capacity(self, placement: np.ndarray) -> np.ndarray:
-        """[pp] memory of each stage's smallest device."""
-        return self.capacity_bytes[placement.reshape(placement.shape[0], -1)].min(axis=1)
-
-    def _assemble(self, strategy: Strategy, costs: StageCosts, capacity: np.ndarray) -> Estimate:
+    def _assemble(self, strategy: Strategy, costs: StageCosts, capacity: np.ndarray,
+                  scores: list[bool]) -> Estimate:
         """AMP eq. 5 and 4 on the chosen split, with the breakdown and the memory check."""
         bounds, gas = strategy.partition, strategy.gas
-        stage_compute = P.stage_totals(costs.compute_s, bounds) + costs.microbatch_overhead_s
+        stage_time = P.stage_totals(costs.layer_s, bounds) + costs.microbatch_overhead_s
         stage_tp = P.stage_totals(costs.tensor_parallel_s, bounds)
-        stage_time = stage_compute + stage_tp
+        stage_compute = stage_time - stage_tp       # device compute, or the host where longer
         cuts = P.boundary_times(costs.cut_s, bounds)
         sync = costs.sync_fixed_s + P.stage_totals(costs.sync_s, bounds)
         step = P.stage_totals(costs.optimizer_s, bounds)
@@ -296,20 +377,9 @@ class CostModel:
             data_parallel_s=float(sync[s]), optimizer_s=float(step[s]))
         return Estimate(strategy=strategy, iteration_time_s=total, breakdown=breakdown,
                         stage_time_s=tuple(float(x) for x in stage_time),
-                        memory=stage_memory(self.spec, strategy, capacity_bytes=capacity),
+                        memory=stage_memory(self.spec, strategy, capacity_bytes=capacity,
+                                            attention_scores=scores),
                         timing_sources=self.sources())
-
-    def _placement(self, order: DeviceOrder, c: Candidate) -> tuple:
-        """Megatron placement over `order`, as an array and as the record's tuple, with the GPU
-        types of each stage; cached, since mbs, ZeRO and recomputation do not change it."""
-        key = (order.name, c.pp, c.dp, c.tmp)
-        hit = self._placement_cache.get(key)
-        if hit is None:
-            placement = megatron_placement(order, c.pp, c.dp, c.tmp)
-            hit = (placement, as_tuple(placement),
-                   [np.unique(self.gpu_of_device[placement[j]]) for j in range(c.pp)])
-            self._placement_cache[key] = hit
-        return hit
 
 
 def _leading(layers, kind: str) -> int:
@@ -325,12 +395,15 @@ def _leading(layers, kind: str) -> int:
 # ---------------------------------------------------------------------- public API
 
 def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
-         cost_params: CostParams | None = None, progress: bool = False) -> Plan:
+         cost_params: CostParams | None = None, progress: bool = False,
+         max_search_s: float | None = None, on_start=None) -> Plan:
     """Rank every feasible strategy for `spec` (AMP Algorithm 1, lines 1-7).
 
     `measurements`: layer profiles, link fits and calibration to use (default: none, the
-    analytic model on the packaged catalog). Raises NoFeasibleStrategy when nothing fits, with
-    the prune counts in the message."""
+    analytic model on the packaged catalog). `max_search_s`: refuse (SearchTooLarge) a search
+    whose estimated cost (search_space.SearchCost) is larger, before starting it; `on_start`:
+    called with that SearchCost when the search starts. Raises NoFeasibleStrategy when nothing
+    fits, with the prune counts in the message."""
     from tqdm import tqdm
 
     t0 = time.perf_counter()
@@ -341,6 +414,16 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     check_batch_has_a_degree(space, candidates, pruned)
     looked_at = len(candidates) + sum(pruned.values())
     orders = device_orders(spec.cluster, spec.training.precision)
+    cost = search_cost(space, candidates, len(orders))
+    if max_search_s is not None and cost.estimated_s > max_search_s:
+        raise SearchTooLarge(
+            f"the search would take too long ({cost.describe()}; the limit is "
+            f"{max_search_s:g} s): fix training.zero_stage and "
+            f"training.activation_checkpointing instead of 'search', describe the model with "
+            f"fewer, larger layers (the pipeline split places whole layers), or allow more "
+            f"time (--max-search-seconds)")
+    if on_start is not None:
+        on_start(cost)
     estimates = []
     for c in tqdm(candidates, desc="searching", unit="strategy", disable=not progress,
                   leave=False, mininterval=0.25):

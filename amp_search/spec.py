@@ -29,6 +29,7 @@ import os
 import re
 import reprlib
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from cost_models.layers import Layer
@@ -36,8 +37,9 @@ from cost_models.layers import Layer
 from .errors import SpecError, UsageError
 from .hosts import validate_hostname
 from .resources import catalog_path
-from .units import (DEVICE_MEMORY, MEMORY_BANDWIDTH, NETWORK_BANDWIDTH, OVERHEAD_MEMORY,
-                    parse_bandwidth, parse_size)
+from .units import (DEVICE_MEMORY, FIXED_COST_TIME, GEMM_SIZE, MEMORY_BANDWIDTH,
+                    NETWORK_BANDWIDTH, OVERHEAD_MEMORY, parse_bandwidth, parse_duration,
+                    parse_flops, parse_size)
 from .yaml_io import load_yaml_file, show_path
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -69,6 +71,19 @@ class GPU:
     peak_flops_per_s: dict
     """precision -> dense FLOP/s, or None where the precision is unsupported."""
     source: str = ""
+    gemm_max_efficiency: float = 0.8
+    """The fraction of dense peak large GEMMs reach (cost_models.compute.gemm_efficiency)."""
+    gemm_half_flops: float = 2e9
+    """The GEMM size (FLOPs per call) at which they reach half of it."""
+    kernel_floor_s: float = 0.0
+    """Device time of one block pass at least (its many small kernels)."""
+    host_block_pass_s: float = 0.0
+    """Host time to issue one block pass of one micro-batch (framework, launches)."""
+    host_tp_allreduce_per_rank_s: float = 0.0
+    """Host time of one tensor-parallel all-reduce per extra rank."""
+    flash_attention: bool = True
+    """Whether the usual training stacks run a fused attention kernel on it (training.attention:
+    auto then costs flash attention, else the standard one that stores the scores)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,16 +163,21 @@ class ModelSpec:
 
     @property
     def tp_divisors(self) -> tuple[int, ...]:
-        """Sizes every tensor-parallel degree must divide (heads, widths, vocab)."""
+        """Sizes every tensor-parallel degree must divide (heads, widths). The vocabulary is
+        padded to a multiple of 128 x tmp instead, as Megatron-LM does
+        (cost_models.layers.padded_vocab_size)."""
         sizes = set()
         for layer in self.layers:
             if layer.kind == "transformer":
                 sizes |= {layer.num_attention_heads, layer.ffn_hidden_size, layer.hidden_size}
             elif layer.kind == "mlp":
                 sizes |= {layer.ffn_hidden_size}
-            elif layer.kind in ("embedding", "head"):
-                sizes |= {layer.vocab_size}
         return tuple(sorted(sizes))
+
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary of the embedding or head (0 if the model has neither)."""
+        return next((l.vocab_size for l in self.layers if l.kind in ("embedding", "head")), 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,6 +193,8 @@ class TrainingSpec:
     framework_overhead_bytes: int = 1 << 30
     """Fixed per-device memory (CUDA context, allocator, communication buffers)."""
     optimizer: str = "adam"
+    attention: str = "auto"
+    """flash | standard | auto (each device type's catalog `flash_attention`)."""
 
     @property
     def bytes_per_element(self) -> int:
@@ -187,6 +209,13 @@ class Spec:
     path: Path | None = None
     sha256: str = ""
     """Hash of the parsed spec content (what the results database keys trials by)."""
+
+    def attention_for(self, gpu: GPU) -> str:
+        """The attention implementation the model runs on `gpu`: 'flash' (a fused kernel that
+        stores no scores) or 'standard' (training.attention; auto follows the catalog)."""
+        if self.training.attention != "auto":
+            return self.training.attention
+        return "flash" if gpu.flash_attention else "standard"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -281,26 +310,48 @@ class _Reader:
         return v
 
 
-def load_catalog(path: Path | None = None) -> dict[str, GPU]:
-    """The GPU catalog: name -> GPU (default: the one the package ships). Read through the
-    same front door as a spec, and every entry checked as an inline GPU is."""
+def _read_catalog(path: Path | None) -> tuple[Path, dict, dict]:
     path = catalog_path() if path is None else Path(path)
     data = load_yaml_file(path, what="GPU catalog")
     gpus = data.get("gpus") if isinstance(data, dict) else None
     if not isinstance(gpus, dict):
         raise UsageError(f"GPU catalog {show_path(path)}: expected a mapping 'gpus: {{NAME: {{memory, "
                          f"memory_bandwidth, peak_tflops}}}}'")
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict) or any(k not in GPU_MODEL_KEYS for k in defaults):
+        raise UsageError(f"GPU catalog {show_path(path)}: 'defaults' may hold "
+                         f"{', '.join(GPU_MODEL_KEYS)}")
+    return path, gpus, defaults
+
+
+def load_catalog(path: Path | None = None) -> dict[str, GPU]:
+    """The GPU catalog: name -> GPU (default: the one the package ships). Read through the
+    same front door as a spec, and every entry checked as an inline GPU is; the analytic
+    model's keys an entry lacks come from the catalog's `defaults:`."""
+    path, gpus, defaults = _read_catalog(path)
     catalog = {}
     for name, entry in gpus.items():
         name = _name(name, f"catalog.{_key(name)}", "")
-        catalog[name] = _gpu(entry, name, f"catalog.{name}")
+        catalog[name] = _gpu(entry, name, f"catalog.{name}", defaults)
     return catalog
 
 
-def _gpu(entry, name: str, path: str) -> GPU:
-    """A GPU from a catalog entry or an inline mapping; `name` is the default name."""
+@lru_cache(maxsize=1)
+def catalog_defaults() -> dict:
+    """The packaged catalog's `defaults:` (what an inline GPU of a spec falls back on)."""
+    return _read_catalog(None)[2]
+
+
+GPU_MODEL_KEYS = ("gemm_efficiency", "kernel_floor", "host_time", "flash_attention")
+"""Keys of a catalog entry (or inline GPU) for the analytic model; missing ones come from the
+catalog's `defaults:`."""
+
+
+def _gpu(entry, name: str, path: str, defaults: dict | None = None) -> GPU:
+    """A GPU from a catalog entry or an inline mapping; `name` is the default name; the
+    analytic model's keys default to `defaults` (the catalog's `defaults:` mapping)."""
     r = _Reader(entry, path, ("name", "kind", "memory", "memory_bandwidth", "peak_tflops",
-                              "source"))
+                              "source") + GPU_MODEL_KEYS)
     peak = r.raw("peak_tflops", required=True)
     if not isinstance(peak, dict) or not peak:
         raise SpecError(r.at("peak_tflops"), "expected a mapping precision -> TFLOP/s, "
@@ -315,6 +366,7 @@ def _gpu(entry, name: str, path: str) -> GPU:
         flops[p] = None if v is None else _number(
             v, f"{r.at('peak_tflops')}.{p}", MIN_TFLOPS, MAX_TFLOPS,
             "dense TFLOP/s; null where the precision is unsupported") * 1e12
+    model = _gpu_model(r, defaults if defaults is not None else catalog_defaults())
     return GPU(name=_name(r.raw("name"), r.at("name"), name),
                kind=r.choice("kind", ("gpu", "cpu"), "gpu"),
                memory_bytes=parse_size(r.raw("memory", required=True), r.at("memory"),
@@ -323,7 +375,46 @@ def _gpu(entry, name: str, path: str) -> GPU:
                    r.raw("memory_bandwidth", required=True), r.at("memory_bandwidth"),
                    MEMORY_BANDWIDTH),
                peak_flops_per_s=flops,
-               source=_name(r.raw("source"), r.at("source"), "", MAX_SOURCE_CHARS))
+               source=_name(r.raw("source"), r.at("source"), "", MAX_SOURCE_CHARS), **model)
+
+
+def _gpu_model(r: "_Reader", defaults: dict) -> dict:
+    """The GPU record's analytic-model fields from an entry's keys, else the defaults':
+
+        gemm_efficiency: {max: 0.8, half_at: 2 GFLOP}
+        kernel_floor: 450 us
+        host_time: {block_pass: 1100 us, tp_allreduce_per_rank: 20 us}
+        flash_attention: true
+    """
+    def get(key):
+        return r.raw(key) if r.has(key) else defaults.get(key)
+
+    out = {}
+    gemm = get("gemm_efficiency")
+    if gemm is not None:
+        g = _Reader(gemm, r.at("gemm_efficiency"), ("max", "half_at"))
+        out["gemm_max_efficiency"] = _number(g.raw("max", required=True), g.at("max"), 0.01,
+                                             1.0, "fraction of dense peak")
+        out["gemm_half_flops"] = parse_flops(g.raw("half_at", required=True), g.at("half_at"),
+                                             GEMM_SIZE)
+    floor = get("kernel_floor")
+    if floor is not None:
+        out["kernel_floor_s"] = parse_duration(floor, r.at("kernel_floor"), FIXED_COST_TIME)
+    host = get("host_time")
+    if host is not None:
+        h = _Reader(host, r.at("host_time"), ("block_pass", "tp_allreduce_per_rank"))
+        out["host_block_pass_s"] = parse_duration(h.raw("block_pass", required=True),
+                                                  h.at("block_pass"), FIXED_COST_TIME)
+        out["host_tp_allreduce_per_rank_s"] = parse_duration(
+            h.raw("tp_allreduce_per_rank", required=True), h.at("tp_allreduce_per_rank"),
+            FIXED_COST_TIME)
+    flash = get("flash_attention")
+    if flash is not None:
+        if not isinstance(flash, bool):
+            raise SpecError(r.at("flash_attention"), f"got {_show(flash)}; accepted: true, "
+                                                     f"false")
+        out["flash_attention"] = flash
+    return out
 
 
 def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
@@ -486,7 +577,7 @@ def _model(data) -> ModelSpec:
 def _training(data) -> TrainingSpec:
     r = _Reader(data, "training", ("global_batch_size", "precision", "activation_checkpointing",
                                    "zero_stage", "memory_headroom", "framework_overhead",
-                                   "optimizer"))
+                                   "optimizer", "attention"))
     ckpt = r.choice("activation_checkpointing", ("none", "full", "search"), "none")
     zero = r.raw("zero_stage", 0)
     if isinstance(zero, str) and zero == "search":
@@ -516,6 +607,7 @@ def _training(data) -> TrainingSpec:
         framework_overhead_bytes=parse_size(r.raw("framework_overhead", "1 GiB"),
                                             r.at("framework_overhead"), OVERHEAD_MEMORY),
         optimizer=r.choice("optimizer", ("adam",), "adam"),
+        attention=r.choice("attention", ("auto", "flash", "standard"), "auto"),
     )
 
 

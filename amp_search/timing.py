@@ -15,10 +15,29 @@ from typing import Mapping
 
 import numpy as np
 
-from cost_models.compute import analytic_layer_time, optimizer_step_time_s
+from cost_models.compute import DeviceSpeed, analytic_layer_time, optimizer_step_time_s
 from cost_models.layers import Layer, param_count
 
 from .spec import GPU, Spec
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Per layer of the model, one micro-batch on one tensor rank of one device type."""
+
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    analytic: np.ndarray
+    """True where the time is the analytic model's (the fixed kernel and host costs are then
+    added by the planner; a measured time already holds them)."""
+
+
+def device_speed(gpu: GPU, precision: str) -> DeviceSpeed:
+    """The catalog's numbers of `gpu` that the analytic layer time uses."""
+    return DeviceSpeed(peak_flops_per_s=gpu.peak_flops_per_s[precision],
+                       memory_bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s,
+                       gemm_max_efficiency=gpu.gemm_max_efficiency,
+                       gemm_half_flops=gpu.gemm_half_flops)
 
 
 @dataclass
@@ -32,8 +51,9 @@ class LayerTimer:
     def _profile(self, gpu: GPU):
         return self.profiles.get(gpu.name)
 
-    def times(self, gpu: GPU, tmp: int, mbs: int) -> tuple[np.ndarray, np.ndarray]:
-        """(forward_s[L], backward_s[L]) for one micro-batch on one tensor rank of `gpu`."""
+    def times(self, gpu: GPU, tmp: int, mbs: int) -> LayerTimes:
+        """Forward and backward time per layer for one micro-batch on one tensor rank of
+        `gpu`, and which of them are analytic."""
         key = (gpu.name, tmp, mbs)
         hit = self._cache.get(key)
         if hit is not None:
@@ -41,32 +61,32 @@ class LayerTimer:
         layers = self.spec.model.layers
         fwd = np.empty(len(layers))
         bwd = np.empty(len(layers))
-        by_signature: dict[str, tuple[float, float]] = {}
+        analytic = np.zeros(len(layers), dtype=bool)
+        by_signature: dict[str, tuple[float, float, bool]] = {}
         profile = self._profile(gpu)
         used = self._used.setdefault(gpu.name, set())
         for i, layer in enumerate(layers):
             sig = layer.signature
             if sig not in by_signature:
                 by_signature[sig] = self._layer_time(gpu, layer, tmp, mbs, profile, used)
-            fwd[i], bwd[i] = by_signature[sig]
-        self._cache[key] = (fwd, bwd)
-        return fwd, bwd
+            fwd[i], bwd[i], analytic[i] = by_signature[sig]
+        hit = self._cache[key] = LayerTimes(forward_s=fwd, backward_s=bwd, analytic=analytic)
+        return hit
 
     def _layer_time(self, gpu: GPU, layer: Layer, tmp: int, mbs: int, profile,
-                    used: set) -> tuple[float, float]:
+                    used: set) -> tuple[float, float, bool]:
         if profile is not None:
             hit = profile.lookup(layer.signature, tmp, mbs)
             if hit is not None:
                 used.add(f"profile:{Path(profile.path).name}")
-                return hit.forward_s, hit.backward_s
+                return hit.forward_s, hit.backward_s, False
         training = self.spec.training
-        t = analytic_layer_time(
-            layer, tmp=tmp, mbs=mbs,
-            peak_flops_per_s=gpu.peak_flops_per_s[training.precision],
-            memory_bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s,
-            bytes_per_element=training.bytes_per_element)
+        t = analytic_layer_time(layer, tmp=tmp, mbs=mbs,
+                                device=device_speed(gpu, training.precision),
+                                bytes_per_element=training.bytes_per_element,
+                                attention=self.spec.attention_for(gpu))
         used.add("analytic")
-        return t.forward_s, t.backward_s
+        return t.forward_s, t.backward_s, True
 
     def optimizer_step_s(self, gpu: GPU, tmp: int) -> np.ndarray:
         """Seconds of one optimizer step over each layer's parameters on one tensor rank of

@@ -1,7 +1,8 @@
-"""Quantities with units, converted to SI once at load (bytes, bytes/s).
+"""Quantities with units, converted to SI once at load (bytes, bytes/s, seconds, FLOPs).
 
 Bandwidths: '170 Gbps', '10 Gb/s', '25 GB/s', '900 MB/s', '1.6 TB/s'.
 Sizes: '16 GiB', '40 GB', '512 MiB', '1 TiB'.
+Durations: '450 us', '1.1 ms', '2 s'. Work: '2 GFLOP', '500 MFLOP'.
 A bare number is rejected, because '10' could be Gbps or GB/s (a factor of 8).
 
 Every value must be a finite number (so '1e999 GB/s', which float() reads as infinity, is
@@ -27,6 +28,8 @@ SIZE_UNITS_BYTES = {
     "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
     "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
 }
+TIME_UNITS_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+FLOP_UNITS = {"FLOP": 1.0, "KFLOP": 1e3, "MFLOP": 1e6, "GFLOP": 1e9, "TFLOP": 1e12}
 MAX_QUANTITY_CHARS = 64
 """Longest accepted quantity string; longer ones are rejected before any parsing."""
 # unambiguous number (no nested optional digit runs, so no backtracking blow-up), then a unit
@@ -52,6 +55,8 @@ class Bounds:
 NETWORK_BANDWIDTH = Bounds(1e6 / 8, 100e12, "1 Mbps to 100 TB/s")
 MEMORY_BANDWIDTH = Bounds(1e9, 100e12, "1 GB/s to 100 TB/s")
 DEVICE_MEMORY = Bounds(64 * 2**20, 64 * 2**40, "64 MiB to 64 TiB")
+FIXED_COST_TIME = Bounds(0.0, 1.0, "0 s to 1 s")
+GEMM_SIZE = Bounds(1.0, 1e15, "1 FLOP to 1000 TFLOP")
 OVERHEAD_MEMORY = Bounds(0, 64 * 2**40, "0 B to 64 TiB")
 
 
@@ -89,7 +94,11 @@ def _match_unit(text, units: dict, what: str, path: str) -> tuple[float, float]:
 
 
 def _examples(units: dict) -> str:
-    return "'170 Gbps' or '25 GB/s'" if "Gbps" in units else "'16 GiB'"
+    for unit, example in (("Gbps", "'170 Gbps' or '25 GB/s'"), ("us", "'450 us'"),
+                          ("GFLOP", "'2 GFLOP'")):
+        if unit in units:
+            return example
+    return "'16 GiB'"
 
 
 def parse_bandwidth(text, path: str, bounds: Bounds | None = None) -> float:
@@ -115,3 +124,23 @@ def parse_size(text, path: str, bounds: Bounds | None = None) -> int:
     if bounds is not None:
         bounds.check(value * scale, _shown(text), path)
     return int(round(value * scale))
+
+
+def parse_duration(text, path: str, bounds: Bounds | None = None) -> float:
+    """'450 us' -> seconds. Finite and not negative; within `bounds` where given."""
+    value, scale = _match_unit(text, TIME_UNITS_S, "duration", path)
+    if value < 0:
+        raise SpecError(path, f"a duration must not be negative, got {_shown(text)}")
+    if bounds is not None:
+        bounds.check(value * scale, _shown(text), path)
+    return value * scale
+
+
+def parse_flops(text, path: str, bounds: Bounds | None = None) -> float:
+    """'2 GFLOP' -> floating-point operations. Finite and positive; within `bounds`."""
+    value, scale = _match_unit(text, FLOP_UNITS, "number of FLOPs", path)
+    if value <= 0:
+        raise SpecError(path, f"must be positive, got {_shown(text)}")
+    if bounds is not None:
+        bounds.check(value * scale, _shown(text), path)
+    return value * scale

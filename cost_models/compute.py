@@ -1,23 +1,75 @@
-"""Analytic per-layer compute time on one device (used when no measured profile matches).
+"""Analytic per-layer time on one device (used when no measured profile matches).
 
-    t_forward = FLOPs / (peak * efficiency(GEMM size)) + elementwise bytes / memory bandwidth
-    t_backward = 2 * t_forward   (two GEMMs per forward GEMM: input and weight gradients)
+Device time of one forward pass of one micro-batch through one tensor rank's shard:
 
-Efficiency falls for small matrices (AMP section 3.4: raising tmp lowers arithmetic intensity,
-so 'a matrix multiplication with only a few FLOPs can take a long time'). It follows a
-saturating curve in the GEMM's smallest dimension d: eff(d) = eff_max * d / (d + d_half).
+    t_forward = sum over GEMM calls i of F_i / (peak * eff(F_i))       dense GEMMs
+              + attention                                             flash or standard
+              + elementwise bytes / memory bandwidth                  norms, GeLU, residuals
+    t_backward = 2 x t_forward                                        (input and weight grads)
+
+plus, per micro-batch, a fixed kernel floor for every block pass (`kernel_floor_time_s`).
+
+- eff(F) = eff_max * F / (F + F_half): a GEMM's fraction of dense peak rises with its size F
+  (FLOPs of the call) and saturates (AMP section 3.4: raising tmp shrinks the GEMMs, and 'a
+  matrix multiplication with only a few FLOPs can take a long time'); eff_max and F_half are
+  per GPU type, in the catalog.
+- attention 'flash' (a fused kernel, e.g. FlashAttention / SDPA): the core's 4 s^2 h / t FLOPs
+  at GEMM efficiency, no score traffic; 'standard' (Megatron and DeepSpeed before 2023, V100
+  and T4): memory-bound on the a s^2 / t score matrix, STANDARD_ATTENTION_BYTES per score
+  element and forward pass.
+- kernel floor: the GPU's minimum time for a block's many small kernels in one pass (launch
+  to launch, tails), whatever their size; per device type, in the catalog.
+
+The host that issues the kernels is a second resource (`host_time_s`): a block pass costs a
+fixed host time (Python, framework dispatch, autograd, launches), and every tensor-parallel
+all-reduce a host-side cost per extra rank. The GPU runs asynchronously behind the host, so a
+layer takes `overlapped_time_s(host, device) = max(host, device)`: small layers are
+host-bound, large ones device-bound, and the host terms vanish at scale.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .layers import Layer, elementwise_bytes, forward_flops, gemm_min_dim
+import numpy as np
 
-DEFAULT_MAX_EFFICIENCY = 0.7
-"""Best fraction of dense peak large transformer GEMMs reach in training (Megatron-LM reports
-~52% of peak end-to-end on A100 for GPT-3 scale, kernels alone reach ~70-80%)."""
-DEFAULT_HALF_EFFICIENCY_DIM = 128
-"""GEMM dimension at which efficiency is half of the maximum (tile-quantisation regime)."""
+from .layers import (Layer, attention_core_flops, attention_score_elements, elementwise_bytes,
+                     gemm_flops, tp_allreduce_elements)
+
+ATTENTION_KINDS = ("flash", "standard")
+
+BLOCK_KINDS = ("transformer", "mlp")
+"""Layers that run as a block of many kernels (and that full recomputation replays)."""
+
+
+def standard_attention_bytes(bytes_per_element: int) -> float:
+    """Bytes moved per score element in one forward of unfused attention: QK^T writes the
+    scores (g), scale-mask-softmax reads and writes them (2g), dropout reads them, writes its
+    output and a 1-byte mask (2g + 1), attention x V reads them (g): 6g + 1 (13 B in fp16)."""
+    return 6.0 * bytes_per_element + 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSpeed:
+    """The numbers of one device type the analytic layer time needs."""
+
+    peak_flops_per_s: float
+    """Dense peak of the training precision."""
+    memory_bandwidth_bytes_per_s: float
+    gemm_max_efficiency: float = 0.8
+    """eff_max: the fraction of peak large GEMMs reach."""
+    gemm_half_flops: float = 2e9
+    """F_half: the GEMM size (FLOPs per call) at which efficiency is half of eff_max."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostCosts:
+    """Host-side fixed costs of the training framework on a device type (analytic times)."""
+
+    block_pass_s: float = 0.0
+    """Host time to issue one block pass of one micro-batch (the head and loss: one pass's
+    worth)."""
+    tp_allreduce_per_rank_s: float = 0.0
+    """Host time of one tensor-parallel all-reduce per extra rank in the group."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,29 +78,80 @@ class LayerTime:
     backward_s: float
 
 
-def gemm_efficiency(min_dim: float, *, max_efficiency: float = DEFAULT_MAX_EFFICIENCY,
-                    half_dim: float = DEFAULT_HALF_EFFICIENCY_DIM) -> float:
-    """eff(d) = eff_max * d / (d + d_half): the fraction of peak a GEMM of smallest side d gets."""
-    return max_efficiency * min_dim / (min_dim + half_dim)
+def gemm_efficiency(flops, *, max_efficiency: float, half_flops: float):
+    """eff(F) = eff_max * F / (F + F_half): the fraction of dense peak a GEMM of F FLOPs gets."""
+    return max_efficiency * flops / (flops + half_flops)
 
 
-def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, peak_flops_per_s: float,
-                        memory_bandwidth_bytes_per_s: float, bytes_per_element: int
-                        ) -> LayerTime:
-    """Forward and backward time of one micro-batch of `mbs` samples through one tensor rank's
-    shard of `layer` (collectives excluded; they are costed by cost_models.comm)."""
-    eff = gemm_efficiency(gemm_min_dim(layer, tmp, mbs))
-    gemm_s = forward_flops(layer, tmp) * mbs / (peak_flops_per_s * eff)
-    memory_s = elementwise_bytes(layer, tmp, bytes_per_element) * mbs \
-        / memory_bandwidth_bytes_per_s
-    forward_s = gemm_s + memory_s
-    return LayerTime(forward_s=forward_s, backward_s=2.0 * forward_s)
+def gemm_time_s(flops, device: DeviceSpeed):
+    """One GEMM call of `flops` FLOPs at its size's efficiency."""
+    if flops <= 0:
+        return 0.0
+    return flops / (device.peak_flops_per_s * gemm_efficiency(
+        flops, max_efficiency=device.gemm_max_efficiency, half_flops=device.gemm_half_flops))
 
 
-ADAM_BYTES_PER_PARAM = {"fp32": 28, "bf16": 32, "fp16": 32}
-"""Memory traffic of one Adam step per parameter: read the fp32 weight, gradient and two
-moments (16 B), write the weight and the moments back (12 B); mixed precision also reads
-and writes the low-precision copy (+4 B). The step is elementwise, so memory-bound."""
+def attention_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
+                     bytes_per_element: int, attention: str) -> float:
+    """The attention core of one forward pass (see the module docstring)."""
+    if attention not in ATTENTION_KINDS:
+        raise ValueError(f"attention {attention!r}; accepted: {', '.join(ATTENTION_KINDS)}")
+    if attention == "flash":
+        return gemm_time_s(attention_core_flops(layer, tmp) * mbs, device)
+    return (attention_score_elements(layer, tmp) * mbs
+            * standard_attention_bytes(bytes_per_element) / device.memory_bandwidth_bytes_per_s)
+
+
+def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
+                        bytes_per_element: int, attention: str = "flash") -> LayerTime:
+    """Forward and backward device time of one micro-batch of `mbs` samples through one tensor
+    rank's shard of `layer`, its size-dependent work only (collectives: cost_models.comm;
+    fixed costs: `kernel_floor_time_s`, `host_time_s`)."""
+    work = sum(gemm_time_s(f * mbs, device) for f in gemm_flops(layer, tmp))
+    work += attention_time_s(layer, tmp=tmp, mbs=mbs, device=device,
+                             bytes_per_element=bytes_per_element, attention=attention)
+    work += elementwise_bytes(layer, tmp, bytes_per_element) * mbs \
+        / device.memory_bandwidth_bytes_per_s
+    return LayerTime(forward_s=work, backward_s=2.0 * work)
+
+
+def block_passes(layer: Layer, recompute: bool) -> int:
+    """Passes of one micro-batch through a block: forward, backward and, with full
+    recomputation, the forward again; 0 for the other layers."""
+    if layer.kind not in BLOCK_KINDS:
+        return 0
+    return 3 if recompute else 2
+
+
+def kernel_floor_time_s(layer: Layer, *, recompute: bool, kernel_floor_s: float) -> float:
+    """The fixed device time of one micro-batch of `layer`: the kernel floor per block pass."""
+    return block_passes(layer, recompute) * kernel_floor_s
+
+
+def host_time_s(layer: Layer, *, tmp: int, recompute: bool, host: HostCosts) -> float:
+    """Host time to issue one micro-batch of `layer`: each block pass (forward, backward, and
+    the recomputed forward) and each of its tensor-parallel all-reduces; the head and loss
+    one pass's worth; the embedding nothing (a few kernels)."""
+    if layer.kind == "head":
+        return host.block_pass_s
+    calls = len(tp_allreduce_elements(layer, recompute)) if tmp > 1 else 0
+    return (block_passes(layer, recompute) * host.block_pass_s
+            + calls * (tmp - 1) * host.tp_allreduce_per_rank_s) if layer.kind in BLOCK_KINDS \
+        else 0.0
+
+
+def overlapped_time_s(host_s, device_s):
+    """The GPU runs behind the host: a layer takes the longer of the two (arrays or floats)."""
+    return np.maximum(host_s, device_s)
+
+
+ADAM_BYTES_PER_PARAM = {"fp32": 28, "bf16": 42, "fp16": 42}
+"""Memory traffic of one optimizer step per parameter. fp32 Adam: read the weight, gradient and
+two moments (16 B), write the weight and the moments (12 B). Mixed precision adds the passes
+over the gradients before the step: copy the fp16/bf16 gradient into an fp32 main gradient
+(read 2, write 4), unscale and check it for inf/NaN (read 4), and after the step write the
+fp16/bf16 weights (2) and zero the gradient (2): 42 B, as the vTrain A100 data shows (41-43 B
+per parameter where the shards are not tiny). The step is elementwise, so memory-bound."""
 
 
 def optimizer_step_time_s(n_params: float, *, memory_bandwidth_bytes_per_s: float,

@@ -25,6 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 LAYER_KINDS = ("embedding", "transformer", "mlp", "head", "custom")
+VOCAB_PAD_MULTIPLE = 128
+"""Megatron-LM pads the vocabulary to a multiple of 128 x tmp (--make-vocab-size-divisible-by),
+so that every tensor rank holds an equal, aligned shard; the trials do the same."""
+
+
+def padded_vocab_size(vocab_size: int, tmp: int = 1) -> int:
+    """The vocabulary the embedding and head really hold at tensor-parallel degree `tmp`."""
+    multiple = VOCAB_PAD_MULTIPLE * tmp
+    return -(-vocab_size // multiple) * multiple
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +99,8 @@ def param_count(layer: Layer, tmp: int = 1) -> int:
     transformer: LN 2h + QKV (3h*h + 3h)/t + proj h*h/t + h + LN 2h + fc1 (h*f + f)/t + fc2 f*h/t + h
     (row-parallel biases and LayerNorms are replicated, as in Megatron).
     """
-    h, f, v, s = layer.hidden_size, layer.ffn_hidden_size, layer.vocab_size, layer.seq_length
+    h, f, s = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length
+    v = padded_vocab_size(layer.vocab_size, tmp)
     k = layer.kind
     if k == "embedding":
         return v * h // tmp + s * h
@@ -107,62 +117,85 @@ def param_count(layer: Layer, tmp: int = 1) -> int:
 
 
 def forward_flops(layer: Layer, tmp: int = 1) -> float:
-    """Matrix-multiply FLOPs of one forward pass per sample on one tensor rank.
+    """Matrix-multiply FLOPs of one forward pass per sample on one tensor rank: the GEMMs plus
+    the attention core (transformer, Narayanan et al. 2021, eq. 2 per layer:
+    2s(4h^2 + 2hf)/t + 4 s^2 h/t)."""
+    if layer.kind not in LAYER_KINDS:
+        raise ValueError(f"unknown layer kind {layer.kind!r}")
+    return sum(gemm_flops(layer, tmp)) + attention_core_flops(layer, tmp)
 
-    transformer (Narayanan et al. 2021, eq. 2 per layer): 2*s*(4h^2 + 2hf) for the GEMMs plus
-    4*s^2*h for QK^T and attention-times-V; all divided by tmp.
-    """
-    h, f, v, s = layer.hidden_size, layer.ffn_hidden_size, layer.vocab_size, layer.seq_length
-    proj = 2.0 * s * layer.input_hidden_size * h if _projection_params(layer) else 0.0
+
+def gemm_flops(layer: Layer, tmp: int = 1) -> tuple[float, ...]:
+    """FLOPs of each dense GEMM call of one forward pass per sample on one tensor rank (the
+    attention core, QK^T and attention x V, is `attention_core_flops`). What sets a GEMM's
+    efficiency is its size (`cost_models.compute.gemm_efficiency`).
+
+    transformer: QKV 2s h 3h/t, projection 2s (h/t) h, fc1 2s h f/t, fc2 2s (f/t) h;
+    mlp: fc1 and fc2; head: 2s h V/t (V padded); an input projection 2s h_in h; custom: its
+    FLOPs."""
+    h, f, s = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length
+    v = padded_vocab_size(layer.vocab_size, tmp)
+    proj = (2.0 * s * layer.input_hidden_size * h,) if _projection_params(layer) else ()
     k = layer.kind
-    if k == "embedding":
-        return 0.0
     if k == "transformer":
-        return (2.0 * s * (4 * h * h + 2 * h * f) + 4.0 * s * s * h) / tmp + proj
+        return proj + (2.0 * s * h * 3 * h / tmp, 2.0 * s * h * h / tmp,
+                       2.0 * s * h * f / tmp, 2.0 * s * f * h / tmp)
     if k == "mlp":
-        return 2.0 * s * 2 * h * f / tmp + proj
+        return proj + (2.0 * s * h * f / tmp, 2.0 * s * f * h / tmp)
     if k == "head":
-        return 2.0 * s * h * v / tmp
+        return (2.0 * s * h * v / tmp,)
     if k == "custom":
-        return float(layer.custom_forward_flops)
-    raise ValueError(f"unknown layer kind {k!r}")
+        return (float(layer.custom_forward_flops),) if layer.custom_forward_flops else ()
+    return ()
 
 
-def gemm_min_dim(layer: Layer, tmp: int, mbs: int) -> int:
-    """The smallest dimension of the layer's main GEMM, which sets how efficiently it runs
-    (a tensor-parallel shard of a narrow layer is a skinny matrix, AMP section 3.4)."""
-    tokens = layer.seq_length * mbs
-    if layer.kind == "transformer":
-        return min(tokens, max(1, 3 * layer.hidden_size // tmp), layer.hidden_size)
-    if layer.kind == "mlp":
-        return min(tokens, max(1, layer.ffn_hidden_size // tmp), layer.hidden_size)
-    if layer.kind == "head":
-        return min(tokens, max(1, layer.vocab_size // tmp), layer.hidden_size)
-    return tokens
+def attention_core_flops(layer: Layer, tmp: int = 1) -> float:
+    """QK^T and attention x V of one forward pass per sample: 4 s^2 h / t (Narayanan et al.
+    2021); transformer layers only."""
+    if layer.kind != "transformer":
+        return 0.0
+    return 4.0 * layer.seq_length ** 2 * layer.hidden_size / tmp
+
+
+def attention_score_elements(layer: Layer, tmp: int = 1) -> float:
+    """Elements of the attention score matrix per sample on one tensor rank: a s^2 / t."""
+    if layer.kind != "transformer":
+        return 0.0
+    return layer.num_attention_heads * layer.seq_length ** 2 / tmp
 
 
 def elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
     """Bytes read+written per sample by the memory-bound ops of one forward pass.
 
     Counted as (reads + writes) of each elementwise op's tensors:
-    transformer: 2 LayerNorms and 2 residual adds on s*h (~4 tensors each), bias+GELU on s*f/t,
-    softmax on a*s^2/t scores (read+write); head: LayerNorm on s*h and softmax/cross-entropy
-    over s*V/t logits; embedding: the gathered rows s*h plus the positions.
+    transformer: 2 LayerNorms and 2 residual adds on s*h (~4 tensors each), bias+GELU on s*f/t
+    (the attention scores are `attention_score_elements`, costed by the attention kernel);
+    head: LayerNorm on s*h, and the cross-entropy over s*V/t logits at a third of
+    CROSS_ENTROPY_BYTES_PER_LOGIT (the backward pass, 2x the forward, takes the rest);
+    embedding: the gathered rows s*h plus the positions.
     """
-    h, f, v, s, a = (layer.hidden_size, layer.ffn_hidden_size, layer.vocab_size,
-                     layer.seq_length, layer.num_attention_heads)
+    h, f, s = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length
+    v = padded_vocab_size(layer.vocab_size, tmp)
     k = layer.kind
     if k == "embedding":
         n = 3.0 * s * h
     elif k == "transformer":
-        n = 16.0 * s * h + 4.0 * s * f / tmp + 4.0 * a * s * s / tmp
+        n = 16.0 * s * h + 4.0 * s * f / tmp
     elif k == "mlp":
         n = 8.0 * s * h + 4.0 * s * f / tmp
     elif k == "head":
-        n = 4.0 * s * h + 4.0 * s * v / tmp
+        return 4.0 * s * h * bytes_per_element + CROSS_ENTROPY_BYTES_PER_LOGIT / 3 * s * v / tmp
     else:
         n = 2.0 * output_elements(layer)
     return n * bytes_per_element
+
+
+CROSS_ENTROPY_BYTES_PER_LOGIT = 60.0
+"""Memory traffic per logit of Megatron's vocab-parallel cross-entropy, forward and backward,
+with fp16/bf16 logits: the fp32 copy (read 2, write 4), max, subtract, exp and sum (read 4 x 4,
+write 4 x 2), the softmax kept for backward, and the gradient (read 4 x 2, write 4, cast to the
+training precision 4 + 2) ~ 60 B. Counted, not fitted; it matches the head's share of the
+vTrain A100 measurements at tp >= 2 (benchmarks/gpu_accuracy.py)."""
 
 
 def output_elements(layer: Layer) -> int:
@@ -174,7 +207,7 @@ def output_elements(layer: Layer) -> int:
     return layer.seq_length * layer.hidden_size
 
 
-def tp_allreduce_elements(layer: Layer) -> tuple[float, ...]:
+def tp_allreduce_elements(layer: Layer, recompute: bool = False) -> tuple[float, ...]:
     """Sizes (elements per sample) of the all-reduces inside the layer for one forward and one
     backward pass under tensor parallelism (Megatron's f/g operators, Shoeybi et al. 2019):
 
@@ -184,13 +217,15 @@ def tp_allreduce_elements(layer: Layer) -> tuple[float, ...]:
     head: 1 of s*h in backward (column-parallel input gradient) and 3 of s in forward
     (vocab-parallel cross-entropy: max, sum of exp, target logit);
     custom: none (replicated).
+    With full recomputation a block's forward runs again inside its backward, all-reduces
+    included (transformer 2 more, mlp 1 more).
     """
     s, h = layer.seq_length, layer.hidden_size
     k = layer.kind
     if k == "transformer":
-        return (s * h,) * 4
+        return (s * h,) * (6 if recompute else 4)
     if k == "mlp":
-        return (s * h,) * 2
+        return (s * h,) * (3 if recompute else 2)
     if k == "embedding":
         return (s * h,)
     if k == "head":

@@ -64,9 +64,10 @@ megatron-core linears and vocab-parallel cross-entropy), per token:
   custom:      g x output elements                   (a guess: one saved tensor per layer)
 
 The flash-attention kernel behind scaled_dot_product_attention saves no attention scores;
-`attention_scores=True` adds the a s^2/t scores of the classic implementation (Korthikanti et al.
-2022, "Reducing activation recomputation", section 4.1: softmax output 2 a s^2 b bytes/layer in
-fp16 without dropout).
+`attention_scores=True` (training.attention: standard) adds what the classic implementation
+keeps per score element: the softmax output (g), the attention-dropout mask (1 B) and the
+dropout output (g), (2g + 1) a s^2 / t per sample (Korthikanti et al. 2022, "Reducing
+activation recomputation", section 4.1: 5 a s^2 b bytes per layer in fp16).
 
 With full recomputation (DeepSpeed activation checkpointing of each transformer/mlp block) a
 block keeps only its input, g s h_in per sample; the embedding and head keep everything.
@@ -81,7 +82,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .layers import Layer
+from .layers import Layer, padded_vocab_size
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
 """g: bytes of a weight, gradient or activation element in each training precision."""
@@ -188,8 +189,8 @@ def pipeline_engine(*, pp: int, zero_stage: int) -> bool:
 def param_tensor_numels(layer: Layer, tmp: int = 1) -> tuple[int, ...]:
     """Elements of each parameter tensor of the trial layer on one tensor rank, in module
     registration order (the order DeepSpeed flattens them); sums to `param_count`."""
-    h, f, v, s, t = layer.hidden_size, layer.ffn_hidden_size, layer.vocab_size, \
-        layer.seq_length, tmp
+    h, f, s, t = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length, tmp
+    v = padded_vocab_size(layer.vocab_size, tmp)
     proj = ()
     if layer.input_hidden_size and layer.input_hidden_size != h:
         proj = (layer.input_hidden_size * h, h)
@@ -388,8 +389,8 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
     """Bytes autograd saves for backward in one forward of the trial layer (no recomputation),
     per micro-batch; the per-token terms are in the module docstring."""
     g, t = bytes_per_element, tmp
-    h, f, a, v = layer.hidden_size, layer.ffn_hidden_size, layer.num_attention_heads, \
-        layer.vocab_size
+    h, f, a = layer.hidden_size, layer.ffn_hidden_size, layer.num_attention_heads
+    v = padded_vocab_size(layer.vocab_size, tmp)
     s = layer.seq_length
     proj_in = g * layer.input_hidden_size if layer.input_hidden_size and \
         layer.input_hidden_size != h else 0
@@ -399,7 +400,7 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
     elif k == "transformer":
         per_token = (g * (4 * h + 4 * h // t + 2 * f // t + 4) + FP32_BYTES * a // t + proj_in)
         if attention_scores:
-            per_token += g * a * s // t
+            per_token += (2 * g + 1) * a * s // t
     elif k == "mlp":
         per_token = g * (2 * h + 2 * f // t + 2) + proj_in
     elif k == "head":
@@ -493,7 +494,8 @@ def stage_output_buffer_bytes(last: Layer, *, mbs: int, tmp: int,
 
     if last.kind != "head":
         return float(bytes_per_element * output_elements(last) * mbs)
-    return float(bytes_per_element * last.seq_length * (last.vocab_size // tmp) * mbs)
+    return float(bytes_per_element * last.seq_length
+                 * (padded_vocab_size(last.vocab_size, tmp) // tmp) * mbs)
 
 
 def head_buffers_aliased(bytes_per_element: int) -> int:

@@ -7,7 +7,10 @@ The defaults are the uncalibrated model. Every coefficient enters the prediction
 - dp_overlap                  fraction of the data-parallel gradient sync hidden behind backward;
 - microbatch_overhead_s       fixed cost per micro-batch per stage (kernel launch, Python,
                               schedule bookkeeping; Lin et al. 2024 show it dominates small mbs);
-- step_overhead_s             fixed cost per iteration (optimizer step, framework).
+- step_overhead_s             fixed cost per iteration (optimizer step, framework);
+- host_block_pass_s[device], host_tp_allreduce_per_rank_s[device], kernel_floor_s[device]
+                              replace the catalog's fixed costs of the analytic layer time
+                              (cost_models.compute.HostCosts / DeviceSpeed) for that device type.
 """
 from __future__ import annotations
 
@@ -27,6 +30,12 @@ class CostParams:
     dp_overlap: float = 0.0
     microbatch_overhead_s: float = 0.0
     step_overhead_s: float = 0.0
+    host_block_pass_s: dict = field(default_factory=dict)
+    """device type name -> host seconds per block pass (missing: the catalog's)."""
+    host_tp_allreduce_per_rank_s: dict = field(default_factory=dict)
+    """device type name -> host seconds per TP all-reduce per extra rank (missing: catalog)."""
+    kernel_floor_s: dict = field(default_factory=dict)
+    """device type name -> device seconds per block pass at least (missing: the catalog's)."""
 
     def compute(self, device: str) -> float:
         return float(self.compute_scale.get(device, 1.0))
@@ -36,6 +45,11 @@ class CostParams:
 
     def latency(self, link: str) -> float:
         return float(self.latency_s.get(link, 0.0))
+
+    def fixed_cost(self, name: str, device: str, default: float) -> float:
+        """A per-device fixed cost (host_block_pass_s, host_tp_allreduce_per_rank_s,
+        kernel_floor_s): the fitted value if there is one, else `default` (the catalog's)."""
+        return float(getattr(self, name).get(device, default))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -47,10 +47,13 @@ def synthetic_trials(spec, params, count=40):
     return [MeasuredTrial(strategy=s, measured_s=float(t)) for s, t in zip(chosen, times)]
 
 
-def _value(p: CostParams, name: str) -> float:
+def _value(p: CostParams, name: str, spec) -> float:
+    """A coefficient's value in `p`; a fixed cost `p` does not set is the catalog's."""
     if "[" in name:
         field, key = name[:-1].split("[")
-        return float(getattr(p, field)[key])
+        gpus = {d.gpu.name: d.gpu for d in spec.cluster.devices}
+        default = getattr(gpus[key], field) if hasattr(gpus.get(key), field) else None
+        return float(getattr(p, field).get(key, default))
     return float(getattr(p, name))
 
 
@@ -63,8 +66,9 @@ def test_recovers_known_coefficients():
     assert cal.mape_after < 1e-3          # and the fit explains the data
     assert "compute_scale[V100-16GB]" in cal.fitted and "dp_overlap" in cal.fitted
     for name in cal.fitted:
-        assert _value(cal.params, name) == pytest.approx(_value(TRUE, name), rel=0.02,
-                                                         abs=1e-5), name
+        assert cal.values[name][1] == _value(cal.params, name, spec)
+        assert _value(cal.params, name, spec) == pytest.approx(_value(TRUE, name, spec),
+                                                               rel=0.02, abs=1e-5), name
 
 
 def test_held_out_scoring_and_storage(tmp_path):

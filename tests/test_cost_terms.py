@@ -93,8 +93,7 @@ def test_planner_breakdown_is_the_composition_of_the_terms():
     c = Candidate(pp=s.pp, dp=s.dp, tmp=s.tmp, mbs=s.mbs, zero_stage=s.zero_stage,
                   activation_checkpointing=s.activation_checkpointing)
     placement = np.array(s.placement)
-    gpus = [np.unique(model.gpu_of_device[placement[j]]) for j in range(s.pp)]
-    costs = model.stage_costs(c, placement, gpus)
+    costs = model.stage_costs(c, model.layout(c, placement=placement))
     t = P.stage_totals(costs.layer_s, s.partition)
     np.testing.assert_allclose(t, e.stage_time_s)
     after = costs.sync_fixed_s + P.stage_totals(costs.after_pipeline_s, s.partition)
@@ -124,3 +123,174 @@ def test_the_ring_factor_is_written_once():
             if needle in text:
                 hits.append(Path(path).relative_to(ROOT).as_posix())
     assert set(hits) <= {"cost_models/comm.py"}, hits
+
+
+# ----------------------------------------------------------------------------- GPU fidelity
+
+def _block(h=1024, s=1024, a=16):
+    from cost_models.layers import Layer
+    return Layer(kind="transformer", seq_length=s, hidden_size=h, num_attention_heads=a,
+                 ffn_hidden_size=4 * h)
+
+
+def test_gemm_efficiency_rises_with_size_and_saturates():
+    from cost_models.compute import gemm_efficiency
+    kw = dict(max_efficiency=0.8, half_flops=2e9)
+    assert gemm_efficiency(2e9, **kw) == pytest.approx(0.4)
+    assert gemm_efficiency(2e12, **kw) == pytest.approx(0.8, rel=1e-2)
+    assert gemm_efficiency(1e8, **kw) < gemm_efficiency(1e9, **kw) < gemm_efficiency(1e10, **kw)
+
+
+def test_standard_attention_is_memory_bound_on_the_scores():
+    """Unfused attention moves 6g + 1 bytes per score element per forward (13 B in fp16); a
+    fused kernel moves none and pays the core's FLOPs instead."""
+    from cost_models.compute import DeviceSpeed, analytic_layer_time, standard_attention_bytes
+    dev = DeviceSpeed(peak_flops_per_s=312e12, memory_bandwidth_bytes_per_s=2e12)
+    b = _block()
+    std = analytic_layer_time(b, tmp=1, mbs=1, device=dev, bytes_per_element=2,
+                              attention="standard")
+    flash = analytic_layer_time(b, tmp=1, mbs=1, device=dev, bytes_per_element=2,
+                                attention="flash")
+    scores = 16 * 1024 * 1024
+    assert standard_attention_bytes(2) == 13
+    core = 4 * 1024 ** 2 * 1024
+    eff = 0.8 * core / (core + 2e9)
+    assert std.forward_s - flash.forward_s == pytest.approx(
+        scores * 13 / 2e12 - core / (312e12 * eff))
+    assert std.backward_s == pytest.approx(2 * std.forward_s)
+
+
+def test_host_and_device_overlap_and_fixed_costs():
+    from cost_models.compute import (HostCosts, block_passes, host_time_s,
+                                     kernel_floor_time_s, overlapped_time_s)
+    from cost_models.layers import Layer
+    b = _block()
+    host = HostCosts(block_pass_s=1e-3, tp_allreduce_per_rank_s=2e-5)
+    assert block_passes(b, False) == 2 and block_passes(b, True) == 3
+    assert host_time_s(b, tmp=1, recompute=True, host=host) == pytest.approx(3e-3)
+    # 6 all-reduces with recomputation (2 forward, 2 recomputed forward, 2 backward), 3 ranks
+    assert host_time_s(b, tmp=4, recompute=True, host=host) == pytest.approx(3e-3 + 6 * 3 * 2e-5)
+    head = Layer(kind="head", seq_length=8, hidden_size=8, vocab_size=64)
+    emb = Layer(kind="embedding", seq_length=8, hidden_size=8, vocab_size=64)
+    assert host_time_s(head, tmp=2, recompute=True, host=host) == pytest.approx(1e-3)
+    assert host_time_s(emb, tmp=2, recompute=True, host=host) == 0
+    assert kernel_floor_time_s(b, recompute=False, kernel_floor_s=3e-4) == pytest.approx(6e-4)
+    assert kernel_floor_time_s(head, recompute=False, kernel_floor_s=3e-4) == 0
+    np.testing.assert_allclose(overlapped_time_s(np.array([1.0, 5.0]), np.array([2.0, 3.0])),
+                               [2.0, 5.0])
+
+
+def test_recomputation_replays_the_forward_all_reduces():
+    from cost_models.layers import tp_allreduce_elements
+    b = _block()
+    assert len(tp_allreduce_elements(b)) == 4 and len(tp_allreduce_elements(b, True)) == 6
+
+
+def test_small_layers_are_host_bound_large_ones_device_bound():
+    """With the catalog's fixed costs, the planner's layer time is max(host, device + TP): a
+    small model's iteration time follows the host's, a large one's the FLOPs."""
+    from amp_search.planner import Candidate, CostModel
+    from amp_search.spec import parse_spec
+    from cost_models.params import CostParams
+
+    def spec(h):
+        return parse_spec({
+            "cluster": {"nodes": [{"gpu": "A100-80GB", "gpus_per_node": 1,
+                                   "intra_node_bandwidth": "150 GB/s"}]},
+            "model": {"preset": "gpt", "num_layers": 4, "hidden_size": h,
+                      "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 51200},
+            "training": {"global_batch_size": 1, "precision": "fp16"}})
+
+    c = Candidate(pp=1, dp=1, tmp=1, mbs=1, zero_stage=0, activation_checkpointing=False)
+    for h, host_bound in ((256, True), (8192, False)):
+        model = CostModel(spec(h))
+        placement = np.zeros((1, 1, 1), dtype=np.int64)
+        costs = model.stage_costs(c, model.layout(c, placement=placement))
+        blocks = slice(1, 5)
+        gpu = model.gpus[0]
+        assert np.all(costs.host_s[0, blocks] == pytest.approx(2 * gpu.host_block_pass_s))
+        device = costs.compute_s[0, blocks] + costs.tensor_parallel_s[0, blocks]
+        assert np.all((costs.host_s[0, blocks] > device) == host_bound), h
+        # a fitted value replaces the catalog's
+        model.params = CostParams(host_block_pass_s={gpu.name: 0.0})
+        costs = model.stage_costs(c, model.layout(c, placement=placement))
+        assert np.all(costs.host_s[0, blocks] == 0)
+
+
+def test_attention_kind_is_a_spec_key_with_a_catalog_default(write_spec):
+    """training.attention: auto follows the catalog (no FlashAttention before Ampere);
+    standard attention stores 5 a s^2 b bytes per layer (Korthikanti et al.), which is what
+    keeps GPT-2 345M at micro-batch 2 from fitting a 16 GB T4 without recomputation."""
+    from amp_search import estimate, load_spec
+    data = {"cluster": {"nodes": [{"gpu": "T4-16GB", "gpus_per_node": 1,
+                                   "intra_node_bandwidth": "50 Gbps"}]},
+            "model": {"preset": "gpt", "num_layers": 24, "hidden_size": 1024,
+                      "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 50304},
+            "training": {"global_batch_size": 2, "precision": "fp16"}}
+    auto = load_spec(write_spec(data))
+    t4 = auto.cluster.devices[0].gpu
+    assert not t4.flash_attention and auto.attention_for(t4) == "standard"
+    std = estimate(auto, pp=1, dp=1, tmp=1, mbs=2)
+    flash = estimate(load_spec(write_spec({**data, "training": {
+        **data["training"], "attention": "flash"}})), pp=1, dp=1, tmp=1, mbs=2)
+    assert not std.fits and flash.fits
+    extra = std.memory[0].activation_bytes - flash.memory[0].activation_bytes
+    assert extra == pytest.approx(24 * 5 * 16 * 1024 ** 2 * 2, rel=0.01)   # 5 a s^2 b x 24
+    assert std.iteration_time_s > flash.iteration_time_s
+
+
+def test_catalog_model_keys_are_checked(write_spec):
+    from amp_search import SpecError, load_spec
+    gpu = {"name": "X", "memory": "16 GiB", "memory_bandwidth": "900 GB/s",
+           "peak_tflops": {"fp16": 100}, "gemm_efficiency": {"max": 0.6, "half_at": "1 GFLOP"},
+           "kernel_floor": "100 us", "host_time": {"block_pass": "300 us",
+                                                   "tp_allreduce_per_rank": "5 us"},
+           "flash_attention": False}
+    data = {"cluster": {"nodes": [{"gpu": gpu, "gpus_per_node": 1,
+                                   "intra_node_bandwidth": "50 Gbps"}]},
+            "model": {"preset": "gpt", "num_layers": 2, "hidden_size": 64,
+                      "num_attention_heads": 4, "seq_length": 16, "vocab_size": 128},
+            "training": {"global_batch_size": 2, "precision": "fp16"}}
+    g = load_spec(write_spec(data)).cluster.devices[0].gpu
+    assert (g.gemm_max_efficiency, g.gemm_half_flops, g.kernel_floor_s, g.host_block_pass_s,
+            g.host_tp_allreduce_per_rank_s, g.flash_attention) == pytest.approx(
+        (0.6, 1e9, 1e-4, 3e-4, 5e-6, False))
+    for key, value, message in (("kernel_floor", "5 s", "accepted: 0 s to 1 s"),
+                                ("kernel_floor", 100, "bare number"),
+                                ("gemm_efficiency", {"max": 1.5, "half_at": "1 GFLOP"}, "max"),
+                                ("flash_attention", "yes", "accepted: true, false")):
+        bad = {**data, "cluster": {"nodes": [{**data["cluster"]["nodes"][0],
+                                              "gpu": {**gpu, key: value}}]}}
+        with pytest.raises(SpecError, match=message):
+            load_spec(write_spec(bad))
+    # an inline GPU without them takes the catalog's defaults
+    plain = {k: v for k, v in gpu.items() if k in ("name", "memory", "memory_bandwidth",
+                                                   "peak_tflops")}
+    d = load_spec(write_spec({**data, "cluster": {"nodes": [{**data["cluster"]["nodes"][0],
+                                                             "gpu": plain}]}}))
+    a100 = load_spec(ROOT / "configs" / "a100-gpt7b.yaml").cluster.devices[0].gpu
+    assert d.cluster.devices[0].gpu.host_block_pass_s == a100.host_block_pass_s > 0
+
+
+def test_vocabulary_is_padded_as_megatron_pads_it(write_spec):
+    """GPT-2's 50,257 tokens: padded to a multiple of 128 x tmp instead of rejected; the
+    parameter count and the trial model's embedding and head hold the padded shard."""
+    from amp_search import estimate, load_spec
+    from amp_search.trial.model import build_layer
+    from cost_models.layers import Layer, padded_vocab_size, param_count
+
+    assert [padded_vocab_size(50257, t) for t in (1, 2, 8)] == [50304, 50432, 51200]
+    assert padded_vocab_size(51200, 4) == 51200
+    spec = load_spec(write_spec({
+        "cluster": {"nodes": [{"gpu": "A100-80GB", "gpus_per_node": 2,
+                               "intra_node_bandwidth": "300 GB/s"}]},
+        "model": {"preset": "gpt", "num_layers": 2, "hidden_size": 64,
+                  "num_attention_heads": 4, "seq_length": 16, "vocab_size": 50257},
+        "training": {"global_batch_size": 4, "precision": "bf16"}}))
+    assert estimate(spec, pp=1, dp=1, tmp=2, mbs=1).iteration_time_s > 0
+    head = Layer(kind="head", seq_length=16, hidden_size=64, vocab_size=50257)
+    emb = Layer(kind="embedding", seq_length=16, hidden_size=64, vocab_size=50257)
+    assert param_count(head, 2) == 2 * 64 + (64 * 50432 + 50432) // 2
+    for layer in (head, emb):
+        module = build_layer(layer, simulate_tp_size=2)
+        assert sum(p.numel() for p in module.parameters()) == param_count(layer, 2)

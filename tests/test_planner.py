@@ -134,11 +134,12 @@ def test_recompute_costs_time(hetero):
 
 def test_uneven_model_is_balanced_by_cost_not_count():
     """AMP's TransGAN: 12 wide blocks then 12 narrow ones. The DP gives the narrow blocks to
-    few stages; a uniform split by layer count is slower."""
+    few stages; a uniform split by layer count is slower (by less than the FLOPs alone say:
+    every block pays the framework's fixed host time per pass, narrow or wide)."""
     spec = load_spec(ROOT / "configs" / "amp-transgan.yaml")
     opt = estimate(spec, pp=4, dp=4, tmp=1, mbs=1)
     uni = estimate(spec, pp=4, dp=4, tmp=1, mbs=1, partition="uniform")
-    assert opt.iteration_time_s < uni.iteration_time_s * 0.9
+    assert opt.iteration_time_s < uni.iteration_time_s * 0.96
     b = opt.strategy.partition
     assert b[-2] >= 13          # the last stage starts inside or after the wide blocks... holds all narrow ones
 
@@ -211,15 +212,8 @@ def test_memory_aware_partition(write_spec):
 def _dp_inputs(model: CostModel, c: Candidate, order):
     """stage_layer_time and cut arrays as evaluate() builds them (time only)."""
     placement = megatron_placement(order, c.pp, c.dp, c.tmp)
-    est = model.evaluate(c, order, partition="uniform")   # warms the timer
-    L = model.num_layers
-    t = np.zeros((c.pp, L))
-    for j in range(c.pp):
-        gpu = model.gpus[model.gpu_of_device[placement[j, 0, 0]]]
-        fwd, bwd = model.timer.times(gpu, c.tmp, c.mbs)
-        t[j] = fwd + bwd
-    assert est.iteration_time_s > 0
-    return t, np.zeros((c.pp, L + 1))
+    costs = model.stage_costs(c, model.layout(c, placement=placement))
+    return costs.layer_s, np.zeros((c.pp, model.num_layers + 1))
 
 
 def test_optimizer_step_term_is_split_by_partitioning_optimizers():

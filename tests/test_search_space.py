@@ -99,3 +99,33 @@ def test_megatron_baseline_obeys_the_rules():
     assert first_violation(SearchSpace.of(spec), cand(s.pp, s.dp, s.tmp, s.mbs, s.zero_stage,
                                                       s.activation_checkpointing)) is None
     assert s.tmp <= spec.cluster.min_gpus_per_node
+
+
+def test_a_search_too_large_is_refused_up_front(write_spec, capsys):
+    """10,240 GPUs and a 10,000-layer model: the estimated cost is stated and the search is
+    refused with what to change, in well under a second (no DP runs)."""
+    from amp_search.cli import main
+    from amp_search.planner import SearchTooLarge
+    from amp_search.search_space import search_cost
+    path = write_spec({
+        "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 1280, "gpus_per_node": 8,
+                               "intra_node_bandwidth": "300 GB/s",
+                               "inter_node_bandwidth": "200 Gbps"}]},
+        "model": {"preset": "gpt", "num_layers": 10000, "hidden_size": 4096,
+                  "num_attention_heads": 32, "seq_length": 2048, "vocab_size": 50304},
+        "training": {"global_batch_size": 4096, "precision": "bf16",
+                     "activation_checkpointing": "search", "zero_stage": "search"}})
+    spec = load_spec(path)
+    space = SearchSpace.of(spec)
+    cost = search_cost(space, enumerate_candidates(space, Counter()), 1)
+    assert cost.estimated_s > 1000 and cost.layers == 10002
+    with pytest.raises(SearchTooLarge, match="fix training.zero_stage"):
+        plan(spec, max_search_s=120)
+    assert main(["plan", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max-search-seconds" in err[0]
+    # what a small search will cost is known too, and it runs
+    small = load_spec(CPU_LOCAL)
+    seen = []
+    plan(small, max_search_s=120, on_start=seen.append)
+    assert seen and seen[0].estimated_s < 120 and seen[0].candidates > 0

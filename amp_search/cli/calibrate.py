@@ -62,9 +62,10 @@ def run(args) -> int:
         return 0
     print(f"calibration of {'+'.join(cal.devices)} ({cal.precision}) on {cal.n_fit} of "
           f"{cal.n_trials} trials")
-    print(f"{'coefficient':30s} {'before':>12s} {'after':>12s}")
+    print(f"{'coefficient':40s} {'before':>12s} {'after':>12s}")
     for name in cal.fitted:
-        print(f"{name:30s} {_fmt(cal.initial, name):>12s} {_fmt(cal.params, name):>12s}")
+        before, after = cal.values[name]
+        print(f"{name:40s} {before:>12.4g} {after:>12.4g}")
     print(f"{'trial':34s} {'measured s':>10s} {'before s':>10s} {'err':>7s} {'after s':>10s} "
           f"{'err':>7s}  fit")
     for r in cal.rows:
@@ -76,12 +77,3 @@ def run(args) -> int:
     if cal.path is not None:
         print(f"stored: {cal.path}")
     return 0
-
-
-def _fmt(params, name: str) -> str:
-    if "[" in name:
-        field, key = name[:-1].split("[")
-        v = getattr(params, field).get(key, 0.0 if field == "latency_s" else 1.0)
-    else:
-        v = getattr(params, name)
-    return f"{v:.4g}"

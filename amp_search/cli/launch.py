@@ -62,6 +62,9 @@ def add_parser(sub) -> None:
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the trials and the best strategy as JSON ('-': stdout)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--max-search-seconds", type=positive_float, default=120.0, metavar="S",
+                   help="refuse a search estimated to take longer, before it starts "
+                        "(default 120)")
     add_profiles_argument(p)
     p.set_defaults(func=run)
 
@@ -157,8 +160,11 @@ def run(args) -> int:
     else:
         from ..planner import plan
 
+        from .plan import announce
+
         items = list(plan(spec, measurements=measurements,
-                          progress=not args.no_progress and sys.stderr.isatty())
+                          progress=not args.no_progress and sys.stderr.isatty(),
+                          max_search_s=args.max_search_seconds, on_start=announce)
                      .strategies[:args.top_k])
     options = LaunchOptions(
         backend=args.backend, launcher=args.launcher, hostfile=hostfile, iters=args.iters,

@@ -6,8 +6,8 @@ import sys
 from itertools import groupby
 from pathlib import Path
 
-from ._args import (add_profiles_argument, layers_per_stage, measurements_for, positive_int,
-                    render_table, write_json)
+from ._args import (add_profiles_argument, layers_per_stage, measurements_for, positive_float,
+                    positive_int, render_table, write_json)
 from ..records import Estimate, Plan
 from ..spec import Spec, load_spec
 
@@ -21,6 +21,9 @@ def add_parser(sub) -> None:
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON "
                                                              "('-' for standard output)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--max-search-seconds", type=positive_float, default=120.0, metavar="S",
+                   help="refuse a search estimated to take longer, before it starts "
+                        "(default 120)")
     add_profiles_argument(p)
     p.set_defaults(func=run_plan)
 
@@ -89,12 +92,32 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> 
     return render_table(head, cells, left=(7, 8))
 
 
+def vocab_note(spec: Spec, tmps) -> str | None:
+    """How the vocabulary is padded at the shown tensor-parallel degrees, if it is."""
+    from cost_models.layers import VOCAB_PAD_MULTIPLE, padded_vocab_size
+
+    v = spec.model.vocab_size
+    padded = {t: padded_vocab_size(v, t) for t in tmps}
+    if not v or all(p == v for p in padded.values()):
+        return None
+    shown = ", ".join(f"{p} at tmp {t}" for t, p in padded.items())
+    return (f"Vocabulary {v} padded to a multiple of {VOCAB_PAD_MULTIPLE} x tmp, as Megatron-LM "
+            f"and the trials do: {shown}.")
+
+
+def announce(cost) -> None:
+    """Say what a search that takes a while will cost before it starts."""
+    if cost.estimated_s >= 2.0:
+        print(f"amp-search: searching {cost.describe()}", file=sys.stderr)
+
+
 def run_plan(args) -> int:
     from ..planner import plan
 
     spec = load_spec(args.spec)
     result: Plan = plan(spec, measurements=measurements_for(spec, args),
-                        progress=not args.no_progress and sys.stderr.isatty())
+                        progress=not args.no_progress and sys.stderr.isatty(),
+                        max_search_s=args.max_search_seconds, on_start=announce)
     rows = [(str(i), e, result.speedup(e)) for i, e in enumerate(result.strategies[:args.top_k],
                                                                   1)]
     if result.baseline is not None:
@@ -107,6 +130,9 @@ def run_plan(args) -> int:
         print(f"\n{len(result.strategies)} feasible of {result.candidates} candidates "
               f"({result.evaluated} placements costed; pruned: {pruned}) in "
               f"{result.search_time_s:.2f} s. Layer times: {sources}.")
+        note = vocab_note(spec, sorted({e.strategy.tmp for _, e, _ in rows}))
+        if note:
+            print(note)
     if args.json is not None:
         write_json(args.json, result.to_dict(top_k=args.top_k))
     return 0
@@ -124,6 +150,9 @@ def run_estimate(args) -> int:
                  measurements=measurements_for(spec, args))
     if args.json is None or str(args.json) != "-":
         print(format_table(spec, [("-", e, None)]))
+        note = vocab_note(spec, [e.strategy.tmp])
+        if note:
+            print(note)
         b = e.breakdown
         print(f"\nbreakdown: compute {b.compute_s:.4g} s, bubble {b.pipeline_bubble_s:.4g} s, "
               f"p2p {b.p2p_s:.4g} s, tensor-parallel {b.tensor_parallel_s:.4g} s, "

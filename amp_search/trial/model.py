@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cost_models.layers import Layer
+from cost_models.layers import Layer, padded_vocab_size
 
 __all__ = ["UnsupportedLayer", "build_layer", "lm_loss", "example_inputs", "forward_backward",
            "init_single_process_parallel", "parameter_count", "TRIAL_PRECISIONS", "CHECKPOINTABLE_LAYERS",
@@ -170,7 +170,8 @@ class EmbeddingLayer(nn.Module):
 
     def __init__(self, layer: Layer, lin: _Linears):
         super().__init__()
-        v, h, s = layer.vocab_size, layer.hidden_size, layer.seq_length
+        h, s = layer.hidden_size, layer.seq_length
+        v = padded_vocab_size(layer.vocab_size, lin.shards)     # as Megatron-LM pads it
         self.simulate = lin.simulate
         if lin.simulate:
             self.word = nn.Embedding(v // lin.simulate, h, dtype=lin.dtype)
@@ -260,7 +261,7 @@ class HeadLayer(nn.Module):
         super().__init__()
         self.simulate = lin.simulate
         self.ln = nn.LayerNorm(layer.hidden_size, dtype=lin.dtype)
-        self.lm = lin.column(layer.hidden_size, layer.vocab_size)
+        self.lm = lin.column(layer.hidden_size, padded_vocab_size(layer.vocab_size, lin.shards))
 
     def forward(self, x):
         logits, _ = self.lm(self.ln(x))
@@ -299,9 +300,6 @@ def build_layer(layer: Layer, *, tp_size: int = 1, tp_group=None, precision: str
         tp_group = _resolve_group(tp_size, tp_group)
     lin = _Linears(tp_size=tp_size, tp_group=tp_group, dtype=TRIAL_PRECISIONS[precision],
                    simulate=simulate_tp_size)
-    if layer.kind in ("embedding", "head") and layer.vocab_size % lin.shards:
-        raise ValueError(f"{layer.kind} layer {layer.name!r}: vocab size {layer.vocab_size} "
-                         f"is not divisible by the tensor-parallel degree {lin.shards}")
     if layer.kind in ("transformer", "mlp") and layer.ffn_hidden_size % lin.shards:
         raise ValueError(f"{layer.kind} layer {layer.name!r}: ffn size "
                          f"{layer.ffn_hidden_size} is not divisible by the tensor-parallel "
