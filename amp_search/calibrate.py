@@ -154,7 +154,7 @@ def trials_from_db(spec: Spec, path: Path | None = None) -> list[MeasuredTrial]:
     path = Path(path) if path is not None else default_results_path(spec)
     if not path.exists():
         raise UsageError(f"no results database at {path}; run `amp-search launch` first or "
-                         f"pass --db")
+                         f"pass --results DB")
     latest = {}
     for row in ResultsDB(path).rows(spec.sha256):
         if row.status == "ok" and row.measured_mean_s:

@@ -868,3 +868,22 @@ def uniform_partition(
     sizes[0] += first
     sizes[-1] += last
     return tuple(itertools.accumulate(sizes, initial=0))
+
+
+def kernels_cached() -> bool:
+    """Whether numba's on-disk cache holds a current compiled ``_solve`` for this machine, so
+    the first ``optimal_partition`` call loads it instead of compiling (~15 s).
+
+    Loading ``_solve`` from the cache needs none of the kernels it calls, so its index alone
+    decides.  Reads one small index file; any doubt (no cache, numba internals changed, a
+    stale or foreign entry) answers False, which at worst announces a compile that does not
+    happen."""
+    try:
+        if numba.config.DISABLE_JIT:
+            return True  # nothing is compiled
+        cache = _solve._cache
+        index = cache._cache_file._load_index()  # {} when the source file changed
+        codegen = _solve.targetctx.codegen()
+        return any(cache._index_key(key[0], codegen) == key for key in index)
+    except Exception:  # noqa: BLE001 - a guess about a cache must never fail a run
+        return False

@@ -87,7 +87,7 @@ def test_hostfile_slots_must_cover_the_node(spec, tmp_path, capsys):
 def test_dry_run_prints_everything_and_runs_nothing(spec, tmp_path, capsys):
     plan = _plan(tmp_path, PP2DP2, TP2PP2)
     assert main(["launch", str(spec), "--plan", str(plan), "--top-k", "2", "--dry-run",
-                 "--iters", "6", "--warmup", "2"]) == 0
+                 "--verbose", "--iters", "6", "--warmup", "2"]) == 0
     out = capsys.readouterr().out
     assert out.count("-m torch.distributed.run --standalone") == 2
     assert "--module amp_search.trial.run --config" in out
@@ -100,7 +100,7 @@ def test_dry_run_deepspeed_launcher_with_hostfile(spec, tmp_path, capsys):
     (tmp_path / "hf").write_text("worker-0 slots=16\n")
     plan = _plan(tmp_path, PP2DP2)
     assert main(["launch", str(spec), "--plan", str(plan), "--top-k", "1", "--dry-run",
-                 "--launcher", "deepspeed", "--hostfile", str(tmp_path / "hf")]) == 0
+                 "--verbose", "--launcher", "deepspeed", "--hostfile", str(tmp_path / "hf")]) == 0
     out = capsys.readouterr().out
     assert "deepspeed.launcher.runner" in out and "--include worker-0:0,1,2,3" in out
     assert "worker-0 slots=4" in out  # the trial's own hostfile: the spec node's devices
@@ -190,4 +190,4 @@ def test_planned_dry_run(spec, capsys):
     """Without --plan the launch plans first (amp_search.planner)."""
     assert main(["launch", str(spec), "--top-k", "2", "--dry-run", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert out.count("# trial ") == 2
+    assert out.count("\ntrial ") + out.startswith("trial ") == 2

@@ -11,12 +11,26 @@ from ..errors import AmpSearchError
 COMMAND_MODULES = ("plan", "launch", "results", "profile", "calibrate", "example")
 
 
+def version() -> str:
+    """The installed package's version (importlib.metadata), or 'unknown' when the package
+    runs from a folder that was never installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("amp-search")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
     parser = argparse.ArgumentParser(
         prog="amp-search",
         description="Find the fastest 3D-parallel training strategy for a model on a cluster.")
+    parser.add_argument("--version", action="version", version=f"amp-search {version()}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)

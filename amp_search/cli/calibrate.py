@@ -1,11 +1,12 @@
 """`amp-search calibrate SPEC`: fit the cost model's free coefficients to measured trials."""
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 from ..errors import UsageError
-from ._args import add_profiles_argument, measurements_for, profiles_root
+from ._args import add_profiles_argument, measurements_for, profiles_root, write_json
 
 
 def add_parser(subparsers) -> None:
@@ -16,16 +17,21 @@ def add_parser(subparsers) -> None:
                     "overheads to the trials recorded for this spec, by least squares on the "
                     "relative error; store them beside the layer profiles (plan uses them) "
                     "and report the error before and after.")
-    p.add_argument("spec", help="spec YAML")
-    p.add_argument("--db", type=Path, default=None,
-                   help="results database (default: the one `amp-search launch` writes)")
-    p.add_argument("--trials", type=Path, default=None,
+    p.add_argument("spec", help="YAML spec the trials were launched for")
+    p.add_argument("--results", type=Path, default=None, metavar="DB",
+                   help="SQLite results database (default: amp-search-results.sqlite beside "
+                        "the spec, where `amp-search launch` records)")
+    p.add_argument("--db", type=Path, dest="results", help=argparse.SUPPRESS)  # old name
+    p.add_argument("--trials", type=Path, default=None, metavar="FILE",
                    help="instead of the database: a JSON list of {strategy, measured_s}")
     p.add_argument("--holdout", action="store_true",
                    help="fit on every other trial and score on the rest (the stored "
                         "calibration is then fitted on half)")
     p.add_argument("--dry-run", action="store_true", help="fit and report; store nothing")
-    p.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    p.add_argument("--json", type=Path, nargs="?", const=Path("-"), default=None,
+                   metavar="FILE",
+                   help="also write the calibration as JSON to FILE; '-' (or no FILE): "
+                        "only the JSON, on standard output")
     add_profiles_argument(p, writes=True)
     p.set_defaults(func=run)
 
@@ -52,13 +58,22 @@ def run(args) -> int:
     from ..spec import load_spec
 
     spec = load_spec(args.spec)
-    trials = load_trials_file(args.trials) if args.trials else trials_from_db(spec, args.db)
+    if args.trials:
+        trials = load_trials_file(args.trials)
+    else:
+        from ..launch.orchestrator import default_results_path
+
+        db = args.results if args.results is not None else default_results_path(spec)
+        if not Path(db).is_file():
+            raise UsageError(f"no results database at {db}; run `amp-search launch "
+                             f"{args.spec}` first, or pass --results DB or --trials FILE")
+        trials = trials_from_db(spec, db)
     fit_on = range(0, len(trials), 2) if args.holdout else None
     cal = calibrate(spec, trials, fit_on=fit_on, measurements=measurements_for(spec, args))
     if not args.dry_run:
         save_calibration(cal, spec, layer_profile_dir(profiles_root(args)))
-    if args.json:
-        print(json.dumps(cal.to_dict(), indent=1))
+    if args.json is not None and str(args.json) == "-":
+        write_json(args.json, cal.to_dict())
         return 0
     print(f"calibration of {'+'.join(cal.devices)} ({cal.precision}) on {cal.n_fit} of "
           f"{cal.n_trials} trials")
@@ -76,4 +91,6 @@ def run(args) -> int:
           f"after {100 * cal.mape_after:.1f}%")
     if cal.path is not None:
         print(f"stored: {cal.path}")
+    if args.json is not None:
+        write_json(args.json, cal.to_dict())
     return 0

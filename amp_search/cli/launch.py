@@ -55,10 +55,14 @@ def add_parser(sub) -> None:
                    help="where trial directories go (default: runs/ beside the spec)")
     p.add_argument("--retry-failed", action="store_true",
                    help="run again trials recorded as oom / failed / timeout")
-    p.add_argument("--master-port", type=positive_int, default=29500,
+    p.add_argument("--master-port", type=positive_int, default=29500, metavar="PORT",
                    help="rendezvous port for multi-node launchers (default 29500)")
     p.add_argument("--dry-run", action="store_true",
-                   help="print every command and config; run nothing, record nothing")
+                   help="print each trial's processes, nodes, first command and the folder "
+                        "its files would go to; run nothing, write nothing, record nothing")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="with --dry-run: also print every command (one per node for "
+                        "torchrun) and the full text of every file a trial would write")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the trials and the best strategy as JSON ('-': stdout)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -140,6 +144,46 @@ def format_trials(records) -> str:
     return render_table(head, cells, left=(1, 2, 7, 8))
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 'es' if word.endswith('s') else 's'}"
+
+
+def dry_run_summary(spec: Spec, rec, *, total: int, launcher: str, verbose: bool = False) -> str:
+    """What one trial of `launch --dry-run` would do, in a few lines: its processes and
+    nodes, the first command (rank 0's, or node 0's for torchrun per node), and the folder
+    its files would be written to (which the dry run does not create). With verbose, every
+    command and the full text of every file follow."""
+    s = rec.strategy
+    pred = "" if rec.predicted_s is None else f", predicted {rec.predicted_s:.4g} s/iteration"
+    lines = [f"trial {rec.index}/{total}: {rec.label}{pred}"]
+    if not rec.commands:  # did not pass the preflight checks: nothing would start
+        lines.append(f"  would not start: {rec.error or 'no command'}")
+        return "\n".join(lines) + "\n"
+    try:
+        nodes = len({spec.cluster.devices[d].node for st in s.placement for r in st
+                     for d in r})
+    except IndexError:
+        nodes = 0
+    n_cmd = len(rec.commands)
+    how = "1 command" if n_cmd == 1 else f"{n_cmd} commands, one per node" + (
+        "" if verbose else "; node 0's")
+    lines.append(f"  {_plural(s.num_devices, 'process')} on {_plural(nodes, 'node')} "
+                 f"({launcher} launcher), started by {how}:")
+    lines.extend(f"    {c}" for c in (rec.commands if verbose else rec.commands[:1]))
+    if n_cmd > 1 and not verbose:
+        lines.append(f"    (+{_plural(n_cmd - 1, 'more command')}: --verbose prints them)")
+    if rec.trial_dir:
+        names = sorted(Path(p).name for p in rec.files)
+        lines.append(f"  would write to {rec.trial_dir}{os.sep}: {', '.join(names)}")
+    if rec.error:
+        lines.append(f"  note: {rec.error}")
+    if verbose:
+        for path, text in rec.files.items():
+            if not path.endswith("commands.json"):
+                lines.append(f"  --- {path} (would be written)\n{text.rstrip()}")
+    return "\n".join(lines) + "\n"
+
+
 def _sigterm(signum, frame):
     raise KeyboardInterrupt  # stop the running trial the same way as Ctrl-C
 
@@ -180,15 +224,8 @@ def run(args) -> int:
         if quiet:
             return
         if args.dry_run:
-            print(f"# trial {rec.index}: {rec.label}" + (f"  ({rec.error})" if rec.error
-                                                          else ""))
-            for path, text in rec.files.items():
-                if not path.endswith("commands.json"):
-                    print(f"# --- {path}\n{text.rstrip()}")
-            print("# --- commands")
-            for c in rec.commands:
-                print(c)
-            print()
+            print(dry_run_summary(spec, rec, total=len(items), launcher=args.launcher,
+                                  verbose=args.verbose))
             return
         measured = "-" if rec.measured_mean_s is None else f"{rec.measured_mean_s:.4g} s"
         print(f"trial {rec.index}/{len(items)} {rec.label}: {rec.status}"
@@ -202,6 +239,13 @@ def run(args) -> int:
         signal.signal(signal.SIGTERM, previous)
     best = best_trial(records)
     db_path = None if args.dry_run else str(args.results or default_results_path(spec))
+    if not quiet and args.dry_run:
+        runs = Path(args.runs_dir or (spec.path.parent if spec.path else Path.cwd())
+                    / "runs").resolve()
+        print(f"dry run: nothing was started, written or recorded. A real launch writes each "
+              f"trial's folder under {runs} and records it in "
+              f"{args.results or default_results_path(spec)}."
+              + ("" if args.verbose else " --verbose prints every command and file."))
     if not quiet and not args.dry_run:
         print(format_trials(records))
         if best is None:

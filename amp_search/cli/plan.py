@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from itertools import groupby
 from pathlib import Path
 
@@ -18,8 +19,9 @@ def add_parser(sub) -> None:
     p.add_argument("spec", type=Path, help="YAML cluster + model + training spec")
     p.add_argument("--top-k", type=positive_int, default=10, metavar="K",
                    help="rows to show and write (default 10)")
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON "
-                                                             "('-' for standard output)")
+    p.add_argument("--json", type=Path, metavar="FILE",
+                   help="also write the result as JSON to FILE; '-': only the JSON, on "
+                        "standard output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--max-search-seconds", type=positive_float, default=120.0, metavar="S",
                    help="refuse a search estimated to take longer, before it starts "
@@ -29,17 +31,26 @@ def add_parser(sub) -> None:
 
     e = sub.add_parser("estimate", help="predict one given strategy",
                        description="Predict the iteration time and memory of one strategy.")
-    e.add_argument("spec", type=Path)
-    for name in ("pp", "dp", "tmp", "mbs"):
-        e.add_argument(f"--{name}", type=positive_int, required=True)
-    e.add_argument("--partition", default="optimal", type=_partition,
+    e.add_argument("spec", type=Path, help="YAML cluster + model + training spec")
+    for name, what in (("pp", "pipeline stages"), ("dp", "data-parallel replicas"),
+                       ("tmp", "tensor-parallel degree (GPUs per tensor group)"),
+                       ("mbs", "micro-batch size: samples per micro-batch per replica")):
+        e.add_argument(f"--{name}", type=positive_int, required=True, metavar="N",
+                       help=f"{what} (required; pp x dp x tmp = the cluster's GPUs)"
+                       if name == "pp" else f"{what} (required)")
+    e.add_argument("--partition", default="optimal", type=_partition, metavar="HOW",
                    help="optimal (exact DP), uniform (Megatron), or boundaries such as 0,13,26")
     e.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=None,
-                   help="default: the spec's (first value if 'search')")
-    e.add_argument("--activation-checkpointing", choices=("none", "full"), default=None)
+                   help="DeepSpeed ZeRO stage (default: the spec's; its lowest if 'search')")
+    e.add_argument("--activation-checkpointing", choices=("none", "full"), default=None,
+                   help="full: recompute each block's forward in backward (default: the "
+                        "spec's; none if it says 'search')")
     e.add_argument("--placement-order", choices=("listed", "fastest-first", "slowest-first"),
-                   default=None, help="default: the best of the three")
-    e.add_argument("--json", type=Path, metavar="FILE")
+                   default=None, help="the node order ranks are placed over (default: the best of "
+                                     "the three)")
+    e.add_argument("--json", type=Path, metavar="FILE",
+                   help="also write the estimate as JSON to FILE; '-': only the JSON, on "
+                        "standard output")
     add_profiles_argument(e)
     e.set_defaults(func=run_estimate)
 
@@ -60,15 +71,51 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f}"
 
 
-def _placement(spec: Spec, e: Estimate) -> str:
-    """e.g. 'fastest-first: V100-16GB x3 | T4-16GB x1' (GPU type of each stage, run-length)."""
+PLACEMENT_CHARS = 56
+"""Longest stage description the placement column shows (after the node order)."""
+
+
+def stage_devices(spec: Spec, stage) -> str:
+    """What one pipeline stage holds: '8 H100-80GB', or '4 T4-16GB + 4 V100-16GB'."""
     devices = spec.cluster.devices
-    stage_types = [devices[st[0][0]].gpu.name for st in e.strategy.placement]
-    runs = [f"{k} x{len(list(g))}" for k, g in groupby(stage_types)]
-    text = " | ".join(runs)
-    if len(text) > 34:
-        text = text[:31] + "..."
-    return f"{e.strategy.placement_order}: {text}"
+    counts: dict[str, int] = {}
+    for replica in stage:
+        for d in replica:
+            name = devices[d].gpu.name
+            counts[name] = counts.get(name, 0) + 1
+    return " + ".join(f"{n} {name}" for name, n in counts.items())
+
+
+def describe_placement(spec: Spec, strategy, max_chars: int | None = PLACEMENT_CHARS) -> str:
+    """The stages first to last, consecutive stages that hold the same devices together:
+    '2 stages x 8 H100-80GB | 1 stage x (4 T4-16GB + 4 V100-16GB)'. Longer than max_chars,
+    it keeps the leading groups that fit and counts the rest ('| +5 stages')."""
+    groups = [(len(list(g)), k) for k, g in
+              groupby(stage_devices(spec, st) for st in strategy.placement)]
+    parts = [f"{n} stage{'s' if n > 1 else ''} x " + (f"({k})" if " + " in k else k)
+             for n, k in groups]
+    text = " | ".join(parts)
+    if max_chars is None or len(text) <= max_chars:
+        return text
+    shown, stages = [], 0
+    for (n, _), part in zip(groups, parts):
+        rest = strategy.pp - stages - n
+        tail = f" | +{rest} stages" if rest else ""
+        if len(" | ".join([*shown, part]) + tail) > max_chars:
+            break
+        shown.append(part)
+        stages += n
+    if not shown:  # even the first group is too long: cut it
+        first = parts[0][:max_chars - 3] + "..."
+        rest = strategy.pp - groups[0][0]
+        return first + (f" | +{rest} stage{'s' if rest > 1 else ''}" if rest else "")
+    rest = strategy.pp - stages
+    return " | ".join(shown) + f" | +{rest} stage{'s' if rest > 1 else ''}"
+
+
+def _placement(spec: Spec, e: Estimate) -> str:
+    """e.g. 'slowest-first: 2 stages x 2 T4-16GB | 6 stages x 2 V100-16GB'."""
+    return f"{e.strategy.placement_order}: {describe_placement(spec, e.strategy)}"
 
 
 def _memory(e: Estimate) -> str:
@@ -92,6 +139,89 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> 
     return render_table(head, cells, left=(7, 8))
 
 
+LEGEND_WIDTH = 100
+
+
+def _placement_example(spec: Spec, rows) -> str:
+    """How to read one group of the placement column, taken from the rows shown (a group of
+    several stages if there is one)."""
+    groups = [(len(list(g)), k) for _, e, _ in rows for k, g in
+              groupby(stage_devices(spec, st) for st in e.strategy.placement)]
+    if not groups:
+        return "'2 stages x 8 H100-80GB' is 2 consecutive stages of 8 H100-80GB each"
+    n, held = max(groups, key=lambda g: g[0] > 1)  # the first group of several stages
+    shown = f"({held})" if " + " in held else held
+    held = held.replace(" + ", " and ")
+    if n == 1:
+        return f"'1 stage x {shown}' is one stage of {held}"
+    return f"'{n} stages x {shown}' is {n} consecutive stages of {held} each"
+
+
+def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> list[str]:
+    """The lines under a table that say how to read it: what layers/stage sums to, what the
+    placement column lists, and which shown times tie."""
+    layers = spec.model.layers
+    n = len(layers)
+    blocks = sum(1 for x in layers if x.kind == "transformer")
+    others = [x.kind for x in layers if x.kind != "transformer"]
+    if spec.model.preset != "layers" and others == ["embedding", "head"]:
+        what = (f"the {blocks} transformer blocks plus the embedding and the head, which count "
+                f"as layers")
+    else:
+        what = "every layer of the chain (model.layers)"
+    lines = [f"layers/stage: layers per pipeline stage, first to last; a row sums to {n}, "
+             f"{what}.",
+             f"placement: the node order, then what the stages hold, first to last; "
+             f"{_placement_example(spec, rows)} (dp x tmp devices per stage). mem GiB: peak / "
+             f"usable memory of the fullest device."]
+    ranked = [(label, f"{e.iteration_time_s:.4g}") for label, e, _ in rows
+              if label.isdigit()]
+    ties = [[label for label, _ in g] for _, g in groupby(ranked, key=lambda r: r[1])]
+    ties = [g for g in ties if len(g) > 1]
+    if ties:
+        shown = "; ".join(", ".join(g) for g in ties)
+        lines.append(f"Ranks {shown} show the same iter s: equal times are ordered by lower "
+                     f"peak memory.")
+    return [w for line in lines for w in textwrap.wrap(line, LEGEND_WIDTH,
+                                                       break_on_hyphens=False)]
+
+
+_cold_start_said = False
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def cold_start_note() -> None:
+    """One line on stderr when the partition kernels are about to be compiled (numba), which
+    takes ~15 s in silence otherwise: on the first run, or in every run where numba has no
+    cache folder. Like the progress bars, only when stderr is a terminal (so a script's or a
+    test's stderr keeps its one error line), once per process, and not when the kernels
+    already run in this process. A cheap look at numba's cache index; at worst it says so
+    once too often."""
+    global _cold_start_said
+    from .. import partition
+
+    if _cold_start_said or not _stderr_is_terminal():
+        return
+    try:
+        if partition._solve.signatures:  # compiled or loaded in this process already
+            return
+    except AttributeError:
+        pass
+    if partition.kernels_cached():
+        return
+    _cold_start_said = True
+    when = "numba has no cache folder, so in every run" if partition._cache_warned \
+        else "first run only"
+    print(f"amp-search: compiling the search kernels ({when}, about 15 s)", file=sys.stderr,
+          flush=True)
+
+
 def vocab_note(spec: Spec, tmps) -> str | None:
     """How the vocabulary is padded at the shown tensor-parallel degrees, if it is."""
     from cost_models.layers import VOCAB_PAD_MULTIPLE, padded_vocab_size
@@ -106,7 +236,10 @@ def vocab_note(spec: Spec, tmps) -> str | None:
 
 
 def announce(cost) -> None:
-    """Say what a search that takes a while will cost before it starts."""
+    """Say what a search that takes a while will cost before it starts, and that the kernels
+    are compiled first if they are (called once the search is accepted, so a refused search
+    or a bad spec prints only its error)."""
+    cold_start_note()
     if cost.estimated_s >= 2.0:
         print(f"amp-search: searching {cost.describe()}", file=sys.stderr)
 
@@ -125,9 +258,10 @@ def run_plan(args) -> int:
     to_stdout = args.json is not None and str(args.json) == "-"
     if not to_stdout:
         print(format_table(spec, rows))
+        print("\n" + "\n".join(legend(spec, rows)))
         pruned = ", ".join(f"{k} {v}" for k, v in sorted(result.pruned.items())) or "none"
         sources = "; ".join(result.best.timing_sources)
-        print(f"\n{len(result.strategies)} feasible of {result.candidates} candidates "
+        print(f"{len(result.strategies)} feasible of {result.candidates} candidates "
               f"({result.evaluated} placements costed; pruned: {pruned}) in "
               f"{result.search_time_s:.2f} s. Layer times: {sources}.")
         note = vocab_note(spec, sorted({e.strategy.tmp for _, e, _ in rows}))
@@ -142,6 +276,8 @@ def run_estimate(args) -> int:
     from ..planner import estimate
 
     spec = load_spec(args.spec)
+    if args.partition == "optimal":
+        cold_start_note()
     ckpt = None if args.activation_checkpointing is None else \
         args.activation_checkpointing == "full"
     e = estimate(spec, pp=args.pp, dp=args.dp, tmp=args.tmp, mbs=args.mbs,
@@ -150,6 +286,7 @@ def run_estimate(args) -> int:
                  measurements=measurements_for(spec, args))
     if args.json is None or str(args.json) != "-":
         print(format_table(spec, [("-", e, None)]))
+        print("\n" + "\n".join(legend(spec, [("-", e, None)])))
         note = vocab_note(spec, [e.strategy.tmp])
         if note:
             print(note)
@@ -157,9 +294,16 @@ def run_estimate(args) -> int:
         print(f"\nbreakdown: compute {b.compute_s:.4g} s, bubble {b.pipeline_bubble_s:.4g} s, "
               f"p2p {b.p2p_s:.4g} s, tensor-parallel {b.tensor_parallel_s:.4g} s, "
               f"data-parallel {b.data_parallel_s:.4g} s, optimizer {b.optimizer_s:.4g} s")
+        bounds = e.strategy.partition
         for m in e.memory:
-            print(f"stage {m.stage}: peak {_gib(m.peak_bytes)} GiB of {_gib(m.capacity_bytes)} "
-                  f"GiB (params {_gib(m.parameter_bytes)}, grads {_gib(m.gradient_bytes)}, "
+            j = m.stage
+            held = ""
+            if 0 <= j < len(e.strategy.placement) and j + 1 < len(bounds):
+                a, b = bounds[j], bounds[j + 1] - 1
+                held = (f"{f'layers {a}-{b}' if b > a else f'layer {a}'} on "
+                        f"{stage_devices(spec, e.strategy.placement[j])}: ")
+            print(f"stage {m.stage}: {held}peak {_gib(m.peak_bytes)} GiB of "
+                  f"{_gib(m.capacity_bytes)} GiB (params {_gib(m.parameter_bytes)}, grads {_gib(m.gradient_bytes)}, "
                   f"optimizer {_gib(m.optimizer_bytes)}, activations "
                   f"{_gib(m.activation_bytes)}, overhead {_gib(m.overhead_bytes)})"
                   + ("" if m.fits else "  DOES NOT FIT"))

@@ -25,18 +25,40 @@ def _f(x, fmt: str = ".4g") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+NOTE_CHARS = 80
+"""Widest log path or error the table shows."""
+
+
+def shorten_path(path: str, max_chars: int = NOTE_CHARS) -> str:
+    """A path that fits in max_chars: relative to the current folder when it is inside it,
+    then cut from the left, so that the trial folder and file name stay
+    ('...runs/01-.../log.txt')."""
+    if not path:
+        return ""
+    try:
+        rel = Path(path).resolve().relative_to(Path.cwd().resolve())
+        path = str(rel)
+    except (ValueError, OSError):
+        pass
+    if len(path) <= max_chars:
+        return path
+    return "..." + path[len(path) - (max_chars - 3):]
+
+
 def format_rows(rows) -> str:
     head = ("id", "strategy", "layers/stage", "predicted s", "measured s", "+-", "peak MiB",
             "status", "started", "log / error")
     cells = []
     for r in rows:
-        note = r.log_path or ""
+        note = shorten_path(r.log_path or "", NOTE_CHARS)
         if r.status != "ok" and r.error:
             note = r.error.splitlines()[0]
+            if len(note) > NOTE_CHARS:
+                note = note[:NOTE_CHARS - 3] + "..."
         cells.append((str(r.id), r.label, layers_per_stage(r.partition), _f(r.predicted_s),
                       _f(r.measured_mean_s), _f(r.measured_std_s, ".2g"),
                       "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 2**20:.0f}",
-                      r.status, r.started_at or "-", note[:80]))
+                      r.status, r.started_at or "-", note))
     return render_table(head, cells, left=(1, 2, 7, 8, 9))
 
 

@@ -1,0 +1,322 @@
+"""What the command line prints for a new user (issue 13, "Output a new user misreads"): the
+placement column, the table's legend, the cold-start line, ties, the compact dry run, paths in
+`results`, calibrate's options, --version and help texts. Behaviour only, no timing."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from amp_search import partition
+from amp_search.cli import build_parser, main
+from amp_search.cli import plan as cli_plan
+from amp_search.cli.launch import dry_run_summary
+from amp_search.cli.results import format_rows, shorten_path
+from amp_search.planner import plan
+from amp_search.records import Strategy
+from amp_search.spec import load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+COLD_LINE = "amp-search: compiling the search kernels"
+
+
+def _spec(nodes, *, num_layers=4, batch=8, hosts=False):
+    """A small GPT spec over node groups [(gpu, count, gpus_per_node), ...]."""
+    groups = []
+    for i, (gpu, count, per) in enumerate(nodes):
+        g = {"gpu": gpu, "count": count, "gpus_per_node": per,
+             "intra_node_bandwidth": "50 GB/s", "inter_node_bandwidth": "10 Gbps"}
+        if hosts:
+            g["hosts"] = [f"node-{i}-{k}" for k in range(count)]
+        groups.append(g)
+    return {"cluster": {"nodes": groups},
+            "model": {"preset": "gpt", "num_layers": num_layers, "hidden_size": 256,
+                      "num_attention_heads": 4, "seq_length": 64, "vocab_size": 1024},
+            "training": {"global_batch_size": batch, "precision": "fp32"}}
+
+
+def _strategy(placement, partition_, *, mbs=1, batch=8):
+    pp, dp, tmp = len(placement), len(placement[0]), len(placement[0][0])
+    return Strategy(pp=pp, dp=dp, tmp=tmp, mbs=mbs, global_batch_size=batch,
+                    partition=tuple(partition_), placement=placement, placement_order="listed")
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    shutil.copy(ROOT / "configs" / "cpu-tiny.yaml", tmp_path / "spec.yaml")
+    return tmp_path / "spec.yaml"
+
+
+# ----------------------------------------------------------------------------- 1. placement
+
+def test_placement_counts_devices_per_stage_and_mixed_stages():
+    # 1 node of 4 T4 then 1 node of 4 V100: one stage of all 8 holds both types
+    spec = parse_spec(_spec([("T4-16GB", 1, 4), ("V100-16GB", 1, 4)], batch=8))
+    one_stage = _strategy((tuple((d,) for d in range(8)),), (0, 6))
+    assert cli_plan.stage_devices(spec, one_stage.placement[0]) == "4 T4-16GB + 4 V100-16GB"
+    assert cli_plan.describe_placement(spec, one_stage) == "1 stage x (4 T4-16GB + 4 V100-16GB)"
+    # pp 2 x dp 4: one stage per node, each of 4 GPUs (not 'T4-16GB x1 | V100-16GB x1')
+    two = _strategy((tuple((d,) for d in range(4)), tuple((d,) for d in range(4, 8))),
+                    (0, 3, 6))
+    assert cli_plan.describe_placement(spec, two) == "1 stage x 4 T4-16GB | 1 stage x 4 V100-16GB"
+
+
+def test_placement_groups_consecutive_stages_and_truncates_by_group():
+    spec = parse_spec(_spec([("H100-80GB", 2, 8), ("A100-40GB", 1, 8)], num_layers=4))
+    st = _strategy(tuple(tuple((8 * j + k,) for k in range(8)) for j in range(3)),
+                   (0, 2, 4, 6), batch=8)
+    assert cli_plan.describe_placement(spec, st) == \
+        "2 stages x 8 H100-80GB | 1 stage x 8 A100-40GB"
+    # alternating stage types: too long for the column, it keeps whole leading groups and
+    # counts the stages it leaves out
+    spec = parse_spec(_spec([("H100-80GB", 1, 1), ("A100-40GB", 1, 1)] * 4, num_layers=8))
+    st = _strategy(tuple(((d,),) for d in range(8)), tuple(range(0, 9)) + (10,), batch=8)
+    full = cli_plan.describe_placement(spec, st, max_chars=None)
+    assert full.count("|") == 7
+    short = cli_plan.describe_placement(spec, st, max_chars=56)
+    assert len(short) <= 56 and short.startswith("1 stage x 1 H100-80GB | ")
+    shown = short.rsplit(" | ", 1)
+    kept = shown[0].count("stage x")
+    assert shown[1] == f"+{8 - kept} stages"
+
+
+def test_plan_table_shows_what_stages_hold(capsys):
+    assert main(["plan", str(ROOT / "configs" / "amp-hetero-gpt2.yaml"), "--top-k", "3",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    megatron = next(line for line in out.splitlines() if line.startswith("megatron"))
+    assert "1 stage x (12 V100-16GB + 4 T4-16GB)" in megatron  # 16 GPUs, both types
+    assert " x1 " not in out and "x1 |" not in out
+
+
+# ----------------------------------------------------------------------------- 2. layers/stage
+
+def test_legend_says_what_layers_per_stage_sums_to(capsys):
+    assert main(["plan", str(ROOT / "configs" / "amp-hetero-gpt2.yaml"), "--top-k", "2",
+                 "--no-progress"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the legend is wrapped
+    assert "a row sums to 26, the 24 transformer blocks plus the embedding and the head" in out
+    assert "placement: the node order, then what the stages hold" in out
+
+
+def test_legend_for_a_layer_chain():
+    spec = load_spec(ROOT / "configs" / "amp-transgan.yaml")
+    e = plan(spec).best
+    text = " ".join(cli_plan.legend(spec, [("1", e, None)]))
+    assert f"sums to {len(spec.model.layers)}, every layer of the chain" in text
+
+
+# ----------------------------------------------------------------------------- 3. cold start
+
+@pytest.fixture
+def terminal(monkeypatch):
+    """stderr is a terminal, and no cold-start line was printed yet in this process."""
+    monkeypatch.setattr(cli_plan, "_stderr_is_terminal", lambda: True)
+    monkeypatch.setattr(cli_plan, "_cold_start_said", False)
+    monkeypatch.setattr(partition, "_solve", SimpleNamespace(signatures=[]))  # not run yet
+
+
+def test_cold_start_line_only_when_not_cached(tiny, monkeypatch, terminal, capsys):
+    monkeypatch.setattr(partition, "kernels_cached", lambda: True)
+    cli_plan.cold_start_note()
+    assert COLD_LINE not in capsys.readouterr().err
+    monkeypatch.setattr(partition, "kernels_cached", lambda: False)
+    cli_plan.cold_start_note()
+    assert capsys.readouterr().err == f"{COLD_LINE} (first run only, about 15 s)\n"
+    cli_plan.cold_start_note()  # once per process
+    assert capsys.readouterr().err == ""
+
+
+def test_plan_says_it_once_the_search_starts_and_stdout_stays_json(tiny, monkeypatch, capsys):
+    said = []
+    monkeypatch.setattr(cli_plan, "cold_start_note",
+                        lambda: print(f"{COLD_LINE} (test)", file=sys.stderr) or said.append(1))
+    assert main(["plan", str(tiny), "--no-progress", "--json", "-"]) == 0
+    cap = capsys.readouterr()
+    json.loads(cap.out)  # stdout stays pure JSON
+    assert said == [1] and COLD_LINE in cap.err
+
+
+def test_no_cold_start_line_on_errors_or_off_a_terminal(tiny, monkeypatch, capsys):
+    monkeypatch.setattr(partition, "kernels_cached", lambda: False)
+    monkeypatch.setattr(cli_plan, "_cold_start_said", False)
+    monkeypatch.setattr(cli_plan, "_stderr_is_terminal", lambda: False)
+    cli_plan.cold_start_note()
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(cli_plan, "_stderr_is_terminal", lambda: True)
+    # a search refused before it starts prints its one error line only
+    assert main(["plan", str(ROOT / "configs" / "amp-hetero-gpt2.yaml"),
+                 "--max-search-seconds", "1e-9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("amp-search: error: "), err
+
+
+def test_kernels_cached_reads_the_cache_and_never_raises(monkeypatch):
+    import numpy as np
+
+    partition.optimal_partition(np.ones((2, 4)), np.zeros((2, 5)), 2)  # compiled or loaded
+    if not partition._cache_warned:  # a writable cache: the index now holds _solve
+        assert partition.kernels_cached() is True
+    monkeypatch.setattr(partition, "_solve", object())  # numba internals not as expected
+    assert partition.kernels_cached() is False
+
+
+def test_kernels_not_cached_in_an_empty_cache_folder(tmp_path):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", "from amp_search.partition import "
+                        "kernels_cached; print(kernels_cached())"], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------------------------- 4. ties
+
+def test_ties_in_the_shown_digits_are_named():
+    spec = load_spec(ROOT / "configs" / "cpu-tiny.yaml")
+    a, b, c = plan(spec).strategies[:3]
+    rows = [("1", a, None), ("2", dataclasses.replace(b, iteration_time_s=a.iteration_time_s
+                                                      * (1 + 1e-6)), None),
+            ("3", dataclasses.replace(c, iteration_time_s=a.iteration_time_s * 2), None)]
+    text = " ".join(cli_plan.legend(spec, rows))
+    assert "Ranks 1, 2 show the same iter s: equal times are ordered by lower peak memory." \
+        in text
+    assert "show the same iter s" not in " ".join(cli_plan.legend(spec, rows[:1] + rows[2:]))
+
+
+# ----------------------------------------------------------------------------- 5. dry run
+
+def _big_spec_and_plan(tmp_path):
+    """6 nodes of 8 (48 ranks) with hostnames, and a pp 6 x dp 8 strategy: one stage per
+    node."""
+    data = _spec([("CPU-local", 6, 8)], num_layers=4, batch=8, hosts=True)
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(data))
+    row = {"pp": 6, "dp": 8, "tmp": 1, "mbs": 1, "partition": list(range(7)),
+           "placement": [[[8 * j + k] for k in range(8)] for j in range(6)],
+           "iteration_time_s": 1.5}
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps({"strategies": [row]}))
+    return spec_path, plan_path
+
+
+def test_dry_run_is_a_compact_summary(tmp_path, capsys):
+    spec_path, plan_path = _big_spec_and_plan(tmp_path)
+    assert main(["launch", str(spec_path), "--plan", str(plan_path), "--top-k", "1",
+                 "--dry-run", "--launcher", "torchrun"]) == 0
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    assert len(lines) <= 10, out
+    assert "48 processes on 6 nodes (torchrun launcher), started by 6 commands" in out
+    assert out.count("torch.distributed.run") == 1  # node 0's command only
+    assert "--node-rank 0" in out and "+5 more commands: --verbose prints them" in out
+    assert "would write to " + str(tmp_path / "runs") in out
+    assert "nothing was started, written or recorded" in out
+    assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "amp-search-results.sqlite").exists()
+
+
+def test_dry_run_verbose_prints_every_command_and_file(tmp_path, capsys):
+    spec_path, plan_path = _big_spec_and_plan(tmp_path)
+    assert main(["launch", str(spec_path), "--plan", str(plan_path), "--top-k", "1",
+                 "--dry-run", "--launcher", "torchrun", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("torch.distributed.run") == 6
+    assert "trial.json (would be written)" in out and '"ranks"' in out
+    assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_names_why_a_trial_would_not_start():
+    spec = parse_spec(_spec([("CPU-local", 1, 4)]))
+    rec = SimpleNamespace(index=1, label="pp2-dp2-tmp1-mbs1-z2", predicted_s=None,
+                          strategy=None, commands=(), error="DeepSpeed's pipeline engine "
+                          "rejects ZeRO stage 2 with pp=2", trial_dir=None, files={})
+    text = dry_run_summary(spec, rec, total=1, launcher="local")
+    assert "would not start: DeepSpeed's pipeline engine rejects ZeRO stage 2" in text
+
+
+# ----------------------------------------------------------------------------- 6. results
+
+def test_results_cut_paths_from_the_left():
+    path = "/very/long/" + "folder/" * 20 + "runs/01-pp2-dp2-tmp1-mbs2-z0-abcdef12/log.txt"
+    short = shorten_path(path, 60)
+    assert len(short) == 60 and short.startswith("...")
+    assert short.endswith("runs/01-pp2-dp2-tmp1-mbs2-z0-abcdef12/log.txt")
+    assert shorten_path("/tmp/a/log.txt") == "/tmp/a/log.txt"
+    row = SimpleNamespace(id=1, label="pp2-dp2-tmp1-mbs2-z0", partition=[0, 3, 6],
+                          predicted_s=0.2, measured_mean_s=0.3, measured_std_s=0.01,
+                          peak_memory_bytes=2**20, status="ok", started_at="now",
+                          log_path=path, error=None)
+    assert "abcdef12/log.txt" in format_rows([row])
+
+
+# ----------------------------------------------------------------------------- 7. calibrate
+
+def _calibrate_args(*argv):
+    return build_parser().parse_args(["calibrate", "spec.yaml", *argv])
+
+
+def test_calibrate_spells_options_like_the_others():
+    assert _calibrate_args("--results", "r.db").results == Path("r.db")
+    assert _calibrate_args("--db", "r.db").results == Path("r.db")  # the old name still works
+    assert _calibrate_args("--json", "c.json").json == Path("c.json")
+    assert str(_calibrate_args("--json", "-").json) == "-"
+    assert str(_calibrate_args("--json").json) == "-"  # as before: JSON on stdout
+    assert _calibrate_args().json is None
+    help_text = build_parser()._subparsers._group_actions[0].choices["calibrate"].format_help()
+    assert "--results DB" in help_text and "--db" not in help_text
+
+
+def test_calibrate_missing_database_names_results(tiny, capsys):
+    assert main(["calibrate", str(tiny), "--results", str(tiny.parent / "none.db")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no results database" in err[0] and "--results" in err[0]
+
+
+def test_calibrate_json_to_stdout_and_file(tiny, tmp_path, capsys):
+    spec = load_spec(tiny)
+    trials = [{"strategy": e.strategy.to_dict(), "measured_s": 1.1 * e.iteration_time_s}
+              for e in plan(spec).strategies[:8]]
+    (tmp_path / "trials.json").write_text(json.dumps(trials))
+    base = ["calibrate", str(tiny), "--trials", str(tmp_path / "trials.json"), "--dry-run"]
+    assert main([*base, "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)  # only JSON on stdout
+    assert isinstance(data, dict)
+    assert main([*base, "--json", str(tmp_path / "cal.json")]) == 0
+    assert "mean absolute error" in capsys.readouterr().out  # the report, too
+    written = json.loads((tmp_path / "cal.json").read_text())
+    assert {k: v for k, v in written.items() if k != "created"} == \
+        {k: v for k, v in data.items() if k != "created"}
+
+
+# ----------------------------------------------------------------------------- 8. --version
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == \
+        f"amp-search {importlib.metadata.version('amp-search')}"
+
+
+# ----------------------------------------------------------------------------- 9. help texts
+
+def test_every_flag_has_help():
+    """Every argument of every sub-command this module's commands register (profile and
+    profile-comm live elsewhere)."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {x.option_strings or x.dest}"
+               for name, parser in sub.choices.items()
+               if name not in ("profile", "profile-comm")
+               for x in parser._actions if not x.help]
+    assert missing == []
