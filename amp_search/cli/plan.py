@@ -240,7 +240,7 @@ def announce(cost) -> None:
     are compiled first if they are (called once the search is accepted, so a refused search
     or a bad spec prints only its error)."""
     cold_start_note()
-    if cost.estimated_s >= 2.0:
+    if cost.estimated_s >= 2.0 and sys.stderr.isatty():
         print(f"amp-search: searching {cost.describe()}", file=sys.stderr)
 
 
