@@ -102,34 +102,17 @@ from __future__ import annotations
 import itertools
 import math
 import types
-import warnings
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 
-_cache_warned = False
-
+from cost_models._jit import njit
 
 def _kernel(fn):
-    """``numba.njit(cache=True)(fn)``; where numba finds no writable cache folder (the
-    package's ``__pycache__`` and the user-wide cache both read-only: numba raises
-    ``RuntimeError: cannot cache function ...: no locator available``), ``numba.njit(fn)``
-    instead, which compiles on first use in every process. One warning per process says so."""
-    global _cache_warned
-    try:
-        return numba.njit(cache=True)(fn)
-    except RuntimeError as exc:
-        if "cannot cache" not in str(exc):
-            raise
-    if not _cache_warned:
-        _cache_warned = True
-        # warn_explicit with line 0: the warning prints as one line, without a source line
-        warnings.warn_explicit("amp-search: numba finds no writable cache folder, so the "
-                               "partition kernels are compiled in every run (~10 s); set "
-                               "NUMBA_CACHE_DIR to a writable folder to keep them",
-                               RuntimeWarning, __file__, 0, module=__name__)
-    return numba.njit(fn)
+    """``numba.njit(cache=True)(fn)``, or without the on-disk cache where none can be
+    written (cost_models._jit)."""
+    return njit(fn, what="partition kernels")
 
 
 # Shared array conventions, for a chain of L layers cut into pp stages:

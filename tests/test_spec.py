@@ -382,11 +382,12 @@ def test_numba_cache_falls_back_without_a_locator(monkeypatch):
     import numpy as np
 
     from amp_search import partition
+    from cost_models import _jit
 
     monkeypatch.setattr(numba.core.caching.CacheImpl, "_locator_classes", [])
     with pytest.raises(RuntimeError, match="no locator available"):
         numba.njit(cache=True)(partition._prefix.py_func)
-    monkeypatch.setattr(partition, "_cache_warned", False)
+    monkeypatch.setattr(_jit, "_warned", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         prefix = partition._kernel(partition._prefix.py_func)

@@ -8,7 +8,8 @@ import sys
 
 from ..errors import AmpSearchError
 
-COMMAND_MODULES = ("plan", "launch", "results", "profile", "calibrate", "example")
+COMMAND_MODULES = ("plan", "launch", "results", "profile", "calibrate", "example",
+                   "timeline")
 
 
 def version() -> str:

@@ -216,7 +216,9 @@ def cold_start_note() -> None:
     if partition.kernels_cached():
         return
     _cold_start_said = True
-    when = "numba has no cache folder, so in every run" if partition._cache_warned \
+    from cost_models import _jit
+
+    when = "numba has no cache folder, so in every run" if "partition kernels" in _jit._warned \
         else "first run only"
     print(f"amp-search: compiling the search kernels ({when}, about 15 s)", file=sys.stderr,
           flush=True)

@@ -1,0 +1,177 @@
+"""Pictures of a simulated iteration (cost_models.schedule.SimulatedIteration).
+
+- `write_chrome_trace`: the Chrome trace event format (JSON), which Perfetto
+  (ui.perfetto.dev) and chrome://tracing open, the convention of the profilers of this
+  field (PyTorch's profiler, Nsight's export, DeepSpeed's flops profiler timeline). One
+  process per pipeline stage, one thread per stream (compute, send_next, send_prev,
+  recv_prev, recv_next, dp); every event is a complete ("X") event with ts and dur in
+  microseconds, and the idle gaps of the compute stream are events too, so the bubble shows.
+- `write_gantt_png`: a Gantt chart with matplotlib (the Agg canvas, no pyplot and no global
+  backend change): one row per stage, its compute stream as the main band (forward,
+  recompute, backward, optimizer step and idle in distinct colours), its P2P sends and its
+  data-parallel collectives as two thin lanes under it; time in milliseconds.
+
+Both read the columns of `sim.table`, so a large timeline stays cheap to write.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from cost_models.schedule import KINDS, STREAMS, SimulatedIteration
+
+COLOURS = {
+    "forward": "#4c72b0",
+    "recompute": "#8172b3",
+    "backward": "#dd8452",
+    "optimizer": "#55a868",
+    "idle": "#e6e6e6",
+    "send": "#c44e52",
+    "allreduce": "#937860",
+    "reduce_scatter": "#937860",
+    "allgather": "#da8bc3",
+}
+"""Colour of each event kind in the PNG (and the trace's colour names below)."""
+
+_TRACE_COLOURS = {"forward": "thread_state_running", "recompute": "rail_load",
+                  "backward": "thread_state_iowait", "optimizer": "good", "idle": "grey",
+                  "send": "bad", "recv": "terrible", "allreduce": "rail_animation",
+                  "reduce_scatter": "rail_animation", "allgather": "rail_idle"}
+"""Chrome's reserved colour names (cname) per kind; Perfetto picks its own colours."""
+
+
+def _stage_names(sim: SimulatedIteration, stage_names: Sequence[str] | None) -> list[str]:
+    if stage_names is None:
+        return [f"stage {j}" for j in range(sim.pp)]
+    names = [str(n) for n in stage_names]
+    if len(names) != sim.pp:
+        raise ValueError(f"stage_names needs {sim.pp} names, got {len(names)}")
+    return names
+
+
+def chrome_trace(sim: SimulatedIteration, *, stage_names: Sequence[str] | None = None
+                 ) -> dict:
+    """The iteration as a Chrome trace (a JSON-ready dict): {"traceEvents": [...],
+    "displayTimeUnit": "ms", "otherData": {...}}. Metadata ("M") events name each process
+    (stage) and thread (stream); then one "X" event per simulated event."""
+    names = _stage_names(sim, stage_names)
+    t = sim.table
+    events: list[dict] = []
+    for j, name in enumerate(names):
+        events.append({"ph": "M", "pid": j, "tid": 0, "name": "process_name",
+                       "args": {"name": name}})
+        events.append({"ph": "M", "pid": j, "tid": 0, "name": "process_sort_index",
+                       "args": {"sort_index": j}})
+        for k, stream in enumerate(STREAMS):
+            events.append({"ph": "M", "pid": j, "tid": k, "name": "thread_name",
+                           "args": {"name": stream}})
+            events.append({"ph": "M", "pid": j, "tid": k, "name": "thread_sort_index",
+                           "args": {"sort_index": k}})
+    order = np.lexsort((t.start_s, t.stream, t.stage))
+    ts = (t.start_s[order] * 1e6).tolist()
+    dur = ((t.end_s[order] - t.start_s[order]) * 1e6).tolist()
+    stage, stream, kind = t.stage[order].tolist(), t.stream[order].tolist(), \
+        t.kind[order].tolist()
+    mb = t.microbatch[order].tolist()
+    for i, row in enumerate(order.tolist()):
+        k = KINDS[kind[i]]
+        args = {"microbatch": mb[i]} if mb[i] >= 0 else {}
+        events.append({"name": t.label(row), "cat": k, "ph": "X", "ts": ts[i],
+                       "dur": max(dur[i], 0.0), "pid": stage[i], "tid": stream[i],
+                       "cname": _TRACE_COLOURS[k], "args": args})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"source": "amp-search simulated iteration",
+                          "schedule": sim.schedule, "pp": sim.pp, "gas": sim.gas,
+                          "iteration_time_s": sim.iteration_time_s}}
+
+
+def _write_atomically(path: Path, write) -> None:
+    """Write through a temporary file beside `path`, renamed over it when complete."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_chrome_trace(sim: SimulatedIteration, path: str | os.PathLike, *,
+                       stage_names: Sequence[str] | None = None) -> None:
+    """Write `chrome_trace(sim)` as JSON to `path` (open it in ui.perfetto.dev or
+    chrome://tracing). stage_names: one process name per stage (default 'stage j').
+    Raises OSError when the file cannot be written."""
+    data = chrome_trace(sim, stage_names=stage_names)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, separators=(",", ":"))
+            fh.write("\n")
+
+    _write_atomically(Path(path), write)
+
+
+def write_gantt_png(sim: SimulatedIteration, path: str | os.PathLike, *, title: str = "",
+                    stage_names: Sequence[str] | None = None, dpi: int = 120) -> None:
+    """Draw the iteration as a Gantt chart into a PNG at `path`: a row per stage (stage 0 on
+    top), compute in the main band, P2P sends and data-parallel collectives in two thin lanes
+    under it, the bubble as light grey idle, a dashed line where the iteration ends; the x axis in
+    milliseconds. Needs matplotlib (ImportError without it); raises OSError when the file
+    cannot be written."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    names = _stage_names(sim, stage_names)
+    t = sim.table
+    pp = sim.pp
+    row_in = min(0.45, 18.0 / max(pp, 1))
+    fig = Figure(figsize=(13.0, 1.6 + row_in * pp))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    start_ms = t.start_s * 1e3
+    width_ms = (t.end_s - t.start_s) * 1e3
+    kind_names = np.array(KINDS)[t.kind]
+    lanes = {   # (streams, y offset, height): compute, then the stage's sends, then dp
+        "compute": ([STREAMS.index("compute")], -0.38, 0.56),
+        "p2p": ([STREAMS.index("send_next"), STREAMS.index("send_prev")], 0.21, 0.08),
+        "dp": ([STREAMS.index("dp")], 0.31, 0.08)}
+    shown = []
+    for kind, colour in COLOURS.items():
+        for streams, y0, h in lanes.values():
+            sel = (kind_names == kind) & np.isin(t.stream, streams) & (width_ms > 0)
+            if not sel.any():
+                continue
+            stages = t.stage[sel]
+            for j in np.unique(stages):
+                mine = stages == j
+                ax.broken_barh(list(zip(start_ms[sel][mine], width_ms[sel][mine])),
+                               (j + y0, h), facecolors=colour,
+                               edgecolors="none" if kind == "idle" else "white",
+                               linewidth=0.3 if pp * sim.gas <= 512 else 0.0)
+            if kind not in shown:
+                shown.append(kind)
+    end_ms = sim.makespan_s * 1e3
+    ax.axvline(end_ms, color="black", linestyle="--", linewidth=0.8)
+    ax.set_ylim(pp - 0.4, -0.6)
+    ax.set_yticks(range(pp))
+    ax.set_yticklabels(names, fontsize=8 if pp <= 32 else 5)
+    ax.set_xlim(0.0, end_ms * 1.02 if end_ms > 0 else 1.0)
+    ax.set_xlabel("time (ms)")
+    ax.grid(axis="x", linewidth=0.3, alpha=0.5)
+    label = {"allreduce": "all-reduce (dp)", "reduce_scatter": "reduce-scatter (dp)",
+             "allgather": "all-gather (dp)", "send": "P2P send", "idle": "idle (bubble)",
+             "optimizer": "optimizer step"}
+    handles = [Patch(facecolor=COLOURS[k], label=label.get(k, k)) for k in shown]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.10 - 0.6 / (
+        1.6 + row_in * pp)), ncol=min(len(handles), 8), fontsize=8, frameon=False)
+    heading = title or f"{sim.schedule.upper()} pp {sim.pp}, gas {sim.gas}"
+    ax.set_title(f"{heading}: {sim.iteration_time_s * 1e3:.4g} ms per iteration (simulated)",
+                 fontsize=10)
+    fig.tight_layout()
+    _write_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))

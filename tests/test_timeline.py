@@ -1,0 +1,165 @@
+"""The pictures of a simulated iteration (amp_search.timeline) and the `timeline` sub-command
+(amp_search.cli.timeline), which builds the simulator's input from the cost model."""
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from amp_search.cli import timeline as cli
+from amp_search.timeline import chrome_trace, write_chrome_trace, write_gantt_png
+from cost_models.schedule import STREAMS, simulate_iteration
+from conftest import ROOT
+
+
+def _sim(**kw):
+    base = dict(forward_s=[1e-3, 1.2e-3, 0.9e-3], backward_s=[2e-3, 2.4e-3, 1.8e-3],
+                optimizer_s=[3e-4] * 3, gas=6, p2p_bytes=[2e6, 2e6],
+                p2p_latency_s=[1e-5, 1e-5], p2p_bandwidth_bytes_per_s=[5e9, 5e9], dp=2,
+                gradient_bytes=[4e8, 5e8, 3e8], dp_latency_s=[1e-5] * 3,
+                dp_bandwidth_bytes_per_s=[1e10] * 3, bucket_bytes=2e8, overlap=True,
+                recompute_s=[1e-3, 1.2e-3, 0.9e-3], use_numba=False)
+    base.update(kw)
+    return simulate_iteration(**base)
+
+
+def test_chrome_trace_is_valid_with_one_event_per_simulated_event(tmp_path):
+    sim = _sim()
+    path = tmp_path / "trace.json"
+    names = [f"stage {j} (test)" for j in range(sim.pp)]
+    write_chrome_trace(sim, path, stage_names=names)
+    data = json.loads(path.read_text())
+    events = data["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert len(complete) == len(sim.table) == len(sim.events)
+    assert data["displayTimeUnit"] == "ms"
+    meta = {(e["pid"], e["name"]): e["args"] for e in events if e["ph"] == "M"
+            and e["name"] == "process_name"}
+    assert [meta[(j, "process_name")]["name"] for j in range(sim.pp)] == names
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M"
+               and e["name"] == "thread_name"}
+    assert threads[(0, 0)] == "compute" and set(threads.values()) == set(STREAMS)
+    by_stream: dict = {}
+    for e in complete:
+        assert {"name", "cat", "ts", "dur", "pid", "tid"} <= set(e)
+        assert e["dur"] >= 0 and e["ts"] >= 0
+        by_stream.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_stream.values():            # no two events of one stream overlap
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-6 for a, b in zip(spans, spans[1:]))
+    # microseconds: the last compute event ends where the iteration does
+    end = max(e["ts"] + e["dur"] for e in complete if e["tid"] == 0)
+    assert end == pytest.approx(sim.makespan_s * 1e6, rel=1e-9)
+    kinds = {e["cat"] for e in complete}
+    assert {"forward", "recompute", "backward", "optimizer", "send", "recv", "allreduce",
+            "idle"} <= kinds
+
+
+def test_chrome_trace_checks_stage_names():
+    with pytest.raises(ValueError, match="stage_names needs 3"):
+        chrome_trace(_sim(), stage_names=["a"])
+
+
+def test_gantt_png_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "gantt.png"
+    write_gantt_png(_sim(), path, title="test pipeline")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert not list(tmp_path.glob(".*.tmp"))        # written through a renamed temporary
+
+
+def _run(argv, monkeypatch, capsys):
+    """Run `amp-search timeline ...` through its own parser (the command is registered in
+    amp_search.cli by the planner's owner), with the plain-Python kernel (no compile)."""
+    monkeypatch.setattr(cli, "simulate_iteration",
+                        functools.partial(simulate_iteration, use_numba=False))
+    parser = argparse.ArgumentParser(prog="amp-search")
+    cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["timeline", *argv])
+    code = args.func(args)
+    return code, capsys.readouterr().out
+
+
+def test_timeline_command_writes_both_files(tmp_path, monkeypatch, capsys):
+    trace, png = tmp_path / "t.json", tmp_path / "g.png"
+    argv = [str(ROOT / "configs" / "amp-hetero-gpt2.yaml"), "--pp", "4", "--dp", "4", "--tmp",
+            "1", "--mbs", "2", "--partition", "uniform", "--trace", str(trace)]
+    if importlib.util.find_spec("matplotlib") is not None:
+        argv += ["--png", str(png)]
+    else:
+        png = None
+    code, out = _run(argv, monkeypatch, capsys)
+    assert code == 0
+    assert "iteration: simulated" in out and "analytic (AMP eq. 5 + 4)" in out
+    assert out.count("stage ") >= 4 and "critical path:" in out
+    assert len(json.loads(trace.read_text())["traceEvents"]) > 100
+    if png is not None:
+        assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_simulation_inputs_follow_the_cost_model():
+    """Free of the split approximation, the inputs reproduce the estimate: forward +
+    backward = t_j, the P2P of each boundary is the cost model's e_j / 2 each way, and with
+    uniform stages the simulated GPipe equals the closed form exactly."""
+    from amp_search import estimate, load_spec
+    from cost_models import comm as C
+
+    spec = load_spec(ROOT / "configs" / "amp-homo-gpt2.yaml")
+    e = estimate(spec, pp=2, dp=8, tmp=1, mbs=1, partition="uniform")
+    kw = cli.simulation_inputs(spec, e, measurements=_no_measurements())
+    np.testing.assert_allclose(kw["forward_s"] + kw["backward_s"], e.stage_time_s, rtol=1e-12)
+    np.testing.assert_allclose(kw["backward_s"] / kw["forward_s"], 2.0, rtol=1e-9)
+    e_j = 2 * C.p2p_time_s(kw["p2p_bytes"], kw["p2p_bandwidth_bytes_per_s"],
+                           kw["p2p_latency_s"])
+    assert e.breakdown.p2p_s == pytest.approx(float(e_j.sum()), rel=1e-12)
+    assert kw["gradient_collective"] == "all_reduce" and kw["dp"] == 8
+    ckpt = estimate(spec, pp=2, dp=8, tmp=1, mbs=1, partition="uniform",
+                    activation_checkpointing=True)
+    kw = cli.simulation_inputs(spec, ckpt, measurements=_no_measurements())
+    np.testing.assert_allclose(kw["recompute_s"], kw["forward_s"], rtol=1e-12)
+    np.testing.assert_allclose(kw["backward_s"] / kw["forward_s"], 2.0, rtol=1e-9)
+
+
+def _no_measurements():
+    from amp_search.measurements import NO_MEASUREMENTS
+
+    return NO_MEASUREMENTS
+
+
+def test_registering_the_command_imports_no_numpy():
+    """build_parser imports every command module for every amp-search run: this one must
+    not pull in numpy, numba or the simulator."""
+    code = ("import sys, argparse, amp_search.cli.timeline as t; "
+            "t.add_parser(argparse.ArgumentParser().add_subparsers()); "
+            "bad = [m for m in ('numpy', 'numba', 'cost_models.schedule') if m in sys.modules]; "
+            "sys.exit(str(bad) if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--pp", "2"], "missing: --dp --tmp --mbs"),
+    (["--pp", "2", "--dp", "8", "--tmp", "1", "--mbs", "1", "--schedule", "zb"],
+     "accepted: 1f1b, gpipe"),
+    (["--rank", "1", "--pp", "2"], "exclude each other"),
+    (["--pp", "1", "--dp", "16", "--tmp", "1", "--mbs", "1", "--zero-stage", "2",
+      "--partition", "uniform"], None),
+])
+def test_timeline_command_usage(argv, match, monkeypatch, capsys):
+    from amp_search.errors import UsageError
+
+    spec = str(ROOT / "configs" / "amp-homo-gpt2.yaml")
+    if match is None:           # ZeRO 2 at pp 1: reduce-scatter per micro-batch, all-gather
+        code, out = _run([spec, *argv], monkeypatch, capsys)
+        assert code == 0 and "pp1-dp16-tmp1-mbs1-z2" in out and "gradient buckets" in out
+        return
+    with pytest.raises(UsageError, match=match):
+        _run([spec, *argv], monkeypatch, capsys)
