@@ -237,18 +237,24 @@ class CostModel:
                                     precision=self.spec.training.precision)
         optimizer_share = c.dp if M.partitions_optimizer(engine) else 1
         ckpt = c.activation_checkpointing
+        rows: dict = {}                 # stages holding the same device types cost the same
         for j in range(c.pp):
-            for g in stage_gpus[j]:     # a stage runs at its slowest device type's pace
-                gpu = self.gpus[g]
-                scale = p.compute(gpu.name)
-                lt = self.timer.times(gpu, c.tmp, c.mbs)
-                floor, issue = self._fixed_costs(gpu, c.tmp, ckpt)
-                device = microbatch_time_s(lt.forward_s, lt.backward_s, ckpt) * scale \
-                    + np.where(lt.analytic, floor, 0.0)
-                np.maximum(compute[j], device, out=compute[j])
-                np.maximum(host[j], np.where(lt.analytic, issue, 0.0), out=host[j])
-                np.maximum(optimizer[j], self.timer.optimizer_step_s(gpu, c.tmp) * scale
-                           / optimizer_share, out=optimizer[j])
+            types = tuple(stage_gpus[j])
+            if types not in rows:
+                row = np.zeros((3, L))
+                for g in types:         # a stage runs at its slowest device type's pace
+                    gpu = self.gpus[g]
+                    scale = p.compute(gpu.name)
+                    lt = self.timer.times(gpu, c.tmp, c.mbs)
+                    floor, issue = self._fixed_costs(gpu, c.tmp, ckpt)
+                    device = microbatch_time_s(lt.forward_s, lt.backward_s, ckpt) * scale \
+                        + np.where(lt.analytic, floor, 0.0)
+                    np.maximum(row[0], device, out=row[0])
+                    np.maximum(row[1], np.where(lt.analytic, issue, 0.0), out=row[1])
+                    np.maximum(row[2], self.timer.optimizer_step_s(gpu, c.tmp) * scale
+                               / optimizer_share, out=row[2])
+                rows[types] = row
+            compute[j], host[j], optimizer[j] = rows[types]
 
         tensor_parallel = np.zeros((c.pp, L))
         if c.tmp > 1:       # each stage's tensor rings run on its slowest ring's links

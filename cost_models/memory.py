@@ -365,13 +365,14 @@ def model_state_bytes(tensor_numels: tuple[int, ...], *, precision: str, zero_st
     params = sum(tensor_numels)
     engine = deepspeed_engine(zero_stage=zero_stage, precision=precision)
     straddle = straddling_partition_numel(tensor_numels, dp) if zero_stage in (1, 2) else 0
+    zero3 = zero_stage == 3 and dp > 1     # only then are the per-tensor partitions used
     return ModelStates(
-        parameter_bytes=weight_bytes(params=params, precision=precision, zero_stage=zero_stage,
-                                     dp=dp,
-                                     zero3_partition=zero3_partition_numel(tensor_numels, dp),
-                                     zero3_gathered=zero3_gathered_numel(
-                                         tensor_numels, buckets=buckets,
-                                         inflight_numel=zero3_inflight_numel)),
+        parameter_bytes=weight_bytes(
+            params=params, precision=precision, zero_stage=zero_stage, dp=dp,
+            zero3_partition=zero3_partition_numel(tensor_numels, dp) if zero3 else 0,
+            zero3_gathered=zero3_gathered_numel(tensor_numels, buckets=buckets,
+                                                inflight_numel=zero3_inflight_numel)
+            if zero3 else 0),
         gradient_bytes=gradient_bytes(
             params=params, precision=precision, engine=engine, dp=dp, gas=gas,
             straddle_numel=straddle,
