@@ -321,3 +321,12 @@ def test_every_flag_has_help():
                if name not in ("profile", "profile-comm")
                for x in parser._actions if not x.help]
     assert missing == []
+
+
+def test_a_port_out_of_range_is_one_line(capsys):
+    from amp_search.cli import main
+    with pytest.raises(SystemExit) as exc:
+        main(["launch", "configs/cpu-tiny.yaml", "--master-port", "70000", "--dry-run"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "TCP port (1 to 65535)" in err and "Traceback" not in err

@@ -24,6 +24,14 @@ def positive_int(text: str) -> int:
     return _integer(text, 1, "a positive integer")
 
 
+def port(text: str) -> int:
+    """A TCP port, 1 to 65535."""
+    v = _integer(text, 1, "a TCP port (1 to 65535)")
+    if v > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (1 to 65535), got {v}")
+    return v
+
+
 def nonnegative_int(text: str) -> int:
     return _integer(text, 0, "an integer >= 0")
 

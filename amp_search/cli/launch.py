@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ._args import (add_profiles_argument, layers_per_stage, measurements_for,
+from ._args import (add_profiles_argument, port, layers_per_stage, measurements_for,
                     nonnegative_int, positive_float, positive_int, render_table, write_json)
 from ..errors import UsageError
 from ..records import Estimate, Strategy
@@ -55,7 +55,7 @@ def add_parser(sub) -> None:
                    help="where trial directories go (default: runs/ beside the spec)")
     p.add_argument("--retry-failed", action="store_true",
                    help="run again trials recorded as oom / failed / timeout")
-    p.add_argument("--master-port", type=positive_int, default=29500, metavar="PORT",
+    p.add_argument("--master-port", type=port, default=29500, metavar="PORT",
                    help="rendezvous port for multi-node launchers (default 29500)")
     p.add_argument("--dry-run", action="store_true",
                    help="print each trial's processes, nodes, first command and the folder "
