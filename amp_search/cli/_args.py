@@ -58,6 +58,38 @@ def write_json(path: Path, data) -> None:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
 
 
+# ----------------------------------------------------------------------------- strategies
+
+def partition_arg(text: str):
+    """--partition: optimal, uniform, or comma-separated layer boundaries."""
+    if text in ("optimal", "uniform"):
+        return text
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected optimal, uniform or comma-separated boundaries, got {text!r}") from None
+
+
+def add_strategy_knobs(parser: argparse.ArgumentParser, *, zero_stages=(0, 1, 2, 3),
+                       given: str = "") -> None:
+    """--partition, --zero-stage, --activation-checkpointing and --placement-order of a given
+    strategy (estimate, timeline); `given` prefixes their help (e.g. 'with a given strategy: ')."""
+    parser.add_argument("--partition", default="optimal", type=partition_arg, metavar="HOW",
+                        help=f"{given}optimal (exact DP), uniform (Megatron), or boundaries "
+                             f"such as 0,13,26")
+    parser.add_argument("--zero-stage", type=int, choices=zero_stages, default=None,
+                        help=f"{given}DeepSpeed ZeRO stage (default: the spec's; its lowest "
+                             f"if 'search')")
+    parser.add_argument("--activation-checkpointing", choices=("none", "full"), default=None,
+                        help=f"{given}full: recompute each block's forward in backward "
+                             f"(default: the spec's; none if it says 'search')")
+    parser.add_argument("--placement-order", choices=("listed", "fastest-first",
+                                                      "slowest-first"), default=None,
+                        help=f"{given}the node order ranks are placed over (default: the "
+                             f"best of the three)")
+
+
 # ----------------------------------------------------------------------------- measurements
 
 def add_profiles_argument(parser: argparse.ArgumentParser, *, writes: bool = False) -> None:

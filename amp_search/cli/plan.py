@@ -1,14 +1,13 @@
 """`amp-search plan` and `amp-search estimate`."""
 from __future__ import annotations
 
-import argparse
 import sys
 import textwrap
 from itertools import groupby
 from pathlib import Path
 
-from ._args import (add_profiles_argument, layers_per_stage, measurements_for, positive_float,
-                    positive_int, render_table, write_json)
+from ._args import (add_profiles_argument, add_strategy_knobs, layers_per_stage,
+                    measurements_for, positive_float, positive_int, render_table, write_json)
 from ..records import Estimate, Plan
 from ..spec import Spec, load_spec
 
@@ -38,34 +37,13 @@ def add_parser(sub) -> None:
         e.add_argument(f"--{name}", type=positive_int, required=True, metavar="N",
                        help=f"{what} (required; pp x dp x tmp = the cluster's GPUs)"
                        if name == "pp" else f"{what} (required)")
-    e.add_argument("--partition", default="optimal", type=_partition, metavar="HOW",
-                   help="optimal (exact DP), uniform (Megatron), or boundaries such as 0,13,26")
-    e.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=None,
-                   help="DeepSpeed ZeRO stage (default: the spec's; its lowest if 'search')")
-    e.add_argument("--activation-checkpointing", choices=("none", "full"), default=None,
-                   help="full: recompute each block's forward in backward (default: the "
-                        "spec's; none if it says 'search')")
-    e.add_argument("--placement-order", choices=("listed", "fastest-first", "slowest-first"),
-                   default=None, help="the node order ranks are placed over (default: the best of "
-                                     "the three)")
+    add_strategy_knobs(e)
     e.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the estimate as JSON to FILE; '-': only the JSON, on "
                         "standard output")
     add_profiles_argument(e)
     e.set_defaults(func=run_estimate)
 
-
-def _partition(text: str):
-    if text in ("optimal", "uniform"):
-        return text
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected optimal, uniform or comma-separated boundaries, got {text!r}")
-
-
-# ---------------------------------------------------------------------- formatting
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f}"

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from ..spec import Spec, load_spec
-from ._args import (add_profiles_argument, measurements_for, positive_float, positive_int,
-                    render_table)
-from .plan import _partition, announce, cold_start_note, stage_devices
+from ._args import (add_profiles_argument, add_strategy_knobs, measurements_for,
+                    positive_float, positive_int, render_table)
+from .plan import announce, cold_start_note, stage_devices
 
 if TYPE_CHECKING:
     from cost_models.schedule import SimulatedIteration
@@ -69,17 +69,7 @@ def add_parser(sub) -> None:
         p.add_argument(f"--{name}", type=positive_int, metavar="N",
                        help=f"{what} of a given strategy (with --pp --dp --tmp --mbs, "
                             f"instead of --rank)")
-    p.add_argument("--partition", default="optimal", type=_partition, metavar="HOW",
-                   help="with a given strategy: optimal (exact DP), uniform (Megatron), or "
-                        "boundaries such as 0,13,26")
-    p.add_argument("--zero-stage", type=int, choices=(0, 1, 2), default=None,
-                   help="with a given strategy: DeepSpeed ZeRO stage (default: the spec's)")
-    p.add_argument("--activation-checkpointing", choices=("none", "full"), default=None,
-                   help="with a given strategy: full recomputation or none (default: the "
-                        "spec's)")
-    p.add_argument("--placement-order", choices=("listed", "fastest-first", "slowest-first"),
-                   default=None, help="with a given strategy: the node order ranks are "
-                                      "placed over (default: the best of the three)")
+    add_strategy_knobs(p, zero_stages=(0, 1, 2), given="with a given strategy: ")
     p.add_argument("--schedule", default="1f1b", metavar="NAME",
                    help="pipeline schedule: 1f1b (default; DeepSpeed's and Megatron-LM's "
                         "non-interleaved 1F1B) or gpipe")
