@@ -119,7 +119,9 @@ def test_profile_layers_tiny_model(tmp_path):
     spec = tiny_spec()
     out = tmp_path / "p.json"
     p = layers_mod.profile_layers(spec, device="cpu", tmps=(1, 2), mbss=(1, 2), warmup=0,
-                                  repeats=2, out=out)
+                                  repeats=2, out=out, concurrent=1)
+    assert p.settings["concurrent"] == 1 and p.settings["timer"] == "thread_cpu_time"
+    assert p.settings["rounds"] == 2  # the default 3, at most one per timed pass
     sigs = {l.signature for l in spec.model.layers}
     assert len(sigs) == 3 and set(p.signatures) == sigs
     assert len(p.entries) == 3 * 2 * 2
@@ -134,7 +136,7 @@ def test_profile_layers_tiny_model(tmp_path):
         assert q.lookup(layer.signature, 2, 2) is not None
     # a second run adds points to the same file instead of dropping the old ones
     layers_mod.profile_layers(spec, device="cpu", tmps=(1,), mbss=(4,), warmup=0, repeats=1,
-                              out=out)
+                              out=out, concurrent=1)
     assert len(LayerProfile.load(out).entries) == 3 * 2 * 2 + 3
 
 
@@ -153,7 +155,7 @@ def test_profile_layers_rejects_bad_input():
 
 
 def test_ctrl_c_keeps_what_was_measured(tmp_path, monkeypatch):
-    real = layers_mod._measure_group
+    real = layers_mod._measure_samples
     calls = {"n": 0}
 
     def flaky(*a, **k):  # Ctrl-C while the second layer is measured
@@ -162,13 +164,102 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(layers_mod, "_measure_group", flaky)
+    monkeypatch.setattr(layers_mod, "_measure_samples", flaky)
     out = tmp_path / "partial.json"
     with pytest.raises(KeyboardInterrupt):
         layers_mod.profile_layers(tiny_spec(), tmps=(1,), mbss=(1, 2), warmup=0, repeats=1,
-                                  out=out)
+                                  out=out, concurrent=1)
     p = LayerProfile.load(out)
     assert len(p.entries) == 2 and p.settings.get("interrupted") is True
+
+
+# ----------------------------------------------------------------------------- concurrent sweep
+
+def _children() -> list[int]:
+    """Live child processes of this one (Linux /proc; [] where it is not available)."""
+    import os
+    from pathlib import Path
+
+    kids = []
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*"):
+        try:
+            kids += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def test_default_concurrency_is_devices_per_node_on_cpu_and_one_on_cuda():
+    spec = tiny_spec()  # one node of 2 CPU-local devices
+    assert layers_mod.default_concurrency(spec, "cpu", "CPU-local") == 2
+    assert layers_mod.default_concurrency(spec, "cuda", "CPU-local") == 1
+    with pytest.raises(UsageError, match="--concurrent"):
+        layers_mod.profile_layers(spec, concurrent=0, write=False)
+    with pytest.raises(UsageError, match="timer"):
+        layers_mod.profile_layers(spec, timer="cuda_events", write=False)
+    with pytest.raises(UsageError, match="--rounds"):
+        layers_mod.profile_layers(spec, rounds=0, write=False)
+
+
+def test_concurrent_sweep_two_processes_in_lock_step(tmp_path):
+    spec = tiny_spec()
+    out = tmp_path / "p.json"
+    # an earlier profile measured in one process: not mixed with points taken concurrently
+    layers_mod.profile_layers(spec, tmps=(1,), mbss=(4,), warmup=0, repeats=1, out=out,
+                              concurrent=1)
+    assert LayerProfile.load(out).settings["concurrent"] == 1
+    p = layers_mod.profile_layers(spec, tmps=(1, 2), mbss=(1, 2), warmup=1, repeats=2,
+                                  out=out)  # the default for a 2-device CPU node: 2
+    assert _children() == []  # every worker was reaped
+    assert p.settings["concurrent"] == 2 and p.settings["timer"] == "thread_cpu_time"
+    assert "2 processes" in p.settings["statistic"]
+    q = LayerProfile.load(out)
+    assert q.settings["concurrent"] == 2 and q.settings["timer"] == "thread_cpu_time"
+    assert len(q.entries) == 3 * 2 * 2  # the one-process mbs 4 points were dropped
+    assert q.settings["rounds"] == 2
+    for e in q.entries:
+        # each median pools both processes' samples: 2 workers x 2 rounds of 1 timed pass
+        assert e.repeats == 2 * 2
+        assert e.forward_s > 0 and e.backward_s > 0 and e.optimizer_step_s > 0
+    assert q.lookup(SIG, 2, 2) is not None
+    # a second concurrent run merges into the same file
+    layers_mod.profile_layers(spec, tmps=(1,), mbss=(4,), warmup=0, repeats=1, out=out,
+                              concurrent=2)
+    assert len(LayerProfile.load(out).entries) == 3 * 2 * 2 + 3
+
+
+def test_concurrent_ctrl_c_keeps_what_was_measured_and_stops_workers(tmp_path, monkeypatch):
+    real = layers_mod._entries
+    calls = {"n": 0}
+
+    def flaky(*a, **k):  # Ctrl-C in the parent once the second layer's samples are in
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(layers_mod, "_entries", flaky)
+    out = tmp_path / "partial.json"
+    with pytest.raises(KeyboardInterrupt):
+        layers_mod.profile_layers(tiny_spec(), tmps=(1,), mbss=(1, 2), warmup=0, repeats=1,
+                                  out=out, concurrent=2)
+    assert _children() == []
+    p = LayerProfile.load(out)
+    assert len(p.entries) == 2 and p.settings.get("interrupted") is True
+    assert p.settings["concurrent"] == 2
+
+
+def test_concurrent_worker_error_is_raised():
+    from cost_models.layers import Layer
+
+    # a layer the trial code cannot build: a worker reports it, the sweep stops and raises
+    layer = Layer(kind="custom", seq_length=16, custom_forward_flops=1e6, custom_params=10,
+                  custom_output_elements=16)
+    point = layers_mod._Point(signature=layer.signature, layer=layer, tmp=1, mbs=1)
+    with pytest.raises(RuntimeError, match="worker . of 2 failed"):
+        layers_mod._sweep_concurrent([[point]], [1], 2, "fp32", "cpu", 0, "wall",
+                                     lambda gi, samples: None, lambda gi: None)
+    assert _children() == []
 
 
 # ----------------------------------------------------------------------------- link fits
@@ -266,9 +357,17 @@ def test_cli_profile_writes_and_prints(tmp_path, capsys):
     spec_path = tmp_path / "s.yaml"
     spec_path.write_text(yaml.safe_dump(tiny_spec_data()))
     out = tmp_path / "p.json"
+    # the default on a node of 2 CPU devices: 2 processes at once
     assert _cli(["profile", str(spec_path), "--device", "cpu", "--tmp", "1", "--mbs", "1",
                  "--warmup", "0", "--repeats", "1", "--out", str(out), "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert str(out) in text and "transformer:s16:h32:a2:f128" in text
+    assert "2 processes at once" in text
+    assert LayerProfile.load(out).settings["concurrent"] == 2
+    assert _cli(["profile", str(spec_path), "--device", "cpu", "--tmp", "1", "--mbs", "1",
+                 "--warmup", "0", "--repeats", "1", "--concurrent", "1", "--out",
+                 str(tmp_path / "c.json"), "--no-progress"]) == 0
+    assert "one process" in capsys.readouterr().out
+    assert LayerProfile.load(tmp_path / "c.json").settings["concurrent"] == 1
     with pytest.raises(UsageError):
         _cli(["profile", str(spec_path), "--device", "cpu", "--tmp", "3", "--out", str(out)])

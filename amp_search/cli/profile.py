@@ -34,7 +34,9 @@ def add_parser(subparsers) -> None:
         description="Measure forward and backward time of each distinct layer of the spec's "
                     "model (the layer code trials run) for each tensor-parallel degree and "
                     "micro-batch size; writes <profiles>/measured/<device>__<precision>__<hash>"
-                    ".json, which plan then uses in place of the analytic estimate.")
+                    ".json, which plan then uses in place of the analytic estimate. On cpu "
+                    "it measures with all of a node's ranks busy at once (--concurrent), as "
+                    "the trials run.")
     p.add_argument("spec", help="spec YAML")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="what to run on (default: cuda if available, else cpu)")
@@ -47,7 +49,18 @@ def add_parser(subparsers) -> None:
     p.add_argument("--mbs", type=_int_list, default=(1, 2, 4, 8), metavar="1,2,4,8",
                    help="micro-batch sizes (default 1,2,4,8)")
     p.add_argument("--warmup", type=int, default=3, help="untimed passes per point (3)")
-    p.add_argument("--repeats", type=int, default=10, help="timed passes per point (10)")
+    p.add_argument("--repeats", type=int, default=10,
+                   help="timed passes per point and process (10), split over the rounds")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="times the sweep runs, with fresh modules and inputs, each point's "
+                        "median pooling them all, so that a few slow seconds on a shared "
+                        "machine do not set a point's figure (3)")
+    p.add_argument("--concurrent", type=int, default=None, metavar="N",
+                   help="processes that measure the same points at once, in lock-step, as "
+                        "the N ranks of a node run a trial (each figure is the median over "
+                        "processes and repeats). Default: on cpu the spec's devices per node "
+                        "of this type (each process one thread, as the trials); on cuda 1 "
+                        "(worker k uses GPU k mod the visible count). 1: this process alone")
     p.add_argument("--out", type=Path, default=None,
                    help="profile file to write (default: one in --profiles DIR/measured)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -110,12 +123,18 @@ def run(args) -> int:
         profile = profile_layers(spec, device=device, tmps=args.tmp or _default_tmps(spec),
                                  mbss=args.mbs, warmup=args.warmup, repeats=args.repeats,
                                  progress=not args.no_progress, device_name=args.name,
-                                 out=args.out,
+                                 out=args.out, concurrent=args.concurrent,
+                                 rounds=args.rounds,
                                  directory=layer_profile_dir(profiles_root(args)))
     except KeyboardInterrupt:
         print("amp-search: interrupted; the points measured so far were written")
         raise
-    print(f"profile of {profile.device} ({profile.precision}, {device}) -> {profile.path}")
+    n = profile.settings.get("concurrent", 1)
+    timer = profile.settings.get("timer")
+    how = (f"{n} processes at once, median over processes and repeats, {timer}" if n > 1
+           else f"one process, {timer}")
+    print(f"profile of {profile.device} ({profile.precision}, {device}; {how}) -> "
+          f"{profile.path}")
     busy = machine_busy(profile)
     if busy:
         print(f"warning: {busy}")

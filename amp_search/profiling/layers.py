@@ -10,18 +10,42 @@ What is timed is the layer code the trials run (`amp_search.trial.model.build_la
 
 Forward and backward are timed separately: forward = the module's forward (for the head, the
 logits and the loss); backward = `torch.autograd.backward` with a gradient of ones (for the
-head, `loss.backward()`). Each point is warmed up, then timed `repeats` times (in rounds over
-the micro-batch sizes of one module); the median is stored (the standard deviation beside
-it). On CPU torch runs one thread, as the trials do
+head, `loss.backward()`). The sweep runs `rounds` times (default 3), each with fresh modules
+and inputs and its share of the `repeats` timed passes per point: within a round each point
+is warmed up, then timed (in turns over the micro-batch sizes of one module). The median of
+all of a point's samples is stored (the standard deviation beside it), so that a few seconds
+in which a shared machine runs slow, or one unlucky memory layout, do not set a point's
+figure. On CPU torch runs one thread, as the trials do
 (OMP_NUM_THREADS=1), and the timer is that thread's CPU time (wall time on an idle core,
 robust to other processes on a shared machine); on CUDA it is a pair of CUDA events around
 each pass.
+
+Concurrent profiling (`concurrent` = N > 1, the default on CPU: the most devices of this type
+in one node of the spec). A trial runs one process per device, all busy at once; on one node
+they share caches, memory bandwidth, the host's (or VM's) CPU time, PCIe and power. So N
+worker processes (fresh interpreters; on CPU each with OMP_NUM_THREADS=1) run the same
+measurement code on the same points in lock-step: a barrier (held by the parent, over a
+socket per worker) before every timed pass and every timed optimizer step, and at the end of
+each point's warm-up, so that all N really overlap.
+Each stored figure is the median over the N processes, rounds and passes (N x repeats
+samples).
+On CPU the timer stays each worker's thread CPU time: with one worker per core, it equals wall
+time on an otherwise idle machine, and it still leaves out the time another program takes
+a core away (which a profile should not keep); `settings["other_processes_cores"]` says how
+busy the machine was. `timer="wall"` times wall clock instead (what a trial's iteration pays,
+disturbances included). On CUDA, worker k uses device k mod the visible count; the default
+there is 1 (one process, CUDA events), since GPU kernels do not share a core.
+
+`settings` records how a profile was measured: `concurrent` (processes at once; absent in
+older profiles: 1), `rounds`, `timer`, `statistic`, `repeats` per process (each entry's
+`repeats` is the number of samples behind its median: processes x repeats).
 """
 from __future__ import annotations
 
 import os
 import statistics
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +56,13 @@ from .store import LayerProfile, ProfileEntry, hostname, installed_versions, now
 DEVICES = ("cpu", "cuda")
 MIN_WARMUP_S = 0.05
 """Least warm-up time per point, on top of the `warmup` passes (with warmup > 0)."""
+TIMERS = {"cpu": ("thread_cpu_time", "wall"), "cuda": ("cuda_events",)}
+DEFAULT_ROUNDS = 3
+"""Times the sweep runs, with fresh modules and inputs (the `repeats` are split over them), so
+that each point pools samples from moments and memory layouts apart: on a shared (virtual)
+machine the speed shifts for seconds at a time."""
+WORKER_START_TIMEOUT_S = 600.0
+"""How long the workers of a concurrent sweep may take to import torch and build a layer."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,16 +120,35 @@ def distinct_layers(spec: Spec) -> dict:
     return out
 
 
+def default_concurrency(spec: Spec, device: str, name: str) -> int:
+    """How many processes measure at once by default: on CPU, the most devices of type `name`
+    in one node of the spec (a trial runs one process per device, all busy at once); on CUDA
+    1 (GPU kernels do not share a core; pass `concurrent` to load a multi-GPU node)."""
+    if device != "cpu":
+        return 1
+    return max((len(n.devices) for n in spec.cluster.nodes if n.gpu.name == name), default=1)
+
+
 def profile_layers(spec: Spec, *, device: str = "cpu", tmps=(1,), mbss=(1, 2, 4, 8),
                    warmup: int = 3, repeats: int = 10, progress: bool = False,
                    device_name: str | None = None, out: Path | None = None,
-                   directory: Path | None = None, write: bool = True) -> LayerProfile:
+                   directory: Path | None = None, write: bool = True,
+                   concurrent: int | None = None, timer: str | None = None,
+                   rounds: int = DEFAULT_ROUNDS) -> LayerProfile:
     """Measure every distinct layer of `spec` for each tmp in `tmps` and mbs in `mbss`.
 
+    `concurrent`: processes measuring the same points in lock-step (see the module
+    docstring); None: `default_concurrency` (on CPU the spec's devices per node of this
+    type, on CUDA 1); 1: in this process. `timer`: on CPU 'thread_cpu_time' (default) or
+    'wall'; on CUDA 'cuda_events'. `rounds`: the sweep runs this many times (at most
+    `repeats`), each with fresh modules and inputs and its share of the `repeats` timed
+    passes; each point's median pools them all.
+
     Writes the profile (to `out`, else `directory`/<device>__<precision>__<hash>.json; the CLI
-    passes the layer-profile folder of its --profiles root) when `write`; an existing file at that path measured with the same library versions is
-    merged into (new points replace old ones). Ctrl-C stops the sweep, writes what was
-    measured so far and re-raises KeyboardInterrupt.
+    passes the layer-profile folder of its --profiles root) when `write`; an existing file at
+    that path measured with the same library versions and the same way (concurrency and
+    timer) is merged into (new points replace old ones). Ctrl-C stops the sweep (and its
+    workers), writes what was measured so far and re-raises KeyboardInterrupt.
     """
     import torch
 
@@ -109,9 +159,17 @@ def profile_layers(spec: Spec, *, device: str = "cpu", tmps=(1,), mbss=(1, 2, 4,
                          f"(torch {torch.__version__}); use --device cpu")
     if warmup < 0 or repeats < 1:
         raise UsageError(f"need warmup >= 0 and repeats >= 1, got {warmup} and {repeats}")
+    if int(rounds) != rounds or rounds < 1:
+        raise UsageError(f"--rounds needs a positive integer, got {rounds}")
+    rounds = min(int(rounds), repeats)
     name = profile_device_name(spec, device, device_name)
     if device == "cuda" and device_name is None:
         _check_cuda_name(name)
+    if concurrent is None:
+        concurrent = default_concurrency(spec, device, name)
+    if int(concurrent) != concurrent or not 1 <= concurrent <= 1024:
+        raise UsageError(f"--concurrent needs a process count from 1 to 1024, got {concurrent}")
+    concurrent = int(concurrent)
     tmps, mbss = check_tmps(spec, tmps), check_mbss(mbss)
     precision = spec.training.precision
     layers = distinct_layers(spec)
@@ -119,10 +177,16 @@ def profile_layers(spec: Spec, *, device: str = "cpu", tmps=(1,), mbss=(1, 2, 4,
         raise UsageError("the model has only custom layers: there is no real layer code to "
                          "profile (they are costed from their FLOPs)")
 
+    timer = TIMERS[device][0] if timer is None else timer
+    if timer not in TIMERS[device]:
+        raise UsageError(f"timer {timer!r} for --device {device}; accepted: "
+                         f"{', '.join(TIMERS[device])}")
     settings = {"device": device, "warmup": warmup, "repeats": repeats, "tmps": list(tmps),
-                "mbss": list(mbss), "statistic": "median",
+                "mbss": list(mbss), "concurrent": concurrent, "rounds": rounds,
+                "statistic": ("median" if concurrent == 1 else
+                              f"median over {concurrent} processes x repeats"),
                 "torch_threads": 1 if device == "cpu" else None,
-                "timer": "thread_cpu_time" if device == "cpu" else "cuda_events",
+                "timer": timer,
                 "torch_device": (torch.cuda.get_device_name() if device == "cuda"
                                  else _cpu_model()),
                 "cpu_count": os.cpu_count()}
@@ -138,25 +202,35 @@ def profile_layers(spec: Spec, *, device: str = "cpu", tmps=(1,), mbss=(1, 2, 4,
 
     groups = [[_Point(signature=s, layer=l, tmp=t, mbs=m) for m in mbss]
               for s, l in layers.items() for t in tmps]
-    threads = torch.get_num_threads()
+    per_round = [repeats // rounds + (r < repeats % rounds) for r in range(rounds)]
     busy = OtherLoad()
-    if device == "cpu":
-        torch.set_num_threads(1)
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=sum(len(g) for g in groups), desc=f"profile {name}", unit="point")
+        bar = tqdm(total=rounds * sum(len(g) for g in groups), desc=f"profile {name}"
+                   + (f" x{concurrent}" if concurrent > 1 else ""), unit="point")
+    pooled: dict[int, list] = {}
+
+    def measured(gi: int, samples: list) -> None:
+        """One round of group `gi` is in (a sample triple per process): its entries now
+        pool every round so far."""
+        pooled.setdefault(gi, []).extend(samples)
+        for entry in _entries(groups[gi], _pool(pooled[gi])):
+            profile.add(entry)
+        if bar is not None:
+            bar.update(len(groups[gi]))
+
+    def showing(gi: int) -> None:
+        if bar is not None:
+            p0 = groups[gi][0]
+            bar.set_postfix_str(f"{p0.signature.split(':')[0]} tmp{p0.tmp}")
+
     try:
-        for group in groups:  # one module (signature, tmp) alive at a time
-            p0 = group[0]
-            if bar is not None:
-                bar.set_postfix_str(f"{p0.signature.split(':')[0]} tmp{p0.tmp}")
-            module = _build(p0.layer, p0.tmp, precision, device)
-            for entry in _measure_group(module, group, precision, device, warmup, repeats):
-                profile.add(entry)
-            del module
-            if bar is not None:
-                bar.update(len(group))
+        if concurrent == 1:
+            _sweep_here(groups, per_round, precision, device, warmup, timer, measured, showing)
+        else:
+            _sweep_concurrent(groups, per_round, concurrent, precision, device, warmup, timer,
+                              measured, showing)
     except KeyboardInterrupt:
         if write and profile.entries:
             profile.settings["interrupted"] = True
@@ -165,12 +239,168 @@ def profile_layers(spec: Spec, *, device: str = "cpu", tmps=(1,), mbss=(1, 2, 4,
     finally:
         if bar is not None:
             bar.close()
-        if device == "cpu":
-            torch.set_num_threads(threads)
     profile.settings["other_processes_cores"] = busy.others_cores()
     if write:
         profile.save(path)
     return profile
+
+
+def _sweep_here(groups, per_round, precision, device, warmup, timer, measured,
+                showing) -> None:
+    """concurrent = 1: every round of every group in this process, one module alive at a
+    time."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(1)
+    try:
+        for repeats in per_round:
+            for gi, group in enumerate(groups):
+                showing(gi)
+                module = _build(group[0].layer, group[0].tmp, precision, device)
+                measured(gi, [_measure_samples(module, group, precision, device, warmup,
+                                               repeats, timer=timer)])
+                del module
+    finally:
+        if device == "cpu":
+            torch.set_num_threads(threads)
+
+
+def _sweep_concurrent(groups, per_round, n, precision, device, warmup, timer, measured,
+                      showing) -> None:
+    """concurrent = n > 1: n worker processes measure every round of every group in
+    lock-step; `measured` gets each (round, group) once all n workers' samples are in.
+
+    The workers are fresh interpreters (`python -c ...`, not multiprocessing: that would
+    re-import the caller's main module, and a process that has torch and gloo loaded must not
+    fork), each joined to this process by a socket pair. This process is the barrier: a
+    worker says 'sync' and waits; when all n have, each gets 'go'. Every way out (done, a
+    worker's error or death, Ctrl-C) closes the sockets, so the workers stop, and reaps them.
+    """
+    import socket
+    import subprocess
+    import sys
+    from multiprocessing.connection import Connection, wait
+
+    env = dict(os.environ)
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = "1"  # one thread per worker, as in the trials
+    repo = str(Path(__file__).resolve().parents[2])  # amp_search and cost_models
+    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
+                                else "")
+    job = {"groups": groups, "per_round": per_round, "precision": precision,
+           "device": device, "warmup": warmup, "timer": timer}
+    procs, conns = [], []
+    samples: dict[tuple[int, int], list] = {}
+    at_barrier: set[int] = set()
+    done: set[int] = set()
+    try:
+        for k in range(n):
+            ours, theirs = socket.socketpair()
+            with theirs:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-c", "import sys; from amp_search.profiling.layers "
+                     "import _worker_main; sys.exit(_worker_main(sys.argv[1:]))",
+                     str(theirs.fileno()), str(k), str(n)],
+                    pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, start_new_session=True))
+            conns.append(Connection(ours.detach()))
+            conns[-1].send(job)
+        showing(0)
+        last = time.monotonic()
+        while len(done) < n:
+            ready = wait([c for k, c in enumerate(conns) if k not in done], timeout=1.0)
+            if not ready:
+                if not samples and time.monotonic() - last > WORKER_START_TIMEOUT_S:
+                    raise RuntimeError(f"profiling workers measured nothing in "
+                                       f"{WORKER_START_TIMEOUT_S:.0f} s")
+                continue
+            last = time.monotonic()
+            for c in ready:
+                k = conns.index(c)
+                try:
+                    msg = c.recv()
+                except (EOFError, OSError):
+                    raise RuntimeError(f"profiling worker {k} of {n} exited (status "
+                                       f"{procs[k].wait()}) before the sweep was done") from None
+                if msg[0] == "sync":
+                    at_barrier.add(k)
+                    if len(at_barrier) == n:
+                        at_barrier.clear()
+                        for c2 in conns:
+                            c2.send("go")
+                elif msg[0] == "group":
+                    key = (msg[1], msg[2])  # (round, group)
+                    samples.setdefault(key, []).append(msg[3])
+                    if len(samples[key]) == n:
+                        measured(key[1], samples.pop(key))
+                        showing((key[1] + 1) % len(groups))
+                elif msg[0] == "done":
+                    done.add(k)
+                else:  # ("error", traceback)
+                    raise RuntimeError(f"profiling worker {k} of {n} failed:\n{msg[1]}")
+    finally:
+        for c in conns:
+            c.close()  # a worker waiting at the barrier (or sending) stops
+        for proc in procs:
+            try:
+                proc.wait(timeout=10.0 if len(done) == n else 2.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class _Stopped(Exception):
+    """The sweep's parent closed the connection: stop quietly."""
+
+
+def _worker_main(argv: list[str]) -> int:
+    """One process of a concurrent sweep (started by `_sweep_concurrent`): argv = (socket
+    fd, worker index, workers). Receives the job, measures every round of every group with
+    a barrier ('sync', then wait for 'go') before each timed pass, sends ('group', round,
+    index, samples) per round and group and ('done',) at the end, or ('error', traceback)."""
+    import signal
+    import warnings
+    from multiprocessing.connection import Connection
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # megatron-core says so on import, once per process: not N times per sweep
+    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    conn = Connection(int(argv[0]))
+    k = int(argv[1])
+    try:
+        job = conn.recv()
+        device = job["device"]
+        import torch
+
+        if device == "cpu":
+            torch.set_num_threads(1)
+        else:
+            torch.cuda.set_device(k % torch.cuda.device_count())
+
+        def sync() -> None:
+            conn.send(("sync",))
+            if conn.recv() != "go":
+                raise _Stopped
+
+        for r, repeats in enumerate(job["per_round"]):
+            for gi, group in enumerate(job["groups"]):
+                module = _build(group[0].layer, group[0].tmp, job["precision"], device)
+                conn.send(("group", r, gi, _measure_samples(
+                    module, group, job["precision"], device, job["warmup"], repeats,
+                    sync=sync, timer=job["timer"])))
+                del module
+        conn.send(("done",))
+        return 0
+    except (_Stopped, EOFError, OSError):
+        return 0  # the parent stopped the sweep (another worker failed, or Ctrl-C)
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except OSError:
+            pass
+        return 1
 
 
 class OtherLoad:
@@ -219,16 +449,23 @@ def _default_name(profile: LayerProfile, layers: dict) -> str:
     return probe.default_filename()
 
 
+def _method(settings: dict) -> tuple:
+    """How a profile was measured, as far as it changes the figures: processes at once and
+    timer (profiles from before concurrent profiling: one process, thread CPU time)."""
+    return (int(settings.get("concurrent", 1)), settings.get("timer", "thread_cpu_time"))
+
+
 def _merge_existing(profile: LayerProfile, path: Path) -> None:
-    """Keep the points of an earlier profile at `path` (same device, precision, versions)."""
+    """Keep the points of an earlier profile at `path` (same device, precision, versions,
+    and measured the same way: points taken alone and with the whole node busy do not mix)."""
     if not path.exists():
         return
     try:
         old = LayerProfile.load(path)
     except UsageError:
         return
-    if (old.device, old.precision, old.versions) != (profile.device, profile.precision,
-                                                     profile.versions):
+    if (old.device, old.precision, old.versions, _method(old.settings)) != \
+            (profile.device, profile.precision, profile.versions, _method(profile.settings)):
         return
     for e in old.entries:
         profile.add(e)
@@ -297,7 +534,7 @@ def _forward(module, layer, inputs):
     return out, torch.ones_like(out)
 
 
-def _pass(module, p: _Point, inputs, device: str) -> tuple[float, float]:
+def _pass(module, p: _Point, inputs, device: str, timer: str) -> tuple[float, float]:
     """(forward seconds, backward seconds) of one pass."""
     import torch
 
@@ -314,60 +551,93 @@ def _pass(module, p: _Point, inputs, device: str) -> tuple[float, float]:
         e2.record()
         torch.cuda.synchronize()
         return e0.elapsed_time(e1) / 1e3, e1.elapsed_time(e2) / 1e3
-    # the thread's CPU time: equal to wall time on an idle core (torch runs one thread, and
-    # CPU autograd runs in the calling thread), but it leaves out the time other processes
-    # on a shared machine take the core away
-    t0 = time.thread_time()
+    # thread_cpu_time (one process): equal to wall time on an idle core (torch runs one
+    # thread, and CPU autograd runs in the calling thread), but it leaves out the time other
+    # processes on a shared machine take the core away. wall (concurrent workers): what a
+    # trial's iteration pays, sharing included.
+    clock = time.thread_time if timer == "thread_cpu_time" else time.perf_counter
+    t0 = clock()
     out, grad = _forward(module, p.layer, inputs)
-    t1 = time.thread_time()
+    t1 = clock()
     torch.autograd.backward(out, grad)
-    t2 = time.thread_time()
+    t2 = clock()
     return t1 - t0, t2 - t1
 
 
-def _measure_group(module, group: list[_Point], precision: str, device: str, warmup: int,
-                   repeats: int) -> list[ProfileEntry]:
-    """Time one module at each micro-batch size of `group`. Each size is warmed up (at least
+def _no_sync() -> None:
+    pass
+
+
+def _measure_samples(module, group: list[_Point], precision: str, device: str, warmup: int,
+                     repeats: int, *, sync=_no_sync, timer: str = "thread_cpu_time"):
+    """Time one module at each micro-batch size of `group`: ([forward samples per point],
+    [backward samples per point], [optimizer step samples]). Each size is warmed up (at least
     `warmup` passes and MIN_WARMUP_S seconds: the first passes of a new shape pay for
     allocator growth and kernel selection); then the timed passes go in rounds over the
-    sizes, so that a passing disturbance spreads over them instead of spoiling one."""
+    sizes, so that a passing disturbance spreads over them instead of spoiling one.
+    `sync()` is called after each size's warm-up and before every timed pass and optimizer
+    step (a barrier across the workers of a concurrent sweep)."""
+    if device == "cuda":
+        timer = "cuda_events"
     inputs = [_inputs(p.layer, p.mbs, precision, device) for p in group]
     for p, x in zip(group, inputs):
         i, t_start = 0, time.perf_counter()
         while warmup and (i < warmup or time.perf_counter() - t_start < MIN_WARMUP_S):
-            _pass(module, p, x, device)
+            _pass(module, p, x, device, timer)
             i += 1
+        sync()
     fwd = [[] for _ in group]
     bwd = [[] for _ in group]
     for _ in range(repeats):
         for k, (p, x) in enumerate(zip(group, inputs)):
-            tf, tb = _pass(module, p, x, device)
+            sync()
+            tf, tb = _pass(module, p, x, device, timer)
             fwd[k].append(tf)
             bwd[k].append(tb)
-    opt_s = _optimizer_step_s(module, device, repeats)
+    return fwd, bwd, _optimizer_step_samples(module, device, repeats, sync, timer)
+
+
+def _pool(per_worker: list) -> tuple[list, list, list]:
+    """Sample triples of one group (one per process and round), pooled per point."""
+    fwd = [sum((w[0][i] for w in per_worker), []) for i in range(len(per_worker[0][0]))]
+    bwd = [sum((w[1][i] for w in per_worker), []) for i in range(len(per_worker[0][1]))]
+    opt = sum((w[2] for w in per_worker), [])
+    return fwd, bwd, opt
+
+
+def _entries(group: list[_Point], samples) -> list[ProfileEntry]:
+    """One entry per point: medians (and standard deviations) of all its samples; `repeats`
+    is how many there were (processes x timed passes)."""
+    fwd, bwd, opt = samples
+    opt_s = statistics.median(opt) if opt else 0.0
     return [ProfileEntry(signature=p.signature, tmp=p.tmp, mbs=p.mbs,
                          forward_s=statistics.median(f), backward_s=statistics.median(b),
                          forward_std_s=statistics.pstdev(f), backward_std_s=statistics.pstdev(b),
-                         repeats=repeats, optimizer_step_s=opt_s)
+                         repeats=len(f), optimizer_step_s=opt_s)
             for p, f, b in zip(group, fwd, bwd)]
 
 
-def _optimizer_step_s(module, device: str, repeats: int) -> float:
-    """Seconds of one Adam step over the layer's (tensor rank's) parameters, as the trials'
+def _optimizer_step_samples(module, device: str, repeats: int, sync=_no_sync,
+                            timer: str = "thread_cpu_time") -> list[float]:
+    """Seconds of Adam steps over the layer's (tensor rank's) parameters, as the trials'
     DeepSpeed runs it (torch.optim.Adam, `torch_adam`), on fp32 master copies (what mixed
     precision updates too). Independent of the micro-batch size; one per iteration. ZeRO 1-3
-    split it over the data-parallel ranks."""
+    split it over the data-parallel ranks. Two untimed steps, then max(3, repeats // 2) timed
+    ones (each after `sync()`); [] for a layer without parameters."""
     import torch
 
     params = [torch.nn.Parameter(torch.zeros(p.shape, dtype=torch.float32, device=device))
               for p in module.parameters() if p.requires_grad]
     if not params:
-        return 0.0
+        return []
     for p in params:
         p.grad = torch.full_like(p, 1e-3)
     opt = torch.optim.Adam(params, lr=1e-4)
+    clock = time.thread_time if timer == "thread_cpu_time" else time.perf_counter
     times = []
     for i in range(2 + max(3, repeats // 2)):
+        if i >= 2:
+            sync()
         if device == "cuda":
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -375,9 +645,9 @@ def _optimizer_step_s(module, device: str, repeats: int) -> float:
             torch.cuda.synchronize()
             t = time.perf_counter() - t0
         else:
-            t0 = time.thread_time()
+            t0 = clock()
             opt.step()
-            t = time.thread_time() - t0
+            t = clock() - t0
         if i >= 2:
             times.append(t)
-    return statistics.median(times)
+    return times
