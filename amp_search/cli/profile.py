@@ -5,7 +5,8 @@ import argparse
 from pathlib import Path
 
 from ..errors import UsageError
-from ._args import add_profiles_argument, profiles_root
+from ._args import (add_profiles_argument, nonnegative_int, port, positive_int,
+                    profiles_root)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -48,14 +49,15 @@ def add_parser(subparsers) -> None:
                         "the largest node)")
     p.add_argument("--mbs", type=_int_list, default=(1, 2, 4, 8), metavar="1,2,4,8",
                    help="micro-batch sizes (default 1,2,4,8)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed passes per point (3)")
-    p.add_argument("--repeats", type=int, default=10,
+    p.add_argument("--warmup", type=nonnegative_int, default=3,
+                   help="untimed passes per point (3)")
+    p.add_argument("--repeats", type=positive_int, default=10,
                    help="timed passes per point and process (10), split over the rounds")
-    p.add_argument("--rounds", type=int, default=3,
+    p.add_argument("--rounds", type=positive_int, default=3,
                    help="times the sweep runs, with fresh modules and inputs, each point's "
                         "median pooling them all, so that a few slow seconds on a shared "
                         "machine do not set a point's figure (3)")
-    p.add_argument("--concurrent", type=int, default=None, metavar="N",
+    p.add_argument("--concurrent", type=positive_int, default=None, metavar="N",
                    help="processes that measure the same points at once, in lock-step, as "
                         "the N ranks of a node run a trial (each figure is the median over "
                         "processes and repeats). Default: on cpu the spec's devices per node "
@@ -82,18 +84,22 @@ def add_parser(subparsers) -> None:
                         "run (run the same command on every node)")
     c.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="gloo on cpu, NCCL on cuda (default: cuda if available)")
-    c.add_argument("--nproc", type=int, default=2, help="processes per node (2)")
-    c.add_argument("--nnodes", type=int, default=1)
-    c.add_argument("--node-rank", type=int, default=0)
-    c.add_argument("--master-addr", default="127.0.0.1")
-    c.add_argument("--master-port", type=int, default=None)
+    c.add_argument("--nproc", type=positive_int, default=2, help="processes per node (2)")
+    c.add_argument("--nnodes", type=positive_int, default=1,
+                   help="nodes taking part (1; more with --launcher torchrun)")
+    c.add_argument("--node-rank", type=nonnegative_int, default=0,
+                   help="this node's index, 0 to nnodes-1 (0)")
+    c.add_argument("--master-addr", default="127.0.0.1",
+                   help="address of node 0 for the rendezvous (127.0.0.1)")
+    c.add_argument("--master-port", type=port, default=None,
+                   help="rendezvous port, 1 to 65535 (29511)")
     c.add_argument("--sizes", type=_size_list, default=None, metavar="1KiB,1MiB",
                    help="message sizes (default: 1 KiB to 64 MiB in half-octave steps)")
-    c.add_argument("--repeats", type=int, default=30,
+    c.add_argument("--repeats", type=positive_int, default=30,
                    help="timed operations per point (30)")
     c.add_argument("--out", type=Path, default=None,
                    help="profile file to write (default: one in --profiles DIR/comm)")
-    c.add_argument("--no-progress", action="store_true")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_profiles_argument(c, writes=True)
     c.set_defaults(func=run_comm)
 
