@@ -267,8 +267,8 @@ def _readme(title: str, spec: Spec, s: Strategy, predicted_s: float | None,
     return "\n".join(lines)
 
 
-def _deepspeed(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed,
-               master_port, predicted_s, placeholder) -> tuple[list, dict, list]:
+def _deepspeed(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, master_port):
+    """DeepSpeed's files: (files, split, notes, README steps, README rank section)."""
     cfg = trial_config(spec, s, ranks, iters=iters, warmup=warmup, seed=seed,
                        output="result.json")
     env = trial_env(cfg.device, "deepspeed")
@@ -351,8 +351,8 @@ def _deepspeed(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed,
         run, ranks_md
 
 
-def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, master_port,
-              predicted_s, placeholder):
+def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, master_port):
+    """Megatron-LM's files: (files, split, notes, README steps, README rank section)."""
     cfg = trial_config(spec, s, ranks, iters=iters, warmup=warmup, seed=seed,
                        output="result.json")   # device and precision, as the launcher
     check_gpt_chain(spec.model.layers)
@@ -431,7 +431,7 @@ def export_strategy(spec: Spec, strategy: Strategy, *, fmt: str,
     build = _deepspeed if fmt == "deepspeed" else _megatron
     files, split, notes, run, ranks_md = build(
         spec, strategy, ranks, hosts, iters=iters, warmup=warmup, seed=seed,
-        master_port=master_port, predicted_s=predicted, placeholder=placeholder)
+        master_port=master_port)
     plan = {"strategies": [estimate.to_dict() if estimate is not None
                            else {**strategy.to_dict(), "iteration_time_s": None}]}
     files.append(ExportedFile(path="plan.json", text=json.dumps(plan, indent=1),
