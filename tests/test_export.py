@@ -361,6 +361,17 @@ def test_json_to_stdout_is_only_json(tmp_path, capsys):
     assert data["hosts"] == {"0": "localhost"} and not data["placeholder_hosts"]
 
 
+def test_default_is_the_plans_best(top_plans, tmp_path, capsys):
+    """No --rank and no strategy: the plan's rank 1, as `plan` ranks it."""
+    spec, best = top_plans["cpu-tiny"]
+    assert main(["export", str(ROOT / "configs" / "cpu-tiny.yaml"), "--format", "deepspeed",
+                 "--out", str(tmp_path / "d"), "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["chosen"] == "rank 1 of the plan" and data["label"] == best.strategy.label()
+    assert data["strategy"]["partition"] == list(best.strategy.partition)
+    assert data["predicted_s"] == pytest.approx(best.iteration_time_s)
+
+
 def test_hostfile_names_the_hosts(tmp_path):
     """--hostfile: line i is node i; the placeholders are gone from every file."""
     spec = load_spec(ROOT / "configs" / "amp-homo-gpt2.yaml")
