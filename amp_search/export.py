@@ -406,6 +406,9 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                 "devices in global-rank order, so local rank k drives the planned device.\n\n"
                 + _rank_table(ranks, node_rank, local_rank))
     notes = [f"pipeline split: {split['note']}"]
+    if not cfg.causal:
+        notes.append("pretrain_gpt.py trains a causal GPT: this spec's BERT blocks run with "
+                     "a causal attention mask there (same sizes and cost, other masking)")
     if s.zero_stage >= 2:
         notes.append(f"ZeRO stage {s.zero_stage} has no Megatron-LM equivalent: it runs "
                      f"--use-distributed-optimizer (optimizer state sharded, gradients "
