@@ -372,6 +372,26 @@ def test_default_is_the_plans_best(top_plans, tmp_path, capsys):
     assert data["predicted_s"] == pytest.approx(best.iteration_time_s)
 
 
+def test_interleaved_placement_megatron_refuses_deepspeed_maps(tmp_path):
+    """Ranks 0-3 on four different nodes: Megatron-LM numbers ranks node by node and cannot
+    place them; the DeepSpeed export maps launch rank -> planned global rank."""
+    from amp_search.records import Strategy
+
+    spec = load_spec(ROOT / "configs" / "amp-homo-gpt2.yaml")   # 4 nodes x 4 T4
+    order = [n * 4 + k for k in range(4) for n in range(4)]      # 0, 4, 8, 12, 1, 5, ...
+    s = Strategy(pp=1, dp=16, tmp=1, mbs=2, global_batch_size=32, partition=(0, 26),
+                 placement=(tuple((d,) for d in order),), placement_order="given")
+    with pytest.raises(UsageError, match="not one contiguous block"):
+        export_strategy(spec, s, fmt="megatron")
+    ex = export_strategy(spec, s, fmt="deepspeed")
+    cfg = TrialConfig.from_dict(json.loads(next(f.text for f in ex.files
+                                                 if f.path == "trial.json")))
+    # launch rank: node 0's devices 0-3, then node 1's, ...; global rank g runs on order[g]
+    assert list(cfg.launch_order) == [order.index(d) for d in range(16)]
+    readme = next(f.text for f in ex.files if f.path == "README.md")
+    assert "| 1 | 0 | 1 | 0 | node-1 | 1 | 0 | 0 |" in readme
+
+
 def test_hostfile_names_the_hosts(tmp_path):
     """--hostfile: line i is node i; the placeholders are gone from every file."""
     spec = load_spec(ROOT / "configs" / "amp-homo-gpt2.yaml")
