@@ -286,7 +286,9 @@ def _deepspeed(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, ma
                   "amp_search.trial.run builds a PipelineModule whose _partition_layers "
                   "returns these boundaries (PlannedPipelineModule)")
                  + (f"; in your own DeepSpeed model PipelineModule(partition_method="
-                    f"{method!r}) gives the same split" if method else
+                    f"{method!r}) gives the same split"
+                    + (" (with your transformer block's class name after 'type:')"
+                       if method.startswith("type:") else "") if method else
                     "; no built-in partition_method of DeepSpeed gives this split: pass the "
                     "boundaries explicitly")),
     }

@@ -272,6 +272,20 @@ def test_megatron_first_last_split_with_middle_stages():
         next(f.text for f in ex.files if f.path == "megatron_args.json")))
 
 
+@pytest.mark.parametrize("partition, method", [
+    ((0, 7, 14, 20, 26), "uniform"),                 # DeepSpeed's partition_uniform(26, 4)
+    ((0, 7, 13, 19, 26), "type:TransformerLayer"),   # 6 blocks a stage, balanced by type
+    ((0, 5, 12, 19, 26), None),                      # neither: explicit boundaries
+])
+def test_deepspeed_partition_method(partition, method):
+    pytest.importorskip("deepspeed")
+    from amp_search.export import deepspeed_partition_method
+
+    spec = load_spec(ROOT / "configs" / "amp-homo-gpt2.yaml")
+    e = estimate(spec, pp=4, dp=4, tmp=1, mbs=1, partition=partition)
+    assert deepspeed_partition_method(spec, e.strategy) == method
+
+
 # ----------------------------------------------------------------------------- runs for real
 
 def test_exported_deepspeed_files_run_on_cpu(tmp_path, capsys):
