@@ -9,7 +9,7 @@ import sys
 from ..errors import AmpSearchError
 
 COMMAND_MODULES = ("plan", "launch", "results", "profile", "calibrate", "example",
-                   "timeline")
+                   "timeline", "export")
 
 
 def version() -> str:

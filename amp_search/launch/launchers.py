@@ -152,18 +152,27 @@ def deepspeed_launch(nodes: tuple[NodeLaunch, ...], ctx: LaunchContext, *, rank0
     return TrialLaunch(commands=(Command(argv=argv, host=nodes[0].host),), files=files)
 
 
+def torchrun_node(nodes: tuple[NodeLaunch, ...], i: int, ctx: LaunchContext, *,
+                  program: tuple[str, ...]) -> Command:
+    """The torchrun of node i of a multi-node launch, as run on that node: static rendezvous
+    at the first node, CUDA_VISIBLE_DEVICES = the node's planned devices in local-rank order
+    (what `torchrun_launch` runs over ssh, and `amp-search export` writes per node)."""
+    n = nodes[i]
+    argv = (ctx.python, "-m", "torch.distributed.run", "--nnodes", str(len(nodes)),
+            "--node-rank", str(i), "--nproc-per-node", str(len(n.devices)),
+            "--master-addr", nodes[0].host, "--master-port", str(ctx.master_port),
+            "--max-restarts", "0", *program)
+    return Command(argv=argv, env=_cuda_env(ctx.device, n.devices), host=n.host)
+
+
 def torchrun_launch(nodes: tuple[NodeLaunch, ...], ctx: LaunchContext, *, rank0_host: str,
                     program: tuple[str, ...]) -> TrialLaunch:
     """One torchrun per node (static rendezvous at the first node), remote ones over ssh."""
-    master = nodes[0].host
     commands = []
     for i, n in enumerate(nodes):
         host = n.host
-        inner = (ctx.python, "-m", "torch.distributed.run", "--nnodes", str(len(nodes)),
-                 "--node-rank", str(i), "--nproc-per-node", str(len(n.devices)),
-                 "--master-addr", master, "--master-port", str(ctx.master_port),
-                 "--max-restarts", "0", *program)
-        env = _cuda_env(ctx.device, n.devices)
+        node = torchrun_node(nodes, i, ctx, program=program)
+        inner, env = node.argv, node.env
         if host in LOCAL_HOSTS:
             commands.append(Command(argv=inner, env=env, host=host))
             continue

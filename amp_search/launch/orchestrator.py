@@ -25,8 +25,8 @@ from typing import Callable, Iterable
 from ..errors import UsageError
 from ..records import Estimate, Strategy
 from ..spec import Spec
-from ..trial.config import TrialConfig, ds_config
-from ..trial.ranks import RankAssignment, assign_ranks, launch_order
+from ..trial.config import trial_config, trial_device, trial_env, trial_precision
+from ..trial.ranks import RankAssignment, assign_ranks
 from .hostfile import HostSlots
 from .launchers import LAUNCHERS, BUILDERS, LaunchContext, TrialLaunch, build_launch
 from .megatron import (check_gpt_chain, megatron_args, megatron_nodes, megatron_program,
@@ -201,21 +201,6 @@ def node_hosts(spec: Spec, options: LaunchOptions) -> dict[int, str]:
                      f"--hostfile (one 'host slots=N' per node) or cluster.nodes[].hosts")
 
 
-def trial_device(spec: Spec, strategy: Strategy) -> str:
-    """cpu | cuda: the kind of the devices the strategy uses."""
-    kinds = {spec.cluster.devices[d].gpu.kind
-             for st in strategy.placement for rep in st for d in rep}
-    if len(kinds) != 1:
-        raise UsageError("a trial cannot mix CPU and GPU devices")
-    return "cpu" if kinds == {"cpu"} else "cuda"
-
-
-def trial_precision(precision: str, device: str) -> str:
-    """What the trial trains in: the spec's precision, except fp16 on CPU, which DeepSpeed
-    cannot train (its fp16 optimizer needs CUDA): bf16 there."""
-    return "bf16" if device == "cpu" and precision == "fp16" else precision
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -288,8 +273,6 @@ class _Prepared:
 def _prepare(spec: Spec, req: TrialRequest, index: int, ranks: tuple[RankAssignment, ...],
              options: LaunchOptions, runs_dir: Path) -> _Prepared:
     s = req.strategy
-    device = trial_device(spec, s)
-    precision = trial_precision(spec.training.precision, device)
     key_hash = hashlib.sha256(trial_key(s, options.backend).encode()).hexdigest()[:8]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     trial_dir = runs_dir / f"{index:02d}-{s.label()}-{key_hash}-{stamp}"
@@ -299,20 +282,14 @@ def _prepare(spec: Spec, req: TrialRequest, index: int, ranks: tuple[RankAssignm
         trial_dir = runs_dir / f"{index:02d}-{s.label()}-{key_hash}-{stamp}-{k}"
     config_path = trial_dir / "trial.json"
     result_path = trial_dir / "result.json"
-    ds = ds_config(s, precision=precision)
-    cfg = TrialConfig(layers=spec.model.layers, strategy=s, ranks=ranks,
-                      launch_order=launch_order(ranks), precision=precision, device=device,
-                      iters=options.iters, warmup=options.warmup, seed=options.seed,
-                      causal=spec.model.preset != "bert", output=str(result_path),
-                      ds_config=ds, debug_fail=req.debug_fail, debug_hang_s=req.debug_hang_s)
+    cfg = trial_config(spec, s, ranks, iters=options.iters, warmup=options.warmup,
+                       seed=options.seed, output=str(result_path), debug_fail=req.debug_fail,
+                       debug_hang_s=req.debug_hang_s)
+    device, precision = cfg.device, cfg.precision
     files = {config_path: json.dumps(cfg.to_dict(), indent=1),
-             trial_dir / "ds_config.json": json.dumps(ds, indent=1)}
-    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": device,
-           "PYTHONPATH": str(PACKAGE_ROOT) + (
-               ":" + options.base_env["PYTHONPATH"] if options.base_env.get("PYTHONPATH")
-               else "")}
-    if options.backend == "megatron":
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+             trial_dir / "ds_config.json": json.dumps(cfg.ds_config, indent=1)}
+    env = trial_env(device, options.backend, str(PACKAGE_ROOT) + (
+        ":" + options.base_env["PYTHONPATH"] if options.base_env.get("PYTHONPATH") else ""))
     port = _free_port() if options.launcher == "local" else options.master_port
     ctx = LaunchContext(python=options.python, workdir=trial_dir, device=device,
                         master_port=port, ssh=options.ssh, trial_env=env,

@@ -24,11 +24,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cost_models.layers import Layer
 
+from ..errors import UsageError
 from ..records import Strategy
-from .ranks import RankAssignment
+from .ranks import RankAssignment, launch_order
+
+if TYPE_CHECKING:
+    from ..spec import Spec
 
 DEVICES = ("cpu", "cuda")
 
@@ -125,3 +130,48 @@ def ds_config(strategy: Strategy, *, precision: str, lr: float = 1e-4) -> dict:
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
+
+
+def trial_device(spec: "Spec", strategy: Strategy) -> str:
+    """cpu | cuda: the kind of the devices the strategy uses."""
+    kinds = {spec.cluster.devices[d].gpu.kind
+             for st in strategy.placement for rep in st for d in rep}
+    if len(kinds) != 1:
+        raise UsageError("a trial cannot mix CPU and GPU devices")
+    return "cpu" if kinds == {"cpu"} else "cuda"
+
+
+def trial_precision(precision: str, device: str) -> str:
+    """What the trial trains in: the spec's precision, except fp16 on CPU, which DeepSpeed
+    cannot train (its fp16 optimizer needs CUDA): bf16 there."""
+    return "bf16" if device == "cpu" and precision == "fp16" else precision
+
+
+def trial_config(spec: "Spec", strategy: Strategy, ranks: tuple[RankAssignment, ...], *,
+                 iters: int, warmup: int, seed: int, output: str, debug_fail: str = "",
+                 debug_hang_s: float = 0.0) -> TrialConfig:
+    """The trial config of `strategy` on `spec`'s cluster, its DeepSpeed config included: the
+    one function both `amp-search launch` (each trial's trial.json and ds_config.json) and
+    `amp-search export --format deepspeed` build it with, so what is exported is what was
+    measured."""
+    device = trial_device(spec, strategy)
+    precision = trial_precision(spec.training.precision, device)
+    return TrialConfig(layers=spec.model.layers, strategy=strategy, ranks=ranks,
+                       launch_order=launch_order(ranks), precision=precision, device=device,
+                       iters=iters, warmup=warmup, seed=seed,
+                       causal=spec.model.preset != "bert", output=output,
+                       ds_config=ds_config(strategy, precision=precision),
+                       debug_fail=debug_fail, debug_hang_s=debug_hang_s)
+
+
+def trial_env(device: str, backend: str, pythonpath: str = "") -> dict:
+    """The environment variables every trial process gets (launch and export alike):
+    one OpenMP thread per process, unbuffered output, DeepSpeed's accelerator, and for
+    Megatron-LM one CUDA connection (it orders its tensor-parallel communication on it);
+    PYTHONPATH when `pythonpath` is given."""
+    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": device}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    if backend == "megatron":
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    return env
