@@ -71,6 +71,12 @@ def test_real_trials_recorded(launched, spec_dir):
         assert json.loads(r[7])["deepspeed"] and r[8] <= r[9] and r[10] > 0
     assert out["best"]["status"] == "ok"
     assert out["best"]["measured_mean_s"] == min(r[2] for r in rows)
+    # the other programs' load during each trial is kept with it (local launcher, Linux)
+    for t in out["trials"]:
+        assert t["other_processes_cores"] is None or t["other_processes_cores"] >= 0
+    if Path("/proc/stat").exists():
+        stored = [json.loads(r[0]) for r in con.execute("SELECT result_json FROM results")]
+        assert all(isinstance(r["other_processes_cores"], float) for r in stored)
 
 
 def test_stages_hold_exactly_the_planned_layers(launched):

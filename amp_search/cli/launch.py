@@ -10,6 +10,7 @@ from pathlib import Path
 from ._args import (add_profiles_argument, port, layers_per_stage, measurements_for,
                     nonnegative_int, positive_float, positive_int, render_table, write_json)
 from ..errors import UsageError
+from ..machine_load import BUSY_CORES, busy_note
 from ..records import Estimate, Strategy
 from ..spec import Spec, load_spec
 
@@ -134,6 +135,9 @@ def format_trials(records) -> str:
         note = "cached" if r.cached else ""
         if r.error:
             note = (note + ": " if note else "") + r.error
+        busy = busy_note(r.other_processes_cores)
+        if busy:
+            note = (note + "; " if note else "") + busy
         if len(note) > 70:
             note = note[:67] + "..."
         cells.append((str(r.index), r.label, layers_per_stage(r.strategy.partition),
@@ -230,7 +234,10 @@ def run(args) -> int:
         measured = "-" if rec.measured_mean_s is None else f"{rec.measured_mean_s:.4g} s"
         print(f"trial {rec.index}/{len(items)} {rec.label}: {rec.status}"
               f"{' (cached)' if rec.cached else ''}, measured {measured}"
-              + (f" - {rec.error}" if rec.error else ""), file=sys.stderr, flush=True)
+              + (f" - {rec.error}" if rec.error else "")
+              + (f" ({busy_note(rec.other_processes_cores)})"
+                 if busy_note(rec.other_processes_cores) and not rec.cached else ""),
+              file=sys.stderr, flush=True)
 
     previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
@@ -254,6 +261,12 @@ def run(args) -> int:
             pred = "" if best.predicted_s is None else f", predicted {best.predicted_s:.4g} s"
             print(f"\nbest: {best.label} partition {list(best.strategy.partition)}: "
                   f"{best.measured_mean_s:.4g} s/iteration measured{pred}")
+        busy = [r for r in records if not r.cached and r.other_processes_cores is not None
+                and r.other_processes_cores > BUSY_CORES]
+        if busy:
+            print(f"warning: other programs kept more than {BUSY_CORES} of a core busy during "
+                  f"{len(busy)} of the trials (see their notes): their times may be high; "
+                  f"measure again on a quiet machine with another --results file")
         print(f"results: {db_path}")
     if args.json is not None:
         write_json(args.json, {

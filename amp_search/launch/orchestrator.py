@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..errors import UsageError
+from ..machine_load import OtherLoad
 from ..records import Estimate, Strategy
 from ..spec import Spec
 from ..trial.config import trial_config, trial_device, trial_env, trial_precision
@@ -122,6 +123,9 @@ class TrialRecord:
     started_at: str | None = None
     ended_at: str | None = None
     wall_s: float | None = None
+    other_processes_cores: float | None = None
+    """Cores other programs kept busy while the trial ran (local launcher only; None where it
+    cannot be told): above `machine_load.BUSY_CORES` the measured time may be high."""
     commands: tuple[str, ...] = ()
     """The commands as they read in a terminal."""
     files: dict = field(default_factory=dict)
@@ -143,7 +147,9 @@ class TrialRecord:
             "log_tail": self.log_tail, "log_path": self.log_path,
             "trial_dir": self.trial_dir, "row_id": self.row_id, "versions": self.versions,
             "losses": list(self.losses), "started_at": self.started_at,
-            "ended_at": self.ended_at, "wall_s": self.wall_s, "commands": list(self.commands),
+            "ended_at": self.ended_at, "wall_s": self.wall_s,
+            "other_processes_cores": self.other_processes_cores,
+            "commands": list(self.commands),
             "files": dict(self.files),
         }
 
@@ -323,7 +329,8 @@ def _from_row(index: int, req: TrialRequest, row) -> TrialRecord:
         measured_std_s=row.measured_std_s, peak_memory_bytes=row.peak_memory_bytes,
         peak_memory_kind=row.peak_memory_kind or "", error=(row.error or "").splitlines()[0]
         if row.error else "", log_path=row.log_path, row_id=row.id, versions=row.versions,
-        losses=tuple(res.get("losses", ())), started_at=row.started_at, ended_at=row.ended_at)
+        losses=tuple(res.get("losses", ())), started_at=row.started_at, ended_at=row.ended_at,
+        other_processes_cores=res.get("other_processes_cores"))
 
 
 def _run_one(spec: Spec, req: TrialRequest, index: int, options: LaunchOptions,
@@ -364,6 +371,9 @@ def _run_one(spec: Spec, req: TrialRequest, index: int, options: LaunchOptions,
                    iters=options.iters, warmup=options.warmup, log_path=str(prep.log_path),
                    started_at=started)
     base.update(row_id=row, started_at=started)
+    # what other programs used meanwhile: only this machine's processes are counted, so only
+    # for trials whose every process runs here
+    load = OtherLoad() if options.launcher == "local" else None
     try:
         outcome = run_commands(prep.launch.commands, base_env={**options.base_env, **prep.env},
                                cwd=prep.trial_dir, log_path=prep.log_path, timeout_s=timeout_s)
@@ -371,12 +381,16 @@ def _run_one(spec: Spec, req: TrialRequest, index: int, options: LaunchOptions,
         db.finish(row, status="interrupted", ended_at=_now(), error="interrupted (Ctrl-C)")
         raise
     ended = _now()
+    others = None if load is None else load.others_cores()
+    base.update(other_processes_cores=others)
     long_tail = log_tail(prep.log_path, 300)  # torchrun's report follows the real error
     tail = "\n".join(long_tail.splitlines()[-20:])
     # a result is written (atomically) before teardown: a crash after it does not void it
     result = _read_result(prep, options) if outcome.ok or (
         not outcome.timed_out and options.backend == "deepspeed") else None
     if result is not None and result.get("mean_s") is not None:
+        if others is not None:
+            result = {**result, "other_processes_cores": others}
         peaks = result.get("peak_memory_bytes") or []
         rec = TrialRecord(**base, status="ok", measured_mean_s=result["mean_s"],
                           measured_std_s=result.get("std_s"),

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
+from ..machine_load import BUSY_CORES, OtherLoad
 from ..spec import Spec
 from .store import LayerProfile, ProfileEntry, hostname, installed_versions, now_iso
 
@@ -403,39 +404,10 @@ def _worker_main(argv: list[str]) -> int:
         return 1
 
 
-class OtherLoad:
-    """How many cores other processes kept busy while we measured (from /proc/stat minus
-    the CPU time of this process and of the children it waited for meanwhile); None where
-    /proc/stat is not available."""
-
-    def __init__(self):
-        self.start = self._sample()
-
-    @staticmethod
-    def _sample():
-        try:
-            with open("/proc/stat") as f:
-                v = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        hz = os.sysconf("SC_CLK_TCK")
-        busy = (sum(v[:8]) - v[3] - v[4]) / hz  # all but idle and iowait, in CPU seconds
-        t = os.times()
-        own = t.user + t.system + t.children_user + t.children_system
-        return busy, own, time.monotonic()
-
-    def others_cores(self) -> float | None:
-        end = self._sample()
-        if self.start is None or end is None or end[2] - self.start[2] < 0.5:
-            return None
-        others = (end[0] - self.start[0]) - (end[1] - self.start[1])
-        return round(max(0.0, others / (end[2] - self.start[2])), 2)
-
-
 def machine_busy(profile: LayerProfile) -> str | None:
     """A warning when other processes kept more than half a core busy while profiling."""
     others = profile.settings.get("other_processes_cores")
-    if profile.settings.get("device") == "cpu" and others is not None and others > 0.5:
+    if profile.settings.get("device") == "cpu" and others is not None and others > BUSY_CORES:
         return (f"other processes kept {others:.1f} of {profile.settings.get('cpu_count')} "
                 f"cores busy while profiling: they share caches and memory bandwidth, so the "
                 f"timings may be high; re-run on an idle machine")
