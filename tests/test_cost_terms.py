@@ -412,3 +412,67 @@ def test_gradient_reduce_precision_and_overlap_by_framework():
     assert o(zero_stage=2) is False and o(zero_stage=2, overlap_comm=True) is True
     assert o(zero_stage=3) is True
     assert o(framework="megatron") is False
+
+
+def test_catalog_link_latency_is_checked(tmp_path):
+    """A catalog entry's link_latency needs both link kinds, as durations: one clear line."""
+    from amp_search.errors import AmpSearchError
+    from amp_search.spec import load_catalog
+
+    entry = ("gpus:\n  X:\n    kind: gpu\n    memory: 16 GiB\n    memory_bandwidth: 900 GB/s\n"
+             "    peak_tflops: {fp32: 15, fp16: 120}\n    link_latency: %s\n")
+    path = tmp_path / "gpus.yaml"
+    path.write_text(entry % "{intra: 2 us, inter: 12 us}")
+    gpu = load_catalog(path)["X"]
+    assert gpu.link_latency_intra_s == pytest.approx(2e-6)
+    assert gpu.link_latency_inter_s == pytest.approx(12e-6)
+    for bad, key in (("{intra: 2 us}", "inter"), ("{intra: 2 us, inter: -1 us}", "inter"),
+                     ("{intra: 2 us, inter: 1 us, pcie: 3 us}", "pcie")):
+        path.write_text(entry % bad)
+        with pytest.raises(AmpSearchError, match=key) as info:
+            load_catalog(path)
+        assert "\n" not in str(info.value)
+
+
+def _gpu_accuracy():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_accuracy",
+                                                  ROOT / "benchmarks" / "gpu_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(dp, gbs, measured, predicted=None, tp=1, pp=1, mbs=1):
+    return {"gpus": tp * pp * dp, "gbs": gbs, "mbs": mbs, "hidden": 1024, "heads": 16,
+            "layers": 12, "seq": 1024, "tp": tp, "dp": dp, "pp": pp, "measured_ms": measured,
+            "predicted_ms": predicted}
+
+
+def test_twin_noise_from_runs_of_the_same_per_gpu_work():
+    """dp 2 -> 4 -> 8 at 4 samples per replica: |log| of 100 -> 101 -> 99, and another shape's
+    pair 50 -> 50: median of (0.995%, 2.000%, 0) is 0.995%."""
+    G = _gpu_accuracy()
+    rows = [_row(2, 8, 100.0), _row(4, 16, 101.0), _row(8, 32, 99.0),
+            _row(2, 8, 50.0, tp=2), _row(4, 16, 50.0, tp=2),
+            _row(2, 4, 70.0)]                         # 2 samples per replica: no twin
+    t = G.twin_noise(rows)
+    assert t["pairs"] == 3
+    assert t["median"] == pytest.approx(np.log(101 / 100))
+
+
+def test_noise_aware_regret_beside_the_strict_one():
+    """One group; the model picks a row 2% slower than the best: strict regret 2%, less 0.5%
+    of noise 1.5%; a 0.4% miss is no error once the noise is 0.5%."""
+    G = _gpu_accuracy()
+    rows = [_row(2, 8, 102.0, 90.0), _row(2, 8, 100.0, 95.0, mbs=2), _row(2, 8, 110.0, 99.0,
+                                                                           mbs=4)]
+    f = G.figures(rows, noise=0.005)
+    (g,) = f["groups"]
+    assert g["regret"] == pytest.approx(0.02)
+    assert g["regret_beyond_noise"] == pytest.approx(0.015)
+    assert f["regret_groups_above_target"] == 0
+    rows[0]["measured_ms"] = 100.4
+    g = G.figures(rows, noise=0.005)["groups"][0]
+    assert g["regret"] == pytest.approx(0.004) and g["regret_beyond_noise"] == 0.0
