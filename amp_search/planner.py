@@ -161,11 +161,16 @@ class CostModel:
         self.first_fixed = _leading(layers, "embedding")
         self.last_fixed = _leading(layers[::-1], "head")
 
-    def latency(self, collective: str, link: str, catalog_s=0.0):
+    def latency(self, collective: str, link: str, catalog_s=None):
         """Calibrated latency plus the per-message latency of the link: the measured one
-        (profile-comm's fit) if any, else `catalog_s` (the devices' catalog `link_latency`)."""
+        (profile-comm's fit) if any, else `catalog_s` (the devices' catalog `link_latency`;
+        None: the largest of the cluster's device types)."""
         fit = self.measurements.link_fits.get((collective, link))
-        return self.params.latency(link) + (fit.alpha_s if fit is not None else catalog_s)
+        if fit is not None:
+            return self.params.latency(link) + fit.alpha_s
+        if catalog_s is None:
+            catalog_s = max(getattr(g, f"link_latency_{link}_s") for g in self.gpus)
+        return self.params.latency(link) + catalog_s
 
     def params_per_layer(self, tmp: int) -> np.ndarray:
         if tmp not in self._params:
