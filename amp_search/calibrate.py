@@ -191,9 +191,11 @@ class _Coef:
 
 def _measured_latency_s(spec: Spec, link: str, measurements: Measurements) -> float:
     """The smallest per-message latency the model already charges on `link` (the alpha of a
-    measured link profile; 0 with nominal links): how far a negative correction may go."""
+    measured link profile, else the catalog's `link_latency` of the devices): how far a
+    negative correction may go."""
     model = CostModel(spec, cost_params=CostParams(), measurements=measurements)
-    return max(0.0, min(model.latency(c, link) for c in ("all_reduce", "p2p")))
+    catalog = min(getattr(g, f"link_latency_{link}_s") for g in model.gpus)
+    return max(0.0, min(model.latency(c, link, catalog) for c in ("all_reduce", "p2p")))
 
 
 def _coefficients(spec: Spec, measurements: Measurements = NO_MEASUREMENTS) -> list[_Coef]:

@@ -65,7 +65,9 @@ class StageCosts:
     tensor_parallel_s: np.ndarray
     """[pp, L] the layer's tensor-parallel all-reduces for one micro-batch."""
     cut_s: np.ndarray
-    """[pp, L + 1] e: P2P into stage j when it starts at layer i (activation + gradient)."""
+    """[pp, L + 1] e: P2P into stage j when it starts at layer i (activation + gradient); paid
+    once by the fill and drain and again by each steady-state micro-batch as far as the stage
+    waits for it (cost_models.pipeline.pipeline_1f1b_time_s; the partition DP minimises eq. 5)."""
     sync_s: np.ndarray
     """[pp, L] exposed data-parallel sync of the layer's parameters, once per iteration."""
     sync_fixed_s: np.ndarray
@@ -159,10 +161,16 @@ class CostModel:
         self.first_fixed = _leading(layers, "embedding")
         self.last_fixed = _leading(layers[::-1], "head")
 
-    def latency(self, collective: str, link: str) -> float:
-        """Calibrated latency plus the measured per-message latency of the link, if any."""
+    def latency(self, collective: str, link: str, catalog_s=None):
+        """Calibrated latency plus the per-message latency of the link: the measured one
+        (profile-comm's fit) if any, else `catalog_s` (the devices' catalog `link_latency`;
+        None: the largest of the cluster's device types)."""
         fit = self.measurements.link_fits.get((collective, link))
-        return self.params.latency(link) + (fit.alpha_s if fit is not None else 0.0)
+        if fit is not None:
+            return self.params.latency(link) + fit.alpha_s
+        if catalog_s is None:
+            catalog_s = max(getattr(g, f"link_latency_{link}_s") for g in self.gpus)
+        return self.params.latency(link) + catalog_s
 
     def params_per_layer(self, tmp: int) -> np.ndarray:
         if tmp not in self._params:
@@ -259,7 +267,7 @@ class CostModel:
         tensor_parallel = np.zeros((c.pp, L))
         if c.tmp > 1:       # each stage's tensor rings run on its slowest ring's links
             bw, crosses = layout.tp_links
-            lat = self._link_latency("all_reduce", crosses)
+            lat = self._link_latency("all_reduce", crosses, self._catalog_latency(stage_gpus))
             tensor_parallel = C.allreduce_time_s(
                 self.tp_bytes[ckpt][None, :] * c.mbs, c.tmp, bw[:, None], lat[:, None],
                 messages=self.tp_messages[ckpt][None, :])
@@ -267,7 +275,9 @@ class CostModel:
         cut = np.zeros((c.pp, L + 1))
         if c.pp > 1:
             bw, crosses = layout.p2p_links
-            lat = self._link_latency("p2p", crosses)
+            per_stage = self._catalog_latency(stage_gpus)
+            lat = self._link_latency("p2p", crosses, tuple(np.maximum(a[:-1], a[1:])
+                                                            for a in per_stage))
             cut[1:, 1:L] = C.stage_boundary_time_s(
                 self.out_bytes[None, :L - 1] * c.mbs, bw[:, None], lat[:, None])
 
@@ -298,9 +308,19 @@ class CostModel:
                           for l in layers]))
         return hit
 
-    def _link_latency(self, collective: str, crosses_nodes: np.ndarray) -> np.ndarray:
-        return np.where(crosses_nodes, self.latency(collective, "inter"),
-                        self.latency(collective, "intra"))
+    def _catalog_latency(self, stage_gpus) -> tuple[np.ndarray, np.ndarray]:
+        """Per stage: the catalog's per-message latency (intra, inter) of its slowest device
+        type's links (cost_models.comm.NCCL_RING_STEP_LATENCY_S)."""
+        return (np.array([max(self.gpus[g].link_latency_intra_s for g in gs)
+                          for gs in stage_gpus]),
+                np.array([max(self.gpus[g].link_latency_inter_s for g in gs)
+                          for gs in stage_gpus]))
+
+    def _link_latency(self, collective: str, crosses_nodes: np.ndarray,
+                      catalog: tuple = (0.0, 0.0)) -> np.ndarray:
+        intra, inter = catalog
+        return C.link_latency_s(crosses_nodes, self.latency(collective, "intra", intra),
+                                self.latency(collective, "inter", inter))
 
     def _dp_sync(self, c: Candidate, layout: PlacedLayout) -> tuple[np.ndarray, np.ndarray]:
         """The data-parallel sync of stage j is linear in the parameters it holds
@@ -310,11 +330,16 @@ class CostModel:
             return np.zeros((c.pp, self.num_layers)), np.zeros(c.pp)
         bw, crosses = layout.dp_links
         bpe = self.spec.training.bytes_per_element
+        # DeepSpeed (the trial backend) reduces gradients in the training precision unless
+        # fp32_allreduce is set, and overlaps them with the backward only where
+        # gradient_reduce_overlaps_backward says so (not by default); dp_overlap is calibrated
+        grad_scale = C.gradient_reduce_bytes_per_element(self.spec.training.precision) / bpe
+        lat = self._link_latency("all_reduce", crosses, self._catalog_latency(layout.stage_gpus))
 
         def sync(element_bytes: float) -> np.ndarray:      # [pp]: one parameter's bytes
             return P.exposed_time_s(C.data_parallel_sync_time_s(
-                param_bytes=element_bytes, grad_bytes=element_bytes, n=c.dp,
-                bandwidth_bytes_per_s=bw, latency_s=self._link_latency("all_reduce", crosses),
+                param_bytes=element_bytes, grad_bytes=element_bytes * grad_scale, n=c.dp,
+                bandwidth_bytes_per_s=bw, latency_s=lat,
                 zero_stage=c.zero_stage, gas=self.spec.training.global_batch_size
                 // (c.dp * c.mbs),
                 gather_weights_after_step=M.deepspeed_engine(
@@ -339,7 +364,34 @@ class CostModel:
                                    memory_budget_bytes=mem_budget, **kw)
         if result is None:      # no split fits: report the fastest one, which won't fit
             result = optimal_partition(costs.layer_s, costs.cut_s, gas, **kw)
-        return result.boundaries
+            return result.boundaries
+        if c.pp == 1 or gas == 1 or not costs.cut_s.any():
+            return result.boundaries
+        # The DP minimises eq. 5, which pays each cut once; 1F1B's steady state pays the cuts
+        # a stage waits for in every micro-batch (pipeline_1f1b_time_s). A second DP with
+        # every cut weighted as if it were on the steady state's path, and Megatron's uniform
+        # split, are candidates too; the one the full objective ranks first is kept.
+        heavy = costs.cut_s * (1.0 + P.P2P_BLOCKING_SHARE["deepspeed"] * (gas - 1))
+        other = optimal_partition(costs.layer_s, heavy, gas, memory_layer_bytes=mem_layer,
+                                  memory_budget_bytes=mem_budget, **kw)
+        candidates = [result.boundaries] + ([other.boundaries] if other is not None else [])
+        try:
+            uniform = uniform_partition(self.num_layers, c.pp, first=self.first_fixed,
+                                        last=self.last_fixed)
+        except ValueError:
+            uniform = None
+        if uniform is not None and (mem_layer is None or np.all(
+                P.stage_totals(mem_layer, uniform) <= mem_budget)):
+            candidates.append(uniform)
+        return min(candidates, key=lambda b: self._objective_s(costs, b, gas))
+
+    def _objective_s(self, costs: StageCosts, bounds, gas: int) -> float:
+        """The iteration time `_assemble` gives the split `bounds` (eq. 4 over the 1F1B time)."""
+        stage_time = P.stage_totals(costs.layer_s, bounds) + costs.microbatch_overhead_s
+        after = costs.sync_fixed_s + P.stage_totals(costs.after_pipeline_s, bounds)
+        return P.iteration_time_s(P.pipeline_1f1b_time_s(
+            stage_time, P.boundary_times(costs.cut_s, bounds), gas), after,
+            costs.step_overhead_s)
 
     def _memory_arrays(self, c: Candidate, gas: int, layout: PlacedLayout, scores: bool
                        ) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -372,14 +424,17 @@ class CostModel:
         cuts = P.boundary_times(costs.cut_s, bounds)
         sync = costs.sync_fixed_s + P.stage_totals(costs.sync_s, bounds)
         step = P.stage_totals(costs.optimizer_s, bounds)
-        total = P.iteration_time_s(P.pipeline_time_s(stage_time, cuts, gas), sync + step,
-                                   costs.step_overhead_s)
+        pipeline = P.pipeline_1f1b_time_s(stage_time, cuts, gas)
+        total = P.iteration_time_s(pipeline, sync + step, costs.step_overhead_s)
         b = int(np.argmax(stage_time))              # the bottleneck stage
+        # P2P on the critical path: each boundary once (fill and drain, eq. 5) and what the
+        # steady state's gas - 1 micro-batches wait for beyond the bottleneck's compute
+        steady_p2p = pipeline - P.pipeline_time_s(stage_time, cuts, gas)
         s = int(np.argmax(sync + step))             # the stage the iteration waits for last
         breakdown = Breakdown(
             compute_s=float(gas * stage_compute[b] + costs.step_overhead_s),
             pipeline_bubble_s=float(stage_time.sum() - stage_time[b]),
-            p2p_s=float(cuts.sum()), tensor_parallel_s=float(gas * stage_tp[b]),
+            p2p_s=float(cuts.sum() + steady_p2p), tensor_parallel_s=float(gas * stage_tp[b]),
             data_parallel_s=float(sync[s]), optimizer_s=float(step[s]))
         return Estimate(strategy=strategy, iteration_time_s=total, breakdown=breakdown,
                         stage_time_s=tuple(float(x) for x in stage_time),

@@ -84,6 +84,11 @@ class GPU:
     flash_attention: bool = True
     """Whether the usual training stacks run a fused attention kernel on it (training.attention:
     auto then costs flash attention, else the standard one that stores the scores)."""
+    link_latency_intra_s: float = 0.0
+    """Latency of one ring step of a collective (or one P2P message) between two of its devices
+    inside a node (NVLink or PCIe: cost_models.comm.NCCL_RING_STEP_LATENCY_S)."""
+    link_latency_inter_s: float = 0.0
+    """The same across nodes (the network)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -342,7 +347,8 @@ def catalog_defaults() -> dict:
     return _read_catalog(None)[2]
 
 
-GPU_MODEL_KEYS = ("gemm_efficiency", "kernel_floor", "host_time", "flash_attention")
+GPU_MODEL_KEYS = ("gemm_efficiency", "kernel_floor", "host_time", "flash_attention",
+                  "link_latency")
 """Keys of a catalog entry (or inline GPU) for the analytic model; missing ones come from the
 catalog's `defaults:`."""
 
@@ -385,6 +391,7 @@ def _gpu_model(r: "_Reader", defaults: dict) -> dict:
         kernel_floor: 450 us
         host_time: {block_pass: 1100 us, tp_allreduce_per_rank: 20 us}
         flash_attention: true
+        link_latency: {intra: 3.4 us, inter: 9.6 us}
     """
     def get(key):
         return r.raw(key) if r.has(key) else defaults.get(key)
@@ -414,6 +421,13 @@ def _gpu_model(r: "_Reader", defaults: dict) -> dict:
             raise SpecError(r.at("flash_attention"), f"got {_show(flash)}; accepted: true, "
                                                      f"false")
         out["flash_attention"] = flash
+    lat = get("link_latency")
+    if lat is not None:
+        k = _Reader(lat, r.at("link_latency"), ("intra", "inter"))
+        out["link_latency_intra_s"] = parse_duration(k.raw("intra", required=True),
+                                                     k.at("intra"), FIXED_COST_TIME)
+        out["link_latency_inter_s"] = parse_duration(k.raw("inter", required=True),
+                                                     k.at("inter"), FIXED_COST_TIME)
     return out
 
 

@@ -25,6 +25,10 @@ GPUs, 18 (tp, dp, pp) layouts, hidden 1024 or 2048, 12-24 layers, fp16, full rec
      rows all get the same prediction is ranked not at all and counts as 0): median, worst;
    - top-1 regret per group: the measured time of the row the model ranks first, over the
      measured best of the group, minus 1 (rows tied for first: their mean): median, worst;
+   - beside it, the noise-aware regret: the regret less the data's own run-to-run noise
+     (`twin_noise`: the data has no repeated rows, so the noise is bounded from above by the
+     median |log ratio| of pairs of runs that do the same per-GPU work and differ only in dp,
+     0.51% on this file); the target applies to the strict regret;
    - the held-out figures of the fit (`held_out_report`): the free coefficients of the GPU
      model (FIT_COEFFICIENTS: the host time of a block pass, the host time of a tensor-parallel
      all-reduce per extra rank, the GPU's kernel floor per block pass) are fitted on one part
@@ -32,6 +36,9 @@ GPUs, 18 (tp, dp, pp) layouts, hidden 1024 or 2048, 12-24 layers, fp16, full rec
      row); the held-out part must be within 3 points of MAPE of the fitted part.
    `--fit` also fits them on all rows and on each split's halves and prints the values, which
    profiles/gpus.yaml holds for A100-80GB (with the split they came from).
+The model is the planner's default, whose 1F1B steady state charges the P2P at a stage's
+boundaries as DeepSpeed's blocking sends do (cost_models.pipeline.P2P_BLOCKING_SHARE); the data
+is Megatron-LM's (half of that), a difference below 0.5% of any row's time over NVLink.
 The script exits 1 when a target is missed (each miss is printed) and 2 when a row cannot be
 predicted.
 """
@@ -163,10 +170,39 @@ def spearman(x, y) -> float:
     return float(spearmanr(x, y).statistic)
 
 
-def figures(rows: list[dict]) -> dict:
+def twin_noise(rows: list[dict]) -> dict:
+    """How much two measured runs of the same work differ, from the data alone (it has no
+    repeated rows): 'twins' are rows with the same model, tp, pp, micro-batch and samples per
+    replica (gbs / dp) that differ only in dp, so each GPU computes the same and only the ring
+    of the gradient all-reduce grows. |log(t_a / t_b)| over the twin pairs (dp 2 -> 4 -> 8 of
+    one shape) bounds the run-to-run noise from above (it includes the all-reduce's real
+    growth). Its median is the tolerance of the noise-aware regret."""
+    by: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        by[(r["hidden"], r["layers"], r["heads"], r["seq"], r["tp"], r["pp"], r["mbs"],
+            r["gbs"] // r["dp"])].append(r)
+    diffs = []
+    for twins in by.values():
+        twins = sorted(twins, key=lambda r: r["dp"])
+        diffs += [abs(float(np.log(b["measured_ms"] / a["measured_ms"])))
+                  for a, b in zip(twins, twins[1:])]
+    if not diffs:
+        return {"pairs": 0, "median": 0.0, "p75": 0.0, "p90": 0.0}
+    q = np.quantile(diffs, [0.5, 0.75, 0.9])
+    return {"pairs": len(diffs), "median": float(q[0]), "p75": float(q[1]),
+            "p90": float(q[2])}
+
+
+def figures(rows: list[dict], noise: float | None = None) -> dict:
     """MAPE, per-layout signed error, within-group Spearman and top-1 regret of the rows that
-    have a prediction."""
+    have a prediction. `noise` (a fraction; default: `twin_noise`'s median on these rows):
+    the tolerance of the noise-aware regret, regret - noise where positive (a predicted best
+    within the data's own run-to-run noise of the measured best is no model error); the
+    strict regret is reported beside it."""
     ok = [r for r in rows if r.get("predicted_ms") is not None]
+    twins = twin_noise(ok)
+    if noise is None:
+        noise = twins["median"]
     pred = np.array([r["predicted_ms"] for r in ok])
     meas = np.array([r["measured_ms"] for r in ok])
     signed = pred / meas - 1.0
@@ -187,8 +223,9 @@ def figures(rows: list[dict]) -> dict:
         # regret is the mean over them
         tied = np.flatnonzero(p <= p.min() * (1 + 1e-9))
         i_pred, i_best = int(tied[0]), int(np.argmin(m))
-        fig = {"group": group_label(key), "rows": len(g),
-               "regret": float(m[tied].mean() / m[i_best] - 1.0),
+        regret = float(m[tied].mean() / m[i_best] - 1.0)
+        fig = {"group": group_label(key), "rows": len(g), "regret": regret,
+               "regret_beyond_noise": max(0.0, regret - noise),
                "predicted_best": " = ".join(f"{layout(g[i])} mbs{g[i]['mbs']}" for i in tied),
                "measured_best": f"{layout(g[i_best])} mbs{g[i_best]['mbs']}",
                "spearman": None, "constant_prediction": bool(len(tied) == len(g))}
@@ -202,6 +239,7 @@ def figures(rows: list[dict]) -> dict:
     constant = sum(1 for g in group_figs if g["spearman"] is not None
                    and g["constant_prediction"])
     regrets = [g["regret"] for g in group_figs]
+    noisy = [g["regret_beyond_noise"] for g in group_figs]
     return {
         "rows": len(ok), "mape": float(np.mean(np.abs(signed))),
         "mean_signed_error": float(np.mean(signed)),
@@ -212,6 +250,13 @@ def figures(rows: list[dict]) -> dict:
         "spearman_worst": float(min(rhos)) if rhos else float("nan"),
         "regret_median": float(statistics.median(regrets)) if regrets else float("nan"),
         "regret_worst": float(max(regrets)) if regrets else float("nan"),
+        "regret_groups_above_target": sum(1 for r in regrets if not r <= TARGET_REGRET),
+        "noise": noise, "twin_noise": twins,
+        "regret_beyond_noise_median": float(statistics.median(noisy)) if noisy else
+        float("nan"),
+        "regret_beyond_noise_worst": float(max(noisy)) if noisy else float("nan"),
+        "regret_beyond_noise_groups_above_target": sum(1 for r in noisy
+                                                       if not r <= TARGET_REGRET),
     }
 
 
@@ -314,7 +359,7 @@ def held_out_report(rows: list[dict], ev: Evaluator | None = None) -> dict:
             f = figures(sub)
             parts[part] = {k: f[k] for k in ("rows", "mape", "spearman_median",
                                              "spearman_worst", "regret_median",
-                                             "regret_worst")}
+                                             "regret_worst", "regret_groups_above_target")}
             parts[part]["layout_signed_min"] = min(v["mean_signed_error"]
                                                    for v in f["per_layout"].values())
             parts[part]["layout_signed_max"] = max(v["mean_signed_error"]
@@ -379,6 +424,13 @@ def report(f: dict, held_out: dict | None, elapsed_s: float) -> None:
     for g in sorted(f["groups"], key=lambda g: -g["regret"])[:5]:
         print(f"  {g['group']:34} regret {g['regret']:>6.1%}  predicted best "
               f"{g['predicted_best']}, measured best {g['measured_best']}")
+    tw = f["twin_noise"]
+    print(f"noise-aware top-1 regret (regret less the data's run-to-run noise, {f['noise']:.2%}: "
+          f"the median difference of {tw['pairs']} pairs of runs of the same per-GPU work that "
+          f"differ only in dp; p75 {tw['p75']:.2%}, p90 {tw['p90']:.2%}): median "
+          f"{f['regret_beyond_noise_median']:.1%}, worst {f['regret_beyond_noise_worst']:.1%}; "
+          f"{f['regret_beyond_noise_groups_above_target']} groups above {TARGET_REGRET:.0%} "
+          f"(the target applies to the strict figure)")
     print()
     print("held-out figures of the fit")
     if held_out is None:
@@ -393,7 +445,8 @@ def report(f: dict, held_out: dict | None, elapsed_s: float) -> None:
                 print(f"    {part:9} {p['rows']:>4} rows  MAPE {p['mape']:6.1%}  layout signed "
                       f"[{p['layout_signed_min']:+.1%}, {p['layout_signed_max']:+.1%}]  "
                       f"Spearman median {p['spearman_median']:.3f} worst "
-                      f"{p['spearman_worst']:+.3f}  regret worst {p['regret_worst']:.1%}")
+                      f"{p['spearman_worst']:+.3f}  regret worst {p['regret_worst']:.1%} "
+                      f"({p['regret_groups_above_target']} groups > {TARGET_REGRET:.0%})")
 
 
 def main(argv=None) -> int:

@@ -20,6 +20,16 @@ import numpy as np
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
 
+NCCL_RING_STEP_LATENCY_S = {"nvlink": 3.4e-6, "pcie": 5.7e-6, "network": 9.6e-6}
+"""Latency of one ring step by link kind: NCCL's own tuning model (src/graph/tuning.cc, `hwLat`,
+ring algorithm, Simple protocol, which large messages use), read 2026-11-22. NCCL prices a ring
+collective at baseLat + steps(n) * hwLat; the catalog (profiles/gpus.yaml `link_latency`) holds
+these per device type (NVLink for SXM parts, PCIe for PCIe cards; the network across nodes), and
+`collective_time_s` charges steps(n) of them per message. (NCCL's 8.4 us base latency per call is
+host-side launch work, which `cost_models.compute.host_time_s` counts for TP all-reduces.)"""
+
+GRADIENT_FRAMEWORKS = ("deepspeed", "megatron")
+
 
 def bus_factor(collective: str, n: int) -> float:
     """Bytes each rank moves over its link per message byte, ring algorithms (Lin et al. 2024;
@@ -88,6 +98,55 @@ def stage_boundary_time_s(activation_bytes, bandwidth_bytes_per_s, latency_s=0.0
     """AMP eq. 5's e_i for one micro-batch crossing a stage boundary: the activation forward
     and its gradient backward, one P2P each."""
     return 2.0 * p2p_time_s(activation_bytes, bandwidth_bytes_per_s, latency_s)
+
+
+def link_latency_s(crosses_nodes, intra_s, inter_s):
+    """Per-message (per ring step) latency of a ring or P2P link: the inter-node latency where
+    it crosses nodes, else the intra-node one (arrays broadcast elementwise)."""
+    return np.where(crosses_nodes, inter_s, intra_s)
+
+
+def gradient_reduce_bytes_per_element(precision: str, *, framework: str = "deepspeed",
+                                      fp32_allreduce: bool = False) -> int:
+    """Bytes per gradient element of the data-parallel reduction, as the framework issues it.
+
+    - fp32 training: 4.
+    - DeepSpeed (the trial backend here; `engine.communication_data_type`): the training
+      precision (fp16 / bf16: 2), also with BF16_Optimizer, whose fp32 gradient accumulators
+      are cast to bf16 for the all-reduce; fp32 only with `fp32_allreduce: true` (or
+      `communication_data_type: fp32`).
+    - Megatron-LM (local DDP): fp32 when gradients are accumulated in fp32
+      (`--accumulate-allreduce-grads-in-fp32`, off by default, forced on with bf16), else the
+      training precision. `fp32_allreduce` stands for that flag here.
+    """
+    if framework not in GRADIENT_FRAMEWORKS:
+        raise ValueError(f"framework {framework!r}; known: {', '.join(GRADIENT_FRAMEWORKS)}")
+    if precision == "fp32" or fp32_allreduce:
+        return 4
+    if framework == "megatron" and precision == "bf16":
+        return 4
+    if precision in ("fp16", "bf16"):
+        return 2
+    raise ValueError(f"precision {precision!r}; known: fp32, fp16, bf16")
+
+
+def gradient_reduce_overlaps_backward(*, framework: str = "deepspeed", zero_stage: int = 0,
+                                      overlap_comm: bool | None = None) -> bool:
+    """Whether the framework reduces gradient buckets while the backward pass still runs.
+
+    - DeepSpeed: ZeRO 0 all-reduces after the backward of the accumulation boundary
+      (`engine.allreduce_gradients`), never overlapped; ZeRO 1/2 overlap with `overlap_comm`
+      (default false), ZeRO 3 by default (`overlap_comm` default true for stage 3).
+    - Megatron-LM: with `--overlap-grad-reduce` (off by default; the vTrain data's version
+      has no gradient bucketing at all: benchmarks/data/README.md).
+    `overlap_comm` None: the framework's default."""
+    if framework not in GRADIENT_FRAMEWORKS:
+        raise ValueError(f"framework {framework!r}; known: {', '.join(GRADIENT_FRAMEWORKS)}")
+    if framework == "deepspeed" and zero_stage == 0:
+        return False
+    if overlap_comm is not None:
+        return bool(overlap_comm)
+    return framework == "deepspeed" and zero_stage == 3
 
 
 def shared_bandwidth(link_bytes_per_s, flows):

@@ -5,6 +5,8 @@ layer), cuts them at the partition's boundaries with `stage_totals`, and compose
 
     t_j   = stage_totals(compute + tensor_parallel)_j + per-micro-batch overhead
     T_pp  = pipeline_time_s(t, e, gas)                                  (eq. 5)
+    T_pp  = pipeline_1f1b_time_s(t, e, gas, blocking_share)   (eq. 5 with the P2P of every
+                                                               micro-batch in the steady state)
     T     = iteration_time_s(T_pp, sync_j + step_j, step_overhead)      (eq. 4)
 
 The exact partition DP (amp_search.partition) minimises the same objective inside its
@@ -40,6 +42,63 @@ def pipeline_time_s(stage_time_s, cut_time_s, gas: int) -> float:
     t_i: one micro-batch forward+backward on stage i; e_i: P2P between stages i and i+1."""
     t = np.asarray(stage_time_s, dtype=float)
     return float((gas - 1) * t.max() + np.sum(cut_time_s) + t.sum())
+
+
+P2P_BLOCKING_SHARE = {"deepspeed": 1.0, "megatron": 0.5, "async": 0.0}
+"""How much of the P2P at its boundaries a 1F1B stage waits for in every steady-state
+micro-batch, as a share of e_in + e_out (e = activation forward + gradient backward, both one
+transfer time d each: e = 2d).
+
+- deepspeed: PipelineEngine's SendActivation, RecvGrad, SendGrad and RecvActivation are
+  separate blocking `p2p.send` / `p2p.recv` calls (`dist.send` / `dist.recv`, which make the
+  compute stream wait for the transfer): a stage pays all four transfers, e_in + e_out.
+- megatron: `send_forward_recv_backward` and `send_backward_recv_forward` post the send and the
+  receive of a boundary together (`batch_isend_irecv`, then wait) over a full-duplex link: one
+  transfer time per boundary, (e_in + e_out) / 2 (Narayanan et al., SC'21, section 2.2: the
+  steady state alternates one forward and one backward, each exchanging with its neighbours).
+- async: sends that never block the sender (the schedule simulator's model); only the 1F1B
+  cycle bound of `steady_state_period_s` remains."""
+
+
+def steady_state_period_s(stage_time_s, cut_time_s, *, blocking_share: float) -> float:
+    """The time per micro-batch of 1F1B's steady state (non-interleaved, as DeepSpeed and
+    Megatron-LM run it): the largest of
+
+    - t_j + blocking_share * (e_j + e_{j+1}): stage j's compute and the P2P at its two
+      boundaries (e_j into it, e_{j+1} out of it; none past the ends) that it waits for;
+    - (sum_{k>=i} t_k + sum of the e's between them) / (pp - i), for every stage i: in 1F1B
+      stage i holds at most pp - i micro-batches in flight, so each needs its whole round trip
+      through the stages after it, transfers included, once per pp - i micro-batches (the
+      bound the schedule simulator shows with free-running sends: 2d (pp-1)/pp per
+      micro-batch on uniform stages).
+
+    With free P2P (e = 0) it is max_j t_j, eq. 5's bottleneck. stage_time_s: pp values;
+    cut_time_s: the pp - 1 boundary times e (activation + gradient)."""
+    t = np.asarray(stage_time_s, dtype=float)
+    e = np.asarray(cut_time_s, dtype=float).reshape(-1)
+    pp = t.shape[0]
+    if e.shape[0] != max(pp - 1, 0):
+        raise ValueError(f"{pp} stages need {pp - 1} boundary times, got {e.shape[0]}")
+    padded = np.concatenate([[0.0], e, [0.0]])          # boundary j into stage j; none at ends
+    own = t + blocking_share * (padded[:-1] + padded[1:])
+    suffix_t = np.cumsum(t[::-1])[::-1]                  # sum_{k>=i} t_k
+    suffix_e = np.concatenate([np.cumsum(e[::-1])[::-1], [0.0]])   # e's after stage i
+    cycle = (suffix_t + suffix_e) / (pp - np.arange(pp))
+    return float(max(own.max(), cycle.max()))
+
+
+def pipeline_1f1b_time_s(stage_time_s, cut_time_s, gas: int, *,
+                         blocking_share: float = P2P_BLOCKING_SHARE["deepspeed"]) -> float:
+    """AMP eq. 5 with the P2P of every steady-state micro-batch on the critical path:
+
+        T_pp = (gas - 1) * steady_state_period_s(t, e) + sum_i e_i + sum_i t_i
+
+    The fill and drain pay each boundary once (eq. 5's sum e); each of the other gas - 1
+    micro-batches pays the bottleneck's compute and the P2P it waits for. Equal to eq. 5 when
+    P2P is free or gas is 1."""
+    t = np.asarray(stage_time_s, dtype=float)
+    period = steady_state_period_s(t, cut_time_s, blocking_share=blocking_share)
+    return float((gas - 1) * period + np.sum(cut_time_s) + t.sum())
 
 
 def iteration_time_s(pipeline_s: float, after_pipeline_s, step_overhead_s: float = 0.0) -> float:

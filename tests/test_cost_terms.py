@@ -97,11 +97,18 @@ def test_planner_breakdown_is_the_composition_of_the_terms():
     t = P.stage_totals(costs.layer_s, s.partition)
     np.testing.assert_allclose(t, e.stage_time_s)
     after = costs.sync_fixed_s + P.stage_totals(costs.after_pipeline_s, s.partition)
-    expect = P.pipeline_time_s(t, P.boundary_times(costs.cut_s, s.partition), s.gas) \
-        + after.max()
+    cuts = P.boundary_times(costs.cut_s, s.partition)
+    expect = P.pipeline_1f1b_time_s(t, cuts, s.gas) + after.max()
     assert e.iteration_time_s == pytest.approx(expect)
     b = e.breakdown
     assert b.data_parallel_s + b.optimizer_s == pytest.approx(after.max())
+    # the steady state's P2P is in the breakdown's p2p, and the parts add up to the total
+    eq5 = P.pipeline_time_s(t, cuts, s.gas)
+    assert b.p2p_s == pytest.approx(cuts.sum() + (expect - after.max() - eq5))
+    assert b.p2p_s > cuts.sum() > 0          # 10 Gbps between stages: it shows
+    parts = b.compute_s + b.pipeline_bubble_s + b.p2p_s + b.tensor_parallel_s \
+        + b.data_parallel_s + b.optimizer_s
+    assert parts == pytest.approx(e.iteration_time_s)
 
 
 def test_cost_models_imports_nothing_from_amp_search():
@@ -294,3 +301,178 @@ def test_vocabulary_is_padded_as_megatron_pads_it(write_spec):
     for layer in (head, emb):
         module = build_layer(layer, simulate_tp_size=2)
         assert sum(p.numel() for p in module.parameters()) == param_count(layer, 2)
+
+
+# ------------------------------------------------------------- steady-state P2P of 1F1B
+
+def test_steady_state_period_hand_worked():
+    """t = (3, 5, 4), e = (1, 2): stage 1 (the middle) waits for both boundaries."""
+    t, e = [3.0, 5.0, 4.0], [1.0, 2.0]
+    # DeepSpeed, blocking share 1: stage terms 3+1, 5+1+2, 4+2 -> 8
+    assert P.steady_state_period_s(t, e, blocking_share=1.0) == pytest.approx(8.0)
+    # Megatron, share 0.5: 3.5, 6.5, 5 -> 6.5
+    assert P.steady_state_period_s(t, e, blocking_share=0.5) == pytest.approx(6.5)
+    # async: the cycle bounds, stage 0 (3+5+4+1+2)/3 = 5, stage 1 (5+4+2)/2 = 5.5, stage 2
+    # 4/1: the round trip behind stage 1 beats the bottleneck's 5 -> 5.5
+    assert P.steady_state_period_s(t, e, blocking_share=0.0) == pytest.approx(5.5)
+    # T = (gas - 1) * period + sum e + sum t: gas 4, share 1 -> 3*8 + 3 + 12 = 39
+    assert P.pipeline_1f1b_time_s(t, e, 4, blocking_share=1.0) == pytest.approx(39.0)
+
+
+def test_steady_state_reduces_to_eq5_without_p2p_or_with_one_microbatch():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        pp = int(rng.integers(1, 9))
+        t = rng.uniform(0.1, 2.0, pp)
+        e = rng.uniform(0.0, 1.0, pp - 1)
+        gas = int(rng.integers(1, 40))
+        for share in P.P2P_BLOCKING_SHARE.values():
+            assert P.pipeline_1f1b_time_s(t, np.zeros(pp - 1), gas, blocking_share=share) \
+                == pytest.approx(P.pipeline_time_s(t, np.zeros(pp - 1), gas))
+            assert P.pipeline_1f1b_time_s(t, e, 1, blocking_share=share) \
+                == pytest.approx(P.pipeline_time_s(t, e, 1))
+            assert P.pipeline_1f1b_time_s(t, e, gas, blocking_share=share) \
+                >= P.pipeline_time_s(t, e, gas) - 1e-12
+
+
+def test_steady_state_async_matches_the_simulator_on_uniform_stages():
+    """Free-running sends (the simulator's model): 2d (pp-1)/pp per micro-batch beyond eq. 5,
+    the 1F1B cycle bound; within 2% of the event simulation once gas >= pp, and above it."""
+    from cost_models.schedule import simulate_iteration
+
+    for pp, gas, d in ((2, 16, 1.0), (4, 16, 0.5), (4, 64, 0.1), (8, 16, 1.0), (8, 32, 2.0)):
+        sim = simulate_iteration(forward_s=[1.0] * pp, backward_s=[2.0] * pp,
+                                 optimizer_s=[0.0] * pp, gas=gas, p2p_bytes=[d] * (pp - 1),
+                                 p2p_bandwidth_bytes_per_s=[1.0] * (pp - 1),
+                                 p2p_latency_s=[0.0] * (pp - 1), use_numba=False)
+        closed = P.pipeline_1f1b_time_s([3.0] * pp, [2 * d] * (pp - 1), gas,
+                                        blocking_share=0.0)
+        assert closed == pytest.approx(sim.iteration_time_s, rel=0.02), (pp, gas, d)
+        assert closed >= sim.iteration_time_s - 1e-9
+
+
+def test_steady_state_rejects_mismatched_boundaries():
+    with pytest.raises(ValueError, match="boundary"):
+        P.steady_state_period_s([1.0, 2.0], [0.1, 0.2], blocking_share=1.0)
+
+
+# ------------------------------------------------------------- link latency and gradients
+
+def test_link_latency_by_link_kind_from_the_catalog():
+    from amp_search.spec import load_catalog
+
+    cat = load_catalog()
+    nccl = C.NCCL_RING_STEP_LATENCY_S
+    assert cat["A100-80GB"].link_latency_intra_s == pytest.approx(nccl["nvlink"])
+    assert cat["T4-16GB"].link_latency_intra_s == pytest.approx(nccl["pcie"])
+    assert cat["T4-16GB"].link_latency_inter_s == pytest.approx(nccl["network"])
+    assert cat["CPU-local"].link_latency_intra_s == 0.0
+    lat = C.link_latency_s(np.array([True, False]), 3.4e-6, 9.6e-6)
+    np.testing.assert_allclose(lat, [9.6e-6, 3.4e-6])
+    # tp 8 all-reduce of 8 MB on NVLink at 150 GB/s: 14 steps x 3.4 us + 1.75 x 8e6 / 150e9
+    t = C.allreduce_time_s(8e6, 8, 150e9, nccl["nvlink"])
+    assert t == pytest.approx(14 * 3.4e-6 + 1.75 * 8e6 / 150e9)
+
+
+def test_planner_charges_the_catalog_latency_on_tensor_parallel_rings():
+    """One A100 node, tp 8: each of a block's 6 all-reduces (recomputation replays 2) pays
+    2(8-1) ring steps of 3.4 us over the bandwidth term."""
+    from amp_search.planner import Candidate, CostModel
+    from amp_search.spec import parse_spec
+
+    spec = parse_spec({
+        "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 1, "gpus_per_node": 8,
+                               "intra_node_bandwidth": "150 GB/s",
+                               "inter_node_bandwidth": "200 Gbps"}]},
+        "model": {"preset": "gpt", "num_layers": 4, "hidden_size": 1024,
+                  "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 51200},
+        "training": {"global_batch_size": 8, "precision": "fp16",
+                     "activation_checkpointing": "full", "zero_stage": 0}})
+    model = CostModel(spec)
+    c = Candidate(pp=1, dp=1, tmp=8, mbs=1, zero_stage=0, activation_checkpointing=True)
+    from amp_search.placement import device_orders
+    costs = model.stage_costs(c, model.layout(c, device_orders(spec.cluster, "fp16")[0]))
+    block = 2          # embedding, then the blocks
+    msg = 1024 * 1024 * 2                                 # s x h fp16, one sample
+    expect = 6 * (14 * 3.4e-6 + 1.75 * msg / 150e9)
+    assert costs.tensor_parallel_s[0, block] == pytest.approx(expect, rel=1e-6)
+
+
+def test_gradient_reduce_precision_and_overlap_by_framework():
+    g = C.gradient_reduce_bytes_per_element
+    assert g("fp16") == 2 and g("bf16") == 2 and g("fp32") == 4
+    assert g("fp16", fp32_allreduce=True) == 4
+    assert g("bf16", framework="megatron") == 4          # Megatron forces fp32 grads with bf16
+    assert g("fp16", framework="megatron") == 2
+    with pytest.raises(ValueError):
+        g("fp16", framework="horovod")
+    o = C.gradient_reduce_overlaps_backward
+    assert o() is False                                  # DeepSpeed ZeRO 0: after backward
+    assert o(zero_stage=0, overlap_comm=True) is False   # ZeRO 0 never overlaps
+    assert o(zero_stage=2) is False and o(zero_stage=2, overlap_comm=True) is True
+    assert o(zero_stage=3) is True
+    assert o(framework="megatron") is False
+
+
+def test_catalog_link_latency_is_checked(tmp_path):
+    """A catalog entry's link_latency needs both link kinds, as durations: one clear line."""
+    from amp_search.errors import AmpSearchError
+    from amp_search.spec import load_catalog
+
+    entry = ("gpus:\n  X:\n    kind: gpu\n    memory: 16 GiB\n    memory_bandwidth: 900 GB/s\n"
+             "    peak_tflops: {fp32: 15, fp16: 120}\n    link_latency: %s\n")
+    path = tmp_path / "gpus.yaml"
+    path.write_text(entry % "{intra: 2 us, inter: 12 us}")
+    gpu = load_catalog(path)["X"]
+    assert gpu.link_latency_intra_s == pytest.approx(2e-6)
+    assert gpu.link_latency_inter_s == pytest.approx(12e-6)
+    for bad, key in (("{intra: 2 us}", "inter"), ("{intra: 2 us, inter: -1 us}", "inter"),
+                     ("{intra: 2 us, inter: 1 us, pcie: 3 us}", "pcie")):
+        path.write_text(entry % bad)
+        with pytest.raises(AmpSearchError, match=key) as info:
+            load_catalog(path)
+        assert "\n" not in str(info.value)
+
+
+def _gpu_accuracy():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_accuracy",
+                                                  ROOT / "benchmarks" / "gpu_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(dp, gbs, measured, predicted=None, tp=1, pp=1, mbs=1):
+    return {"gpus": tp * pp * dp, "gbs": gbs, "mbs": mbs, "hidden": 1024, "heads": 16,
+            "layers": 12, "seq": 1024, "tp": tp, "dp": dp, "pp": pp, "measured_ms": measured,
+            "predicted_ms": predicted}
+
+
+def test_twin_noise_from_runs_of_the_same_per_gpu_work():
+    """dp 2 -> 4 -> 8 at 4 samples per replica: |log| of 100 -> 101 -> 99, and another shape's
+    pair 50 -> 50: median of (0.995%, 2.000%, 0) is 0.995%."""
+    G = _gpu_accuracy()
+    rows = [_row(2, 8, 100.0), _row(4, 16, 101.0), _row(8, 32, 99.0),
+            _row(2, 8, 50.0, tp=2), _row(4, 16, 50.0, tp=2),
+            _row(2, 4, 70.0)]                         # 2 samples per replica: no twin
+    t = G.twin_noise(rows)
+    assert t["pairs"] == 3
+    assert t["median"] == pytest.approx(np.log(101 / 100))
+
+
+def test_noise_aware_regret_beside_the_strict_one():
+    """One group; the model picks a row 2% slower than the best: strict regret 2%, less 0.5%
+    of noise 1.5%; a 0.4% miss is no error once the noise is 0.5%."""
+    G = _gpu_accuracy()
+    rows = [_row(2, 8, 102.0, 90.0), _row(2, 8, 100.0, 95.0, mbs=2), _row(2, 8, 110.0, 99.0,
+                                                                           mbs=4)]
+    f = G.figures(rows, noise=0.005)
+    (g,) = f["groups"]
+    assert g["regret"] == pytest.approx(0.02)
+    assert g["regret_beyond_noise"] == pytest.approx(0.015)
+    assert f["regret_groups_above_target"] == 0
+    rows[0]["measured_ms"] = 100.4
+    g = G.figures(rows, noise=0.005)["groups"][0]
+    assert g["regret"] == pytest.approx(0.004) and g["regret_beyond_noise"] == 0.0
