@@ -402,8 +402,14 @@ def _leading(layers, kind: str) -> int:
 
 def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
          cost_params: CostParams | None = None, progress: bool = False,
-         max_search_s: float | None = None, on_start=None) -> Plan:
+         max_search_s: float | None = None, on_start=None,
+         simulate_top: int | None = None) -> Plan:
     """Rank every feasible strategy for `spec` (AMP Algorithm 1, lines 1-7).
+
+    `simulate_top`: simulate the best N strategies of the exact DP's ranking event by event
+    and re-order them by the simulated time (`simulate_ranking`; default
+    amp_search.simulate.DEFAULT_SIMULATE_TOP; 0: the closed form only), and the Megatron
+    baseline with them.
 
     `measurements`: layer profiles, link fits and calibration to use (default: none, the
     analytic model on the packaged catalog). `max_search_s`: refuse (SearchTooLarge) a search
@@ -445,7 +451,9 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
         raise NoFeasibleStrategy(
             f"no strategy is feasible ({detail}); try training.zero_stage: search, "
             f"training.activation_checkpointing: search, or a smaller global_batch_size")
-    return Plan(strategies=tuple(ranked), baseline=megatron_baseline(spec, model, space),
+    ranked, baseline = simulate_ranking(model, ranked, megatron_baseline(spec, model, space),
+                                        simulate_top, orders)
+    return Plan(strategies=tuple(ranked), baseline=baseline,
                 search_time_s=time.perf_counter() - t0, candidates=looked_at,
                 evaluated=len(candidates) * len(orders), pruned=dict(pruned))
 
@@ -471,6 +479,23 @@ def rank(estimates: list[Estimate], pruned: Counter) -> list[Estimate]:
         seen.add(layout)
         out.append(e)
     return out
+
+
+def simulate_ranking(model: CostModel, ranked: list[Estimate], baseline: Estimate | None,
+                     top: int | None, orders) -> tuple[list[Estimate], Estimate | None]:
+    """Re-rank the first `top` strategies (None: the default number) by their simulated
+    iteration time (amp_search.simulate.rerank) and simulate the baseline too; top 0: as
+    they are."""
+    from .simulate import DEFAULT_SIMULATE_TOP, rerank, with_simulation
+
+    top = DEFAULT_SIMULATE_TOP if top is None else top
+    if top <= 0:
+        return ranked, baseline
+    ranked = rerank(model, ranked, top, ranking_key=ranking_key, orders=orders)
+    if baseline is not None:
+        baseline = with_simulation(model, baseline, order=next(
+            (o for o in orders if o.name == baseline.strategy.placement_order), None))
+    return ranked, baseline
 
 
 def megatron_baseline(spec: Spec, model: CostModel, space: SearchSpace) -> Estimate | None:
@@ -507,10 +532,12 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
              partition: str | tuple[int, ...] = "optimal", zero_stage: int | None = None,
              activation_checkpointing: bool | None = None, placement_order: str | None = None,
              measurements: Measurements = NO_MEASUREMENTS,
-             cost_params: CostParams | None = None) -> Estimate:
+             cost_params: CostParams | None = None, simulate: bool = False) -> Estimate:
     """Predict one given strategy (the best of the placement orders unless one is named).
     It must satisfy the search space's rules (Infeasible otherwise, naming the rule). A
-    strategy that does not fit in memory is still estimated, with `fits` False."""
+    strategy that does not fit in memory is still estimated, with `fits` False. simulate:
+    also simulate the chosen one's iteration (amp_search.simulate.with_simulation), which
+    then gives its iteration_time_s."""
     n, L = spec.cluster.num_devices, spec.model.num_layers
     for name, v in (("pp", pp), ("dp", dp), ("tmp", tmp), ("mbs", mbs)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -545,8 +572,13 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
     orders = device_orders(spec.cluster, spec.training.precision)
     if placement_order is not None:
         orders = [o for o in orders if o.name == placement_order] or orders[:1]
-    return min((model.evaluate(c, o, partition=partition) for o in orders),
-               key=lambda e: e.iteration_time_s)
+    best = min(((model.evaluate(c, o, partition=partition), o) for o in orders),
+               key=lambda eo: eo[0].iteration_time_s)
+    if not simulate:
+        return best[0]
+    from .simulate import with_simulation
+
+    return with_simulation(model, best[0], order=best[1])
 
 
 def evaluate(spec: Spec, strategy: Strategy, *, measurements: Measurements = NO_MEASUREMENTS,
