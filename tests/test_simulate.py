@@ -207,3 +207,21 @@ def test_plan_command_options(capsys):
     flat = " ".join(out.split())
     assert "eq.5 s" in out and "* the closed form, not simulated" in flat
     assert "the best 2 simulated and re-ranked" in flat
+
+
+def test_host_bound_excess_is_spread_evenly_over_the_passes():
+    """A host far slower than the device: each layer takes its host time, and the passes
+    share it evenly (each block pass issues the same work), still summing to t_j."""
+    from cost_models.params import CostParams
+
+    spec = _spec("amp-homo-gpt2")
+    slow_host = CostParams(host_block_pass_s={"T4-16GB": 0.05})
+    e = estimate(spec, pp=2, dp=8, tmp=1, mbs=1, partition="uniform", cost_params=slow_host)
+    model = CostModel(spec, cost_params=slow_host)
+    k = simulation_inputs(model, e.strategy)
+    np.testing.assert_allclose(k["forward_s"] + k["backward_s"], e.stage_time_s, rtol=1e-12)
+    # 12-13 blocks of 2 passes at 50 ms of host each: about 0.6 s per pass, nearly equal
+    # (the embedding and the head are not host-bound: their backward stays the longer)
+    assert np.all(k["forward_s"] > 0.5)
+    np.testing.assert_allclose(k["backward_s"] / k["forward_s"], 1.0, rtol=0.05)
+    assert np.all(k["backward_s"] >= k["forward_s"])
