@@ -244,6 +244,8 @@ def with_simulation(model: "CostModel", e: Estimate, *, order: "DeviceOrder | No
     """`e` with its iteration time simulated (`time_source` "simulated", the closed form kept
     in `analytic_iteration_time_s`, the per-stage breakdown in `simulation`); unchanged, with
     the reason in `time_source`, where the strategy cannot be simulated."""
+    if e.simulated:
+        return e
     why = simulatable(e.strategy)
     if why is not None:
         return replace(e, time_source=f"analytic ({why})")
