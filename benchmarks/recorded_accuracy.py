@@ -57,7 +57,8 @@ def mape(pred, meas) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("spec", type=Path)
-    ap.add_argument("--results", type=Path, help="results database (default: beside the spec)")
+    ap.add_argument("--results", type=Path, action="append",
+                    help="results database (default: beside the spec); may be repeated")
     ap.add_argument("--profiles", type=Path, default=None,
                     help="measurements root (default: the shipped profiles folder)")
     ap.add_argument("--png", type=Path, help="draw both predictions against measured")
@@ -103,12 +104,15 @@ def from_accuracy_cache(spec, cache: Path):
 
 
 def from_results_db(spec, args):
-    path = args.results or default_results_path(spec)
-    if not path.is_file():
-        print(f"no results database at {path}: no recorded trial to score")
-        return 2
-    rows = [r for r in ResultsDB(path).rows(spec.sha256)
-            if r.status == "ok" and r.measured_mean_s]
+    paths = args.results or [default_results_path(spec)]
+    rows = []
+    for path in paths:
+        if not path.is_file():
+            print(f"no results database at {path}: no recorded trial to score")
+            return 2
+        rows += [r for r in ResultsDB(path).rows(spec.sha256)
+                 if r.status == "ok" and r.measured_mean_s]
+    path = ", ".join(map(str, paths))
     if not rows:
         print(f"no trial of {args.spec} finished ok in {path}")
         return 2
