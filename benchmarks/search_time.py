@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -73,20 +75,31 @@ def big_mixed() -> dict:
                      "framework_overhead": "2 GiB"}}
 
 
-def run_plan(spec_path: Path, out: Path, simulate: bool = True) -> tuple[float, dict]:
+def child_cpu_s() -> float:
+    """User + system CPU time of this process's finished children so far."""
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
+
+
+def run_plan(spec_path: Path, out: Path, simulate: bool = True) -> tuple[float, dict, float]:
+    """(wall s, the plan's JSON, CPU s) of one `plan` process. The CPU time (user + system)
+    moves less than the wall time when other processes share the machine."""
+    c0 = child_cpu_s()
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "amp_search", "plan", str(spec_path), "--json",
                         str(out), "--no-progress", "--top-k", "3"]
                        + ([] if simulate else ["--no-simulate"]), cwd=ROOT,
                        capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    cpu = child_cpu_s() - c0
     if r.returncode:
         raise SystemExit(f"plan failed for {spec_path}:\n{r.stderr}")
-    return wall, json.loads(out.read_text())
+    return wall, json.loads(out.read_text()), cpu
 
 
 def clear_numba_cache() -> None:
-    for d in (ROOT / "amp_search").rglob("__pycache__"):
+    for d in [*(ROOT / "amp_search").rglob("__pycache__"),
+              *(ROOT / "cost_models").rglob("__pycache__")]:
         for f in list(d.glob("*.nbi")) + list(d.glob("*.nbc")):
             f.unlink()
 
@@ -109,12 +122,13 @@ def main() -> int:
             path.write_text(yaml.safe_dump(spec))
             if i == 0:
                 clear_numba_cache()
-            cold, _ = run_plan(path, tmp / "out.json")
-            warm, warm_off, paired = [], [], []
+            cold, _, _ = run_plan(path, tmp / "out.json")
+            warm, warm_off, paired, cpu_on, cpu_off, cpu_paired = [], [], [], [], [], []
             for k in range(args.repeats):
-                times = {}
+                times, cpus = {}, {}
                 for simulate in ((False, True) if k % 2 == 0 else (True, False)):
-                    times[simulate], got = run_plan(path, tmp / "out.json", simulate)
+                    times[simulate], got, cpus[simulate] = run_plan(path, tmp / "out.json",
+                                                                    simulate)
                     if simulate:
                         result = got
                     else:
@@ -122,6 +136,9 @@ def main() -> int:
                 warm.append(times[True])
                 warm_off.append(times[False])
                 paired.append(times[True] - times[False])
+                cpu_on.append(cpus[True])
+                cpu_off.append(cpus[False])
+                cpu_paired.append(cpus[True] - cpus[False])
             med = statistics.median(warm)
             adds = statistics.median(paired)
             target = TARGET_S.get(gpus)
@@ -136,6 +153,9 @@ def main() -> int:
                          "warm_no_simulate_s": round(statistics.median(warm_off), 3),
                          "simulation_adds_s": round(adds, 3),
                          "simulation_target_s": sim_target,
+                         "cpu_process_s": round(statistics.median(cpu_on), 3),
+                         "cpu_no_simulate_s": round(statistics.median(cpu_off), 3),
+                         "simulation_adds_cpu_s": round(statistics.median(cpu_paired), 3),
                          "warm_runs_s": [round(x, 3) for x in warm],
                          "warm_no_simulate_runs_s": [round(x, 3) for x in warm_off],
                          "search_s": round(result["search_time_s"], 3),
@@ -166,17 +186,24 @@ def main() -> int:
     print(f"warm s: median whole process with simulation (the default, top 32 re-ranked); "
           f"no-sim s: --no-simulate; sim adds: median of the paired differences "
           f"({args.repeats} pairs, run back to back).")
+    print("CPU time (user + system) of the same processes, less moved by other load:")
+    for r in rows:
+        print(f"  {r['cluster']:38} with simulation {r['cpu_process_s']:.2f} s, without "
+              f"{r['cpu_no_simulate_s']:.2f} s, simulation adds {r['simulation_adds_cpu_s']:+.2f} s")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     timeline = [] if args.no_timeline else timeline_times(args.repeats)
     for t in timeline:
         ok &= t["passed"]
     if timeline:
         print()
         print(f"{'timeline --rank 1 --trace --png':38} {'median s':>8} {'runs s':>24} "
-              f"{'target':>7}")
+              f"{'target':>7}  {'CPU s':>6}")
         for t in timeline:
             runs = " ".join(f"{x:.2f}" for x in t["runs_s"])
             print(f"{t['config']:38} {t['median_s']:>8.2f} {runs:>24} "
-                  f"<{TARGET_TIMELINE_S:g}{'' if t['passed'] else ' MISSED'}")
+                  f"<{TARGET_TIMELINE_S:g}{'' if t['passed'] else ' MISSED'}  "
+                  f"{t['cpu_median_s']:>6.2f}")
+        print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if args.json:
         args.json.write_text(json.dumps({"plan": rows, "timeline": timeline}, indent=2))
     return 0 if ok else 1
@@ -188,21 +215,24 @@ def timeline_times(repeats: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for cfg in sorted((ROOT / "configs").glob("*.yaml")):
-            runs = []
+            runs, cpus = [], []
             for _ in range(repeats):
                 trace, png = tmp / "t.json", tmp / "g.png"
                 for f in (trace, png):
                     f.unlink(missing_ok=True)
+                c0 = child_cpu_s()
                 t0 = time.perf_counter()
                 r = subprocess.run([sys.executable, "-m", "amp_search", "timeline", str(cfg),
                                     "--rank", "1", "--trace", str(trace), "--png", str(png)],
                                    cwd=ROOT, capture_output=True, text=True)
                 runs.append(time.perf_counter() - t0)
+                cpus.append(child_cpu_s() - c0)
                 if r.returncode or not (trace.is_file() and png.is_file()):
                     raise SystemExit(f"timeline failed for {cfg}:\n{r.stderr}")
             med = statistics.median(runs)
             out.append({"config": cfg.name, "median_s": round(med, 3),
                         "runs_s": [round(x, 3) for x in runs],
+                        "cpu_median_s": round(statistics.median(cpus), 3),
                         "passed": med < TARGET_TIMELINE_S})
     return out
 
