@@ -267,7 +267,7 @@ class CostModel:
         tensor_parallel = np.zeros((c.pp, L))
         if c.tmp > 1:       # each stage's tensor rings run on its slowest ring's links
             bw, crosses = layout.tp_links
-            lat = self._link_latency("all_reduce", crosses, self._catalog_latency(stage_gpus))
+            lat = self.link_latencies_s("all_reduce", crosses, layout)
             tensor_parallel = C.allreduce_time_s(
                 self.tp_bytes[ckpt][None, :] * c.mbs, c.tmp, bw[:, None], lat[:, None],
                 messages=self.tp_messages[ckpt][None, :])
@@ -275,9 +275,7 @@ class CostModel:
         cut = np.zeros((c.pp, L + 1))
         if c.pp > 1:
             bw, crosses = layout.p2p_links
-            per_stage = self._catalog_latency(stage_gpus)
-            lat = self._link_latency("p2p", crosses, tuple(np.maximum(a[:-1], a[1:])
-                                                            for a in per_stage))
+            lat = self.link_latencies_s("p2p", crosses, layout, boundaries=True)
             cut[1:, 1:L] = C.stage_boundary_time_s(
                 self.out_bytes[None, :L - 1] * c.mbs, bw[:, None], lat[:, None])
 
@@ -316,6 +314,17 @@ class CostModel:
                 np.array([max(self.gpus[g].link_latency_inter_s for g in gs)
                           for gs in stage_gpus]))
 
+    def link_latencies_s(self, collective: str, crosses_nodes, layout: "PlacedLayout", *,
+                         boundaries: bool = False) -> np.ndarray:
+        """Per stage (or, with `boundaries`, per stage boundary: the slower of its two
+        stages): the per-message latency of `collective` on each ring's link, intra- or
+        inter-node as `crosses_nodes` says, from the stage's slowest device type (see
+        `latency`). The one source for the cost model and the simulator's input."""
+        per_stage = self._catalog_latency(layout.stage_gpus)
+        if boundaries:
+            per_stage = tuple(np.maximum(a[:-1], a[1:]) for a in per_stage)
+        return self._link_latency(collective, np.asarray(crosses_nodes), per_stage)
+
     def _link_latency(self, collective: str, crosses_nodes: np.ndarray,
                       catalog: tuple = (0.0, 0.0)) -> np.ndarray:
         intra, inter = catalog
@@ -334,7 +343,7 @@ class CostModel:
         # fp32_allreduce is set, and overlaps them with the backward only where
         # gradient_reduce_overlaps_backward says so (not by default); dp_overlap is calibrated
         grad_scale = C.gradient_reduce_bytes_per_element(self.spec.training.precision) / bpe
-        lat = self._link_latency("all_reduce", crosses, self._catalog_latency(layout.stage_gpus))
+        lat = self.link_latencies_s("all_reduce", crosses, layout)
 
         def sync(element_bytes: float) -> np.ndarray:      # [pp]: one parameter's bytes
             return P.exposed_time_s(C.data_parallel_sync_time_s(
@@ -457,8 +466,14 @@ def _leading(layers, kind: str) -> int:
 
 def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
          cost_params: CostParams | None = None, progress: bool = False,
-         max_search_s: float | None = None, on_start=None) -> Plan:
+         max_search_s: float | None = None, on_start=None,
+         simulate_top: int | None = None) -> Plan:
     """Rank every feasible strategy for `spec` (AMP Algorithm 1, lines 1-7).
+
+    `simulate_top`: simulate the best N strategies of the exact DP's ranking event by event
+    and re-order them by the simulated time (`simulate_ranking`; default
+    amp_search.simulate.DEFAULT_SIMULATE_TOP; 0: the closed form only), and the Megatron
+    baseline with them.
 
     `measurements`: layer profiles, link fits and calibration to use (default: none, the
     analytic model on the packaged catalog). `max_search_s`: refuse (SearchTooLarge) a search
@@ -500,7 +515,9 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
         raise NoFeasibleStrategy(
             f"no strategy is feasible ({detail}); try training.zero_stage: search, "
             f"training.activation_checkpointing: search, or a smaller global_batch_size")
-    return Plan(strategies=tuple(ranked), baseline=megatron_baseline(spec, model, space),
+    ranked, baseline = simulate_ranking(model, ranked, megatron_baseline(spec, model, space),
+                                        simulate_top, orders)
+    return Plan(strategies=tuple(ranked), baseline=baseline,
                 search_time_s=time.perf_counter() - t0, candidates=looked_at,
                 evaluated=len(candidates) * len(orders), pruned=dict(pruned))
 
@@ -526,6 +543,23 @@ def rank(estimates: list[Estimate], pruned: Counter) -> list[Estimate]:
         seen.add(layout)
         out.append(e)
     return out
+
+
+def simulate_ranking(model: CostModel, ranked: list[Estimate], baseline: Estimate | None,
+                     top: int | None, orders) -> tuple[list[Estimate], Estimate | None]:
+    """Re-rank the first `top` strategies (None: the default number) by their simulated
+    iteration time (amp_search.simulate.rerank) and simulate the baseline too; top 0: as
+    they are."""
+    from .simulate import DEFAULT_SIMULATE_TOP, rerank, with_simulation
+
+    top = DEFAULT_SIMULATE_TOP if top is None else top
+    if top <= 0:
+        return ranked, baseline
+    ranked = rerank(model, ranked, top, ranking_key=ranking_key, orders=orders)
+    if baseline is not None:
+        baseline = with_simulation(model, baseline, order=next(
+            (o for o in orders if o.name == baseline.strategy.placement_order), None))
+    return ranked, baseline
 
 
 def megatron_baseline(spec: Spec, model: CostModel, space: SearchSpace) -> Estimate | None:
@@ -562,10 +596,12 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
              partition: str | tuple[int, ...] = "optimal", zero_stage: int | None = None,
              activation_checkpointing: bool | None = None, placement_order: str | None = None,
              measurements: Measurements = NO_MEASUREMENTS,
-             cost_params: CostParams | None = None) -> Estimate:
+             cost_params: CostParams | None = None, simulate: bool = False) -> Estimate:
     """Predict one given strategy (the best of the placement orders unless one is named).
     It must satisfy the search space's rules (Infeasible otherwise, naming the rule). A
-    strategy that does not fit in memory is still estimated, with `fits` False."""
+    strategy that does not fit in memory is still estimated, with `fits` False. simulate:
+    also simulate the chosen one's iteration (amp_search.simulate.with_simulation), which
+    then gives its iteration_time_s."""
     n, L = spec.cluster.num_devices, spec.model.num_layers
     for name, v in (("pp", pp), ("dp", dp), ("tmp", tmp), ("mbs", mbs)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -600,8 +636,13 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
     orders = device_orders(spec.cluster, spec.training.precision)
     if placement_order is not None:
         orders = [o for o in orders if o.name == placement_order] or orders[:1]
-    return min((model.evaluate(c, o, partition=partition) for o in orders),
-               key=lambda e: e.iteration_time_s)
+    best = min(((model.evaluate(c, o, partition=partition), o) for o in orders),
+               key=lambda eo: eo[0].iteration_time_s)
+    if not simulate:
+        return best[0]
+    from .simulate import with_simulation
+
+    return with_simulation(model, best[0], order=best[1])
 
 
 def evaluate(spec: Spec, strategy: Strategy, *, measurements: Measurements = NO_MEASUREMENTS,

@@ -70,7 +70,8 @@ class Strategy:
 
 @dataclass(frozen=True, kw_only=True)
 class Breakdown:
-    """Where the iteration time goes; the six parts sum to the iteration time.
+    """Where the closed-form iteration time goes; the six parts sum to AMP eq. 5 + 4
+    (`Estimate.analytic_iteration_time_s`; a simulated time has `Estimate.simulation`).
 
     With b the bottleneck stage (largest t_j = compute_j + tp_j):
     compute = gas * compute_b, tensor_parallel = gas * tp_b, pipeline_bubble = sum of the other
@@ -114,6 +115,58 @@ class StageMemory:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CriticalSegment:
+    """A run of consecutive critical-path tasks of one stage and kind (simulated)."""
+
+    stage: int
+    kind: str
+    """forward, recompute, backward, optimizer, send (P2P, on the sending stage), allreduce,
+    reduce_scatter or allgather (data-parallel)."""
+    tasks: int
+    start_s: float
+    end_s: float
+    time_s: float
+    """The part of the iteration it accounts for (the runs' times sum to the makespan)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulationBreakdown:
+    """Where the simulated iteration's time goes, per pipeline stage (amp_search.simulate)."""
+
+    schedule: str
+    iteration_time_s: float
+    busy_s: tuple[float, ...]
+    """Time the stage's compute stream computes (forward, recompute, backward, step)."""
+    idle_s: tuple[float, ...]
+    """Makespan - busy: the bubble, exposed communication included."""
+    exposed_comm_s: tuple[float, ...]
+    """Time one of the stage's transfers or collectives is in flight while it computes
+    nothing."""
+    stage_end_s: tuple[float, ...]
+    critical_path: tuple[CriticalSegment, ...] = ()
+
+    def critical_time_by_kind(self) -> dict[str, float]:
+        """Critical-path time per kind, largest first."""
+        out: dict[str, float] = {}
+        for c in self.critical_path:
+            out[c.kind] = out.get(c.kind, 0.0) + c.time_s
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def to_dict(self) -> dict:
+        return {"schedule": self.schedule, "iteration_time_s": self.iteration_time_s,
+                "stages": [{"stage": j, "busy_s": b, "idle_s": i, "exposed_comm_s": x,
+                            "ends_at_s": t}
+                           for j, (b, i, x, t) in enumerate(zip(
+                               self.busy_s, self.idle_s, self.exposed_comm_s,
+                               self.stage_end_s))],
+                "critical_path_time_by_kind_s": self.critical_time_by_kind(),
+                "critical_path": [c.to_dict() for c in self.critical_path]}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Estimate:
     """The cost model's prediction for one strategy."""
 
@@ -125,6 +178,21 @@ class Estimate:
     memory: tuple[StageMemory, ...] = ()
     timing_sources: tuple[str, ...] = ()
     """Where each stage's layer times came from (e.g. 'analytic:V100-16GB', 'profile:...')."""
+    analytic_iteration_time_s: float | None = None
+    """AMP eq. 5 + 4, the closed form (given None: iteration_time_s, which is then it)."""
+    time_source: str = "analytic"
+    """What iteration_time_s is: 'simulated' (amp_search.simulate), 'analytic', or
+    'analytic (why it was not simulated)'."""
+    simulation: SimulationBreakdown | None = None
+    """The simulated iteration's per-stage breakdown, where simulated."""
+
+    def __post_init__(self):
+        if self.analytic_iteration_time_s is None:
+            object.__setattr__(self, "analytic_iteration_time_s", self.iteration_time_s)
+
+    @property
+    def simulated(self) -> bool:
+        return self.time_source == "simulated"
 
     @property
     def fits(self) -> bool:
@@ -144,6 +212,8 @@ class Estimate:
             "placement": [[list(r) for r in st] for st in s.placement],
             "placement_order": s.placement_order,
             "iteration_time_s": self.iteration_time_s,
+            "analytic_iteration_time_s": self.analytic_iteration_time_s,
+            "time_source": self.time_source,
             "samples_per_s": self.samples_per_s,
             "breakdown": self.breakdown.to_dict(),
             "stage_time_s": list(self.stage_time_s),
@@ -153,6 +223,7 @@ class Estimate:
             },
             "fits": self.fits,
             "timing_sources": list(self.timing_sources),
+            "simulation": None if self.simulation is None else self.simulation.to_dict(),
         }
 
 

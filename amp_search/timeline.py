@@ -175,3 +175,72 @@ def write_gantt_png(sim: SimulatedIteration, path: str | os.PathLike, *, title: 
                  fontsize=10)
     fig.tight_layout()
     _write_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation (average ranks for ties); nan below 2 points or for a
+    constant series."""
+    def ranks(a):
+        order = np.argsort(a, kind="stable")
+        r = np.empty(len(a))
+        r[order] = np.arange(len(a), dtype=float)
+        for v in np.unique(a):                    # ties share their mean rank
+            tie = a == v
+            r[tie] = r[tie].mean()
+        return r
+    if len(x) < 2:
+        return float("nan")
+    rx, ry = ranks(np.asarray(x, float)), ranks(np.asarray(y, float))
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def write_prediction_png(series, path: str | os.PathLike, *, title: str = "",
+                         labels: Sequence[str] | None = None, dpi: int = 120) -> None:
+    """Predicted against measured iteration time: one scatter per entry of `series` ({name:
+    (predicted_s, measured_s)}, sequences of one length), the diagonal (a perfect
+    prediction) and +-10% bands, each series' MAPE and Spearman in the legend; `labels`
+    (one per point of the first series) annotate its points. Needs matplotlib; raises
+    ValueError for empty or mismatched series, OSError when the file cannot be written."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    data = {}
+    for name, (pred, meas) in series.items():
+        p, m = np.asarray(pred, dtype=float), np.asarray(meas, dtype=float)
+        if p.shape != m.shape or p.ndim != 1:
+            raise ValueError(f"series {name!r}: predicted and measured need one length")
+        if p.size:
+            data[name] = (p, m)
+    if not data:
+        raise ValueError("no point to plot")
+    fig = Figure(figsize=(6.4, 6.0))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    every = np.concatenate([np.concatenate(v) for v in data.values()])
+    lo, hi = float(every.min()) * 0.9, float(every.max()) * 1.1
+    line = np.array([lo, hi])
+    ax.plot(line, line, color="black", linewidth=0.9, label="predicted = measured")
+    for f in (0.9, 1.1):
+        ax.plot(line, line * f, color="grey", linewidth=0.6, linestyle=":")
+    markers = "oxs^vD"
+    for i, (name, (p, m)) in enumerate(data.items()):
+        err = float(np.mean(np.abs(p / m - 1.0))) * 100
+        rho = _spearman(p, m)
+        ax.scatter(m, p, s=22, marker=markers[i % len(markers)],
+                   label=f"{name}: MAPE {err:.1f}%, Spearman {rho:.2f} (n={len(p)})")
+        if i == 0 and labels is not None:
+            for x, y, text in zip(m, p, labels):
+                ax.annotate(str(text), (x, y), fontsize=5, xytext=(3, 2),
+                            textcoords="offset points", alpha=0.7)
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_aspect("equal")
+    ax.set_xlabel("measured s / iteration")
+    ax.set_ylabel("predicted s / iteration")
+    ax.grid(linewidth=0.3, alpha=0.5)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(title or "predicted against measured (dotted: +-10%)", fontsize=9)
+    fig.tight_layout()
+    _write_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))

@@ -144,8 +144,9 @@ def group_label(key: tuple) -> str:
     return f"h{hidden} L{layers} a{heads} s{seq} {gpus}gpu gbs{gbs}"
 
 
-def predict(rows: list[dict]) -> list[str]:
-    """Sets row['predicted_ms'] (None when the model refuses the row); returns the errors."""
+def predict(rows: list[dict], simulate: bool = False) -> list[str]:
+    """Sets row['predicted_ms'] (None when the model refuses the row); returns the errors.
+    simulate: the simulated iteration time (`estimate(..., simulate=True)`), not eq. 5 + 4."""
     specs: dict[tuple, object] = {}
     errors = []
     for row in rows:
@@ -154,7 +155,8 @@ def predict(rows: list[dict]) -> list[str]:
             specs[key] = parse_spec(spec_dict(row))
         try:
             e = estimate(specs[key], pp=row["pp"], dp=row["dp"], tmp=row["tp"], mbs=row["mbs"],
-                         partition="uniform", zero_stage=0, activation_checkpointing=True)
+                         partition="uniform", zero_stage=0, activation_checkpointing=True,
+                         simulate=simulate)
         except Exception as exc:  # noqa: BLE001 -- reported row by row, then exit 2
             row["predicted_ms"] = None
             errors.append(f"{group_label(group_key(row))} {layout(row)} mbs{row['mbs']}: "
@@ -458,11 +460,17 @@ def main(argv=None) -> int:
                     help="also fit the coefficients on all rows and print them")
     ap.add_argument("--no-held-out", action="store_true",
                     help="skip the held-out refits (the default model's figures only)")
+    ap.add_argument("--simulate", action="store_true",
+                    help="score the simulated iteration time (amp_search.simulate) instead of "
+                         "the closed form; the held-out refits, which fit the closed form, are "
+                         "skipped")
     args = ap.parse_args(argv)
+    if args.simulate:
+        args.no_held_out = True
 
     rows = load_rows(args.data)
     t0 = time.perf_counter()
-    errors = predict(rows)
+    errors = predict(rows, simulate=args.simulate)
     elapsed = time.perf_counter() - t0
     if errors:
         print(f"{len(errors)} rows could not be predicted:")

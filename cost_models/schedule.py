@@ -221,6 +221,40 @@ class SimulatedIteration:
                             else int(p["coll_kind"][t - base]))]
                      for t in self.critical_path_tasks.tolist())
 
+    def critical_path_segments(self) -> tuple[tuple[int, str, int, float, float, float], ...]:
+        """The critical path as runs of consecutive tasks of one stage and kind: (stage,
+        kind, tasks, start_s, end_s, time_s), first run first. A transfer belongs to its
+        sending stage. time_s is the part of the iteration the run accounts for: from the
+        previous run's end (or its own start, if later) to its end, so that the runs' times
+        sum to the makespan (a bucket starts inside the backward that produced it: the
+        overlap is counted once)."""
+        p = self._parts
+        comp_kind = p["comp_kind"]
+        K = comp_kind.shape[1]
+        base = comp_kind.size
+        out: list[list] = []
+        prev_end = 0.0
+        for t in self.critical_path_tasks.tolist():
+            if t < base:
+                j, k = divmod(t, K)
+                kind, start, end = int(comp_kind[j, k]), p["c_start"][j, k], p["c_end"][j, k]
+            else:
+                f = t - base
+                j = int(p["f_owner"][f])
+                kind = _K_SEND if p["f_kind"][f] == _FLOW_P2P else int(p["coll_kind"][f])
+                start, end = p["f_start"][f], p["f_end"][f]
+            start, end = float(start), float(end)
+            counted = max(end - max(start, prev_end), 0.0)
+            prev_end = max(prev_end, end)
+            if out and out[-1][0] == j and out[-1][1] == kind:
+                run = out[-1]
+                run[2] += 1
+                run[4] = max(run[4], end)
+                run[5] += counted
+            else:
+                out.append([j, kind, 1, start, end, counted])
+        return tuple((j, KINDS[k], n, s, e, dt) for j, k, n, s, e, dt in out)
+
     @cached_property
     def table(self) -> EventTable:
         """Every event as columns (built on first use)."""

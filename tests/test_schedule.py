@@ -410,3 +410,22 @@ def test_large_pipeline_is_fast():
     took = time.perf_counter() - t0
     assert s.iteration_time_s > gas * 3 * f.max()
     assert took < 1.0, f"{took:.2f} s"
+
+
+def test_critical_path_segments_account_for_the_makespan():
+    """The critical path's runs start at 0, follow one another and their counted times sum
+    to the makespan, buckets that start inside their backward included."""
+    sim = simulate_iteration(forward_s=[1.0, 1.5, 1.0], backward_s=[2.0, 3.0, 2.0],
+                             optimizer_s=[0.5] * 3, gas=4, p2p_bytes=[1e9, 1e9],
+                             p2p_bandwidth_bytes_per_s=[1e10, 1e10], dp=2,
+                             gradient_bytes=[4e9, 6e9, 4e9], dp_bandwidth_bytes_per_s=[1e10] * 3,
+                             bucket_bytes=1e9, overlap=True, use_numba=False)
+    segs = sim.critical_path_segments()
+    assert segs[0][3] == 0.0
+    assert sum(s[5] for s in segs) == pytest.approx(sim.makespan_s, rel=1e-12)
+    assert sum(s[2] for s in segs) == len(sim.critical_path)
+    assert all(a[4] <= b[4] for a, b in zip(segs, segs[1:]))
+    kinds = {s[1] for s in segs}
+    assert {"forward", "backward"} <= kinds and kinds <= set(KINDS)
+    # runs merge consecutive tasks of one stage and kind
+    assert all((a[0], a[1]) != (b[0], b[1]) for a, b in zip(segs, segs[1:]))

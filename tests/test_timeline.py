@@ -104,30 +104,17 @@ def test_timeline_command_writes_both_files(tmp_path, monkeypatch, capsys):
         assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_simulation_inputs_follow_the_cost_model():
-    """Free of the split approximation, the inputs reproduce the estimate: forward +
-    backward = t_j, the P2P of each boundary is the cost model's e_j / 2 each way, and with
-    uniform stages the simulated GPipe equals the closed form exactly."""
+def test_timeline_refuses_zero_3_from_the_plan(monkeypatch, capsys):
+    """A strategy the simulator cannot play (ZeRO 3) gets one clear line."""
     from amp_search import estimate, load_spec
-    from cost_models import comm as C
+    from amp_search.errors import UsageError
 
-    spec = load_spec(ROOT / "configs" / "amp-homo-gpt2.yaml")
-    e = estimate(spec, pp=2, dp=8, tmp=1, mbs=1, partition="uniform")
-    kw = cli.simulation_inputs(spec, e, measurements=_no_measurements())
-    np.testing.assert_allclose(kw["forward_s"] + kw["backward_s"], e.stage_time_s, rtol=1e-12)
-    np.testing.assert_allclose(kw["backward_s"] / kw["forward_s"], 2.0, rtol=1e-9)
-    e_j = 2 * C.p2p_time_s(kw["p2p_bytes"], kw["p2p_bandwidth_bytes_per_s"],
-                           kw["p2p_latency_s"])
-    from cost_models import pipeline as P      # p2p_s: e_j once, and 1F1B's steady state
-    steady = P.pipeline_1f1b_time_s(e.stage_time_s, e_j, e.strategy.gas) \
-        - P.pipeline_time_s(e.stage_time_s, e_j, e.strategy.gas)
-    assert e.breakdown.p2p_s == pytest.approx(float(e_j.sum()) + steady, rel=1e-12)
-    assert kw["gradient_collective"] == "all_reduce" and kw["dp"] == 8
-    ckpt = estimate(spec, pp=2, dp=8, tmp=1, mbs=1, partition="uniform",
-                    activation_checkpointing=True)
-    kw = cli.simulation_inputs(spec, ckpt, measurements=_no_measurements())
-    np.testing.assert_allclose(kw["recompute_s"], kw["forward_s"], rtol=1e-12)
-    np.testing.assert_allclose(kw["backward_s"] / kw["forward_s"], 2.0, rtol=1e-9)
+    e = estimate(load_spec(ROOT / "configs" / "amp-homo-gpt2.yaml"), pp=1, dp=16, tmp=1,
+                 mbs=1, zero_stage=3, partition="uniform")
+    monkeypatch.setattr(cli, "_chosen", lambda spec, args, m: (e, "given strategy"))
+    with pytest.raises(UsageError, match="ZeRO 3 is not simulated"):
+        _run([str(ROOT / "configs" / "amp-homo-gpt2.yaml"), "--rank", "1"], monkeypatch,
+             capsys)
 
 
 def _no_measurements():

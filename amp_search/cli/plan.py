@@ -7,7 +7,8 @@ from itertools import groupby
 from pathlib import Path
 
 from ._args import (add_profiles_argument, add_strategy_knobs, layers_per_stage,
-                    measurements_for, positive_float, positive_int, render_table, write_json)
+                    measurements_for, nonnegative_int, positive_float, positive_int,
+                    render_table, write_json)
 from ..records import Estimate, Plan
 from ..spec import Spec, load_spec
 
@@ -25,6 +26,13 @@ def add_parser(sub) -> None:
     p.add_argument("--max-search-seconds", type=positive_float, default=120.0, metavar="S",
                    help="refuse a search estimated to take longer, before it starts "
                         "(default 120)")
+    p.add_argument("--simulate-top", type=nonnegative_int, default=None, metavar="N",
+                   help="simulate the best N strategies of the closed-form ranking event by "
+                        "event (1F1B, P2P, gradient buckets, optimizer step) and re-order "
+                        "them by the simulated time (default 32; 0: none)")
+    p.add_argument("--no-simulate", action="store_true",
+                   help="rank by the closed form (AMP eq. 5 + 4) only; same as "
+                        "--simulate-top 0")
     add_profiles_argument(p)
     p.set_defaults(func=run_plan)
 
@@ -38,6 +46,9 @@ def add_parser(sub) -> None:
                        help=f"{what} (required; pp x dp x tmp = the cluster's GPUs)"
                        if name == "pp" else f"{what} (required)")
     add_strategy_knobs(e)
+    e.add_argument("--no-simulate", action="store_true",
+                   help="give the closed form (AMP eq. 5 + 4) only, without simulating the "
+                        "iteration event by event")
     e.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the estimate as JSON to FILE; '-': only the JSON, on "
                         "standard output")
@@ -103,16 +114,29 @@ def _memory(e: Estimate) -> str:
     return f"{_gib(worst.peak_bytes)}/{_gib(worst.capacity_bytes)}"
 
 
+def _differs(e: Estimate) -> bool:
+    """Whether the table shows two different times for `e` (simulated and closed form)."""
+    return f"{e.iteration_time_s:.4g}" != f"{e.analytic_iteration_time_s:.4g}"
+
+
 def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> str:
+    """The strategies as a table; an 'eq.5 s' column (the closed form) beside 'iter s' when
+    some shown time was simulated and differs from it."""
+    both = any(_differs(e) for _, e, _ in rows)
     head = ("rank", "pp", "dp", "tmp", "mbs", "zero", "ckpt", "layers/stage", "placement",
-            "mem GiB", "iter s", "samples/s", "vs Megatron")
+            "mem GiB", "iter s") + (("eq.5 s",) if both else ()) + ("samples/s", "vs Megatron")
     cells = []
     for label, e, speedup in rows:
         s = e.strategy
+        analytic = (f"{e.analytic_iteration_time_s:.4g}" if _differs(e) else "=",) \
+            if both else ()
         cells.append((label, str(s.pp), str(s.dp), str(s.tmp), str(s.mbs), str(s.zero_stage),
                       "full" if s.activation_checkpointing else "-",
                       layers_per_stage(s.partition, 24), _placement(spec, e), _memory(e),
-                      f"{e.iteration_time_s:.4g}", f"{e.samples_per_s:.4g}",
+                      f"{e.iteration_time_s:.4g}" + ("" if e.simulated else "*"
+                                                     if any(r[1].simulated for r in rows)
+                                                     else ""),
+                      *analytic, f"{e.samples_per_s:.4g}",
                       "-" if speedup is None else f"{speedup:.2f}x"))
     return render_table(head, cells, left=(7, 8))
 
@@ -152,6 +176,14 @@ def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> list[s
              f"placement: the node order, then what the stages hold, first to last; "
              f"{_placement_example(spec, rows)} (dp x tmp devices per stage). mem GiB: peak / "
              f"usable memory of the fullest device."]
+    simulated = [e for _, e, _ in rows if e.simulated]
+    if simulated:
+        star = any(not e.simulated for _, e, _ in rows)
+        eq5 = any(_differs(e) for _, e, _ in rows)
+        lines.append("iter s: simulated event by event (1F1B, P2P transfers, gradient buckets, "
+                     "optimizer step)" + ("; * the closed form, not simulated" if star else "")
+                     + (". eq.5 s: the closed form, AMP eq. 5 + 4 ('=' where the same)."
+                        if eq5 else "."))
     ranked = [(label, f"{e.iteration_time_s:.4g}") for label, e, _ in rows
               if label.isdigit()]
     ties = [[label for label, _ in g] for _, g in groupby(ranked, key=lambda r: r[1])]
@@ -230,7 +262,8 @@ def run_plan(args) -> int:
     spec = load_spec(args.spec)
     result: Plan = plan(spec, measurements=measurements_for(spec, args),
                         progress=not args.no_progress and sys.stderr.isatty(),
-                        max_search_s=args.max_search_seconds, on_start=announce)
+                        max_search_s=args.max_search_seconds, on_start=announce,
+                        simulate_top=0 if args.no_simulate else args.simulate_top)
     rows = [(str(i), e, result.speedup(e)) for i, e in enumerate(result.strategies[:args.top_k],
                                                                   1)]
     if result.baseline is not None:
@@ -241,8 +274,10 @@ def run_plan(args) -> int:
         print("\n" + "\n".join(legend(spec, rows)))
         pruned = ", ".join(f"{k} {v}" for k, v in sorted(result.pruned.items())) or "none"
         sources = "; ".join(result.best.timing_sources)
+        n_sim = sum(e.simulated for e in result.strategies)
+        sim = f"; the best {n_sim} simulated and re-ranked" if n_sim else ""
         print(f"{len(result.strategies)} feasible of {result.candidates} candidates "
-              f"({result.evaluated} placements costed; pruned: {pruned}) in "
+              f"({result.evaluated} placements costed{sim}; pruned: {pruned}) in "
               f"{result.search_time_s:.2f} s. Layer times: {sources}.")
         note = vocab_note(spec, sorted({e.strategy.tmp for _, e, _ in rows}))
         if note:
@@ -250,6 +285,38 @@ def run_plan(args) -> int:
     if args.json is not None:
         write_json(args.json, result.to_dict(top_k=args.top_k))
     return 0
+
+
+def simulation_lines(spec: Spec, e: Estimate) -> list[str]:
+    """The simulated iteration of `e`: its time against the closed form, each stage's busy,
+    idle (bubble) and exposed-communication time, and the critical path by kind."""
+    sim = e.simulation
+    a = e.analytic_iteration_time_s
+    diff = f" ({(sim.iteration_time_s - a) / a * 100:+.1f}%)" if a > 0 else ""
+    lines = [f"simulated ({sim.schedule}): {sim.iteration_time_s:.4g} s per iteration, closed "
+             f"form (AMP eq. 5 + 4) {a:.4g} s{diff}"]
+    bounds = e.strategy.partition
+    rows = []
+    for j, (busy, idle, comm, end) in enumerate(zip(sim.busy_s, sim.idle_s,
+                                                     sim.exposed_comm_s, sim.stage_end_s)):
+        lo, hi = bounds[j], bounds[j + 1] - 1
+        rows.append((f"stage {j}", f"{lo}-{hi}" if hi > lo else f"{lo}",
+                     stage_devices(spec, e.strategy.placement[j]), f"{busy:.4g}",
+                     f"{idle:.4g}", f"{idle / (busy + idle) * 100:.0f}%"
+                     if busy + idle > 0 else "-", f"{comm:.4g}", f"{end:.4g}"))
+    lines.append(render_table(("stage", "layers", "devices", "busy s", "idle s", "idle",
+                               "exposed comm s", "ends at s"), rows, left=(0, 1, 2)))
+    by_kind = sim.critical_time_by_kind()
+    total = sum(by_kind.values())
+    lines.append(f"critical path ({len(sim.critical_path)} runs of one stage and kind): "
+                 + ", ".join(f"{k} {t:.4g} s ({t / total * 100:.0f}%)" if total > 0 else k
+                             for k, t in by_kind.items()))
+    lines.append("busy: forward, recompute, backward and optimizer step; idle: the rest of the "
+                 "iteration (the bubble, waits included); exposed comm: a transfer or "
+                 "collective of the stage in flight while it computes nothing.")
+    return [w for line in lines for w in (line.split("\n") if "\n" in line else
+                                          textwrap.wrap(line, LEGEND_WIDTH,
+                                                        break_on_hyphens=False))]
 
 
 def run_estimate(args) -> int:
@@ -263,7 +330,7 @@ def run_estimate(args) -> int:
     e = estimate(spec, pp=args.pp, dp=args.dp, tmp=args.tmp, mbs=args.mbs,
                  partition=args.partition, zero_stage=args.zero_stage,
                  activation_checkpointing=ckpt, placement_order=args.placement_order,
-                 measurements=measurements_for(spec, args))
+                 measurements=measurements_for(spec, args), simulate=not args.no_simulate)
     if args.json is None or str(args.json) != "-":
         print(format_table(spec, [("-", e, None)]))
         print("\n" + "\n".join(legend(spec, [("-", e, None)])))
@@ -273,7 +340,12 @@ def run_estimate(args) -> int:
         b = e.breakdown
         print(f"\nbreakdown: compute {b.compute_s:.4g} s, bubble {b.pipeline_bubble_s:.4g} s, "
               f"p2p {b.p2p_s:.4g} s, tensor-parallel {b.tensor_parallel_s:.4g} s, "
-              f"data-parallel {b.data_parallel_s:.4g} s, optimizer {b.optimizer_s:.4g} s")
+              f"data-parallel {b.data_parallel_s:.4g} s, optimizer {b.optimizer_s:.4g} s"
+              + (" (closed form)" if e.simulation is not None else ""))
+        if e.simulation is not None:
+            print("\n" + "\n".join(simulation_lines(spec, e)))
+        elif e.time_source != "analytic":
+            print(f"not simulated: {e.time_source}")
         bounds = e.strategy.partition
         for m in e.memory:
             j = m.stage

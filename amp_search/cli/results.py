@@ -18,6 +18,9 @@ def add_parser(sub) -> None:
                         "the spec)")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the rows as JSON ('-': stdout)")
+    p.add_argument("--png", type=Path, metavar="FILE.png",
+                   help="draw the finished trials' predicted against measured time, with "
+                        "the diagonal (needs matplotlib)")
     p.set_defaults(func=run)
 
 
@@ -62,10 +65,40 @@ def format_rows(rows) -> str:
     return render_table(head, cells, left=(1, 2, 7, 8, 9))
 
 
+def plotted(rows) -> list:
+    """The rows the --png plot shows: finished ok, with a prediction and a measurement."""
+    return [r for r in rows if r.status == "ok" and r.predicted_s is not None
+            and r.measured_mean_s is not None and r.measured_mean_s > 0]
+
+
+def write_png(spec_path: Path, rows, path: Path) -> int:
+    """Predicted against measured of `rows` into `path`; returns the points drawn."""
+    from ..timeline import write_prediction_png
+
+    points = plotted(rows)
+    if not points:
+        raise UsageError(f"--png: no trial of {spec_path} finished ok with a prediction and a "
+                         f"measurement; nothing to plot")
+    try:
+        write_prediction_png(
+            {"recorded prediction": ([r.predicted_s for r in points],
+                                     [r.measured_mean_s for r in points])},
+            path, labels=[r.label for r in points],
+            title=f"{spec_path.name}: predicted (at launch) against measured, "
+                  f"{len(points)} trials")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return len(points)
+
+
 def run(args) -> int:
+    import importlib.util
+
     from ..launch.orchestrator import default_results_path
     from ..launch.results_db import ResultsDB
 
+    if args.png is not None and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--png needs matplotlib: pip install matplotlib")
     spec = load_spec(args.spec)
     path = args.results or default_results_path(spec)
     if not Path(path).is_file():
@@ -83,6 +116,10 @@ def run(args) -> int:
                       f"{best.measured_mean_s:.4g} s/iteration")
         else:
             print(f"no trials recorded for {args.spec} (sha256 {spec.sha256[:12]}) in {path}")
+    if args.png is not None:
+        n = write_png(args.spec, rows, args.png)
+        if not to_stdout:
+            print(f"wrote {args.png}: predicted against measured time of {n} trials")
     if args.json is not None:
         text = json.dumps({"spec": str(args.spec), "spec_sha256": spec.sha256,
                            "results_db": str(path), "rows": [r.to_dict() for r in rows]},

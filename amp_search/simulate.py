@@ -1,0 +1,271 @@
+"""The event-level simulator (cost_models.schedule) fed by the planner's cost model, and the
+re-ranking of the search's best strategies by it (issue 11).
+
+`simulation_inputs(model, strategy)` gives `simulate_iteration`'s keyword arguments for one
+strategy on its placement and layer split, from the same cost terms as AMP eq. 5 and 4
+(`CostModel.stage_costs`), so that a calibration applies to both:
+
+- compute, per stage j and micro-batch, as three passes (`pass_times`): forward, backward and,
+  with full recomputation, the recomputed forward, each the sum over the stage's layers of
+  that pass's device time (`LayerTimer` forward / backward x the calibrated compute scale, the
+  kernel floor once per block pass) plus that pass's tensor-parallel all-reduces (Megatron's
+  f/g operators: 2 in a transformer block's forward, 2 in its backward, 2 more in its
+  recomputed forward; `cost_models.layers.tp_allreduce_elements` gives the totals, checked in
+  tests), on the stage's slowest device type for that layer (the one `stage_costs` keeps).
+  Where the host's time to issue a layer exceeds its device time (`overlapped_time_s`), the
+  excess is spread evenly over the layer's passes, since every block pass issues the same
+  work (one block pass and the same number of all-reduces); the calibrated per-micro-batch
+  overhead is spread evenly over the passes too. So forward + backward (+ recompute) equals
+  the closed form's t_j exactly: the simulation differs from eq. 5 only by the schedule;
+- P2P at boundary j: the activation of the stage's last layer x mbs, each way, on that
+  boundary's link (the cost model's e_j = 2 (latency + bytes / bandwidth));
+- data parallelism: the stage's gradient bytes in DeepSpeed's buckets (5e8 elements), one
+  ring collective each on the stage's slowest dp ring (all-reduce for ZeRO 0, with an
+  all-gather of the weights under BF16_Optimizer; reduce-scatter + all-gather for ZeRO 1;
+  reduce-scatter in every micro-batch's backward for ZeRO 2), after the backward (DeepSpeed's
+  pipeline engine reduces at the accumulation boundary; overlap_comm is off in the trials'
+  configs); the analytic `dp_overlap` coefficient is not applied, the schedule decides what
+  overlaps;
+- the optimizer step and the per-iteration overhead as in eq. 4.
+
+ZeRO 3 (weights gathered in every micro-batch) is not simulated: its estimates keep the
+closed form (`time_source` "analytic").
+
+Each flow has its own link at the bandwidth the cost model gives it; the cost model already
+divides a NIC among the flows that cross it at once (static sharing, amp_search.topology).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cost_models import comm as C
+from cost_models import memory as M
+from cost_models import pipeline as P
+from cost_models.compute import BLOCK_KINDS, block_passes
+
+from .records import CriticalSegment, Estimate, SimulationBreakdown, Strategy
+from .search_space import Candidate
+
+if TYPE_CHECKING:
+    from cost_models.schedule import SimulatedIteration
+
+    from .placement import DeviceOrder
+    from .planner import CostModel, PlacedLayout, StageCosts
+
+DEFAULT_SIMULATE_TOP = 32
+"""Strategies of the exact DP's ranking that `plan` simulates and re-orders by default.
+benchmarks/rerank_depth.py (2026-11-22): simulating every feasible strategy of the shipped
+configs and of the 16x16 and 2048-GPU search-time clusters, the simulated best comes from
+closed-form rank 3 at the deepest and the simulated top 10 from rank 18 at the deepest, so
+32 covers the top 10 with a margin; benchmarks/search_time.py: re-ranking 32 costs about
+0.1 s of CPU at 16x16 and 0.6 s at 2048 GPUs."""
+
+SCHEDULE = "1f1b"
+"""The schedule DeepSpeed's and Megatron-LM's pipeline engines run (non-interleaved 1F1B)."""
+
+
+def tp_pass_elements(layer, recompute: bool) -> tuple[tuple[float, ...], ...]:
+    """The tensor-parallel all-reduces of one micro-batch of `layer` per pass: (forward,
+    backward, recomputed forward) message sizes in elements per sample, as
+    `cost_models.layers.tp_allreduce_elements` describes them (its totals, split by pass)."""
+    s, h = layer.seq_length, layer.hidden_size
+    k = layer.kind
+    if k == "transformer":
+        return (s * h, s * h), (s * h, s * h), ((s * h, s * h) if recompute else ())
+    if k == "mlp":
+        return (s * h,), (s * h,), ((s * h,) if recompute else ())
+    if k == "embedding":
+        return (s * h,), (), ()
+    if k == "head":
+        return (s, s, s), (s * h,), ()
+    return (), (), ()
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """One micro-batch on each pipeline stage, per pass (seconds, [pp] arrays)."""
+
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    recompute_s: np.ndarray | None
+    """The recomputed forward before each backward (full recomputation), else None."""
+    tensor_parallel_s: np.ndarray
+    """The tensor-parallel all-reduces of all passes (included in the three above)."""
+
+
+def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: "StageCosts",
+               bounds) -> PassTimes:
+    """Forward, backward and recomputation time of one micro-batch on each stage (the module
+    docstring says how); they sum to the stage's t_j of AMP eq. 5 (`costs.layer_s` over its
+    layers + the per-micro-batch overhead)."""
+    p = model.params
+    L = model.num_layers
+    ckpt = c.activation_checkpointing
+    layers = model.spec.model.layers
+    n_pass = np.array([block_passes(l, ckpt) if l.kind in BLOCK_KINDS else 1 for l in layers],
+                      dtype=float)
+    # per layer: [forward, backward, recompute] device time on each stage's slowest type
+    device = np.zeros((c.pp, 3, L))
+    cache: dict = {}
+    for j in range(c.pp):
+        types = tuple(layout.stage_gpus[j])
+        if types not in cache:
+            best_total = np.full(L, -1.0)
+            rows = np.zeros((3, L))
+            for g in types:
+                gpu = model.gpus[g]
+                scale = p.compute(gpu.name)
+                lt = model.timer.times(gpu, c.tmp, c.mbs)
+                floor, _ = model._fixed_costs(gpu, c.tmp, ckpt)
+                per_pass = np.where(lt.analytic, floor / n_pass, 0.0)
+                fwd = lt.forward_s * scale + per_pass
+                bwd = lt.backward_s * scale + per_pass
+                rec = fwd if ckpt else np.zeros(L)
+                total = fwd + bwd + rec
+                take = total > best_total        # the slowest type, as stage_costs' max
+                rows[:, take] = np.stack([fwd, bwd, rec])[:, take]
+                best_total = np.where(take, total, best_total)
+            cache[types] = rows
+        device[j] = cache[types]
+
+    tp = np.zeros((c.pp, 3, L))
+    if c.tmp > 1:
+        bw, crosses = layout.tp_links
+        lat = model.link_latencies_s("all_reduce", crosses, layout)
+        bpe = model.spec.training.bytes_per_element
+        parts = [tp_pass_elements(l, ckpt) for l in layers]
+        for k in range(3):
+            size = np.array([sum(x[k]) * bpe for x in parts]) * c.mbs
+            count = np.array([len(x[k]) for x in parts], dtype=float)
+            tp[:, k, :] = C.allreduce_time_s(size[None, :], c.tmp, bw[:, None], lat[:, None],
+                                             messages=count[None, :])
+
+    work = device + tp                                       # [pp, 3, L]
+    excess = np.maximum(costs.layer_s - work.sum(axis=1), 0.0)   # host-bound part
+    passes = 3 if ckpt else 2
+    share = np.zeros(3)
+    share[:passes] = 1.0 / passes
+    per_layer = work + excess[:, None, :] * share[None, :, None]
+    totals = np.stack([P.stage_totals(per_layer[:, k, :], bounds) for k in range(3)])
+    totals += costs.microbatch_overhead_s * share[:, None]
+    return PassTimes(forward_s=totals[0], backward_s=totals[1],
+                     recompute_s=totals[2] if ckpt else None,
+                     tensor_parallel_s=P.stage_totals(tp.sum(axis=1), bounds))
+
+
+def candidate_of(s: Strategy) -> Candidate:
+    return Candidate(pp=s.pp, dp=s.dp, tmp=s.tmp, mbs=s.mbs, zero_stage=s.zero_stage,
+                     activation_checkpointing=s.activation_checkpointing)
+
+
+def simulatable(s: Strategy) -> str | None:
+    """None if `s` can be simulated, else why not (one phrase)."""
+    if s.zero_stage == 3:
+        return "ZeRO 3 is not simulated"
+    return None
+
+
+def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str = SCHEDULE,
+                      overlap: bool = False, bucket_elements: int | None = None,
+                      order: "DeviceOrder | None" = None) -> dict:
+    """The keyword arguments of `cost_models.schedule.simulate_iteration` for `strategy` (its
+    partition and placement) under `model` (the module docstring says what each one is).
+    bucket_elements: default DeepSpeed's reduce_bucket_size; order: the DeviceOrder the
+    placement came from, whose layout the model has cached (else the placement is costed
+    again). Raises ValueError for a strategy that `simulatable` refuses."""
+    from cost_models.schedule import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+
+    why = simulatable(strategy)
+    if why is not None:
+        raise ValueError(f"{strategy.label()}: {why}")
+    if bucket_elements is None:
+        bucket_elements = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    s = strategy
+    c = candidate_of(s)
+    layout = model.layout(c, order) if order is not None else None
+    if layout is None or layout.placement_tuple != s.placement:
+        layout = model.layout(c, placement=np.array(s.placement, dtype=np.int64))
+    costs = model.stage_costs(c, layout)
+    bounds = s.partition
+    t = pass_times(model, c, layout, costs, bounds)
+    bpe = model.spec.training.bytes_per_element
+    kw: dict = dict(forward_s=t.forward_s, backward_s=t.backward_s, recompute_s=t.recompute_s,
+                    optimizer_s=P.stage_totals(costs.optimizer_s, bounds), gas=s.gas,
+                    schedule=schedule, step_overhead_s=costs.step_overhead_s)
+    if s.pp > 1:
+        bw, crosses = layout.p2p_links
+        kw.update(p2p_bytes=np.array([model.out_bytes[bounds[j + 1] - 1] * s.mbs
+                                      for j in range(s.pp - 1)]),
+                  p2p_latency_s=model.link_latencies_s("p2p", crosses, layout,
+                                                       boundaries=True),
+                  p2p_bandwidth_bytes_per_s=np.asarray(bw, dtype=float))
+    if s.dp > 1:
+        bw, crosses = layout.dp_links
+        grad = P.stage_totals(model.params_per_layer(s.tmp)[None, :].repeat(s.pp, axis=0),
+                              bounds) * bpe
+        engine = M.deepspeed_engine(zero_stage=s.zero_stage,
+                                    precision=model.spec.training.precision)
+        gather = s.zero_stage in (1, 2) or engine == "bf16_optimizer"
+        kw.update(dp=s.dp, gradient_bytes=grad,
+                  dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
+                  dp_bandwidth_bytes_per_s=np.asarray(bw, dtype=float),
+                  bucket_bytes=float(bucket_elements) * bpe, overlap=overlap,
+                  gradient_collective="all_reduce" if s.zero_stage == 0 else "reduce_scatter",
+                  reduce_every_microbatch=s.zero_stage == 2,
+                  gather_bytes_after_step=grad if gather else None)
+    return kw
+
+
+def breakdown_of(sim: "SimulatedIteration") -> SimulationBreakdown:
+    """The simulated iteration's per-stage busy / idle / exposed-communication times and its
+    critical path, as a record."""
+    return SimulationBreakdown(
+        schedule=sim.schedule, iteration_time_s=sim.iteration_time_s,
+        busy_s=sim.busy_s, idle_s=sim.idle_s, exposed_comm_s=sim.exposed_comm_s,
+        stage_end_s=sim.stage_end_s,
+        critical_path=tuple(CriticalSegment(stage=a, kind=k, tasks=n, start_s=t0, end_s=t1,
+                                            time_s=dt)
+                            for a, k, n, t0, t1, dt in sim.critical_path_segments()))
+
+
+def simulate(model: "CostModel", strategy: Strategy, *, order: "DeviceOrder | None" = None,
+             **kw) -> "SimulatedIteration":
+    """Simulate one iteration of `strategy` (keyword arguments: `simulation_inputs`'s)."""
+    from cost_models.schedule import simulate_iteration
+
+    use_numba = kw.pop("use_numba", True)
+    return simulate_iteration(**simulation_inputs(model, strategy, order=order, **kw),
+                              use_numba=use_numba)
+
+
+def with_simulation(model: "CostModel", e: Estimate, *, order: "DeviceOrder | None" = None,
+                    use_numba: bool = True) -> Estimate:
+    """`e` with its iteration time simulated (`time_source` "simulated", the closed form kept
+    in `analytic_iteration_time_s`, the per-stage breakdown in `simulation`); unchanged, with
+    the reason in `time_source`, where the strategy cannot be simulated."""
+    if e.simulated:
+        return e
+    why = simulatable(e.strategy)
+    if why is not None:
+        return replace(e, time_source=f"analytic ({why})")
+    sim = simulate(model, e.strategy, order=order, use_numba=use_numba)
+    return replace(e, iteration_time_s=sim.iteration_time_s,
+                   analytic_iteration_time_s=e.analytic_iteration_time_s, time_source="simulated",
+                   simulation=breakdown_of(sim))
+
+
+def rerank(model: "CostModel", ranked: list[Estimate], top: int, *, ranking_key,
+           orders=(), use_numba: bool = True) -> list[Estimate]:
+    """Simulate the first `top` of `ranked` (the exact DP's order) and re-order those by their
+    simulated times (`ranking_key`: 4 significant digits, then lower peak memory); the rest
+    keep their closed-form times and order, after them. orders: the DeviceOrders of the
+    search, so that their cached layouts are reused."""
+    if top <= 0 or not ranked:
+        return ranked
+    by_name = {o.name: o for o in orders}
+    head = [with_simulation(model, e, order=by_name.get(e.strategy.placement_order),
+                            use_numba=use_numba) for e in ranked[:top]]
+    return sorted(head, key=ranking_key) + list(ranked[top:])

@@ -1,0 +1,230 @@
+"""The simulator fed by the cost model (amp_search.simulate) and the re-ranking in `plan`."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from amp_search import estimate, load_spec, plan
+from amp_search.planner import CostModel, ranking_key
+from amp_search.simulate import (pass_times, simulate, simulation_inputs, tp_pass_elements,
+                                 with_simulation)
+from cost_models import comm as C
+from cost_models.layers import Layer, tp_allreduce_elements
+from conftest import ROOT
+
+CONFIGS = ROOT / "configs"
+
+
+def _spec(name: str):
+    return load_spec(CONFIGS / f"{name}.yaml")
+
+
+@pytest.mark.parametrize("kind", ["transformer", "mlp", "embedding", "head", "custom"])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_tp_pass_split_sums_to_the_cost_models_all_reduces(kind, recompute):
+    layer = Layer(kind=kind, seq_length=128, hidden_size=256)
+    parts = tp_pass_elements(layer, recompute)
+    assert sorted(x for p in parts for x in p) == sorted(tp_allreduce_elements(layer,
+                                                                               recompute))
+    if not recompute:
+        assert parts[2] == ()
+
+
+CASES = [  # (config, strategy): homogeneous, heterogeneous with tensor parallelism, measured
+    ("amp-homo-gpt2", dict(pp=2, dp=8, tmp=1, mbs=1)),
+    ("amp-hetero-gpt2", dict(pp=4, dp=2, tmp=2, mbs=2)),
+    ("amp-hetero-gpt2", dict(pp=4, dp=2, tmp=2, mbs=2, activation_checkpointing=True)),
+    ("amp-hetero-gpt2", dict(pp=2, dp=1, tmp=8, mbs=1, partition="uniform")),
+    ("cpu-local", dict(pp=2, dp=1, tmp=1, mbs=2)),
+    ("cpu-local", dict(pp=1, dp=1, tmp=2, mbs=4, activation_checkpointing=True)),
+]
+
+
+@pytest.mark.parametrize("config,kw", CASES)
+def test_passes_sum_to_the_closed_forms_stage_time(config, kw):
+    """forward + backward (+ recompute) of each stage is the cost model's t_j exactly: the
+    simulation differs from eq. 5 only by the schedule, not by its inputs."""
+    spec = _spec(config)
+    e = estimate(spec, **kw)
+    model = CostModel(spec)
+    k = simulation_inputs(model, e.strategy)
+    total = k["forward_s"] + k["backward_s"] + (0.0 if k["recompute_s"] is None
+                                                 else k["recompute_s"])
+    np.testing.assert_allclose(total, e.stage_time_s, rtol=1e-12)
+    assert np.all(k["forward_s"] > 0) and np.all(k["backward_s"] > k["forward_s"])
+    assert (k["recompute_s"] is not None) == e.strategy.activation_checkpointing
+
+
+def test_recompute_is_the_forward_again_without_tensor_parallelism():
+    spec = _spec("amp-homo-gpt2")
+    e = estimate(spec, pp=2, dp=8, tmp=1, mbs=1, activation_checkpointing=True)
+    k = simulation_inputs(CostModel(spec), e.strategy)
+    np.testing.assert_allclose(k["recompute_s"], k["forward_s"], rtol=1e-12)
+
+
+def test_tensor_parallel_time_is_split_not_lost():
+    """The all-reduces of the three passes sum to the cost model's tensor-parallel term."""
+    from cost_models import pipeline as P
+
+    spec = _spec("amp-hetero-gpt2")
+    model = CostModel(spec)
+    e = estimate(spec, pp=4, dp=2, tmp=2, mbs=2, activation_checkpointing=True)
+    s = e.strategy
+    c = __import__("amp_search.simulate", fromlist=["candidate_of"]).candidate_of(s)
+    layout = model.layout(c, placement=np.array(s.placement))
+    costs = model.stage_costs(c, layout)
+    t = pass_times(model, c, layout, costs, s.partition)
+    np.testing.assert_allclose(t.tensor_parallel_s,
+                               P.stage_totals(costs.tensor_parallel_s, s.partition),
+                               rtol=1e-12)
+    assert np.all(t.tensor_parallel_s > 0)
+
+
+def test_p2p_and_dp_inputs_are_the_cost_models():
+    spec = _spec("amp-homo-gpt2")
+    e = estimate(spec, pp=2, dp=8, tmp=1, mbs=1, partition="uniform")
+    k = simulation_inputs(CostModel(spec), e.strategy)
+    e_j = 2 * C.p2p_time_s(k["p2p_bytes"], k["p2p_bandwidth_bytes_per_s"], k["p2p_latency_s"])
+    from cost_models import pipeline as P  # p2p_s: e_j once, and 1F1B's steady state
+    steady = P.pipeline_1f1b_time_s(e.stage_time_s, e_j, e.strategy.gas) \
+        - P.pipeline_time_s(e.stage_time_s, e_j, e.strategy.gas)
+    assert e.breakdown.p2p_s == pytest.approx(float(e_j.sum()) + steady, rel=1e-12)
+    assert k["gradient_collective"] == "all_reduce" and k["dp"] == 8
+    assert k["overlap"] is False
+
+
+def test_single_stage_simulation_equals_the_closed_form():
+    """pp 1, one gradient bucket, no dp_overlap: nothing for the schedule to change, so the
+    simulated iteration is eq. 5 + 4 to rounding."""
+    spec = _spec("amp-homo-gpt2")
+    model = CostModel(spec)
+    e = estimate(spec, pp=1, dp=16, tmp=1, mbs=2, partition="uniform")
+    s = with_simulation(model, e, use_numba=False)
+    assert s.time_source == "simulated"
+    assert s.iteration_time_s == pytest.approx(e.iteration_time_s, rel=1e-9)
+    assert s.analytic_iteration_time_s == e.iteration_time_s
+
+
+def test_simulated_estimate_records_both_times_and_the_breakdown():
+    spec = _spec("amp-hetero-gpt2")
+    e = estimate(spec, pp=4, dp=2, tmp=2, mbs=2, simulate=True)
+    assert e.time_source == "simulated" and e.simulation is not None
+    closed = estimate(spec, pp=4, dp=2, tmp=2, mbs=2)
+    assert closed.time_source == "analytic" and closed.simulation is None
+    assert e.analytic_iteration_time_s == closed.iteration_time_s
+    # 1F1B waits for each gradient's round trip over the slow boundaries: slower than eq. 5
+    assert e.iteration_time_s > closed.iteration_time_s
+    sim = e.simulation
+    assert len(sim.busy_s) == len(sim.idle_s) == len(sim.exposed_comm_s) == 4
+    makespan = max(sim.stage_end_s)
+    for busy, idle, comm in zip(sim.busy_s, sim.idle_s, sim.exposed_comm_s):
+        assert busy + idle == pytest.approx(makespan, rel=1e-12)
+        assert 0.0 <= comm <= idle * (1 + 1e-12)
+    assert sum(c.time_s for c in sim.critical_path) == pytest.approx(
+        max(sim.stage_end_s), rel=1e-9)
+    d = json.loads(json.dumps(e.to_dict()))
+    assert d["time_source"] == "simulated"
+    assert d["analytic_iteration_time_s"] == closed.iteration_time_s
+    assert len(d["simulation"]["stages"]) == 4
+    assert set(d["simulation"]["critical_path_time_by_kind_s"]) >= {"forward", "backward"}
+    assert d["simulation"]["critical_path"][0]["start_s"] == 0.0
+
+
+def test_zero_3_keeps_the_closed_form():
+    spec = _spec("amp-homo-gpt2")
+    e = estimate(spec, pp=1, dp=16, tmp=1, mbs=1, zero_stage=3, partition="uniform",
+                 simulate=True)
+    assert e.time_source.startswith("analytic (ZeRO 3")
+    assert e.simulation is None and e.analytic_iteration_time_s == e.iteration_time_s
+    with pytest.raises(ValueError, match="ZeRO 3"):
+        simulation_inputs(CostModel(spec), e.strategy)
+
+
+def test_plan_reranks_the_top_n_by_simulated_time():
+    spec = _spec("amp-hetero-gpt2")
+    closed = plan(spec, simulate_top=0)
+    assert all(e.time_source == "analytic" for e in closed.strategies)
+    n = 6
+    sim = plan(spec, simulate_top=n)
+    head, tail = sim.strategies[:n], sim.strategies[n:]
+    assert all(e.simulated for e in head) and not any(e.simulated for e in tail)
+    # the top n are the closed form's top n, re-ordered by the ranking key on simulated times
+    labels = lambda es: [e.strategy.label() for e in es]     # noqa: E731
+    assert sorted(labels(head)) == sorted(labels(closed.strategies[:n]))
+    assert labels(head) == labels(sorted(head, key=ranking_key))
+    assert labels(tail) == labels(closed.strategies[n:])
+    by_label = {e.strategy.label(): e for e in closed.strategies}
+    for e in head:
+        assert e.analytic_iteration_time_s == by_label[e.strategy.label()].iteration_time_s
+    # this cluster's slow boundaries make 1F1B pay P2P per micro-batch: the order changes
+    assert labels(head) != labels(closed.strategies[:n])
+    assert sim.baseline is not None and sim.baseline.simulated
+    d = sim.to_dict(top_k=n)
+    assert all(r["time_source"] == "simulated" for r in d["strategies"])
+    assert d["megatron_baseline"]["time_source"] == "simulated"
+
+
+def test_simulate_matches_the_plain_python_kernel():
+    spec = _spec("amp-hetero-gpt2")
+    model = CostModel(spec)
+    e = estimate(spec, pp=4, dp=4, tmp=1, mbs=1)
+    a = simulate(model, e.strategy)
+    b = simulate(model, e.strategy, use_numba=False)
+    assert a.iteration_time_s == pytest.approx(b.iteration_time_s, rel=1e-12)
+
+
+def _cli(argv, capsys):
+    from amp_search.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    code = args.func(args)
+    return code, capsys.readouterr().out
+
+
+def test_estimate_command_prints_the_simulated_breakdown(capsys):
+    spec = str(CONFIGS / "amp-hetero-gpt2.yaml")
+    base = ["estimate", spec, "--pp", "4", "--dp", "2", "--tmp", "2", "--mbs", "2"]
+    code, out = _cli(base, capsys)
+    assert code == 0
+    assert "simulated (1f1b):" in out and "closed form (AMP eq. 5 + 4)" in out
+    assert "exposed comm s" in out and "critical path (" in out and "eq.5 s" in out
+    code, out = _cli(base + ["--no-simulate"], capsys)
+    assert code == 0 and "simulated" not in out and "eq.5 s" not in out
+    code, out = _cli(base + ["--json", "-"], capsys)
+    d = json.loads(out)
+    assert d["time_source"] == "simulated" and d["simulation"]["stages"][0]["stage"] == 0
+
+
+def test_plan_command_options(capsys):
+    spec = str(CONFIGS / "amp-hetero-gpt2.yaml")
+    code, out = _cli(["plan", spec, "--no-progress", "--top-k", "4", "--simulate-top", "2",
+                      "--json", "-"], capsys)
+    d = json.loads(out)
+    assert [r["time_source"] for r in d["strategies"]] == ["simulated"] * 2 + ["analytic"] * 2
+    code, out = _cli(["plan", spec, "--no-progress", "--top-k", "4", "--no-simulate"], capsys)
+    assert code == 0 and "eq.5 s" not in out and "simulated" not in out
+    code, out = _cli(["plan", spec, "--no-progress", "--top-k", "4", "--simulate-top", "2"],
+                     capsys)
+    flat = " ".join(out.split())
+    assert "eq.5 s" in out and "* the closed form, not simulated" in flat
+    assert "the best 2 simulated and re-ranked" in flat
+
+
+def test_host_bound_excess_is_spread_evenly_over_the_passes():
+    """A host far slower than the device: each layer takes its host time, and the passes
+    share it evenly (each block pass issues the same work), still summing to t_j."""
+    from cost_models.params import CostParams
+
+    spec = _spec("amp-homo-gpt2")
+    slow_host = CostParams(host_block_pass_s={"T4-16GB": 0.05})
+    e = estimate(spec, pp=2, dp=8, tmp=1, mbs=1, partition="uniform", cost_params=slow_host)
+    model = CostModel(spec, cost_params=slow_host)
+    k = simulation_inputs(model, e.strategy)
+    np.testing.assert_allclose(k["forward_s"] + k["backward_s"], e.stage_time_s, rtol=1e-12)
+    # 12-13 blocks of 2 passes at 50 ms of host each: about 0.6 s per pass, nearly equal
+    # (the embedding and the head are not host-bound: their backward stays the longer)
+    assert np.all(k["forward_s"] > 0.5)
+    np.testing.assert_allclose(k["backward_s"] / k["forward_s"], 1.0, rtol=0.05)
+    assert np.all(k["backward_s"] >= k["forward_s"])
