@@ -50,7 +50,8 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
     for j in range(s.pp):
         st = _stage_bytes(spec.model.layers[s.partition[j]:s.partition[j + 1]], j, s.pp, s.dp,
                           s.tmp, s.mbs, s.gas, s.zero_stage, s.activation_checkpointing,
-                          t.precision, bool(attention_scores[j]))
+                          t.precision, bool(attention_scores[j]), s.sequence_parallel,
+                          s.selective_recompute)
         capacity = capacity_bytes[j]
         overhead = t.framework_overhead_bytes + st.buffer_bytes
         peak = (st.parameter_bytes + st.gradient_bytes + st.optimizer_bytes
@@ -67,8 +68,10 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
 @lru_cache(maxsize=65536)
 def _stage_bytes(layers: tuple[Layer, ...], stage: int, pp: int, dp: int, tmp: int, mbs: int,
                  gas: int, zero_stage: int, recompute: bool, precision: str,
-                 attention_scores: bool) -> M.StageBytes:
+                 attention_scores: bool, sequence_parallel: bool = False,
+                 selective: bool = False) -> M.StageBytes:
     """One stage's parts, cached: the search asks for the same stage many times."""
     return M.stage_bytes(layers, stage=stage, pp=pp, dp=dp, tmp=tmp, mbs=mbs, gas=gas,
                          zero_stage=zero_stage, recompute=recompute, precision=precision,
-                         attention_scores=attention_scores)
+                         attention_scores=attention_scores,
+                         sequence_parallel=sequence_parallel, selective=selective)

@@ -27,6 +27,8 @@ from cost_models.compute import (HostCosts, host_time_s, kernel_floor_time_s,
                                  microbatch_time_s, overlapped_time_s)
 from cost_models.layers import output_elements, param_count, tp_allreduce_elements
 from cost_models.params import CostParams
+from cost_models.recompute import (RECOMPUTE_MODES, selective_recompute_time_s,
+                                   sequence_parallel_time_s)
 
 from .errors import AmpSearchError, UsageError
 from .measurements import NO_MEASUREMENTS, Measurements
@@ -37,7 +39,7 @@ from .records import Breakdown, Estimate, Plan, Strategy
 from .search_space import (Candidate, Reason, SearchSpace, check_batch_has_a_degree, divisors,
                            enumerate_candidates, first_violation, search_cost)
 from .spec import Spec
-from .timing import LayerTimer
+from .timing import LayerTimer, device_speed
 from .topology import ClusterArrays, p2p_links, ring_links
 
 __all__ = ["Candidate", "CostModel", "NoFeasibleStrategy", "PlacedLayout", "SearchTooLarge",
@@ -199,7 +201,9 @@ class CostModel:
                             placement=layout.placement_tuple,
                             placement_order=order.name if order is not None else "given",
                             zero_stage=c.zero_stage,
-                            activation_checkpointing=c.activation_checkpointing)
+                            activation_checkpointing=c.activation_checkpointing,
+                            selective_recompute=c.selective_recompute,
+                            sequence_parallel=c.sequence_parallel)
         return self._assemble(strategy, costs, layout.capacity_bytes, scores)
 
     def layout(self, c: Candidate, order: DeviceOrder | None = None,
@@ -255,7 +259,8 @@ class CostModel:
                     scale = p.compute(gpu.name)
                     lt = self.timer.times(gpu, c.tmp, c.mbs)
                     floor, issue = self._fixed_costs(gpu, c.tmp, ckpt)
-                    device = microbatch_time_s(lt.forward_s, lt.backward_s, ckpt) * scale \
+                    device = (microbatch_time_s(lt.forward_s, lt.backward_s, ckpt)
+                              + self._knob_time(gpu, c)) * scale \
                         + np.where(lt.analytic, floor, 0.0)
                     np.maximum(row[0], device, out=row[0])
                     np.maximum(row[1], np.where(lt.analytic, issue, 0.0), out=row[1])
@@ -276,8 +281,10 @@ class CostModel:
         if c.pp > 1:
             bw, crosses = layout.p2p_links
             lat = self.link_latencies_s("p2p", crosses, layout, boundaries=True)
+            # sequence parallelism hands each tensor rank's s/t shard to the next stage
+            shard = c.tmp if c.sequence_parallel else 1
             cut[1:, 1:L] = C.stage_boundary_time_s(
-                self.out_bytes[None, :L - 1] * c.mbs, bw[:, None], lat[:, None])
+                self.out_bytes[None, :L - 1] * c.mbs / shard, bw[:, None], lat[:, None])
 
         sync, sync_fixed = self._dp_sync(c, layout)
         return StageCosts(compute_s=compute, host_s=host, tensor_parallel_s=tensor_parallel,
@@ -285,6 +292,34 @@ class CostModel:
                           sync_s=sync, sync_fixed_s=sync_fixed, optimizer_s=optimizer,
                           microbatch_overhead_s=p.microbatch_overhead_s,
                           step_overhead_s=p.step_overhead_s)
+
+    def _knob_time(self, gpu, c: Candidate) -> np.ndarray | float:
+        """Per layer: device seconds selective recomputation adds (the attention core's forward
+        again in backward) and sequence parallelism saves (the replicated elementwise work
+        split over tmp), cost_models.recompute; analytic, also beside measured layer times
+        (the profiles are measured without these knobs)."""
+        sel = c.selective_recompute and not c.activation_checkpointing
+        sp = c.sequence_parallel and c.tmp > 1
+        if not sel and not sp:
+            return 0.0
+        key = ("knobs", gpu.name, c.tmp, c.mbs, sel, sp, c.activation_checkpointing)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            t = self.spec.training
+            kw = dict(tmp=c.tmp, mbs=c.mbs, device=device_speed(gpu, t.precision),
+                      bytes_per_element=t.bytes_per_element)
+            out = []
+            for layer in self.spec.model.layers:
+                x = 0.0
+                if sel:
+                    x += selective_recompute_time_s(
+                        layer, attention=self.spec.attention_for(gpu), **kw).total_s
+                if sp:
+                    x += sequence_parallel_time_s(
+                        layer, recompute=c.activation_checkpointing, **kw).total_s
+                out.append(x)
+            hit = self._fixed_cache[key] = np.array(out)
+        return hit
 
     def _fixed_costs(self, gpu, tmp: int, recompute: bool) -> tuple[np.ndarray, np.ndarray]:
         """Per layer: the kernel floor (device) and the host time of one micro-batch on `gpu`
@@ -409,7 +444,8 @@ class CostModel:
         stored when any stage runs standard attention (the exact check is per stage)."""
         if c.pp == 1:
             return None, None
-        key = (c.tmp, c.dp, c.mbs, gas, c.zero_stage, c.activation_checkpointing, scores)
+        key = (c.tmp, c.dp, c.mbs, gas, c.zero_stage, c.activation_checkpointing, scores,
+               c.selective_recompute, c.sequence_parallel)
         lin = self._mem_cache.get(key)
         if lin is None:
             t = self.spec.training
@@ -417,7 +453,8 @@ class CostModel:
                 self.spec.model.layers, dp=c.dp, tmp=c.tmp, mbs=c.mbs, gas=gas,
                 zero_stage=c.zero_stage, recompute=c.activation_checkpointing,
                 precision=t.precision, framework_overhead_bytes=t.framework_overhead_bytes,
-                attention_scores=scores)
+                attention_scores=scores, sequence_parallel=c.sequence_parallel,
+                selective=c.selective_recompute)
             self._mem_cache[key] = lin
         layer_bytes, reserved = lin.stage_arrays(c.pp, gas)
         usable = layout.capacity_bytes * (1.0 - self.spec.training.memory_headroom)
@@ -570,7 +607,8 @@ def megatron_baseline(spec: Spec, model: CostModel, space: SearchSpace) -> Estim
     order = device_orders(spec.cluster, spec.training.precision)[0]
     blocks = space.num_layers - model.first_fixed - model.last_fixed
     zero = space.zero_stages[0]
-    for ckpt in sorted(set(space.recompute)):
+    sp = space.sequence_parallel[0]
+    for ckpt in sorted(set(space.recompute), key=RECOMPUTE_MODES.index):
         proposals = []
         for product in divisors(n):                      # tmp * pp, smallest first
             for tmp in divisors(product):
@@ -579,8 +617,8 @@ def megatron_baseline(spec: Spec, model: CostModel, space: SearchSpace) -> Estim
                         space.global_batch_size % dp:
                     continue
                 for mbs in divisors(space.global_batch_size // dp):
-                    c = Candidate(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
-                                  activation_checkpointing=ckpt)
+                    c = Candidate.of(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
+                                     recompute=ckpt, sequence_parallel=sp)
                     if first_violation(space, c) is None:
                         e = model.evaluate(c, order, partition="uniform")
                         if e.fits:
@@ -594,14 +632,17 @@ def megatron_baseline(spec: Spec, model: CostModel, space: SearchSpace) -> Estim
 
 def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
              partition: str | tuple[int, ...] = "optimal", zero_stage: int | None = None,
-             activation_checkpointing: bool | None = None, placement_order: str | None = None,
+             activation_checkpointing: bool | str | None = None,
+             placement_order: str | None = None,
              measurements: Measurements = NO_MEASUREMENTS,
-             cost_params: CostParams | None = None, simulate: bool = False) -> Estimate:
+             cost_params: CostParams | None = None, simulate: bool = False,
+             sequence_parallel: bool | None = None) -> Estimate:
     """Predict one given strategy (the best of the placement orders unless one is named).
     It must satisfy the search space's rules (Infeasible otherwise, naming the rule). A
     strategy that does not fit in memory is still estimated, with `fits` False. simulate:
     also simulate the chosen one's iteration (amp_search.simulate.with_simulation), which
-    then gives its iteration_time_s."""
+    then gives its iteration_time_s. `activation_checkpointing`: none | selective | full (True
+    is full, False none); None and `sequence_parallel` None take the spec's first value."""
     n, L = spec.cluster.num_devices, spec.model.num_layers
     for name, v in (("pp", pp), ("dp", dp), ("tmp", tmp), ("mbs", mbs)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -612,10 +653,18 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
     zero = spec.training.zero_stage[0] if zero_stage is None else zero_stage
     if zero not in (0, 1, 2, 3):
         raise UsageError(f"--zero-stage {zero}: accepted: 0, 1, 2, 3")
-    ckpt = spec.training.activation_checkpointing[0] if activation_checkpointing is None \
-        else bool(activation_checkpointing)
-    c = Candidate(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
-                  activation_checkpointing=ckpt)
+    ckpt = activation_checkpointing
+    if ckpt is None:
+        ckpt = spec.training.activation_checkpointing[0]
+    elif isinstance(ckpt, bool):
+        ckpt = "full" if ckpt else "none"
+    if ckpt not in RECOMPUTE_MODES:
+        raise UsageError(f"--activation-checkpointing {ckpt!r}: accepted: "
+                         f"{', '.join(RECOMPUTE_MODES)}")
+    sp = spec.training.sequence_parallel[0] if sequence_parallel is None \
+        else bool(sequence_parallel)
+    c = Candidate.of(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero, recompute=ckpt,
+                     sequence_parallel=sp)
     violation = first_violation(SearchSpace.of(spec), c)
     if violation is not None:
         raise violation.error()
@@ -653,6 +702,8 @@ def evaluate(spec: Spec, strategy: Strategy, *, measurements: Measurements = NO_
         model = CostModel(spec, measurements=measurements, cost_params=cost_params)
     c = Candidate(pp=strategy.pp, dp=strategy.dp, tmp=strategy.tmp, mbs=strategy.mbs,
                   zero_stage=strategy.zero_stage,
-                  activation_checkpointing=strategy.activation_checkpointing)
+                  activation_checkpointing=strategy.activation_checkpointing,
+                  selective_recompute=strategy.selective_recompute,
+                  sequence_parallel=strategy.sequence_parallel)
     return model.evaluate(c, placement=np.array(strategy.placement, dtype=np.int64),
                           partition=tuple(strategy.partition))

@@ -34,6 +34,18 @@ class Strategy:
     """DeepSpeed ZeRO stage 0-3."""
     activation_checkpointing: bool = False
     """Full recomputation of each block's forward in backward."""
+    selective_recompute: bool = False
+    """Selective recomputation: only the attention core is re-run in backward (Korthikanti et
+    al. 2022); never together with activation_checkpointing."""
+    sequence_parallel: bool = False
+    """Sequence parallelism over the tensor group (Korthikanti et al. 2022); tmp > 1 only."""
+
+    @property
+    def recompute(self) -> str:
+        """none | selective | full: what training.activation_checkpointing calls it."""
+        if self.activation_checkpointing:
+            return "full"
+        return "selective" if self.selective_recompute else "none"
 
     @property
     def gas(self) -> int:
@@ -46,7 +58,9 @@ class Strategy:
 
     def label(self) -> str:
         return f"pp{self.pp}-dp{self.dp}-tmp{self.tmp}-mbs{self.mbs}-z{self.zero_stage}" + (
-            "-ckpt" if self.activation_checkpointing else "")
+            "-ckpt" if self.activation_checkpointing else "") + (
+            "-sel" if self.selective_recompute and not self.activation_checkpointing else "") + (
+            "-sp" if self.sequence_parallel else "")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -65,6 +79,8 @@ class Strategy:
             placement_order=str(d.get("placement_order", "given")),
             zero_stage=int(d.get("zero_stage", 0)),
             activation_checkpointing=bool(d.get("activation_checkpointing", False)),
+            selective_recompute=bool(d.get("selective_recompute", False)),
+            sequence_parallel=bool(d.get("sequence_parallel", False)),
         )
 
 
@@ -208,6 +224,7 @@ class Estimate:
             "pp": s.pp, "dp": s.dp, "tmp": s.tmp, "mbs": s.mbs, "gas": s.gas,
             "zero_stage": s.zero_stage,
             "activation_checkpointing": s.activation_checkpointing,
+            "recompute": s.recompute, "sequence_parallel": s.sequence_parallel,
             "partition": list(s.partition),
             "placement": [[list(r) for r in st] for st in s.placement],
             "placement_order": s.placement_order,

@@ -13,6 +13,11 @@ rules are written once:
     mbs_divides_replica_batch   mbs_does_not_divide_batch     whole micro-batches per replica
     zero_with_pipeline          zero_2_3_with_pipeline        DeepSpeed's pipeline engine
                                                               rejects ZeRO 2/3
+    sequence_parallel_needs_tp  sequence_parallel_without_tp  sequence parallelism splits
+                                                              the tensor group's replicated
+                                                              regions: tmp > 1 only
+    sequence_divides_tmp        sequence_not_divisible_by_tmp each tensor rank holds s/t
+                                                              tokens
 
 and one equivalence, applied by the search only (an equivalent point is a valid strategy, so
 `estimate` accepts it):
@@ -21,6 +26,16 @@ and one equivalence, applied by the search only (an equivalent point is a valid 
                                                               every stage is the same plan, so
                                                               only the lowest searched stage
                                                               is kept
+
+and one dominance, applied by the search only:
+
+    selective_needs_scores      selective_with_flash_attention  selective recomputation
+                                                              drops the attention scores;
+                                                              flash attention stores none, so
+                                                              it saves (next to) nothing and
+                                                              re-runs the core: kept only if
+                                                              some device runs standard
+                                                              attention
 """
 from __future__ import annotations
 
@@ -45,10 +60,14 @@ class Reason(str, Enum):
     MBS_DOES_NOT_DIVIDE_BATCH = "mbs_does_not_divide_batch"
     ZERO_WITH_PIPELINE = "zero_2_3_with_pipeline"
     ZERO_WITHOUT_DATA_PARALLEL = "zero_without_data_parallel"
+    SEQUENCE_PARALLEL_WITHOUT_TP = "sequence_parallel_without_tp"
+    SEQUENCE_NOT_DIVISIBLE = "sequence_not_divisible_by_tmp"
+    SELECTIVE_WITH_FLASH = "selective_with_flash_attention"
     OUT_OF_MEMORY = "out_of_memory"
     SLOWER_KNOBS_SAME_LAYOUT = "slower_knobs_same_layout"
-    """Same (pp, dp, tmp, mbs) as a faster ranked strategy that fits: only its ZeRO stage or
-    recomputation differ, which trade memory for time; the faster one is kept."""
+    """Same (pp, dp, tmp, mbs) as a faster ranked strategy that fits: only its ZeRO stage,
+    recomputation or sequence parallelism differ, which trade memory for time; the faster one
+    is kept."""
 
     def __str__(self) -> str:
         return self.value
@@ -64,6 +83,25 @@ class Candidate:
     mbs: int
     zero_stage: int
     activation_checkpointing: bool
+    """Full recomputation."""
+    selective_recompute: bool = False
+    """Selective recomputation (the attention core only); False when activation_checkpointing."""
+    sequence_parallel: bool = False
+
+    @classmethod
+    def of(cls, *, pp: int, dp: int, tmp: int, mbs: int, zero_stage: int, recompute: str,
+           sequence_parallel: bool = False) -> "Candidate":
+        """A candidate from a recomputation mode: none | selective | full."""
+        return cls(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero_stage,
+                   activation_checkpointing=recompute == "full",
+                   selective_recompute=recompute == "selective",
+                   sequence_parallel=sequence_parallel)
+
+    @property
+    def recompute(self) -> str:
+        if self.activation_checkpointing:
+            return "full"
+        return "selective" if self.selective_recompute else "none"
 
     @property
     def layout(self) -> tuple[int, int, int, int]:
@@ -90,14 +128,24 @@ class SearchSpace:
     global_batch_size: int
     tp_divisors: tuple[int, ...]
     zero_stages: tuple[int, ...]
-    recompute: tuple[bool, ...]
+    recompute: tuple[str, ...]
+    """Recomputation modes searched: none | selective | full."""
+    sequence_parallel: tuple[bool, ...] = (False,)
+    seq_lengths: tuple[int, ...] = ()
+    """The sequence lengths of the model's layers (sequence parallelism splits them)."""
+    attention_scores: bool = True
+    """Whether some device type runs standard attention (stores the scores)."""
 
     @classmethod
     def of(cls, spec: Spec) -> "SearchSpace":
         t = spec.training
+        gpus = {d.gpu.name: d.gpu for d in spec.cluster.devices}.values()
         return cls(num_devices=spec.cluster.num_devices, num_layers=spec.model.num_layers,
                    global_batch_size=t.global_batch_size, tp_divisors=spec.model.tp_divisors,
-                   zero_stages=t.zero_stage, recompute=t.activation_checkpointing)
+                   zero_stages=t.zero_stage, recompute=t.activation_checkpointing,
+                   sequence_parallel=t.sequence_parallel,
+                   seq_lengths=tuple(sorted({x.seq_length for x in spec.model.layers})),
+                   attention_scores=any(spec.attention_for(g) == "standard" for g in gpus))
 
 
 Rule = Callable[[SearchSpace, Candidate], "Violation | None"]
@@ -144,6 +192,34 @@ def zero_with_pipeline(s: SearchSpace, c: Candidate) -> Violation | None:
     return None
 
 
+def sequence_parallel_needs_tp(s: SearchSpace, c: Candidate) -> Violation | None:
+    if c.sequence_parallel and c.tmp == 1:
+        return Violation(Reason.SEQUENCE_PARALLEL_WITHOUT_TP,
+                         "sequence parallelism with tmp = 1: it splits the regions tensor "
+                         "parallelism replicates, so it needs tmp > 1 (Megatron-LM switches "
+                         "it off at tmp = 1); use tmp > 1 or sequence_parallel false")
+    return None
+
+
+def sequence_divides_tmp(s: SearchSpace, c: Candidate) -> Violation | None:
+    bad = [n for n in s.seq_lengths if n % c.tmp] if c.sequence_parallel else []
+    if bad:
+        return Violation(Reason.SEQUENCE_NOT_DIVISIBLE,
+                         f"sequence parallelism with tmp = {c.tmp}: the sequence length "
+                         f"{bad[0]} is not divisible by tmp (each tensor rank holds s/tmp "
+                         f"tokens)")
+    return None
+
+
+def selective_needs_scores(s: SearchSpace, c: Candidate) -> Violation | None:
+    if c.selective_recompute and not c.activation_checkpointing and not s.attention_scores:
+        return Violation(Reason.SELECTIVE_WITH_FLASH,
+                         "selective recomputation under flash attention: there are no stored "
+                         "attention scores to drop, so it saves next to no memory and re-runs "
+                         "the attention core (no recomputation is faster)")
+    return None
+
+
 def zero_without_data_parallel(s: SearchSpace, c: Candidate) -> Violation | None:
     lowest = min(s.zero_stages)
     if c.dp == 1 and c.zero_stage != lowest:
@@ -156,10 +232,12 @@ def zero_without_data_parallel(s: SearchSpace, c: Candidate) -> Violation | None
 LAYOUT_RULES: tuple[Rule, ...] = (pp_within_layers, tmp_divides_model, dp_divides_batch)
 """Rules on (pp, dp, tmp) alone: checked once per layout in the enumeration."""
 FEASIBILITY_RULES: tuple[Rule, ...] = LAYOUT_RULES + (mbs_divides_replica_batch,
-                                                      zero_with_pipeline)
+                                                      zero_with_pipeline,
+                                                      sequence_parallel_needs_tp,
+                                                      sequence_divides_tmp)
 """Everything a strategy must satisfy to run (what `estimate` checks)."""
-EQUIVALENCE_RULES: tuple[Rule, ...] = (zero_without_data_parallel,)
-"""Points that repeat another point's plan (the search keeps one)."""
+EQUIVALENCE_RULES: tuple[Rule, ...] = (zero_without_data_parallel, selective_needs_scores)
+"""Points that repeat (or are beaten by) another point's plan (the search keeps one)."""
 
 
 def first_violation(space: SearchSpace, c: Candidate,
@@ -185,13 +263,13 @@ def degrees(num_devices: int):
 
 
 def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]:
-    """Every (pp, dp, tmp, mbs, zero, recompute) that satisfies the rules, one per equivalent
-    group; what is dropped is counted in `pruned` under its reason."""
-    knobs = len(space.zero_stages) * len(space.recompute)
+    """Every (pp, dp, tmp, mbs, zero, recompute, sequence parallel) that satisfies the rules,
+    one per equivalent group; what is dropped is counted in `pruned` under its reason."""
+    knobs = len(space.zero_stages) * len(space.recompute) * len(space.sequence_parallel)
     out = []
     for pp, dp, tmp in degrees(space.num_devices):
-        probe = Candidate(pp=pp, dp=dp, tmp=tmp, mbs=1, zero_stage=space.zero_stages[0],
-                          activation_checkpointing=space.recompute[0])
+        probe = Candidate.of(pp=pp, dp=dp, tmp=tmp, mbs=1, zero_stage=space.zero_stages[0],
+                             recompute=space.recompute[0])
         v = first_violation(space, probe, LAYOUT_RULES)
         if v is not None:
             pruned[v.reason.value] += knobs
@@ -199,14 +277,15 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
         for mbs in divisors(space.global_batch_size // dp):
             for z in space.zero_stages:
                 for ck in space.recompute:
-                    c = Candidate(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=z,
-                                  activation_checkpointing=ck)
-                    v = first_violation(space, c, FEASIBILITY_RULES[len(LAYOUT_RULES):]
-                                        + EQUIVALENCE_RULES)
-                    if v is not None:
-                        pruned[v.reason.value] += 1
-                        continue
-                    out.append(c)
+                    for sp in space.sequence_parallel:
+                        c = Candidate.of(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=z,
+                                         recompute=ck, sequence_parallel=sp)
+                        v = first_violation(space, c, FEASIBILITY_RULES[len(LAYOUT_RULES):]
+                                            + EQUIVALENCE_RULES)
+                        if v is not None:
+                            pruned[v.reason.value] += 1
+                            continue
+                        out.append(c)
     return out
 
 

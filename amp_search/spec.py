@@ -189,8 +189,9 @@ class ModelSpec:
 class TrainingSpec:
     global_batch_size: int
     precision: str
-    activation_checkpointing: tuple[bool, ...]
-    """Values to search: (False,), (True,) or (False, True) for `search`."""
+    activation_checkpointing: tuple[str, ...]
+    """Recomputation modes to search, from none | selective | full (`search`: all three).
+    selective re-runs only the attention core in backward (Korthikanti et al. 2022)."""
     zero_stage: tuple[int, ...]
     """Values to search: one stage, or 0-3 for `search`."""
     memory_headroom: float = 0.05
@@ -200,6 +201,10 @@ class TrainingSpec:
     optimizer: str = "adam"
     attention: str = "auto"
     """flash | standard | auto (each device type's catalog `flash_attention`)."""
+    sequence_parallel: tuple[bool, ...] = (False,)
+    """Values to search: (False,), (True,) or (False, True) for `search`. Default false: it is
+    what the trial engine (DeepSpeed's pipeline over megatron-core layers) and AMP's paper
+    run, and it needs tmp > 1 and a sequence divisible by tmp; `search` adds it where it wins."""
 
     @property
     def bytes_per_element(self) -> int:
@@ -591,8 +596,16 @@ def _model(data) -> ModelSpec:
 def _training(data) -> TrainingSpec:
     r = _Reader(data, "training", ("global_batch_size", "precision", "activation_checkpointing",
                                    "zero_stage", "memory_headroom", "framework_overhead",
-                                   "optimizer", "attention"))
-    ckpt = r.choice("activation_checkpointing", ("none", "full", "search"), "none")
+                                   "optimizer", "attention", "sequence_parallel"))
+    ckpt = r.choice("activation_checkpointing", ("none", "selective", "full", "search"), "none")
+    sp = r.raw("sequence_parallel", False)
+    if sp is True or sp is False:
+        sequence_parallel = (sp,)
+    elif sp == "search":
+        sequence_parallel = (False, True)
+    else:
+        raise SpecError(r.at("sequence_parallel"), f"got {_show(sp)}; accepted: true, false, "
+                                                   f"search")
     zero = r.raw("zero_stage", 0)
     if isinstance(zero, str) and zero == "search":
         zero_stages = (0, 1, 2, 3)
@@ -614,8 +627,9 @@ def _training(data) -> TrainingSpec:
     return TrainingSpec(
         global_batch_size=r.int("global_batch_size", required=True, hi=MAX_BATCH),
         precision=r.choice("precision", PRECISIONS, "fp16"),
-        activation_checkpointing={"none": (False,), "full": (True,),
-                                  "search": (False, True)}[ckpt],
+        activation_checkpointing=(("none", "selective", "full") if ckpt == "search"
+                                  else (ckpt,)),
+        sequence_parallel=sequence_parallel,
         zero_stage=zero_stages,
         memory_headroom=float(headroom),
         framework_overhead_bytes=parse_size(r.raw("framework_overhead", "1 GiB"),

@@ -69,6 +69,18 @@ keeps per score element: the softmax output (g), the attention-dropout mask (1 B
 dropout output (g), (2g + 1) a s^2 / t per sample (Korthikanti et al. 2022, "Reducing
 activation recomputation", section 4.1: 5 a s^2 b bytes per layer in fp16).
 
+Sequence parallelism (Korthikanti et al. 2022, tmp > 1) stores the replicated per-token terms
+(the LayerNorm inputs and outputs, their mean and rstd, an input projection's input) for the
+rank's s/t tokens only: transformer g (4h/t + 4h/t + 2f/t + 4/t) + 4a/t, their Table 2's
+sbh(10 + 24/t) -> 34 sbh/t without the dropout masks the trial layers do not have; a block's
+checkpointed input and a pipeline buffer are the s/t shard too. Selective recomputation
+checkpoints the attention core only: the transformer no longer keeps the core's log-sum-exp
+(4a/t) nor, with standard attention, its (2g + 1) a s^2 / t score bytes; during backward one
+core's output and those terms exist again (`selective_working_set_bytes`). With flash
+attention selective recomputation therefore saves only the 4a/t log-sum-exp bytes per token
+(there is no s^2 term to drop) while still re-running the core: the paper's saving is the
+standard-attention one (cost_models.recompute).
+
 With full recomputation (DeepSpeed activation checkpointing of each transformer/mlp block) a
 block keeps only its input, g s h_in per sample; the embedding and head keep everything.
 1F1B keeps min(pp - j, gas) micro-batches in flight on stage j (DeepSpeed TrainSchedule), so the
@@ -385,47 +397,88 @@ def model_state_bytes(tensor_numels: tuple[int, ...], *, precision: str, zero_st
 
 # ----------------------------------------------------------------------------- activations
 
+def sequence_shards(tmp: int, sequence_parallel: bool) -> int:
+    """How many ways sequence parallelism splits the replicated regions: tmp when it is on
+    (Megatron switches it off at tmp = 1), else 1."""
+    return tmp if sequence_parallel and tmp > 1 else 1
+
+
 def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
-                      attention_scores: bool = False) -> int:
-    """Bytes autograd saves for backward in one forward of the trial layer (no recomputation),
-    per micro-batch; the per-token terms are in the module docstring."""
+                      attention_scores: bool = False, sequence_parallel: bool = False,
+                      selective: bool = False) -> int:
+    """Bytes autograd saves for backward in one forward of the trial layer (no full
+    recomputation), per micro-batch; the per-token terms are in the module docstring.
+
+    `sequence_parallel` (tmp > 1) splits the replicated per-token terms over the t ranks: the
+    LayerNorm inputs and outputs (the column-parallel linears save their sequence shard and
+    gather it again in backward), their mean and rstd, the input projection's input; the
+    sharded terms (QKV, attention output, fc1, GELU, log-sum-exp, scores) stay as they are
+    (Korthikanti et al. 2022, Table 2: sbh(10 + 24/t) -> sbh 34/t).
+    `selective` checkpoints the attention core: its log-sum-exp (flash) or its scores,
+    dropout mask and dropout output (standard) are not kept; its inputs q, k, v are the QKV
+    output and its output the projection's input, both kept anyway."""
     g, t = bytes_per_element, tmp
     h, f, a = layer.hidden_size, layer.ffn_hidden_size, layer.num_attention_heads
     v = padded_vocab_size(layer.vocab_size, tmp)
     s = layer.seq_length
+    q = sequence_shards(tmp, sequence_parallel)
     proj_in = g * layer.input_hidden_size if layer.input_hidden_size and \
         layer.input_hidden_size != h else 0
     k = layer.kind
     if k == "embedding":
-        per_token = INDEX_BYTES + (1 if t > 1 else 0)
-    elif k == "transformer":
-        per_token = (g * (4 * h + 4 * h // t + 2 * f // t + 4) + FP32_BYTES * a // t + proj_in)
-        if attention_scores:
-            per_token += (2 * g + 1) * a * s // t
+        return (INDEX_BYTES + (1 if t > 1 else 0)) * s * mbs
+    if k == "transformer":
+        replicated = g * (4 * h + 4) + proj_in
+        split = g * (4 * h // t + 2 * f // t)
+        if not selective:
+            split += FP32_BYTES * a // t
+            if attention_scores:
+                split += (2 * g + 1) * a * s // t
     elif k == "mlp":
-        per_token = g * (2 * h + 2 * f // t + 2) + proj_in
+        replicated, split = g * (2 * h + 2) + proj_in, g * 2 * f // t
     elif k == "head":
-        per_token = g * (2 * h + 2) + FP32_BYTES * v // t + 1 + INDEX_BYTES
+        replicated, split = g * (2 * h + 2), FP32_BYTES * v // t + 1 + INDEX_BYTES
     elif k == "custom":
         return g * layer.custom_output_elements * mbs
     else:
         raise ValueError(f"unknown layer kind {k!r}")
-    return per_token * s * mbs
+    return (replicated * s // q + split * s) * mbs
 
 
-def checkpoint_input_bytes(layer: Layer, *, mbs: int, bytes_per_element: int) -> int:
-    """What a recomputed block keeps: its input, g s h_in per sample."""
-    return bytes_per_element * layer.seq_length * layer.in_hidden * mbs
+def checkpoint_input_bytes(layer: Layer, *, mbs: int, bytes_per_element: int,
+                           tmp: int = 1, sequence_parallel: bool = False) -> int:
+    """What a recomputed block keeps: its input, g s h_in per sample (its sequence shard,
+    g s h_in / t, under sequence parallelism)."""
+    return bytes_per_element * layer.seq_length * layer.in_hidden * mbs \
+        // sequence_shards(tmp, sequence_parallel)
 
 
 def layer_activation_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
-                           recompute: bool, attention_scores: bool = False) -> int:
+                           recompute: bool, attention_scores: bool = False,
+                           sequence_parallel: bool = False, selective: bool = False) -> int:
     """Bytes the layer keeps for backward per micro-batch: everything it saves, or with full
     recomputation only a block's input (embedding and head are not recomputed)."""
     if recompute and layer.kind in CHECKPOINTED_KINDS:
-        return checkpoint_input_bytes(layer, mbs=mbs, bytes_per_element=bytes_per_element)
+        return checkpoint_input_bytes(layer, mbs=mbs, bytes_per_element=bytes_per_element,
+                                      tmp=tmp, sequence_parallel=sequence_parallel)
     return layer_saved_bytes(layer, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
-                             attention_scores=attention_scores)
+                             attention_scores=attention_scores,
+                             sequence_parallel=sequence_parallel, selective=selective)
+
+
+def selective_working_set_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
+                                attention_scores: bool = False) -> int:
+    """Extra bytes while a selectively recomputed attention core runs its backward: what the
+    re-run core saves (its output g h/t and log-sum-exp 4a/t per token, plus the scores of
+    standard attention), one transformer layer, one micro-batch."""
+    if layer.kind != "transformer":
+        return 0
+    g, t, s = bytes_per_element, tmp, layer.seq_length
+    a, h = layer.num_attention_heads, layer.hidden_size
+    per_token = g * h // t + FP32_BYTES * a // t
+    if attention_scores:
+        per_token += (2 * g + 1) * a * s // t
+    return per_token * s * mbs
 
 
 def in_flight_microbatches(stage: int, pp: int, gas: int) -> int:
@@ -435,38 +488,52 @@ def in_flight_microbatches(stage: int, pp: int, gas: int) -> int:
 
 
 def recompute_working_set_bytes(layers, *, mbs: int, tmp: int, bytes_per_element: int,
-                                attention_scores: bool = False) -> int:
+                                attention_scores: bool = False, sequence_parallel: bool = False,
+                                selective: bool = False) -> int:
     """Extra bytes while a recomputed block runs its backward: its full saved set minus the
-    input it already kept (the recomputation saves the same input storage), largest block."""
+    input it already kept (the recomputation saves the same input storage), largest block;
+    with `selective`, the largest `selective_working_set_bytes`."""
     best = 0
     for x in layers:
-        if x.kind in CHECKPOINTED_KINDS:
+        if selective:
+            best = max(best, selective_working_set_bytes(
+                x, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
+                attention_scores=attention_scores))
+        elif x.kind in CHECKPOINTED_KINDS:
             full = layer_saved_bytes(x, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
-                                     attention_scores=attention_scores)
+                                     attention_scores=attention_scores,
+                                     sequence_parallel=sequence_parallel)
             best = max(best, full - checkpoint_input_bytes(
-                x, mbs=mbs, bytes_per_element=bytes_per_element))
+                x, mbs=mbs, bytes_per_element=bytes_per_element, tmp=tmp,
+                sequence_parallel=sequence_parallel))
     return best
 
 
 def stage_saved_activation_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tmp: int,
                                  bytes_per_element: int, recompute: bool,
-                                 attention_scores: bool = False) -> int:
+                                 attention_scores: bool = False, sequence_parallel: bool = False,
+                                 selective: bool = False) -> int:
     """The most bytes saved for backward that stage j holds at once:
     n = in_flight_microbatches micro-batches of its layers' saved activations; with
-    recomputation, plus one block's working set during backward, which starts after the head's
-    backward has freed what the head saved (so the head's bytes are not counted twice)."""
+    recomputation (full or selective), plus one block's (one attention core's) working set
+    during backward, which starts after the head's backward has freed what the head saved (so
+    the head's bytes are not counted twice)."""
     n = in_flight_microbatches(stage, pp, gas)
     kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
-              attention_scores=attention_scores)
-    per_mb = sum(layer_activation_bytes(x, recompute=recompute, **kw) for x in layers)
-    if not recompute:
+              attention_scores=attention_scores, sequence_parallel=sequence_parallel)
+    selective = selective and not recompute
+    per_mb = sum(layer_activation_bytes(x, recompute=recompute, selective=selective, **kw)
+                 for x in layers)
+    if not recompute and not selective:
         return n * per_mb
     head = sum(layer_saved_bytes(x, **kw) for x in layers if x.kind == "head")
-    return n * per_mb + max(0, recompute_working_set_bytes(layers, **kw) - head)
+    return n * per_mb + max(0, recompute_working_set_bytes(layers, selective=selective, **kw)
+                            - head)
 
 
 def pipeline_buffer_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tmp: int,
-                          bytes_per_element: int, pipelined: bool) -> int:
+                          bytes_per_element: int, pipelined: bool,
+                          sequence_parallel: bool = False) -> int:
     """Stage outputs the pipeline engine keeps in `pipe_buffers['outputs']`: one per buffer
     (max(2, min(pp - j, gas)) buffers, filled by min(buffers, gas) micro-batches); on the last
     stage the head's logits (g s V/t per sample), which for fp32 are the very tensor the
@@ -478,7 +545,8 @@ def pipeline_buffer_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tm
     if last.kind == "head":
         n -= head_buffers_aliased(bytes_per_element)
     return int(n * stage_output_buffer_bytes(last, mbs=mbs, tmp=tmp,
-                                             bytes_per_element=bytes_per_element))
+                                             bytes_per_element=bytes_per_element,
+                                             sequence_parallel=sequence_parallel))
 
 
 def pipe_buffer_count(stage: int, pp: int, gas: int) -> int:
@@ -487,14 +555,16 @@ def pipe_buffer_count(stage: int, pp: int, gas: int) -> int:
     return min(max(2, min(pp - stage, gas)), gas)
 
 
-def stage_output_buffer_bytes(last: Layer, *, mbs: int, tmp: int,
-                              bytes_per_element: int) -> float:
+def stage_output_buffer_bytes(last: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
+                              sequence_parallel: bool = False) -> float:
     """Bytes one pipeline buffer holds when `last` is the stage's last layer: its output
-    activation; after the head, its logits g s V/t per sample."""
+    activation (its sequence shard under sequence parallelism, which hands [s/t, b, h] from
+    stage to stage); after the head, its logits g s V/t per sample."""
     from .layers import output_elements
 
     if last.kind != "head":
-        return float(bytes_per_element * output_elements(last) * mbs)
+        shards = sequence_shards(tmp, sequence_parallel) if last.kind != "custom" else 1
+        return float(bytes_per_element * output_elements(last) * mbs) / shards
     return float(bytes_per_element * last.seq_length
                  * (padded_vocab_size(last.vocab_size, tmp) // tmp) * mbs)
 
@@ -510,7 +580,8 @@ def head_buffers_aliased(bytes_per_element: int) -> int:
 def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas: int,
                 zero_stage: int, recompute: bool, precision: str,
                 buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
-                attention_scores: bool = False) -> StageBytes:
+                attention_scores: bool = False, sequence_parallel: bool = False,
+                selective: bool = False) -> StageBytes:
     """All parts for the device of one stage (every tensor rank holds the same shapes)."""
     per_layer = [param_tensor_numels(x, tmp) for x in layers]
     states = model_state_bytes(
@@ -520,10 +591,13 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
     g = BYTES_PER_ELEMENT[precision]
     act = stage_saved_activation_bytes(layers, stage=stage, pp=pp, gas=gas, mbs=mbs, tmp=tmp,
                                        bytes_per_element=g, recompute=recompute,
-                                       attention_scores=attention_scores)
+                                       attention_scores=attention_scores,
+                                       sequence_parallel=sequence_parallel,
+                                       selective=selective)
     act += pipeline_buffer_bytes(layers, stage=stage, pp=pp, gas=gas, mbs=mbs, tmp=tmp,
                                  bytes_per_element=g,
-                                 pipelined=pipeline_engine(pp=pp, zero_stage=zero_stage))
+                                 pipelined=pipeline_engine(pp=pp, zero_stage=zero_stage),
+                                 sequence_parallel=sequence_parallel)
     return StageBytes(parameter_bytes=states.parameter_bytes,
                       gradient_bytes=states.gradient_bytes,
                       optimizer_bytes=states.optimizer_bytes,
@@ -576,7 +650,8 @@ class LinearMemory:
 def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_stage: int,
                         recompute: bool, precision: str, framework_overhead_bytes: int,
                         buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
-                        attention_scores: bool = False) -> LinearMemory:
+                        attention_scores: bool = False, sequence_parallel: bool = False,
+                        selective: bool = False) -> LinearMemory:
     """`LinearMemory` of a pipelined strategy (see there); the same terms as `stage_bytes`."""
     g = BYTES_PER_ELEMENT[precision]
     numels = [param_tensor_numels(x, tmp) for x in layers]
@@ -585,19 +660,22 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
                                buckets=buckets)
     per_param = (states.parameter_bytes + states.gradient_bytes + states.optimizer_bytes) \
         / max(sum(flat), 1)
-    kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=g, attention_scores=attention_scores)
+    kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=g, attention_scores=attention_scores,
+              sequence_parallel=sequence_parallel)
+    selective = selective and not recompute
     fixed = float(framework_overhead_bytes + states.buffer_bytes)
-    if recompute:
-        fixed += recompute_working_set_bytes(layers, **kw)
+    if recompute or selective:
+        fixed += recompute_working_set_bytes(layers, selective=selective, **kw)
     by_signature: dict = {}
     for x in layers[:-1]:
         if x.signature not in by_signature:
-            by_signature[x.signature] = stage_output_buffer_bytes(x, mbs=mbs, tmp=tmp,
-                                                                  bytes_per_element=g)
+            by_signature[x.signature] = stage_output_buffer_bytes(
+                x, mbs=mbs, tmp=tmp, bytes_per_element=g, sequence_parallel=sequence_parallel)
     last = layers[-1]
     return LinearMemory(
         state_bytes=per_param * np.array([sum(ts) for ts in numels], dtype=float),
-        activation_bytes=np.array([layer_activation_bytes(x, recompute=recompute, **kw)
+        activation_bytes=np.array([layer_activation_bytes(x, recompute=recompute,
+                                                          selective=selective, **kw)
                                    for x in layers], dtype=float),
         fixed_bytes=fixed, output_buffer_bytes=max(by_signature.values(), default=0.0),
         last_buffer_bytes=stage_output_buffer_bytes(last, mbs=mbs, tmp=tmp,

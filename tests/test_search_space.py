@@ -22,7 +22,7 @@ def cand(pp, dp, tmp, mbs=1, zero=0, ckpt=False):
 
 def test_each_rule_names_its_reason():
     space = SearchSpace(num_devices=8, num_layers=6, global_batch_size=12,
-                        tp_divisors=(4, 64), zero_stages=(0, 1, 2, 3), recompute=(False,))
+                        tp_divisors=(4, 64), zero_stages=(0, 1, 2, 3), recompute=("none",))
     cases = {cand(8, 1, 1): Reason.PP_EXCEEDS_LAYERS,
              cand(1, 1, 8): Reason.TMP_DOES_NOT_DIVIDE_MODEL,
              cand(1, 8, 1): Reason.DP_DOES_NOT_DIVIDE_BATCH,
@@ -33,12 +33,12 @@ def test_each_rule_names_its_reason():
         assert v is not None and v.reason == reason, (c, v)
         assert isinstance(v.error(), Infeasible) and v.error().reason == reason.value
     assert first_violation(space, cand(2, 2, 2, mbs=3, zero=1)) is None
-    assert len(FEASIBILITY_RULES) == 5
+    assert len(FEASIBILITY_RULES) == 7
 
 
 def test_enumeration_counts_prunes_and_collapses_zero_without_dp():
     space = SearchSpace(num_devices=4, num_layers=6, global_batch_size=8, tp_divisors=(4,),
-                        zero_stages=(0, 1, 2, 3), recompute=(False, True))
+                        zero_stages=(0, 1, 2, 3), recompute=("none", "full"))
     pruned = Counter()
     cands = enumerate_candidates(space, pruned)
     assert all(first_violation(space, c) is None for c in cands)
@@ -53,7 +53,7 @@ def test_enumeration_counts_prunes_and_collapses_zero_without_dp():
     assert len(cands) + sum(pruned.values()) == grid
     # a spec that asks for one ZeRO stage keeps it at dp = 1
     only2 = SearchSpace(num_devices=2, num_layers=6, global_batch_size=8, tp_divisors=(4,),
-                        zero_stages=(2,), recompute=(False,))
+                        zero_stages=(2,), recompute=("none",))
     assert {c.zero_stage for c in enumerate_candidates(only2, Counter())} == {2}
 
 

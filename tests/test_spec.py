@@ -83,7 +83,12 @@ BAD = [
                                    "bf16 support"),
     ("training.zero_stage", 4, "training.zero_stage: got 4; accepted: 0, 1, 2, 3, search"),
     ("training.activation_checkpointing", "some", "training.activation_checkpointing: got "
-                                                  "'some'; accepted: none, full, search"),
+                                                  "'some'; accepted: none, selective, full, "
+                                                  "search"),
+    ("training.sequence_parallel", "yes", "training.sequence_parallel: got 'yes'; accepted: "
+                                          "true, false, search"),
+    ("training.sequence_parallel", 1, "training.sequence_parallel: got 1; accepted: true, "
+                                      "false, search"),
     ("training.memory_headroom", "60%", "training.memory_headroom: got 0.6; accepted: a "
                                         "fraction from 0 to 0.5"),
     ("training.global_batch_size", 0, "training.global_batch_size: 0 is out of range"),

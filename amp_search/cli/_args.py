@@ -72,18 +72,28 @@ def partition_arg(text: str):
 
 
 def add_strategy_knobs(parser: argparse.ArgumentParser, *, zero_stages=(0, 1, 2, 3),
-                       given: str = "") -> None:
+                       given: str = "", sequence_knobs: bool = False) -> None:
     """--partition, --zero-stage, --activation-checkpointing and --placement-order of a given
-    strategy (estimate, timeline); `given` prefixes their help (e.g. 'with a given strategy: ')."""
+    strategy (estimate, timeline); `given` prefixes their help (e.g. 'with a given strategy: ').
+    `sequence_knobs`: also --activation-checkpointing selective and --sequence-parallel /
+    --no-sequence-parallel (Korthikanti et al. 2022), for commands that cost them."""
     parser.add_argument("--partition", default="optimal", type=partition_arg, metavar="HOW",
                         help=f"{given}optimal (exact DP), uniform (Megatron), or boundaries "
                              f"such as 0,13,26")
     parser.add_argument("--zero-stage", type=int, choices=zero_stages, default=None,
                         help=f"{given}DeepSpeed ZeRO stage (default: the spec's; its lowest "
                              f"if 'search')")
-    parser.add_argument("--activation-checkpointing", choices=("none", "full"), default=None,
-                        help=f"{given}full: recompute each block's forward in backward "
-                             f"(default: the spec's; none if it says 'search')")
+    modes = ("none", "selective", "full") if sequence_knobs else ("none", "full")
+    parser.add_argument("--activation-checkpointing", choices=modes, default=None,
+                        help=f"{given}full: recompute each block's forward in backward"
+                             + ("; selective: only the attention core" if sequence_knobs
+                                else "")
+                             + " (default: the spec's; none if it says 'search')")
+    if sequence_knobs:
+        parser.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction,
+                            default=None,
+                            help=f"{given}sequence parallelism over the tensor group (tmp > 1; "
+                                 f"default: the spec's; off if it says 'search')")
     parser.add_argument("--placement-order", choices=("listed", "fastest-first",
                                                       "slowest-first"), default=None,
                         help=f"{given}the node order ranks are placed over (default: the "

@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
         e.add_argument(f"--{name}", type=positive_int, required=True, metavar="N",
                        help=f"{what} (required; pp x dp x tmp = the cluster's GPUs)"
                        if name == "pp" else f"{what} (required)")
-    add_strategy_knobs(e)
+    add_strategy_knobs(e, sequence_knobs=True)
     e.add_argument("--no-simulate", action="store_true",
                    help="give the closed form (AMP eq. 5 + 4) only, without simulating the "
                         "iteration event by event")
@@ -123,22 +123,24 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> 
     """The strategies as a table; an 'eq.5 s' column (the closed form) beside 'iter s' when
     some shown time was simulated and differs from it."""
     both = any(_differs(e) for _, e, _ in rows)
-    head = ("rank", "pp", "dp", "tmp", "mbs", "zero", "ckpt", "layers/stage", "placement",
-            "mem GiB", "iter s") + (("eq.5 s",) if both else ()) + ("samples/s", "vs Megatron")
+    head = ("rank", "pp", "dp", "tmp", "mbs", "zero", "ckpt", "sp", "layers/stage",
+            "placement", "mem GiB", "iter s") + (("eq.5 s",) if both else ()) \
+        + ("samples/s", "vs Megatron")
     cells = []
     for label, e, speedup in rows:
         s = e.strategy
         analytic = (f"{e.analytic_iteration_time_s:.4g}" if _differs(e) else "=",) \
             if both else ()
         cells.append((label, str(s.pp), str(s.dp), str(s.tmp), str(s.mbs), str(s.zero_stage),
-                      "full" if s.activation_checkpointing else "-",
+                      {"none": "-", "selective": "sel"}.get(s.recompute, s.recompute),
+                      "yes" if s.sequence_parallel else "-",
                       layers_per_stage(s.partition, 24), _placement(spec, e), _memory(e),
                       f"{e.iteration_time_s:.4g}" + ("" if e.simulated else "*"
                                                      if any(r[1].simulated for r in rows)
                                                      else ""),
                       *analytic, f"{e.samples_per_s:.4g}",
                       "-" if speedup is None else f"{speedup:.2f}x"))
-    return render_table(head, cells, left=(7, 8))
+    return render_table(head, cells, left=(8, 9))
 
 
 LEGEND_WIDTH = 100
@@ -325,12 +327,12 @@ def run_estimate(args) -> int:
     spec = load_spec(args.spec)
     if args.partition == "optimal":
         cold_start_note()
-    ckpt = None if args.activation_checkpointing is None else \
-        args.activation_checkpointing == "full"
     e = estimate(spec, pp=args.pp, dp=args.dp, tmp=args.tmp, mbs=args.mbs,
                  partition=args.partition, zero_stage=args.zero_stage,
-                 activation_checkpointing=ckpt, placement_order=args.placement_order,
-                 measurements=measurements_for(spec, args), simulate=not args.no_simulate)
+                 activation_checkpointing=args.activation_checkpointing,
+                 placement_order=args.placement_order,
+                 measurements=measurements_for(spec, args), simulate=not args.no_simulate,
+                 sequence_parallel=args.sequence_parallel)
     if args.json is None or str(args.json) != "-":
         print(format_table(spec, [("-", e, None)]))
         print("\n" + "\n".join(legend(spec, [("-", e, None)])))

@@ -1,0 +1,121 @@
+"""Sequence parallelism and selective activation recomputation (Korthikanti et al. 2022,
+"Reducing Activation Recomputation in Large Transformer Models", arXiv:2205.05198).
+
+Two knobs Megatron-LM turns on by default since 2022:
+
+- sequence parallelism (SP, section 4.2.2): the layer-norm and dropout regions, which tensor
+  parallelism leaves replicated, are split over the t tensor ranks along the sequence; each
+  all-reduce of tensor parallelism becomes a reduce-scatter + all-gather pair with the same
+  bus volume (a ring all-reduce *is* a reduce-scatter then an all-gather), so the
+  communication time is unchanged, and the layer-norm / dropout / residual work and its saved
+  activations are divided by t;
+- selective recomputation (section 4.3): only the attention core (QK^T, softmax, dropout,
+  attention x V) is checkpointed and re-run in backward; it holds the 5 a s^2 b bytes that
+  grow with s^2 and costs only the core's FLOPs again.
+
+Table 2 of the paper, activation bytes per transformer layer in fp16 with dropout:
+
+    no parallelism                       s b h (34 + 5 a s / h)
+    tensor parallel                      s b h (10 + 24/t + 5 a s / (h t))
+    tensor + sequence parallel           s b h / t (34 + 5 a s / h)
+    tensor parallel + selective          s b h (10 + 24/t)
+    tensor + sequence + selective        s b h 34 / t
+    full recomputation                   2 s b h           (the layer's input only)
+
+`paper_activation_bytes_per_layer` is that table. With a fused (flash) attention kernel there is
+no a s^2 term to drop: the kernel stores no scores, so selective recomputation saves nothing
+in memory (and only the kernel's O(s a) log-sum-exp in the trial layers,
+cost_models.memory) while still costing its forward again; the search therefore only ranks it
+when standard attention is used (amp_search.search_space).
+
+The planner's memory counts what the trial layers save (cost_models.memory, which takes
+`sequence_parallel` and `selective` flags); the time terms are here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .compute import DeviceSpeed, attention_time_s
+from .layers import Layer
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+"""training.activation_checkpointing values: nothing, the attention core, each whole block."""
+
+
+# ----------------------------------------------------------------------------- the paper's table
+
+def paper_activation_bytes_per_layer(*, s: int, b: int, h: int, a: int, t: int = 1,
+                                     sequence_parallel: bool = False,
+                                     recompute: str = "none") -> float:
+    """Korthikanti et al. 2022, Table 2 (and eq. 1-2 of section 4): activation bytes one
+    transformer layer keeps for backward, fp16 with dropout, per tensor rank."""
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute {recompute!r}; accepted: {', '.join(RECOMPUTE_MODES)}")
+    if recompute == "full":
+        return 2.0 * s * b * h / (t if sequence_parallel else 1)
+    core = 0.0 if recompute == "selective" else 5.0 * a * s / h
+    if sequence_parallel:
+        return s * b * h / t * (34.0 + core)
+    return s * b * h * (10.0 + 24.0 / t + core / t)
+
+
+def paper_attention_core_bytes_per_layer(*, s: int, b: int, a: int, t: int = 1) -> float:
+    """What selective recomputation drops (section 4.1): the softmax output (2 a s^2 b), its
+    dropout mask (a s^2 b) and dropout output (2 a s^2 b), 5 a s^2 b / t bytes in fp16."""
+    return 5.0 * a * s * s * b / t
+
+
+# ----------------------------------------------------------------------------- time
+
+@dataclass(frozen=True, kw_only=True)
+class KnobTime:
+    """Device seconds one knob adds to one micro-batch of one layer (negative: saves)."""
+
+    forward_s: float
+    backward_s: float
+    """Including a recomputation the knob runs inside backward."""
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+
+def selective_recompute_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
+                               bytes_per_element: int, attention: str) -> KnobTime:
+    """Selective recomputation re-runs the attention core's forward (QK^T, softmax, dropout,
+    attention x V: `cost_models.compute.attention_time_s`, flash or standard) once inside the
+    backward pass (Korthikanti et al. 2022, section 4.3). In FLOPs: 4 b s^2 h / t more per
+    layer against forward + backward's 72 b s h^2 (1 + s / (6h)) / t, e.g. 0.9 % for GPT-3
+    175B (s = 2048, h = 12288). Transformer layers only."""
+    if layer.kind != "transformer":
+        return KnobTime(forward_s=0.0, backward_s=0.0)
+    core = attention_time_s(layer, tmp=tmp, mbs=mbs, device=device,
+                            bytes_per_element=bytes_per_element, attention=attention)
+    return KnobTime(forward_s=0.0, backward_s=float(core))
+
+
+def replicated_elementwise_bytes(layer: Layer, bytes_per_element: int) -> float:
+    """Bytes per sample moved in one forward by the ops tensor parallelism leaves replicated
+    and sequence parallelism splits over t: layer norms and residual adds on s x h (the trial
+    layers have no dropout; Megatron's dropouts sit in the same region). The same terms as
+    `cost_models.layers.elementwise_bytes` without the ones already split by t:
+    transformer 2 LayerNorms + 2 residual adds (16 s h), mlp one of each (8 s h),
+    head its final LayerNorm (4 s h); the embedding adds its positions before the scatter."""
+    s, h = layer.seq_length, layer.hidden_size
+    n = {"transformer": 16.0, "mlp": 8.0, "head": 4.0}.get(layer.kind, 0.0)
+    return n * s * h * bytes_per_element
+
+
+def sequence_parallel_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
+                             bytes_per_element: int, recompute: bool = False) -> KnobTime:
+    """What sequence parallelism changes in a layer's device time: the replicated elementwise
+    work (`replicated_elementwise_bytes`, memory-bound) runs on s/t tokens, saving
+    (1 - 1/t) of it in forward and in backward (2x forward), and once more in a fully
+    recomputed forward. The tensor-parallel communication keeps its volume (reduce-scatter +
+    all-gather = one ring all-reduce, Korthikanti et al. 2022 section 4.2.2) and is costed by
+    the planner as before."""
+    if tmp <= 1:
+        return KnobTime(forward_s=0.0, backward_s=0.0)
+    saved = replicated_elementwise_bytes(layer, bytes_per_element) * mbs * (1.0 - 1.0 / tmp) \
+        / device.memory_bandwidth_bytes_per_s
+    return KnobTime(forward_s=-saved, backward_s=-saved * (3.0 if recompute else 2.0))
