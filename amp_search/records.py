@@ -79,7 +79,8 @@ class Strategy:
             placement_order=str(d.get("placement_order", "given")),
             zero_stage=int(d.get("zero_stage", 0)),
             activation_checkpointing=bool(d.get("activation_checkpointing", False)),
-            selective_recompute=bool(d.get("selective_recompute", False)),
+            selective_recompute=bool(d.get("selective_recompute",
+                                           d.get("recompute") == "selective")),
             sequence_parallel=bool(d.get("sequence_parallel", False)),
         )
 

@@ -8,7 +8,8 @@ API (what the memory and profiling code use)
 --------------------------------------------
 
     build_layer(layer, *, tp_size=1, tp_group=None, precision="fp32",
-                simulate_tp_size=0, causal=True) -> torch.nn.Module
+                simulate_tp_size=0, causal=True, sequence_parallel=False,
+                selective_recompute=False) -> torch.nn.Module
 
         One module per Layer. `tp_size` is the tensor-parallel degree; the megatron-core
         layers take their group from `tp_group`, else from megatron's `parallel_state` (which
@@ -20,6 +21,25 @@ API (what the memory and profiling code use)
         per-rank shapes (QKV 3h/k, fc1 f/k, vocab V/k, ...), same FLOPs and parameter count as
         one rank of the real layer, no collectives (the profiler costs those separately).
         It needs no torch.distributed at all.
+
+        sequence_parallel=True (tp_size > 1, real layers): Korthikanti et al. 2022's sequence
+        parallelism. Activations between layers are then sequence-first shards [s/t, b, h]
+        (Megatron's layout): the embedding scatters its output over the tensor ranks, the
+        LayerNorms, residual adds and replicated biases run on the rank's s/t tokens, each
+        column-parallel linear all-gathers its input (saving only the shard, gathered again
+        in backward) and reduce-scatters its input gradient, each row-parallel linear
+        reduce-scatters its output; the gradients of the weights used on a shard (LayerNorms,
+        row-parallel biases, an input projection) are all-reduced over the tensor group in
+        backward; the head gathers and returns batch-first logits. megatron-core 0.16's own
+        sequence-parallel path cannot run on CPU (its all-gather / reduce-scatter buffers are
+        allocated with torch.cuda.current_device(): tensor_parallel/layers.py
+        LinearWithGradAccumulationAndAsyncCommunication, mappings._gather_along_first_dim /
+        _reduce_scatter_along_first_dim), so the same communication is written here with
+        torch.distributed on megatron-core's parameters (same shapes, same initialization).
+
+        selective_recompute=True: the attention core (scaled_dot_product_attention) runs
+        under torch.utils.checkpoint and is recomputed in backward (Korthikanti et al. 2022,
+        section 4.3); its inputs q, k, v and output are kept, what it saves is not.
 
     Activations are batch-first: every layer but the embedding takes x [mbs, s, h_in] and
     returns [mbs, s, h]. The embedding takes token ids [mbs, s] (int64). The head returns the
@@ -40,7 +60,8 @@ API (what the memory and profiling code use)
         layer built with tp_size=1 (the real megatron-core modules) runs in one process.
         Idempotent.
 
-Layer definitions (Megatron-LM's GPT, without dropout):
+Layer definitions (Megatron-LM's GPT, without dropout; batch-first [b, s, h] unless sequence
+parallel):
 - embedding: megatron-core VocabParallelEmbedding (V x h, split on V) + learned positions
   (s x h, replicated), summed;
 - transformer: x + proj(attn(LN1(x))), then + fc2(gelu(fc1(LN2(.)))); QKV is one
@@ -65,6 +86,7 @@ import tempfile
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from cost_models.layers import Layer, padded_vocab_size
 
@@ -117,12 +139,150 @@ class _LocalRow(nn.Module):
         return F.linear(x, self.weight, self.bias), None
 
 
+# ----------------------------------------------------------------------------- sequence parallel
+# Megatron's sequence-parallel communication along dim 0 ([s, b, h] activations), written with
+# torch.distributed so that it runs on gloo (see build_layer's docstring for why).
+
+def _seq_all_gather(x: torch.Tensor, group) -> torch.Tensor:
+    import torch.distributed as dist
+
+    t = dist.get_world_size(group)
+    out = torch.empty((x.shape[0] * t,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    return out
+
+
+def _seq_reduce_scatter(x: torch.Tensor, group) -> torch.Tensor:
+    import torch.distributed as dist
+
+    t = dist.get_world_size(group)
+    if x.shape[0] % t:
+        raise ValueError(f"sequence parallelism: sequence length {x.shape[0]} is not "
+                         f"divisible by the tensor-parallel degree {t}")
+    out = torch.empty((x.shape[0] // t,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(out, x.contiguous(), group=group)
+    return out
+
+
+def _seq_split(x: torch.Tensor, group) -> torch.Tensor:
+    import torch.distributed as dist
+
+    t, r = dist.get_world_size(group), dist.get_rank(group)
+    if x.shape[0] % t:
+        raise ValueError(f"sequence parallelism: sequence length {x.shape[0]} is not "
+                         f"divisible by the tensor-parallel degree {t}")
+    n = x.shape[0] // t
+    return x[r * n:(r + 1) * n].contiguous()
+
+
+class _ScatterToSequence(torch.autograd.Function):
+    """Keep this rank's s/t slice; backward all-gathers the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _seq_split(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _seq_all_gather(grad, ctx.group), None
+
+
+class _ReduceScatterToSequence(torch.autograd.Function):
+    """Row-parallel output: reduce-scatter over the sequence; backward all-gathers."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _seq_reduce_scatter(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _seq_all_gather(grad, ctx.group), None
+
+
+class _SequenceColumnLinear(torch.autograd.Function):
+    """Column-parallel linear on a sequence shard: all-gather the input, y = x W^T + b;
+    saves the *shard* and gathers it again in backward; the input gradient is
+    reduce-scattered (megatron-core's LinearWithGradAccumulationAndAsyncCommunication with
+    sequence_parallel=True)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group):
+        ctx.save_for_backward(x, weight)
+        ctx.group = group
+        return torch.matmul(_seq_all_gather(x, group), weight.t()) + bias
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        full = _seq_all_gather(x, ctx.group)
+        grad_input = _seq_reduce_scatter(grad.matmul(weight), ctx.group)
+        g2 = grad.reshape(-1, grad.shape[-1])
+        grad_weight = g2.t().matmul(full.reshape(-1, full.shape[-1]))
+        return grad_input, grad_weight, g2.sum(dim=0), None
+
+
+def _replicated(p: torch.Tensor, group) -> torch.Tensor:
+    """A weight used on a sequence shard: its gradient is all-reduced over the tensor group
+    in backward (megatron's copy_to_tensor_model_parallel_region)."""
+    from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+
+    return copy_to_tensor_model_parallel_region(p, group=group)
+
+
+def _layer_norm(ln: nn.LayerNorm, x, group):
+    """LayerNorm of a sequence shard (group) or of the whole sequence (group None)."""
+    if group is None:
+        return ln(x)
+    return F.layer_norm(x, ln.normalized_shape, _replicated(ln.weight, group),
+                        _replicated(ln.bias, group), ln.eps)
+
+
+def _linear_on_shard(lin: nn.Linear, x, group):
+    """A replicated nn.Linear (input projection) applied to a sequence shard (group) or not."""
+    if group is None:
+        return lin(x)
+    return F.linear(x, _replicated(lin.weight, group), _replicated(lin.bias, group))
+
+
+def _make_sequence_column(base):
+    class SequenceParallelColumn(base):
+        """megatron-core's ColumnParallelLinear (its parameters) on a sequence shard."""
+
+        def forward(self, x):
+            return _SequenceColumnLinear.apply(x, self.weight, self.bias, self.tp_group), None
+
+    return SequenceParallelColumn
+
+
+def _make_sequence_row(base):
+    class SequenceParallelRow(base):
+        """megatron-core's RowParallelLinear (its parameters), output reduce-scattered over
+        the sequence; `batch_first_input`: the input is [b, s, f/t] (the attention output,
+        kept in the layout the attention kernel wrote) and the output is turned to [s, b, h]
+        before the reduce-scatter."""
+
+        batch_first_input = False
+
+        def forward(self, x):
+            y = F.linear(x, self.weight)
+            if self.batch_first_input:
+                y = y.transpose(0, 1)
+            y = _ReduceScatterToSequence.apply(y, self.tp_group)
+            return y + _replicated(self.bias, self.tp_group), None
+
+    return SequenceParallelRow
+
+
 class _Linears:
     """Builds the column / row parallel linears of one layer: megatron-core's (real tensor
     parallelism) or local shards (simulate)."""
 
-    def __init__(self, *, tp_size: int, tp_group, dtype: torch.dtype, simulate: int):
+    def __init__(self, *, tp_size: int, tp_group, dtype: torch.dtype, simulate: int,
+                 sequence_parallel: bool = False):
         self.tp, self.group, self.dtype, self.simulate = tp_size, tp_group, dtype, simulate
+        self.sequence_parallel = bool(sequence_parallel and tp_size > 1 and not simulate)
         self.config = None
         if not simulate:
             from megatron.core import ModelParallelConfig
@@ -136,22 +296,33 @@ class _Linears:
         """How many ways the split dimensions are divided."""
         return self.simulate or self.tp
 
+    @property
+    def seq_group(self):
+        """The tensor group when activations are sequence shards, else None."""
+        return self.group if self.sequence_parallel else None
+
     def column(self, n_in: int, n_out: int) -> nn.Module:
         if self.simulate:
             return _LocalColumn(n_in, n_out, self.simulate, self.dtype)
         from megatron.core.tensor_parallel import ColumnParallelLinear
 
-        return ColumnParallelLinear(n_in, n_out, config=self.config, init_method=_init_normal,
-                                    bias=True, gather_output=False, tp_group=self.group)
+        cls = _make_sequence_column(ColumnParallelLinear) if self.sequence_parallel \
+            else ColumnParallelLinear
+        return cls(n_in, n_out, config=self.config, init_method=_init_normal,
+                   bias=True, gather_output=False, tp_group=self.group)
 
-    def row(self, n_in: int, n_out: int) -> nn.Module:
+    def row(self, n_in: int, n_out: int, *, batch_first_input: bool = False) -> nn.Module:
         if self.simulate:
             return _LocalRow(n_in, n_out, self.simulate, self.dtype)
         from megatron.core.tensor_parallel import RowParallelLinear
 
-        return RowParallelLinear(n_in, n_out, config=self.config, init_method=_init_normal,
-                                 bias=True, input_is_parallel=True, skip_bias_add=False,
-                                 tp_group=self.group)
+        cls = _make_sequence_row(RowParallelLinear) if self.sequence_parallel \
+            else RowParallelLinear
+        m = cls(n_in, n_out, config=self.config, init_method=_init_normal,
+                bias=True, input_is_parallel=True, skip_bias_add=False, tp_group=self.group)
+        if self.sequence_parallel:
+            m.batch_first_input = batch_first_input
+        return m
 
 
 def _input_projection(layer: Layer, dtype: torch.dtype) -> nn.Module | None:
@@ -183,11 +354,15 @@ class EmbeddingLayer(nn.Module):
                                                config=lin.config, tp_group=lin.group)
         self.position = nn.Parameter(torch.empty(s, h, dtype=lin.dtype))
         _init_normal(self.position)
+        self.seq_group = lin.seq_group
 
     def forward(self, ids):
         if self.simulate:  # this rank's rows only; the lookup cost is the same
             ids = ids % self.word.num_embeddings
-        return self.word(ids) + self.position[: ids.shape[1]]
+        x = self.word(ids) + self.position[: ids.shape[1]]
+        if self.seq_group is not None:      # sequence parallel: this rank's [s/t, b, h]
+            x = _ScatterToSequence.apply(x.transpose(0, 1), self.seq_group)
+        return x
 
 
 class _MLP(nn.Module):
@@ -196,7 +371,7 @@ class _MLP(nn.Module):
     def __init__(self, h: int, f: int, lin: _Linears):
         super().__init__()
         self.fc1 = lin.column(h, f)
-        self.fc2 = lin.row(f, h)
+        self.fc2 = lin.row(f, h)   # sequence parallel: fc1's output is [s, b, f/t] already
 
     def forward(self, x):
         y, _ = self.fc1(x)
@@ -207,7 +382,8 @@ class _MLP(nn.Module):
 class TransformerLayer(nn.Module):
     """Pre-LN GPT block: [b, s, h_in] -> [b, s, h]."""
 
-    def __init__(self, layer: Layer, lin: _Linears, causal: bool = True):
+    def __init__(self, layer: Layer, lin: _Linears, causal: bool = True,
+                 selective_recompute: bool = False):
         super().__init__()
         h, a = layer.hidden_size, layer.num_attention_heads
         if a <= 0 or h % a or a % lin.shards:
@@ -220,22 +396,52 @@ class TransformerLayer(nn.Module):
         self.proj_in = _input_projection(layer, lin.dtype)
         self.ln1 = nn.LayerNorm(h, dtype=lin.dtype)
         self.qkv = lin.column(h, 3 * h)  # output laid out [heads, 3, head_dim]
-        self.proj = lin.row(h, h)
+        self.proj = lin.row(h, h, batch_first_input=True)
         self.ln2 = nn.LayerNorm(h, dtype=lin.dtype)
         self.mlp = _MLP(h, layer.ffn_hidden_size, lin)
+        self.seq_group = lin.seq_group
+        self.selective_recompute = selective_recompute
+
+    def _core(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+    def attention(self, q, k, v):
+        """The attention core, checkpointed under selective recomputation (reentrant, so
+        that its inputs are saved through autograd like every other saved tensor)."""
+        if self.selective_recompute and torch.is_grad_enabled():
+            return checkpoint(self._core, q, k, v, use_reentrant=True,
+                              preserve_rng_state=False)
+        return self._core(q, k, v)
 
     def forward(self, x):
+        if self.seq_group is not None:
+            return self._forward_sequence_parallel(x)
         if self.proj_in is not None:
             x = self.proj_in(x)
         b, s, _ = x.shape
         qkv, _ = self.qkv(self.ln1(x))                       # [b, s, 3h/t]
         qkv = qkv.view(b, s, self.heads_local, 3, self.head_dim)
         q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # [b, a/t, s, d]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        y = self.attention(q, k, v)
         y = y.transpose(1, 2).reshape(b, s, self.heads_local * self.head_dim)
         y, _ = self.proj(y)
         x = x + y
         return x + self.mlp(self.ln2(x))
+
+    def _forward_sequence_parallel(self, x):
+        """x: this rank's [s/t, b, h_in] -> [s/t, b, h]."""
+        g = self.seq_group
+        if self.proj_in is not None:
+            x = _linear_on_shard(self.proj_in, x, g)
+        qkv, _ = self.qkv(_layer_norm(self.ln1, x, g))      # gathered: [s, b, 3h/t]
+        s, b = qkv.shape[:2]
+        qkv = qkv.view(s, b, self.heads_local, 3, self.head_dim)
+        q, k, v = (qkv[:, :, :, i].permute(1, 2, 0, 3) for i in range(3))  # [b, a/t, s, d]
+        y = self.attention(q, k, v)
+        y = y.transpose(1, 2).reshape(b, s, self.heads_local * self.head_dim)  # [b, s, h/t]
+        y, _ = self.proj(y)                                  # reduce-scattered: [s/t, b, h]
+        x = x + y
+        return x + self.mlp(_layer_norm(self.ln2, x, g))
 
 
 class MLPLayer(nn.Module):
@@ -247,11 +453,13 @@ class MLPLayer(nn.Module):
         self.proj_in = _input_projection(layer, lin.dtype)
         self.ln = nn.LayerNorm(h, dtype=lin.dtype)
         self.mlp = _MLP(h, layer.ffn_hidden_size, lin)
+        self.seq_group = lin.seq_group
 
     def forward(self, x):
+        g = self.seq_group
         if self.proj_in is not None:
-            x = self.proj_in(x)
-        return x + self.mlp(self.ln(x))
+            x = _linear_on_shard(self.proj_in, x, g)
+        return x + self.mlp(_layer_norm(self.ln, x, g))
 
 
 class HeadLayer(nn.Module):
@@ -262,9 +470,12 @@ class HeadLayer(nn.Module):
         self.simulate = lin.simulate
         self.ln = nn.LayerNorm(layer.hidden_size, dtype=lin.dtype)
         self.lm = lin.column(layer.hidden_size, padded_vocab_size(layer.vocab_size, lin.shards))
+        self.seq_group = lin.seq_group
 
     def forward(self, x):
-        logits, _ = self.lm(self.ln(x))
+        logits, _ = self.lm(_layer_norm(self.ln, x, self.seq_group))
+        if self.seq_group is not None:      # gathered [s, b, V/t] -> batch-first
+            logits = logits.transpose(0, 1).contiguous()
         return logits
 
     def loss(self, logits, labels):
@@ -286,7 +497,8 @@ def lm_loss(logits, labels):
 # ----------------------------------------------------------------------------- API
 
 def build_layer(layer: Layer, *, tp_size: int = 1, tp_group=None, precision: str = "fp32",
-                simulate_tp_size: int = 0, causal: bool = True) -> nn.Module:
+                simulate_tp_size: int = 0, causal: bool = True, sequence_parallel: bool = False,
+                selective_recompute: bool = False) -> nn.Module:
     """One module implementing `layer` for one tensor rank (see the module docstring)."""
     if precision not in TRIAL_PRECISIONS:
         raise ValueError(f"precision {precision!r}; accepted: {', '.join(TRIAL_PRECISIONS)}")
@@ -299,7 +511,7 @@ def build_layer(layer: Layer, *, tp_size: int = 1, tp_group=None, precision: str
     if not simulate_tp_size:
         tp_group = _resolve_group(tp_size, tp_group)
     lin = _Linears(tp_size=tp_size, tp_group=tp_group, dtype=TRIAL_PRECISIONS[precision],
-                   simulate=simulate_tp_size)
+                   simulate=simulate_tp_size, sequence_parallel=sequence_parallel)
     if layer.kind in ("transformer", "mlp") and layer.ffn_hidden_size % lin.shards:
         raise ValueError(f"{layer.kind} layer {layer.name!r}: ffn size "
                          f"{layer.ffn_hidden_size} is not divisible by the tensor-parallel "
@@ -307,7 +519,8 @@ def build_layer(layer: Layer, *, tp_size: int = 1, tp_group=None, precision: str
     if layer.kind == "embedding":
         return EmbeddingLayer(layer, lin)
     if layer.kind == "transformer":
-        return TransformerLayer(layer, lin, causal=causal)
+        return TransformerLayer(layer, lin, causal=causal,
+                                selective_recompute=selective_recompute)
     if layer.kind == "mlp":
         return MLPLayer(layer, lin)
     if layer.kind == "head":

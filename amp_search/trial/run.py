@@ -115,6 +115,14 @@ class _Data:
         return ids, labels
 
 
+def _knobs(cfg: TrialConfig) -> dict:
+    """build_layer's arguments for the strategy's sequence parallelism and selective
+    recomputation (full recomputation is DeepSpeed's activation checkpointing)."""
+    s = cfg.strategy
+    return {"sequence_parallel": s.sequence_parallel and s.tmp > 1,
+            "selective_recompute": s.selective_recompute and not s.activation_checkpointing}
+
+
 def _layer_specs(cfg: TrialConfig):
     """One DeepSpeed LayerSpec per layer; only the local stage's layers get built."""
     from deepspeed.pipe import LayerSpec
@@ -133,7 +141,7 @@ def _layer_specs(cfg: TrialConfig):
 
         def build(self, log=False):
             return M.build_layer(self.layer, tp_size=cfg.strategy.tmp, precision="fp32",
-                                 causal=cfg.causal)
+                                 causal=cfg.causal, **_knobs(cfg))
 
         def __repr__(self):
             return f"{self.typename.__name__}({self.layer.name})"
@@ -205,7 +213,8 @@ class _Sequential:
                 for i, layer in enumerate(cfg.layers):
                     set_random_seed(cfg.seed + i)  # as PipelineModule(seed_layers=True)
                     mods.append(M.build_layer(layer, tp_size=cfg.strategy.tmp,
-                                              precision="fp32", causal=cfg.causal))
+                                              precision="fp32", causal=cfg.causal,
+                                              **_knobs(cfg)))
                 self.layers = torch.nn.ModuleList(mods)
 
             def forward(self, ids, labels):
