@@ -5,7 +5,7 @@ reads it (`python -m amp_search.trial.run --config trial.json`). Fields:
 
     layers      the chain, as dicts of cost_models.layers.Layer fields
     strategy    Strategy.to_dict(): pp, dp, tmp, mbs, global_batch_size, partition, placement,
-                zero_stage, activation_checkpointing
+                zero_stage, activation_checkpointing, selective_recompute, sequence_parallel
     ranks       RankAssignment per global rank (stage, replica, tensor, device, host, ...)
     launch_order  launch rank -> global rank (see amp_search.trial.ranks)
     precision   what DeepSpeed trains in: fp32 | bf16 | fp16 (fp16 needs CUDA: on CPU the
@@ -129,6 +129,10 @@ def ds_config(strategy: Strategy, *, precision: str, lr: float = 1e-4) -> dict:
         "gradient_clipping": 1.0,
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
+        # sequence parallelism: stage outputs are already per-rank sequence shards, which
+        # DeepSpeed must not split and re-gather over the tensor group as replicated tensors
+        **({"pipeline": {"pipe_partitioned": False, "grad_partitioned": False}}
+           if strategy.sequence_parallel and strategy.tmp > 1 else {}),
     }
 
 
