@@ -3,6 +3,8 @@ of memory").
 
     python benchmarks/memory_accuracy.py            # larger model; exits 1 if a part is off > 5 %
     python benchmarks/memory_accuracy.py --quick    # the small model tests/test_memory.py uses
+    python benchmarks/memory_accuracy.py --knobs-only [--quick]
+                                      # only the sequence-parallel / selective-recompute cases
 
 What runs: the DeepSpeed engine that `amp_search.trial.run` builds (the PipelineModule split at
 the plan's boundaries over megatron-core tensor-parallel layers; the plain engine for pp = 1 with
@@ -29,6 +31,15 @@ What is measured, per rank, in the second training iteration (optimizer states e
   micro-batches in flight; recomputation rebuilds one block in backward);
 - pipeline buffers: the stage outputs the pipeline engine keeps in `pipe_buffers['outputs']`,
   storages already counted as saved left out.
+
+Sequence parallelism and selective recomputation (Korthikanti et al. 2022) are measured in
+their own cases (`knob_cases`): the trial layers' sequence-parallel path (activations as
+[s/t, b, h] shards, all-gather / reduce-scatter over gloo) at tmp 2, alone, with full
+recomputation, with selective recomputation, under ZeRO 1/2, and with pp 2 (shards in the
+pipeline buffers); selective recomputation (the attention core under a reentrant checkpoint)
+at tmp 1 and 2. The trial layers run a fused attention kernel (scaled_dot_product_attention),
+so selective recomputation saves its log-sum-exp only here: the a s^2 score terms of standard
+attention are not exercised by any CPU trial.
 
 DeepSpeed's reduce bucket defaults to 5e8 elements, more than these models and, at ZeRO 2, more
 than this machine's memory (two fp32 processes were killed for lack of memory), so the cases
@@ -92,6 +103,9 @@ class Case:
     precision: str
     partition: tuple[int, ...]
     buckets: MEM.ZeroBuckets = field(default_factory=MEM.ZeroBuckets)
+    sequence_parallel: bool = False
+    selective: bool = False
+    """Selective recomputation (the attention core only)."""
     """DeepSpeed bucket sizes; the measuring runs set small ones (QUICK_BUCKETS, LARGE_BUCKETS)."""
 
     @property
@@ -100,7 +114,9 @@ class Case:
 
     def label(self) -> str:
         return (f"pp{self.pp}dp{self.dp}tmp{self.tmp}-mbs{self.mbs}x{self.gas}-"
-                f"z{self.zero_stage}{'-ckpt' if self.recompute else ''}-{self.precision}")
+                f"z{self.zero_stage}{'-ckpt' if self.recompute else ''}"
+                f"{'-sel' if self.selective else ''}{'-sp' if self.sequence_parallel else ''}"
+                f"-{self.precision}")
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "partition": list(self.partition),
@@ -132,6 +148,32 @@ def cases_for(layers: tuple[Layer, ...], *, worlds, precisions=("fp32", "bf16"),
     return out
 
 
+def knob_cases(layers: tuple[Layer, ...], *, worlds, precisions=("fp32", "bf16"), mbs=2, gas=3,
+               buckets: MEM.ZeroBuckets) -> list[Case]:
+    """Sequence parallelism (tmp > 1) alone, with full or selective recomputation, under ZeRO
+    1 (and 2 at pp = 1); selective recomputation alone at every world."""
+    out = []
+    L = len(layers)
+    for pp, dp, tmp in worlds:
+        part = tuple(round(j * L / pp) for j in range(pp + 1))
+        kw = dict(pp=pp, dp=dp, tmp=tmp, mbs=mbs, gas=gas, partition=part, buckets=buckets)
+        for prec in precisions:
+            out.append(Case(zero_stage=0, recompute=False, selective=True, precision=prec,
+                            **kw))
+            if tmp == 1:
+                continue
+            out += [Case(zero_stage=0, recompute=False, sequence_parallel=True,
+                         precision=prec, **kw),
+                    Case(zero_stage=0, recompute=True, sequence_parallel=True, precision=prec,
+                         **kw),
+                    Case(zero_stage=1, recompute=False, selective=True, sequence_parallel=True,
+                         precision=prec, **kw)]
+            if pp == 1:
+                out.append(Case(zero_stage=2, recompute=False, sequence_parallel=True,
+                                precision=prec, **kw))
+    return out
+
+
 # ----------------------------------------------------------------------------- prediction
 
 def predict(case: Case, layers: tuple[Layer, ...], stage: int) -> dict:
@@ -140,18 +182,22 @@ def predict(case: Case, layers: tuple[Layer, ...], stage: int) -> dict:
     states = MEM.stage_bytes(mine, stage=stage, pp=case.pp, dp=case.dp, tmp=case.tmp,
                              mbs=case.mbs, gas=case.gas, zero_stage=case.zero_stage,
                              recompute=case.recompute, precision=case.precision,
-                             buckets=case.buckets)
+                             buckets=case.buckets, sequence_parallel=case.sequence_parallel,
+                             selective=case.selective)
     g = MEM.BYTES_PER_ELEMENT[case.precision]
     kw = dict(mbs=case.mbs, tmp=case.tmp, bytes_per_element=g)
+    sp = dict(sequence_parallel=case.sequence_parallel)
     return {
         **{k: v for k, v in states.to_dict().items() if k != "activation_bytes"},
         "activation_bytes_per_microbatch": sum(
-            MEM.layer_activation_bytes(x, recompute=case.recompute, **kw) for x in mine),
+            MEM.layer_activation_bytes(x, recompute=case.recompute, selective=case.selective,
+                                       **sp, **kw) for x in mine),
         "activation_peak_bytes": MEM.stage_saved_activation_bytes(
-            mine, stage=stage, pp=case.pp, gas=case.gas, recompute=case.recompute, **kw),
+            mine, stage=stage, pp=case.pp, gas=case.gas, recompute=case.recompute,
+            selective=case.selective, **sp, **kw),
         "pipeline_buffer_bytes": MEM.pipeline_buffer_bytes(
             mine, stage=stage, pp=case.pp, gas=case.gas,
-            pipelined=MEM.pipeline_engine(pp=case.pp, zero_stage=case.zero_stage), **kw),
+            pipelined=MEM.pipeline_engine(pp=case.pp, zero_stage=case.zero_stage), **sp, **kw),
     }
 
 
@@ -395,7 +441,8 @@ def _trial_config(case: Case, layers):
                       for j in range(pp))
     s = Strategy(pp=pp, dp=dp, tmp=tmp, mbs=case.mbs, global_batch_size=case.mbs * case.gas * dp,
                  partition=case.partition, placement=placement, zero_stage=case.zero_stage,
-                 activation_checkpointing=case.recompute)
+                 activation_checkpointing=case.recompute, selective_recompute=case.selective,
+                 sequence_parallel=case.sequence_parallel)
     n = pp * dp * tmp
     ranks = assign_ranks(s, {d: (0, d) for d in range(n)}, {0: "localhost"})
     config = ds_config(s, precision=case.precision)
@@ -690,6 +737,9 @@ LARGE_BUCKETS = MEM.ZeroBuckets(reduce_bucket_elements=2_000_000,
                                 stage3_persistence_threshold=10_000)
 QUICK_WORLDS = ((1, 2, 1), (2, 1, 1), (1, 1, 2))
 LARGE_WORLDS = ((1, 2, 1), (2, 1, 1), (1, 1, 2), (2, 2, 1))
+KNOB_WORLDS = ((1, 1, 2), (2, 1, 2), (1, 2, 1))
+"""Sequence parallelism at tmp 2 (one stage; two stages, whose buffers hold shards) and
+selective recomputation at tmp 1 and 2."""
 
 
 def main(argv=None) -> int:
@@ -697,13 +747,17 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="the small model of the test")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    ap.add_argument("--knobs-only", action="store_true",
+                    help="only the sequence-parallel and selective-recomputation cases")
     args = ap.parse_args(argv)
     if args.worker:
         _worker(args.worker)
         return 0
     layers = gpt_layers(**(QUICK if args.quick else LARGE))
-    cases = cases_for(layers, worlds=QUICK_WORLDS if args.quick else LARGE_WORLDS,
-                      buckets=QUICK_BUCKETS if args.quick else LARGE_BUCKETS)
+    buckets = QUICK_BUCKETS if args.quick else LARGE_BUCKETS
+    cases = [] if args.knobs_only else cases_for(
+        layers, worlds=QUICK_WORLDS if args.quick else LARGE_WORLDS, buckets=buckets)
+    cases += knob_cases(layers, worlds=KNOB_WORLDS, buckets=buckets)
     rows = compare(measure(cases, layers), layers)
     print(table(rows))
     bad = failures(rows)
