@@ -270,3 +270,39 @@ def test_predictions_match_the_real_trial_engine_within_5_percent():
     assert by[("pp1dp2tmp1-mbs2x3-z3-bf16", 0, "buffer_bytes")].measured > 0
     bad = B.failures(rows)
     assert not bad, "\n" + B.table(bad)
+
+
+def test_knob_predictions_match_the_real_trial_engine_within_5_percent():
+    """Sequence parallelism and selective recomputation on the real trial engine (gloo, tmp
+    2): one stage and two stages (whose pipeline buffers hold [s/t, b, h] shards), with full
+    and selective recomputation, ZeRO 0-2; every part within 5 %."""
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("megatron.core")
+    B = _bench()
+    layers = B.gpt_layers(**B.QUICK)
+    kw = dict(mbs=2, gas=3, buckets=B.QUICK_BUCKETS)
+    one, two = (0, len(layers)), (0, 2, len(layers))
+    cases = [B.Case(pp=1, dp=1, tmp=2, zero_stage=0, recompute=False, sequence_parallel=True,
+                    precision="bf16", partition=one, **kw),
+             B.Case(pp=1, dp=1, tmp=2, zero_stage=1, recompute=False, selective=True,
+                    sequence_parallel=True, precision="fp32", partition=one, **kw),
+             B.Case(pp=1, dp=1, tmp=2, zero_stage=2, recompute=False, selective=True,
+                    precision="bf16", partition=one, **kw),
+             B.Case(pp=2, dp=1, tmp=2, zero_stage=0, recompute=True, sequence_parallel=True,
+                    precision="fp32", partition=two, **kw),
+             B.Case(pp=2, dp=1, tmp=2, zero_stage=1, recompute=False, sequence_parallel=True,
+                    precision="bf16", partition=two, **kw)]
+    rows = B.compare(B.measure(cases, layers, timeout_s=300), layers)
+    assert len(rows) == len(B.PARTS) * sum(c.pp for c in cases)
+    for r in rows:
+        if r.part in ("parameter_bytes", "activation_bytes_per_microbatch",
+                      "activation_peak_bytes"):
+            assert r.measured > 0, r
+    # sequence parallelism really shrinks what is saved: the same case without it saves more
+    plain = B.predict(B.Case(pp=1, dp=1, tmp=2, zero_stage=0, recompute=False,
+                             precision="bf16", partition=one, **kw), layers, 0)
+    sp = {(r.case, r.part): r for r in rows}[("pp1dp1tmp2-mbs2x3-z0-sp-bf16",
+                                              "activation_bytes_per_microbatch")]
+    assert sp.measured < 0.9 * plain["activation_bytes_per_microbatch"]
+    bad = B.failures(rows)
+    assert not bad, "\n" + B.table(bad)

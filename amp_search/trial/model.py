@@ -259,15 +259,13 @@ def _make_sequence_column(base):
 def _make_sequence_row(base):
     class SequenceParallelRow(base):
         """megatron-core's RowParallelLinear (its parameters), output reduce-scattered over
-        the sequence; `batch_first_input`: the input is [b, s, f/t] (the attention output,
-        kept in the layout the attention kernel wrote) and the output is turned to [s, b, h]
-        before the reduce-scatter."""
+        the sequence; `batch_first`: the input is [b, s, f/t] (an attention output kept in
+        the layout the kernel wrote, not copied) and the output is turned to [s, b, h] before
+        the reduce-scatter."""
 
-        batch_first_input = False
-
-        def forward(self, x):
+        def forward(self, x, batch_first: bool = False):
             y = F.linear(x, self.weight)
-            if self.batch_first_input:
+            if batch_first:
                 y = y.transpose(0, 1)
             y = _ReduceScatterToSequence.apply(y, self.tp_group)
             return y + _replicated(self.bias, self.tp_group), None
@@ -311,18 +309,15 @@ class _Linears:
         return cls(n_in, n_out, config=self.config, init_method=_init_normal,
                    bias=True, gather_output=False, tp_group=self.group)
 
-    def row(self, n_in: int, n_out: int, *, batch_first_input: bool = False) -> nn.Module:
+    def row(self, n_in: int, n_out: int) -> nn.Module:
         if self.simulate:
             return _LocalRow(n_in, n_out, self.simulate, self.dtype)
         from megatron.core.tensor_parallel import RowParallelLinear
 
         cls = _make_sequence_row(RowParallelLinear) if self.sequence_parallel \
             else RowParallelLinear
-        m = cls(n_in, n_out, config=self.config, init_method=_init_normal,
-                bias=True, input_is_parallel=True, skip_bias_add=False, tp_group=self.group)
-        if self.sequence_parallel:
-            m.batch_first_input = batch_first_input
-        return m
+        return cls(n_in, n_out, config=self.config, init_method=_init_normal,
+                   bias=True, input_is_parallel=True, skip_bias_add=False, tp_group=self.group)
 
 
 def _input_projection(layer: Layer, dtype: torch.dtype) -> nn.Module | None:
@@ -396,7 +391,7 @@ class TransformerLayer(nn.Module):
         self.proj_in = _input_projection(layer, lin.dtype)
         self.ln1 = nn.LayerNorm(h, dtype=lin.dtype)
         self.qkv = lin.column(h, 3 * h)  # output laid out [heads, 3, head_dim]
-        self.proj = lin.row(h, h, batch_first_input=True)
+        self.proj = lin.row(h, h)
         self.ln2 = nn.LayerNorm(h, dtype=lin.dtype)
         self.mlp = _MLP(h, layer.ffn_hidden_size, lin)
         self.seq_group = lin.seq_group
@@ -437,9 +432,16 @@ class TransformerLayer(nn.Module):
         s, b = qkv.shape[:2]
         qkv = qkv.view(s, b, self.heads_local, 3, self.head_dim)
         q, k, v = (qkv[:, :, :, i].permute(1, 2, 0, 3) for i in range(3))  # [b, a/t, s, d]
-        y = self.attention(q, k, v)
-        y = y.transpose(1, 2).reshape(b, s, self.heads_local * self.head_dim)  # [b, s, h/t]
-        y, _ = self.proj(y)                                  # reduce-scattered: [s/t, b, h]
+        y = self.attention(q, k, v)                          # [b, a/t, s, d]
+        # hand the projection the kernel's output without a copy, in whichever of the two
+        # layouts the kernel wrote it ([s, b, a, d] or [b, s, a, d] in memory)
+        seq_first = y.permute(2, 0, 1, 3)
+        local = self.heads_local * self.head_dim
+        if seq_first.is_contiguous():
+            y, _ = self.proj(seq_first.reshape(s, b, local))
+        else:
+            y, _ = self.proj(y.transpose(1, 2).reshape(b, s, local), batch_first=True)
+        # reduce-scattered: [s/t, b, h]
         x = x + y
         return x + self.mlp(_layer_norm(self.ln2, x, g))
 
