@@ -113,7 +113,9 @@ def sequence_parallel_time_s(layer: Layer, *, tmp: int, mbs: int, device: Device
     (1 - 1/t) of it in forward and in backward (2x forward), and once more in a fully
     recomputed forward. The tensor-parallel communication keeps its volume (reduce-scatter +
     all-gather = one ring all-reduce, Korthikanti et al. 2022 section 4.2.2) and is costed by
-    the planner as before."""
+    the planner as before. Not counted: the all-gather Megatron repeats in backward for each
+    column-parallel weight gradient (it saves only the shard; on GPUs it overlaps the input
+    gradient's GEMM) and the host time of issuing two collectives where there was one."""
     if tmp <= 1:
         return KnobTime(forward_s=0.0, backward_s=0.0)
     saved = replicated_elementwise_bytes(layer, bytes_per_element) * mbs * (1.0 - 1.0 / tmp) \
