@@ -190,8 +190,8 @@ class TrainingSpec:
     global_batch_size: int
     precision: str
     activation_checkpointing: tuple[str, ...]
-    """Recomputation modes to search, from none | selective | full (`search`: all three).
-    selective re-runs only the attention core in backward (Korthikanti et al. 2022)."""
+    """Recomputation modes to search, from none | selective | full (`search`: all three; a
+    list names some of them)."""
     zero_stage: tuple[int, ...]
     """Values to search: one stage, or 0-3 for `search`."""
     memory_headroom: float = 0.05
@@ -597,7 +597,17 @@ def _training(data) -> TrainingSpec:
     r = _Reader(data, "training", ("global_batch_size", "precision", "activation_checkpointing",
                                    "zero_stage", "memory_headroom", "framework_overhead",
                                    "optimizer", "attention", "sequence_parallel"))
-    ckpt = r.choice("activation_checkpointing", ("none", "selective", "full", "search"), "none")
+    ckpt = r.raw("activation_checkpointing", "none")
+    modes = ("none", "selective", "full")
+    if isinstance(ckpt, list) and ckpt and all(isinstance(m, str) and m in modes for m in ckpt) \
+            and len(set(ckpt)) == len(ckpt):
+        ckpt_modes = tuple(m for m in modes if m in ckpt)      # in the canonical order
+    elif isinstance(ckpt, str) and ckpt in modes + ("search",):
+        ckpt_modes = modes if ckpt == "search" else (ckpt,)
+    else:
+        raise SpecError(r.at("activation_checkpointing"),
+                        f"got {_show(ckpt)}; accepted: none, selective, full, search, or a "
+                        f"list of some of none, selective, full (e.g. [none, full])")
     sp = r.raw("sequence_parallel", False)
     if sp is True or sp is False:
         sequence_parallel = (sp,)
@@ -627,8 +637,7 @@ def _training(data) -> TrainingSpec:
     return TrainingSpec(
         global_batch_size=r.int("global_batch_size", required=True, hi=MAX_BATCH),
         precision=r.choice("precision", PRECISIONS, "fp16"),
-        activation_checkpointing=(("none", "selective", "full") if ckpt == "search"
-                                  else (ckpt,)),
+        activation_checkpointing=ckpt_modes,
         sequence_parallel=sequence_parallel,
         zero_stage=zero_stages,
         memory_headroom=float(headroom),

@@ -158,6 +158,8 @@ def test_spec_keys():
     assert gpt_spec(ckpt="selective").training.activation_checkpointing == ("selective",)
     assert gpt_spec(ckpt="search").training.activation_checkpointing == \
         ("none", "selective", "full")
+    assert gpt_spec(ckpt=["full", "none"]).training.activation_checkpointing == \
+        ("none", "full")
     with pytest.raises(SpecError, match="training.sequence_parallel: got 'on'; accepted: "
                                         "true, false, search"):
         gpt_spec(sp="on")

@@ -84,7 +84,10 @@ BAD = [
     ("training.zero_stage", 4, "training.zero_stage: got 4; accepted: 0, 1, 2, 3, search"),
     ("training.activation_checkpointing", "some", "training.activation_checkpointing: got "
                                                   "'some'; accepted: none, selective, full, "
-                                                  "search"),
+                                                  "search, or a list"),
+    ("training.activation_checkpointing", ["none", "none"], "training.activation_checkpointing: "
+                                                           "got ['none', 'none']; accepted"),
+    ("training.activation_checkpointing", [], "training.activation_checkpointing: got []"),
     ("training.sequence_parallel", "yes", "training.sequence_parallel: got 'yes'; accepted: "
                                           "true, false, search"),
     ("training.sequence_parallel", 1, "training.sequence_parallel: got 1; accepted: true, "
