@@ -177,7 +177,8 @@ def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> list[s
              f"{what}.",
              f"placement: the node order, then what the stages hold, first to last; "
              f"{_placement_example(spec, rows)} (dp x tmp devices per stage). mem GiB: peak / "
-             f"usable memory of the fullest device."]
+             f"usable memory of the fullest device. ckpt: activation recomputation (full: "
+             f"each block, sel: the attention core only); sp: sequence parallelism."]
     simulated = [e for _, e, _ in rows if e.simulated]
     if simulated:
         star = any(not e.simulated for _, e, _ in rows)
