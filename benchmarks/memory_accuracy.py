@@ -197,7 +197,7 @@ def predict(case: Case, layers: tuple[Layer, ...], stage: int) -> dict:
             selective=case.selective, **sp, **kw),
         "pipeline_buffer_bytes": MEM.pipeline_buffer_bytes(
             mine, stage=stage, pp=case.pp, gas=case.gas,
-            pipelined=MEM.pipeline_engine(pp=case.pp, zero_stage=case.zero_stage), **sp, **kw),
+            pipelined=MEM.pipeline_engine(pp=case.pp, zero_stage=case.zero_stage), **kw),
     }
 
 

@@ -73,7 +73,7 @@ Sequence parallelism (Korthikanti et al. 2022, tmp > 1) stores the replicated pe
 (the LayerNorm inputs and outputs, their mean and rstd, an input projection's input) for the
 rank's s/t tokens only: transformer g (4h/t + 4h/t + 2f/t + 4/t) + 4a/t, their Table 2's
 sbh(10 + 24/t) -> 34 sbh/t without the dropout masks the trial layers do not have; a block's
-checkpointed input and a pipeline buffer are the s/t shard too. Selective recomputation
+checkpointed input is the s/t shard too. Selective recomputation
 checkpoints the attention core only: the transformer no longer keeps the core's log-sum-exp
 (4a/t) nor, with standard attention, its (2g + 1) a s^2 / t score bytes; during backward one
 core's output and those terms exist again (`selective_working_set_bytes`). With flash
@@ -86,7 +86,9 @@ block keeps only its input, g s h_in per sample; the embedding and head keep eve
 1F1B keeps min(pp - j, gas) micro-batches in flight on stage j (DeepSpeed TrainSchedule), so the
 first stage holds the most; recomputation adds one block's working set during backward.
 The pipeline engine also keeps each in-flight buffer's stage output (for the last stage: the
-logits) in `pipe_buffers['outputs']`, max(2, min(pp - j, gas)) buffers.
+logits) in `pipe_buffers['outputs']`, max(2, min(pp - j, gas)) buffers; with tmp > 1 a
+non-last stage keeps 1/t of each output per rank (DeepSpeed partitions it over the tensor
+group; under sequence parallelism it is the rank's [s/t, b, h] shard).
 """
 from __future__ import annotations
 
@@ -532,8 +534,7 @@ def stage_saved_activation_bytes(layers, *, stage: int, pp: int, gas: int, mbs: 
 
 
 def pipeline_buffer_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tmp: int,
-                          bytes_per_element: int, pipelined: bool,
-                          sequence_parallel: bool = False) -> int:
+                          bytes_per_element: int, pipelined: bool) -> int:
     """Stage outputs the pipeline engine keeps in `pipe_buffers['outputs']`: one per buffer
     (max(2, min(pp - j, gas)) buffers, filled by min(buffers, gas) micro-batches); on the last
     stage the head's logits (g s V/t per sample), which for fp32 are the very tensor the
@@ -545,8 +546,7 @@ def pipeline_buffer_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tm
     if last.kind == "head":
         n -= head_buffers_aliased(bytes_per_element)
     return int(n * stage_output_buffer_bytes(last, mbs=mbs, tmp=tmp,
-                                             bytes_per_element=bytes_per_element,
-                                             sequence_parallel=sequence_parallel))
+                                             bytes_per_element=bytes_per_element))
 
 
 def pipe_buffer_count(stage: int, pp: int, gas: int) -> int:
@@ -555,16 +555,17 @@ def pipe_buffer_count(stage: int, pp: int, gas: int) -> int:
     return min(max(2, min(pp - stage, gas)), gas)
 
 
-def stage_output_buffer_bytes(last: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
-                              sequence_parallel: bool = False) -> float:
+def stage_output_buffer_bytes(last: Layer, *, mbs: int, tmp: int,
+                              bytes_per_element: int) -> float:
     """Bytes one pipeline buffer holds when `last` is the stage's last layer: its output
-    activation (its sequence shard under sequence parallelism, which hands [s/t, b, h] from
-    stage to stage); after the head, its logits g s V/t per sample."""
+    activation, 1/t of it on each tensor rank when tmp > 1 (DeepSpeed's pipeline engine keeps
+    a non-last stage's outputs partitioned over the tensor group, `pipe_partitioned`; under
+    sequence parallelism the outputs are [s/t, b, h] shards already and the partitioning is
+    switched off); after the head, its logits g s V/t per sample."""
     from .layers import output_elements
 
     if last.kind != "head":
-        shards = sequence_shards(tmp, sequence_parallel) if last.kind != "custom" else 1
-        return float(bytes_per_element * output_elements(last) * mbs) / shards
+        return float(bytes_per_element * output_elements(last) * mbs) / tmp
     return float(bytes_per_element * last.seq_length
                  * (padded_vocab_size(last.vocab_size, tmp) // tmp) * mbs)
 
@@ -596,8 +597,7 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
                                        selective=selective)
     act += pipeline_buffer_bytes(layers, stage=stage, pp=pp, gas=gas, mbs=mbs, tmp=tmp,
                                  bytes_per_element=g,
-                                 pipelined=pipeline_engine(pp=pp, zero_stage=zero_stage),
-                                 sequence_parallel=sequence_parallel)
+                                 pipelined=pipeline_engine(pp=pp, zero_stage=zero_stage))
     return StageBytes(parameter_bytes=states.parameter_bytes,
                       gradient_bytes=states.gradient_bytes,
                       optimizer_bytes=states.optimizer_bytes,
@@ -669,8 +669,8 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
     by_signature: dict = {}
     for x in layers[:-1]:
         if x.signature not in by_signature:
-            by_signature[x.signature] = stage_output_buffer_bytes(
-                x, mbs=mbs, tmp=tmp, bytes_per_element=g, sequence_parallel=sequence_parallel)
+            by_signature[x.signature] = stage_output_buffer_bytes(x, mbs=mbs, tmp=tmp,
+                                                                  bytes_per_element=g)
     last = layers[-1]
     return LinearMemory(
         state_bytes=per_param * np.array([sum(ts) for ts in numels], dtype=float),
