@@ -122,7 +122,9 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
                 floor, _ = model._fixed_costs(gpu, c.tmp, ckpt)
                 per_pass = np.where(lt.analytic, floor / n_pass, 0.0)
                 fwd = lt.forward_s * scale + per_pass
-                bwd = lt.backward_s * scale + per_pass
+                # selective recomputation / sequence parallelism (CostModel._knob_time),
+                # counted in the backward pass, as in stage_costs' total
+                bwd = (lt.backward_s + model._knob_time(gpu, c)) * scale + per_pass
                 rec = fwd if ckpt else np.zeros(L)
                 total = fwd + bwd + rec
                 take = total > best_total        # the slowest type, as stage_costs' max
@@ -158,7 +160,9 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
 
 def candidate_of(s: Strategy) -> Candidate:
     return Candidate(pp=s.pp, dp=s.dp, tmp=s.tmp, mbs=s.mbs, zero_stage=s.zero_stage,
-                     activation_checkpointing=s.activation_checkpointing)
+                     activation_checkpointing=s.activation_checkpointing,
+                     selective_recompute=s.selective_recompute,
+                     sequence_parallel=s.sequence_parallel)
 
 
 def simulatable(s: Strategy) -> str | None:
@@ -197,7 +201,8 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
                     schedule=schedule, step_overhead_s=costs.step_overhead_s)
     if s.pp > 1:
         bw, crosses = layout.p2p_links
-        kw.update(p2p_bytes=np.array([model.out_bytes[bounds[j + 1] - 1] * s.mbs
+        shard = s.tmp if s.sequence_parallel else 1      # SP sends [s/t, b, h] shards
+        kw.update(p2p_bytes=np.array([model.out_bytes[bounds[j + 1] - 1] * s.mbs / shard
                                       for j in range(s.pp - 1)]),
                   p2p_latency_s=model.link_latencies_s("p2p", crosses, layout,
                                                        boundaries=True),

@@ -250,3 +250,28 @@ def test_cli_estimate_flags_table_and_json(tmp_path, capsys):
                "--sequence-parallel"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "sequence_parallel_without_tp" in err[0]
+
+
+def test_simulator_costs_the_knobs_like_the_closed_form():
+    """The event simulator's passes of a sequence-parallel, selectively recomputed strategy
+    sum to the closed form's stage times (knob time included), and its P2P carries the s/t
+    shard."""
+    import numpy as np
+
+    from amp_search.planner import CostModel
+    from amp_search.simulate import candidate_of, pass_times, simulation_inputs
+
+    spec = gpt_spec(gpu="V100-32GB", per=4, seq=2048)
+    model = CostModel(spec)
+    kw = dict(pp=2, dp=1, tmp=2, mbs=1, partition="uniform")
+    e = estimate(spec, **kw, sequence_parallel=True, activation_checkpointing="selective")
+    s = e.strategy
+    assert candidate_of(s).sequence_parallel and candidate_of(s).selective_recompute
+    c = candidate_of(s)
+    layout = model.layout(c, placement=np.array(s.placement))
+    t = pass_times(model, c, layout, model.stage_costs(c, layout), s.partition)
+    np.testing.assert_allclose(t.forward_s + t.backward_s, e.stage_time_s, rtol=1e-9)
+    plain = estimate(spec, **kw)
+    k_sp = simulation_inputs(model, s)
+    k_plain = simulation_inputs(model, plain.strategy)
+    np.testing.assert_allclose(k_sp["p2p_bytes"], k_plain["p2p_bytes"] / 2)
