@@ -65,6 +65,8 @@ STRATEGY_KNOBS: tuple[tuple[str, str], ...] = (
     ("global_batch_size", "samples per iteration"),
     ("zero_stage", "ZeRO stage (Megatron-LM: >= 1 is its distributed optimizer)"),
     ("activation_checkpointing", "full recomputation of each transformer block"),
+    ("selective_recompute", "recomputation of the attention core only (Korthikanti et al.)"),
+    ("sequence_parallel", "sequence parallelism over the tensor group"),
     ("placement_order", "node order the ranks were placed over"),
 )
 """What the exported README lists about the strategy: one line per knob (a knob's flags come

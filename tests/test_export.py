@@ -237,6 +237,22 @@ def test_megatron_arguments_for_an_uneven_split(tmp_path):
         (tmp_path / "megatron_args.json").read_text()))
 
 
+def test_megatron_arguments_carry_sequence_parallel_and_selective_recomputation(tmp_path):
+    """Korthikanti et al.'s two knobs reach Megatron-LM as its own flags: selective is
+    --recompute-granularity selective (no method / layer count), SP is --sequence-parallel."""
+    spec = load_spec(ROOT / "configs" / "cpu-tiny.yaml")
+    e = estimate(spec, pp=1, dp=2, tmp=2, mbs=2, partition="uniform",
+                 activation_checkpointing="selective", sequence_parallel=True)
+    assert e.strategy.selective_recompute and e.strategy.sequence_parallel
+    ex = export_strategy(spec, e.strategy, fmt="megatron", estimate=e, iters=10, warmup=5)
+    args = json.loads(next(f.text for f in ex.files if f.path == "megatron_args.json"))
+    i = args.index("--recompute-granularity")
+    assert args[i + 1] == "selective" and "--recompute-method" not in args
+    assert "--sequence-parallel" in args
+    text = next(f.text for f in ex.files if f.path == "README.md")
+    assert "(`sequence_parallel`): True" in text and "(`selective_recompute`): True" in text
+
+
 @pytest.mark.parametrize("partition, counts, form, split", [
     ((0, 1, 3, 5, 6), [0, 2, 2, 0], "layout", ["--pipeline-model-parallel-layout",
                                                "E|t*2|t*2|L"]),

@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
         p.add_argument(f"--{name}", type=positive_int, metavar="N",
                        help=f"{what} of a given strategy (with --pp --dp --tmp --mbs, "
                             f"instead of --rank)")
-    add_strategy_knobs(p, given="with a given strategy: ")
+    add_strategy_knobs(p, given="with a given strategy: ", sequence_knobs=True)
     p.add_argument("--hostfile", type=Path, metavar="FILE",
                    help="hosts of the spec's nodes, one 'host slots=N' per node in spec order "
                         "(default: cluster.nodes[].hosts, localhost for one node, else "

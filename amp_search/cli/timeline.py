@@ -53,7 +53,8 @@ def add_parser(sub) -> None:
         p.add_argument(f"--{name}", type=positive_int, metavar="N",
                        help=f"{what} of a given strategy (with --pp --dp --tmp --mbs, "
                             f"instead of --rank)")
-    add_strategy_knobs(p, zero_stages=(0, 1, 2), given="with a given strategy: ")
+    add_strategy_knobs(p, zero_stages=(0, 1, 2), given="with a given strategy: ",
+                       sequence_knobs=True)
     p.add_argument("--schedule", default="1f1b", metavar="NAME",
                    help="pipeline schedule: 1f1b (default; DeepSpeed's and Megatron-LM's "
                         "non-interleaved 1F1B) or gpipe")
@@ -106,11 +107,10 @@ def _chosen(spec: Spec, args, measurements) -> tuple[Estimate, str]:
                          f"(missing: {' '.join(missing)})")
     if args.partition == "optimal":
         cold_start_note()
-    ckpt = None if args.activation_checkpointing is None else \
-        args.activation_checkpointing == "full"
     e = estimate(spec, **given, partition=args.partition, zero_stage=args.zero_stage,
-                 activation_checkpointing=ckpt, placement_order=args.placement_order,
-                 measurements=measurements)
+                 activation_checkpointing=args.activation_checkpointing,
+                 sequence_parallel=getattr(args, "sequence_parallel", None),
+                 placement_order=args.placement_order, measurements=measurements)
     return e, "given strategy"
 
 

@@ -12,6 +12,8 @@ vocabulary. The strategy maps to its arguments:
                              stage per '|' (E embedding, t block, L loss/head), e.g. Et*3|t*2|tL
     activation_checkpointing --recompute-granularity full --recompute-method uniform
                              --recompute-num-layers 1
+    selective_recompute      --recompute-granularity selective (the attention core only)
+    sequence_parallel        --sequence-parallel
     zero_stage >= 1          --use-distributed-optimizer (ZeRO-1: optimizer state sharded)
     precision                --bf16 / --fp16 (fp32: neither)
 
@@ -108,6 +110,10 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
     if s.activation_checkpointing:
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform",
                  "--recompute-num-layers", "1"]
+    elif s.selective_recompute:
+        args += ["--recompute-granularity", "selective"]
+    if s.sequence_parallel:
+        args += ["--sequence-parallel"]
     if s.zero_stage >= 1:
         args += ["--use-distributed-optimizer"]
     if precision in ("bf16", "fp16"):
