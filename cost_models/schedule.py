@@ -332,8 +332,8 @@ free-running sends on their own streams; "blocking", DeepSpeed's separate blocki
 receive calls in its TrainSchedule's instruction order (`deepspeed_train_order`)."""
 
 P2P_MODE_OF_FRAMEWORK = {"deepspeed": "blocking", "async": "async"}
-"""The simulator's p2p_mode for each key of `cost_models.pipeline.P2P_BLOCKING_SHARE` that it
-models (Megatron's paired send/receive is not simulated)."""
+"""The p2p_mode for each key of `cost_models.pipeline.P2P_BLOCKING_SHARE` that the simulator
+models (Megatron-LM's paired send and receive, "megatron", is not simulated)."""
 
 
 def deepspeed_train_order(pp: int, gas: int, *, recompute: bool = False
@@ -1435,13 +1435,14 @@ def _event_table(*, pp, makespan, comp_kind, comp_mb, comp_peer, c_start, c_end,
         kind=col(comp_kind.reshape(-1)[real].astype(np.int8), np.full(n_gap, _K_IDLE, np.int8),
                  np.full(n_p2p, _K_SEND, np.int8), np.full(n_p2p, _K_RECV, np.int8),
                  coll_kind[coll].astype(np.int8), dtype=np.int8),
-        microbatch=col(comp_mb.reshape(-1)[real], np.full(n_gap, -1), f_mb[p2p], f_mb[p2p], f_mb[coll],
-                       dtype=np.int32),
-        start_s=col(c_start.reshape(-1)[real], gap_s[gap], f_start[p2p], f_start[p2p], f_start[coll],
-                    dtype=float),
-        end_s=col(c_end.reshape(-1)[real], gap_e[gap], f_end[p2p], f_end[p2p], f_end[coll], dtype=float),
-        peer=col(comp_peer.reshape(-1)[real], np.full(n_gap, -1), f_wake[p2p], f_owner[p2p], f_peer[coll],
-                 dtype=np.int32),
+        microbatch=col(comp_mb.reshape(-1)[real], np.full(n_gap, -1), f_mb[p2p], f_mb[p2p],
+                       f_mb[coll], dtype=np.int32),
+        start_s=col(c_start.reshape(-1)[real], gap_s[gap], f_start[p2p], f_start[p2p],
+                    f_start[coll], dtype=float),
+        end_s=col(c_end.reshape(-1)[real], gap_e[gap], f_end[p2p], f_end[p2p], f_end[coll],
+                  dtype=float),
+        peer=col(comp_peer.reshape(-1)[real], np.full(n_gap, -1), f_wake[p2p], f_owner[p2p],
+                 f_peer[coll], dtype=np.int32),
         count=col(np.zeros(n_comp + n_gap + 2 * n_p2p, np.int32), f_count[coll],
                   dtype=np.int32))
 
