@@ -20,9 +20,21 @@ What is simulated (one pipeline replica; the other dp replicas run the same time
   order 0 .. gas-1 in both passes.
 - Dependencies. A forward of micro-batch m on stage j > 0 starts only once the activation of m
   from stage j-1 has arrived; a backward (or its separate recompute) of m on stage j < pp-1
-  only once the gradient of m from stage j+1 has arrived. Sends are asynchronous, as NCCL's
-  are: a transfer is queued on the sender's stream when the producing task ends and the sender
-  goes on computing; only the receiver waits.
+  only once the gradient of m from stage j+1 has arrived.
+- P2P modes (``p2p_mode``). "async": sends that never block, as free-running NCCL streams
+  would be: a transfer is queued on the sender's stream when the producing task ends and the
+  sender goes on computing; only the receiver waits. "blocking": DeepSpeed's PipelineEngine,
+  whose SendActivation, RecvActivation, SendGrad and RecvGrad instructions are separate
+  blocking ``dist.send`` / ``dist.recv`` calls (deepspeed runtime/pipe/engine.py, p2p.py):
+  each stage runs its `TrainSchedule` instructions in order (`deepspeed_train_order`: a
+  forward step sends the previous step's gradient back, receives its activation and runs the
+  forward; a backward step receives its gradient, sends the previous step's activation on and
+  runs the backward), a send or receive holds the stage's compute stream from the moment it
+  is issued, a send/receive pair is a rendezvous (the transfer starts when both stages have
+  issued their call, and both compute streams stay blocked until it ends), and ZeRO 0/1's
+  gradient reduction (ReduceGrads) comes after the stage's last instruction. GPipe, which
+  DeepSpeed does not run, gets the plain blocking order: receive before a pass, send after
+  it. Megatron-LM's paired send/receive (`batch_isend_irecv`) is not modelled.
 - Data-parallel gradient sync (ZeRO 0 and 1 as DeepSpeed runs them; ZeRO 2's per-micro-batch
   reduction with ``reduce_every_microbatch``). A stage's gradient bytes are cut into buckets
   of ``bucket_bytes`` (DeepSpeed's reduce_bucket_size, 5e8 elements: `deepspeed_bucket_bytes`),
@@ -65,9 +77,15 @@ buckets pay k ring latencies where the closed form's sync pays one):
 - GPipe is two flow shops, the forwards over the stages and send streams, then the
   backwards: sum f + sum d + (gas-1) max(f, d) + the same for b. eq. 5 is a lower bound,
   exact when one stage is the slowest in both passes and no P2P is slower than it;
-- P2P of e_j = 2 d_j (d_j one direction, as `comm.stage_boundary_time_s`), uniform stages:
-  GPipe equals eq. 5 (d <= t); 1F1B is at or above it (checked on random cases, not proven),
-  because its steady state waits for each gradient's round trip, P2P included.
+- P2P of e_j = 2 d_j (d_j one direction, as `comm.stage_boundary_time_s`), uniform stages,
+  "async": GPipe equals eq. 5 (d <= t); 1F1B is at or above it (checked on random cases, not
+  proven), because its steady state waits for each gradient's round trip, P2P included;
+- the same, "blocking" 1F1B (DeepSpeed), gas >= 2: each further micro-batch adds exactly
+  `pipeline.steady_state_period_s(t, e, blocking_share=1)` (t + 4d with pp >= 3: a middle
+  stage sends and receives four transfers per micro-batch; t + 2d with pp = 2), and
+  `pipeline_1f1b_time_s(t, e, gas, blocking_share=1)` is at or above the simulation by at
+  most one e = 2d (its fill and drain; equal for pp = 2); checked by hand for pp 2 and 3 and
+  on random cases, not proven. Free P2P: both modes equal eq. 5.
 
 Speed: the event loop is a numba kernel (``use_numba=False`` runs the very same code as plain
 Python, which the tests compare), O(E log E) in the E = O(pp * gas) tasks. Where no flow can
@@ -330,6 +348,41 @@ P2P_MODES = ("async", "blocking")
 """How P2P transfers meet the compute streams (`simulate_iteration`'s p2p_mode): "async",
 free-running sends on their own streams; "blocking", DeepSpeed's separate blocking send and
 receive calls in its TrainSchedule's instruction order (`deepspeed_train_order`)."""
+
+def blocking_order(schedule: str, pp: int, gas: int, *, recompute: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each stage's instructions with blocking sends and receives, as
+    `deepspeed_train_order` gives them: for "1f1b" DeepSpeed's TrainSchedule
+    (`deepspeed_train_order`); for "gpipe" (which DeepSpeed does not run) each pass receives
+    its input just before it and sends its output just after it."""
+    if schedule == "1f1b":
+        return deepspeed_train_order(pp, gas, recompute=recompute)
+    kinds, micro = schedule_order(schedule, pp, gas, recompute=recompute)
+    nb_p2p = (pp - 1) * gas
+    rows = []
+    for j in range(pp):
+        row = []
+        for k, m in zip(kinds[j].tolist(), micro[j].tolist()):
+            if k == _FORWARD:
+                if j > 0:
+                    row.append((_K_RECV, m, (j - 1) * gas + m, j - 1))
+                row.append((k, m, -1, -1))
+                if j < pp - 1:
+                    row.append((_K_SEND, m, j * gas + m, j + 1))
+            else:                # the gradient arrives before the recompute, if any
+                if j < pp - 1 and (k == _RECOMPUTE or not recompute):
+                    row.append((_K_RECV, m, nb_p2p + j * gas + m, j + 1))
+                row.append((k, m, -1, -1))
+                if k == _BACKWARD and j > 0:
+                    row.append((_K_SEND, m, nb_p2p + (j - 1) * gas + m, j - 1))
+        rows.append(np.array(row, dtype=np.int64).reshape(-1, 4))
+    n = max(r.shape[0] for r in rows)
+    out = np.full((4, pp, n), -1, dtype=np.int64)
+    out[0] = _K_IDLE
+    for j, r in enumerate(rows):
+        out[:, j, :r.shape[0]] = r.T
+    return out[0], out[1], out[2], out[3]
+
 
 P2P_MODE_OF_FRAMEWORK = {"deepspeed": "blocking", "async": "async"}
 """The p2p_mode for each key of `cost_models.pipeline.P2P_BLOCKING_SHARE` that the simulator
@@ -1041,7 +1094,9 @@ def simulate_iteration(
     latency. Routes: by default each boundary has a private full-duplex link of
     p2p_bandwidth_bytes_per_s[j]; or give p2p_routes[j] (the activations' links) and
     p2p_grad_routes[j] (the gradients', default the same links) over `links` ({link id:
-    bandwidth}). Omitted p2p_bytes: free transfers.
+    bandwidth}). Omitted p2p_bytes: free transfers. p2p_mode (one of P2P_MODES): "async"
+    (default), sends that never block; "blocking", DeepSpeed's blocking sends and receives in
+    its TrainSchedule order (the module docstring says how; `P2P_MODE_OF_FRAMEWORK`).
 
     Data parallelism over `dp` ranks, per stage: gradient_bytes[j] (one device's gradients),
     dp_latency_s[j] per ring step, a private link of dp_bandwidth_bytes_per_s[j] or
@@ -1088,10 +1143,7 @@ def simulate_iteration(
     kinds, micro = schedule_order(schedule, pp, gas, recompute=rec is not None)
     xfer = peer = None
     if blocking:
-        if schedule != "1f1b":
-            raise ValueError(f"p2p_mode 'blocking' follows DeepSpeed's 1F1B TrainSchedule; "
-                             f"schedule {schedule!r} has no blocking order")
-        kinds, micro, xfer, peer = deepspeed_train_order(pp, gas, recompute=rec is not None)
+        kinds, micro, xfer, peer = blocking_order(schedule, pp, gas, recompute=rec is not None)
         # and a no-op after each stage's last instruction: DeepSpeed's ReduceGrads (ZeRO 0,
         # 1) comes after the stage's last send, in the last step (it emits the buckets)
         kinds, micro, xfer, peer = (np.concatenate([a, np.full((pp, 1), v, np.int64)], axis=1)

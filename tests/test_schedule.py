@@ -564,14 +564,14 @@ def test_blocking_with_free_p2p_equals_eq5(pp, gas):
 
 
 def test_blocking_compiled_equals_python_and_events_are_consistent():
-    """Random cases (dp buckets, recompute, ZeRO 2, shared links): the compiled kernel and
-    the Python twin agree; a blocked send or receive is on the compute stream of both its
+    """Random cases (1F1B and GPipe, dp buckets, recompute, ZeRO 2, shared links): the
+    compiled kernel and the Python twin agree; a blocked send or receive is on the compute stream of both its
     stages from its issue to the transfer's end, is not busy time, and the transfer starts
     when the later of the two has issued its call."""
     rng = np.random.default_rng(5)
     for n in range(24):
         kw = _random_case(rng, shared=n % 2 == 0)
-        kw.update(schedule="1f1b", p2p_mode="blocking")
+        kw.update(p2p_mode="blocking")
         a = simulate_iteration(**kw)
         b = simulate_iteration(**kw, use_numba=False)
         assert a.iteration_time_s == b.iteration_time_s
@@ -612,13 +612,30 @@ def test_blocking_compiled_equals_python_and_events_are_consistent():
         assert "idle" not in a.critical_path_kinds
 
 
+@pytest.mark.parametrize("recompute", [None, [0.5, 0.5, 0.5]])
+def test_blocking_gpipe_by_hand(recompute):
+    """GPipe with blocking P2P (each pass receives just before it, sends just after it):
+    pp 3, gas 2, forward 1, backward 2, transfers 0.5. Stage 0: F0 [0, 1], SA0 [1, 1.5],
+    F1 [1.5, 2.5], SA1 [3, 3.5] once stage 1 has sent its SA0 [2.5, 3]; stage 1: F1
+    [3.5, 4.5], SA1 [4.5, 5]; stage 2: F0 [3, 4], F1 [5, 6], B0 [6, 8], SG0 [8, 8.5], B1
+    [8.5, 10.5]; stage 1: B0 [8.5, 10.5], SG0 [10.5, 11], SG1 [11, 11.5] (stage 2 waits in
+    it from 10.5), B1 [11.5, 13.5], SG1 [13.5, 14]; stage 0: B0 [11, 13], B1 [14, 16].
+    A separate recompute of 0.5 before each backward adds 0.5 to each backward: 18."""
+    s = _uniform(3, 2, 1.0, 2.0, 0.5, schedule="gpipe", p2p_mode="blocking",
+                 recompute_s=recompute)
+    extra = 0.0 if recompute is None else 0.5
+    assert _starts(s, 2, "forward") == pytest.approx([3.0, 5.0], abs=1e-12)
+    assert _starts(s, 1, "forward") == pytest.approx([1.5, 3.5], abs=1e-12)
+    assert _starts(s, 0, "backward") == pytest.approx([11.0 + 3 * extra, 14.0 + 4 * extra],
+                                                      abs=1e-12)
+    assert s.iteration_time_s == pytest.approx(16.0 + 4 * extra, abs=1e-12)
+
+
 def test_p2p_mode_is_checked():
     kw = dict(forward_s=[1.0, 1.0], backward_s=[1.0, 1.0], optimizer_s=[0.0, 0.0], gas=2)
     assert P2P_MODES == ("async", "blocking")
     with pytest.raises(ValueError, match="p2p_mode 'paired'; known: async, blocking"):
         simulate_iteration(**kw, p2p_mode="paired", use_numba=False)
-    with pytest.raises(ValueError, match="TrainSchedule"):
-        simulate_iteration(**kw, schedule="gpipe", p2p_mode="blocking", use_numba=False)
     # one stage: nothing to block on, gpipe or not
     one = dict(forward_s=[1.0], backward_s=[1.0], optimizer_s=[0.0], gas=2, schedule="gpipe")
     assert simulate_iteration(**one, p2p_mode="blocking", use_numba=False).iteration_time_s == 4
