@@ -270,3 +270,25 @@ def test_one_framework_sets_the_p2p_of_both_models():
     steady = pipe - P.pipeline_time_s(e.stage_time_s, e_j, e.strategy.gas)
     assert steady > 0 and e.breakdown.p2p_s == pytest.approx(float(e_j.sum()) + steady,
                                                              rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["amp-hetero-gpt2", "amp-transgan"])
+def test_each_micro_batch_costs_the_closed_forms_steady_state_period(name):
+    """On the shipped clusters' deep pipelines (pp 16, unequal stages, slow boundaries), one
+    more micro-batch adds to the simulated iteration exactly the closed form's steady-state
+    period with DeepSpeed's share (`steady_state_period_s`): the two agree on what DeepSpeed's
+    blocking P2P costs per micro-batch; what remains between them is eq. 5's fill and drain
+    (sum t + sum e, an upper bound on unequal stages)."""
+    spec = _spec(name)
+    e = estimate(spec, pp=16, dp=1, tmp=1, mbs=2)
+    kw = simulation_inputs(CostModel(spec), e.strategy)
+    t = kw["forward_s"] + kw["backward_s"]
+    e_j = 2 * C.p2p_time_s(kw["p2p_bytes"], kw["p2p_bandwidth_bytes_per_s"],
+                           kw["p2p_latency_s"])
+    np.testing.assert_allclose(t, e.stage_time_s, rtol=1e-9)
+    gas = kw["gas"]
+    one, more = (simulate_iteration(**{**kw, "gas": g}).iteration_time_s for g in (gas, gas + 1))
+    period = P.steady_state_period_s(t, e_j, blocking_share=P.P2P_BLOCKING_SHARE[TRIAL_FRAMEWORK])
+    assert period > t.max() * 1.05               # the slow boundaries are paid per micro-batch
+    assert more - one == pytest.approx(period, rel=1e-9)
+    assert one <= e.iteration_time_s
