@@ -198,7 +198,8 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     partition and placement) under `model` (the module docstring says what each one is).
     bucket_elements: default DeepSpeed's reduce_bucket_size; p2p_mode: default the trials'
     framework's (`P2P_MODE`); order: the DeviceOrder the placement came from, whose layout
-    the model has cached (else the placement is costed again). Raises ValueError for a strategy that `simulatable` refuses."""
+    the model has cached (else the placement is costed again). Raises ValueError for a
+    strategy that `simulatable` refuses."""
     from cost_models.schedule import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 
     why = simulatable(strategy)

@@ -565,9 +565,9 @@ def test_blocking_with_free_p2p_equals_eq5(pp, gas):
 
 def test_blocking_compiled_equals_python_and_events_are_consistent():
     """Random cases (1F1B and GPipe, dp buckets, recompute, ZeRO 2, shared links): the
-    compiled kernel and the Python twin agree; a blocked send or receive is on the compute stream of both its
-    stages from its issue to the transfer's end, is not busy time, and the transfer starts
-    when the later of the two has issued its call."""
+    compiled kernel and the Python twin agree; a blocked send or receive is on the compute
+    stream of both its stages from its issue to the transfer's end, is not busy time, and the
+    transfer starts when the later of the two has issued its call."""
     rng = np.random.default_rng(5)
     for n in range(24):
         kw = _random_case(rng, shared=n % 2 == 0)
