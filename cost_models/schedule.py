@@ -93,7 +93,10 @@ share a link every duration is fixed, and the events are taken from a stack inst
 heap. On the 2-core development machine (busy with other work, compilation cached), pp = 128
 and gas = 2048 (1.05 million tasks, 1.85 million events) take about 0.3 s with private links
 and about 0.7 s with P2P and dp flows sharing 16 NICs; a cold numba cache adds about 10 s of
-compilation once.
+compilation once. Blocking P2P puts the sends and receives on the compute streams too (about
+twice the tasks): on the same pp 128, gas 2048 case with private links, overlapped buckets and
+dp 4, 0.6 to 0.7 s against 0.4 s async in the same session (2026-11-22), 0.16 s of which
+builds DeepSpeed's instruction order (`deepspeed_train_order`).
 """
 from __future__ import annotations
 
