@@ -77,7 +77,8 @@ TRIAL_FRAMEWORK = "deepspeed"
 
 def p2p_mode_of(framework: str) -> str:
     """The schedule simulator's p2p_mode for a key of `cost_models.pipeline.P2P_BLOCKING_SHARE`
-    ("deepspeed": "blocking", "async": "async"); ValueError for one it does not model."""
+    ("deepspeed": "blocking", "megatron": "paired", "async": "async"); ValueError for
+    another."""
     from cost_models.schedule import P2P_MODE_OF_FRAMEWORK
 
     if framework not in P2P_MODE_OF_FRAMEWORK:

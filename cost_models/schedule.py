@@ -34,7 +34,10 @@ What is simulated (one pipeline replica; the other dp replicas run the same time
   issued their call, and both compute streams stay blocked until it ends), and ZeRO 0/1's
   gradient reduction (ReduceGrads) comes after the stage's last instruction. GPipe, which
   DeepSpeed does not run, gets the plain blocking order: receive before a pass, send after
-  it. Megatron-LM's paired send/receive (`batch_isend_irecv`) is not modelled.
+  it. "paired": Megatron-LM's non-interleaved 1F1B (`megatron_order`), the same rendezvous,
+  but its steady state's send_forward_recv_backward and send_backward_recv_forward post a
+  send and a receive of one boundary together (`batch_isend_irecv`) and wait for both: the
+  two transfers run at once, one each way.
 - Data-parallel gradient sync (ZeRO 0 and 1 as DeepSpeed runs them; ZeRO 2's per-micro-batch
   reduction with ``reduce_every_microbatch``). A stage's gradient bytes are cut into buckets
   of ``bucket_bytes`` (DeepSpeed's reduce_bucket_size, 5e8 elements: `deepspeed_bucket_bytes`),
@@ -85,7 +88,11 @@ buckets pay k ring latencies where the closed form's sync pays one):
   stage sends and receives four transfers per micro-batch; t + 2d with pp = 2), and
   `pipeline_1f1b_time_s(t, e, gas, blocking_share=1)` is at or above the simulation by at
   most one e = 2d (its fill and drain; equal for pp = 2); checked by hand for pp 2 and 3 and
-  on random cases, not proven. Free P2P: both modes equal eq. 5.
+  on random cases, not proven. Free P2P: every mode equals eq. 5;
+- the same, "paired" 1F1B (Megatron-LM), gas >= 2: each further micro-batch adds exactly
+  `steady_state_period_s(t, e, blocking_share=0.5)` (t + 2d inside, t + d for pp = 2), and
+  `pipeline_1f1b_time_s(..., blocking_share=0.5)` is within one d of the simulation (random
+  cases, not proven; pp 2 by hand).
 
 Speed: the event loop is a numba kernel (``use_numba=False`` runs the very same code as plain
 Python, which the tests compare), O(E log E) in the E = O(pp * gas) tasks. Where no flow can
@@ -347,10 +354,82 @@ def schedule_order(schedule: str, pp: int, gas: int, *, recompute: bool = False
     return out_k, out_m
 
 
-P2P_MODES = ("async", "blocking")
+P2P_MODES = ("async", "blocking", "paired")
 """How P2P transfers meet the compute streams (`simulate_iteration`'s p2p_mode): "async",
 free-running sends on their own streams; "blocking", DeepSpeed's separate blocking send and
-receive calls in its TrainSchedule's instruction order (`deepspeed_train_order`)."""
+receive calls in its TrainSchedule's instruction order (`deepspeed_train_order`); "paired",
+Megatron-LM's 1F1B, whose steady state posts a send and a receive together and waits for
+both (`megatron_order`)."""
+
+
+def megatron_order(pp: int, gas: int, *, recompute: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each stage's instructions in Megatron-LM's forward_backward_pipelining_without_
+    interleaving (megatron/core/pipeline_parallel/schedules.py): (kind, microbatch, flows
+    [pp, n, 2], peer), as `deepspeed_train_order` gives them, a task holding one or two flows.
+
+    Stage j runs w = min(pp - j - 1, gas) warm-up steps recv_forward, forward, send_forward;
+    then (if gas > w) recv_forward; then for i < gas - w: forward of w + i,
+    send_forward_recv_backward (the activation of w + i out, the gradient of i in, posted
+    together with batch_isend_irecv and waited for together), backward of i, and
+    send_backward_recv_forward (the gradient of i back, the activation of w + i + 1 in), or
+    send_backward alone after the last one; then w cool-down steps recv_backward, backward,
+    send_backward. Calls with no peer (the first stage's backward sends, the last stage's
+    forward sends) are no-ops and left out."""
+    nb_p2p = (pp - 1) * gas
+    rows = []
+    for j in range(pp):
+        first, last = j == 0, j == pp - 1
+        act_in = lambda m: (j - 1) * gas + m            # noqa: E731 (flow ids, as above)
+        act_out = lambda m: j * gas + m                 # noqa: E731
+        grad_in = lambda m: nb_p2p + j * gas + m        # noqa: E731
+        grad_out = lambda m: nb_p2p + (j - 1) * gas + m     # noqa: E731
+        row: list = []
+
+        def comm(kind, m, flows, peer):
+            row.append((kind, m, flows[0], flows[1] if len(flows) > 1 else -1, peer))
+
+        def backward(m):
+            if recompute:
+                row.append((_RECOMPUTE, m, -1, -1, -1))
+            row.append((_BACKWARD, m, -1, -1, -1))
+
+        w = min(pp - j - 1, gas)
+        for i in range(w):
+            if not first:
+                comm(_K_RECV, i, [act_in(i)], j - 1)
+            row.append((_FORWARD, i, -1, -1, -1))
+            if not last:
+                comm(_K_SEND, i, [act_out(i)], j + 1)
+        if gas > w and not first:
+            comm(_K_RECV, w, [act_in(w)], j - 1)
+        r = gas - w
+        for i in range(r):
+            row.append((_FORWARD, w + i, -1, -1, -1))
+            if not last:
+                comm(_K_SEND, w + i, [act_out(w + i), grad_in(i)], j + 1)
+            backward(i)
+            if not first:
+                if i == r - 1:
+                    comm(_K_SEND, i, [grad_out(i)], j - 1)
+                else:
+                    comm(_K_SEND, i, [grad_out(i), act_in(w + i + 1)], j - 1)
+        for i in range(r, gas):
+            if not last:
+                comm(_K_RECV, i, [grad_in(i)], j + 1)
+            backward(i)
+            if not first:
+                comm(_K_SEND, i, [grad_out(i)], j - 1)
+        rows.append(np.array(row, dtype=np.int64).reshape(-1, 5))
+    n = max(r.shape[0] for r in rows)
+    kind = np.full((pp, n), _K_IDLE, dtype=np.int64)
+    micro = np.full((pp, n), -1, dtype=np.int64)
+    flow = np.full((pp, n, 2), -1, dtype=np.int64)
+    peer = np.full((pp, n), -1, dtype=np.int64)
+    for j, r in enumerate(rows):
+        m = r.shape[0]
+        kind[j, :m], micro[j, :m], flow[j, :m, 0], flow[j, :m, 1], peer[j, :m] = r.T
+    return kind, micro, flow, peer
 
 def blocking_order(schedule: str, pp: int, gas: int, *, recompute: bool = False
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -387,9 +466,8 @@ def blocking_order(schedule: str, pp: int, gas: int, *, recompute: bool = False
     return out[0], out[1], out[2], out[3]
 
 
-P2P_MODE_OF_FRAMEWORK = {"deepspeed": "blocking", "async": "async"}
-"""The p2p_mode for each key of `cost_models.pipeline.P2P_BLOCKING_SHARE` that the simulator
-models (Megatron-LM's paired send and receive, "megatron", is not simulated)."""
+P2P_MODE_OF_FRAMEWORK = {"deepspeed": "blocking", "megatron": "paired", "async": "async"}
+"""The p2p_mode for each key of `cost_models.pipeline.P2P_BLOCKING_SHARE`."""
 
 
 def deepspeed_train_order(pp: int, gas: int, *, recompute: bool = False
@@ -557,9 +635,10 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
     machinery. Returns the start, end and binding predecessor of every task, each stage's
     end and last task, and whether every task ran.
 
-    blocking: op_xfer[j, k] >= 0 makes compute task (j, k) a blocking send or receive of that
-    P2P flow: the flow becomes ready when both its sender and its receiver have reached their
-    task for it (a rendezvous, at the later arrival), and both tasks end when it ends."""
+    blocking: op_xfer[j, k, q] >= 0 makes compute task (j, k) a blocking send or receive of
+    those P2P flows (one, or a paired send and receive): a flow becomes ready when both its
+    sender and its receiver have reached their task for it (a rendezvous, at the later
+    arrival), and a task ends when the last of its flows ends."""
     INF = np.inf
     K = op_dur.shape[1]
     nf = f_stream.shape[0]
@@ -595,6 +674,8 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
     f_arr = np.zeros(nf, dtype=np.int64)       # blocking: sides that reached the transfer
     f_arr_t = np.full(nf, -INF)                # ... the later arrival and its predecessor
     f_arr_p = np.full(nf, -1, dtype=np.int64)
+    f_ep = np.full((nf, 2), -1, dtype=np.int64)   # ... the two tasks that hold it
+    op_left = np.zeros(pp * K, dtype=np.int64)     # flows a blocking task still waits for
 
     s_head = s_ptr[:-1].copy()
     s_busy = np.zeros(ns, dtype=np.bool_)
@@ -785,20 +866,25 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
                 c_pred[task] = pred
                 c_start[j, k] = start
                 busy[j] = True
-                x = op_xfer[j, k]
-                if x >= 0:               # a blocking send or receive: wait for the peer
-                    f_arr[x] += 1
-                    if start >= f_arr_t[x]:
-                        f_arr_t[x] = start
-                        f_arr_p[x] = pred
-                    if f_arr[x] == 2:
-                        f_ready[x] = f_arr_t[x]
-                        f_prod[x] = f_arr_p[x]
-                        s = f_stream[x]
-                        if not sm_in[s]:
-                            sm_in[s] = True
-                            sm_stack[n_sm] = s
-                            n_sm += 1
+                if op_xfer[j, k, 0] >= 0:    # blocking sends / receives: wait for the peers
+                    for q in range(op_xfer.shape[2]):
+                        x = op_xfer[j, k, q]
+                        if x < 0:
+                            continue
+                        op_left[task] += 1
+                        f_ep[x, f_arr[x]] = task
+                        f_arr[x] += 1
+                        if start >= f_arr_t[x]:
+                            f_arr_t[x] = start
+                            f_arr_p[x] = pred
+                        if f_arr[x] == 2:
+                            f_ready[x] = f_arr_t[x]
+                            f_prod[x] = f_arr_p[x]
+                            s = f_stream[x]
+                            if not sm_in[s]:
+                                sm_in[s] = True
+                                sm_stack[n_sm] = s
+                                n_sm += 1
                     continue
                 dur = op_dur[j, k]
                 _heap_push(h_t, h_s, h_k, n_h, start + dur, seq,
@@ -912,18 +998,21 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
                 n_sm += 1
             kind = f_kind[f]
             j = f_wake[f]
-            if kind == 0 and blocking:   # the blocked send and receive end with the flow
+            if kind == 0 and blocking:   # the blocked tasks end with their last flow
                 for side in range(2):
-                    jj = s // 3 if side == 0 else j
-                    k = next_op[jj]
-                    c_end[jj, k] = now
-                    c_pred[jj * K + k] = base + f
-                    busy[jj] = False
-                    next_op[jj] = k + 1
-                    if not st_in[jj]:
-                        st_in[jj] = True
-                        st_stack[n_st] = jj
-                        n_st += 1
+                    tk = f_ep[f, side]
+                    op_left[tk] -= 1
+                    if op_left[tk] == 0:
+                        jj = tk // K
+                        k = tk - jj * K
+                        c_end[jj, k] = now
+                        c_pred[tk] = base + f
+                        busy[jj] = False
+                        next_op[jj] = k + 1
+                        if not st_in[jj]:
+                            st_in[jj] = True
+                            st_stack[n_st] = jj
+                            n_st += 1
             if kind == 1:
                 buckets_left[j] -= 1
                 last_bucket[j] = f
@@ -1099,7 +1188,8 @@ def simulate_iteration(
     p2p_grad_routes[j] (the gradients', default the same links) over `links` ({link id:
     bandwidth}). Omitted p2p_bytes: free transfers. p2p_mode (one of P2P_MODES): "async"
     (default), sends that never block; "blocking", DeepSpeed's blocking sends and receives in
-    its TrainSchedule order (the module docstring says how; `P2P_MODE_OF_FRAMEWORK`).
+    its TrainSchedule order; "paired" (1F1B only), Megatron-LM's order with a send and a
+    receive posted together (the module docstring says how; `P2P_MODE_OF_FRAMEWORK`).
 
     Data parallelism over `dp` ranks, per stage: gradient_bytes[j] (one device's gradients),
     dp_latency_s[j] per ring step, a private link of dp_bandwidth_bytes_per_s[j] or
@@ -1142,16 +1232,23 @@ def simulate_iteration(
 
     if p2p_mode not in P2P_MODES:
         raise ValueError(f"p2p_mode {p2p_mode!r}; known: {', '.join(P2P_MODES)}")
-    blocking = p2p_mode == "blocking" and pp > 1
+    blocking = p2p_mode != "async" and pp > 1
     kinds, micro = schedule_order(schedule, pp, gas, recompute=rec is not None)
     xfer = peer = None
-    if blocking:
+    if blocking and p2p_mode == "paired":
+        if schedule != "1f1b":
+            raise ValueError(f"p2p_mode 'paired' is Megatron-LM's 1F1B; schedule {schedule!r} "
+                             f"has no paired order")
+        kinds, micro, xfer, peer = megatron_order(pp, gas, recompute=rec is not None)
+    elif blocking:
         kinds, micro, xfer, peer = blocking_order(schedule, pp, gas, recompute=rec is not None)
+    if blocking:
         # and a no-op after each stage's last instruction: DeepSpeed's ReduceGrads (ZeRO 0,
-        # 1) comes after the stage's last send, in the last step (it emits the buckets)
-        kinds, micro, xfer, peer = (np.concatenate([a, np.full((pp, 1), v, np.int64)], axis=1)
-                                    for a, v in ((kinds, _K_IDLE), (micro, -1), (xfer, -1),
-                                                 (peer, -1)))
+        # 1) comes after the stage's last send, in the last step, as Megatron-LM's
+        # finalize_model_grads after its schedule (the no-op emits the buckets)
+        kinds, micro, xfer, peer = (
+            np.concatenate([a, np.full((pp, 1) + a.shape[2:], v, np.int64)], axis=1)
+            for a, v in ((kinds, _K_IDLE), (micro, -1), (xfer, -1), (peer, -1)))
     n_ops = kinds.shape[1]
     K = n_ops + 1
     lk = _Links(links or {})
@@ -1299,9 +1396,10 @@ def simulate_iteration(
     is_f = kinds == _FORWARD
     first_b = kinds == (_BACKWARD if rec is None else _RECOMPUTE)
     is_b = kinds == _BACKWARD
-    op_xfer = np.full((pp, K), -1, dtype=np.int64)
+    op_xfer = np.full((pp, K, 1 if xfer is None else xfer.reshape(pp, n_ops, -1).shape[2]),
+                      -1, dtype=np.int64)
     if blocking:     # the blocking sends and receives carry the dependencies
-        op_xfer[:, :n_ops] = xfer
+        op_xfer[:, :n_ops] = xfer.reshape(pp, n_ops, -1)
     elif pp > 1:
         op_dep[:, :n_ops] = np.where(is_f & (js > 0), (js - 1) * gas + micro, -1)
         op_dep[:, :n_ops] = np.where(first_b & (js < pp - 1), nb_p2p + js * gas + micro,

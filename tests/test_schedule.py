@@ -17,7 +17,7 @@ from cost_models import comm as C
 from cost_models import pipeline as P
 from cost_models.schedule import (DEEPSPEED_REDUCE_BUCKET_ELEMENTS, KINDS, P2P_MODES, STREAMS,
                                   LinkUse, deepspeed_bucket_bytes, deepspeed_train_order,
-                                  schedule_order, simulate_iteration)
+                                  megatron_order, schedule_order, simulate_iteration)
 
 PY = dict(use_numba=False)
 FAST = settings(max_examples=60, deadline=None,
@@ -633,9 +633,96 @@ def test_blocking_gpipe_by_hand(recompute):
 
 def test_p2p_mode_is_checked():
     kw = dict(forward_s=[1.0, 1.0], backward_s=[1.0, 1.0], optimizer_s=[0.0, 0.0], gas=2)
-    assert P2P_MODES == ("async", "blocking")
-    with pytest.raises(ValueError, match="p2p_mode 'paired'; known: async, blocking"):
-        simulate_iteration(**kw, p2p_mode="paired", use_numba=False)
+    assert P2P_MODES == ("async", "blocking", "paired")
+    with pytest.raises(ValueError, match="p2p_mode 'isend'; known: async, blocking, paired"):
+        simulate_iteration(**kw, p2p_mode="isend", use_numba=False)
+    with pytest.raises(ValueError, match="Megatron-LM's 1F1B"):
+        simulate_iteration(**kw, schedule="gpipe", p2p_mode="paired", use_numba=False)
     # one stage: nothing to block on, gpipe or not
     one = dict(forward_s=[1.0], backward_s=[1.0], optimizer_s=[0.0], gas=2, schedule="gpipe")
     assert simulate_iteration(**one, p2p_mode="blocking", use_numba=False).iteration_time_s == 4
+
+
+# ------------------------------------------------------------------ paired P2P (Megatron-LM)
+
+@pytest.mark.parametrize("pp,gas", [(1, 3), (2, 1), (2, 4), (3, 4), (4, 2), (5, 9)])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_megatron_order_is_1f1b_with_each_transfer_once_on_both_sides(pp, gas, recompute):
+    """The compute ops in schedule_order's 1F1B order; every transfer held by exactly one
+    task of its sender and one of its receiver, in micro-batch order on each side; the
+    steady state's tasks hold a send and a receive of one boundary."""
+    kind, micro, flow, peer = megatron_order(pp, gas, recompute=recompute)
+    ck, cm = schedule_order("1f1b", pp, gas, recompute=recompute)
+    nb = (pp - 1) * gas
+    held: dict = {}
+    for j in range(pp):
+        real = kind[j] != KINDS.index("idle")
+        comp = real & (kind[j] <= 2)
+        assert list(kind[j][comp]) == list(ck[j]) and list(micro[j][comp]) == list(cm[j])
+        for k in np.flatnonzero(real & (kind[j] > 3)):
+            fl = [int(x) for x in flow[j, k] if x >= 0]
+            assert fl and all(min(j, peer[j, k]) == (x % nb) // gas for x in fl)
+            for x in fl:
+                held.setdefault(x, []).append(j)
+    assert sorted(held) == list(range(2 * nb))
+    for x, stages in held.items():
+        b = (x % nb) // gas
+        assert sorted(stages) == [b, b + 1]
+
+
+def test_paired_two_stages_by_hand():
+    """pp 2, gas 4, forward 1, backward 2, transfers 0.5, Megatron-LM's order: stage 0 F0
+    SF0 F1 SFRB(1, 0) B0 F2 SFRB(2, 1) B1 F3 SFRB(3, 2) B2 RB3 B3, stage 1 RF0 F0 B0
+    SBRF(0, 1) F1 B1 SBRF(1, 2) F2 B2 SBRF(2, 3) F3 B3 SB3. F0 [0, 1], SF0 [1, 1.5]; stage 1
+    F0 B0 [1.5, 4.5] while stage 0 runs F1 and waits in SFRB from 2.5; both transfers of the
+    pair [4.5, 5] (one each way); then every t + d = 3.5: stage 1's forwards start at 1.5, 5,
+    8.5, 12; SB3 [15, 15.5], stage 0's B3 [15.5, 17.5]. The closed form with Megatron's share
+    (gas - 1)(t + e / 2) + 2t + e = 10.5 + 6 + 1 = 17.5, the same; DeepSpeed's blocking
+    order takes 19, free-running sends 17."""
+    s = _uniform(2, 4, 1.0, 2.0, 0.5, p2p_mode="paired")
+    assert s.iteration_time_s == pytest.approx(17.5, abs=1e-12)
+    assert _starts(s, 1, "forward") == pytest.approx([1.5, 5.0, 8.5, 12.0], abs=1e-12)
+    assert _starts(s, 0, "backward") == pytest.approx([5.0, 8.5, 12.0, 15.5], abs=1e-12)
+    assert P.pipeline_1f1b_time_s([3.0, 3.0], [1.0], 4,
+                                  blocking_share=P.P2P_BLOCKING_SHARE["megatron"]) == 17.5
+    held = [(e.start_s, e.end_s) for e in s.events
+            if e.stage == 0 and e.stream == "compute" and e.kind in ("send", "recv")]
+    assert held == [(1.0, 1.5), (2.5, 5.0), (8.0, 8.5), (11.5, 12.0), (14.0, 15.5)]
+
+
+@FAST
+@given(pp=st.integers(2, 7), gas=st.integers(2, 12), f=st.floats(0.1, 2.0),
+       b=st.floats(0.1, 4.0), d=st.floats(0.0, 3.0))
+def test_paired_uniform_follows_the_closed_form_with_megatrons_share(pp, gas, f, b, d):
+    """Uniform stages, Megatron-LM's paired P2P: every further micro-batch adds exactly the
+    closed form's steady-state period with P2P_BLOCKING_SHARE["megatron"] (t + 2d inside,
+    t + d for pp 2), and the closed form is within one d of the simulation (its fill and
+    drain; above or below: with d > t the cycle bound rules and the pairs' fill costs more);
+    it lies between free-running and DeepSpeed's blocking P2P. Random cases, not proven."""
+    t, e = f + b, [2 * d] * (pp - 1)
+    share = P.P2P_BLOCKING_SHARE["megatron"]
+    one, more = (_uniform(pp, g, f, b, d, p2p_mode="paired").iteration_time_s
+                 for g in (gas, gas + 1))
+    assert more - one == pytest.approx(P.steady_state_period_s([t] * pp, e,
+                                                               blocking_share=share),
+                                       rel=1e-9, abs=1e-9)
+    closed = P.pipeline_1f1b_time_s([t] * pp, e, gas, blocking_share=share)
+    assert abs(closed - one) <= d + 1e-9
+    assert _uniform(pp, gas, f, b, d).iteration_time_s - 1e-9 <= one \
+        <= _uniform(pp, gas, f, b, d, p2p_mode="blocking").iteration_time_s + 1e-9
+
+
+def test_paired_compiled_equals_python():
+    rng = np.random.default_rng(8)
+    for n in range(16):
+        kw = _random_case(rng, shared=n % 2 == 0)
+        kw.update(schedule="1f1b", p2p_mode="paired")
+        a = simulate_iteration(**kw)
+        b = simulate_iteration(**kw, use_numba=False)
+        assert a.iteration_time_s == b.iteration_time_s
+        assert a.critical_path == b.critical_path and a.exposed_comm_s == b.exposed_comm_s
+        np.testing.assert_array_equal(a.table.end_s, b.table.end_s)
+        segs = a.critical_path_segments()
+        assert sum(x[5] for x in segs) == pytest.approx(a.makespan_s, rel=1e-9)
+        for j in range(a.pp):
+            assert -1e-9 <= a.exposed_comm_s[j] <= a.idle_s[j] + 1e-9

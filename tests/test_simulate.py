@@ -249,15 +249,15 @@ def test_host_bound_excess_is_spread_evenly_over_the_passes():
 def test_one_framework_sets_the_p2p_of_both_models():
     """The planner's closed form and the simulator take the trials' framework's P2P from one
     constant: DeepSpeed, blocking share 1 and the blocking simulation; the modes the
-    simulator has match the closed form's shares (blocking 1, free-running 0)."""
+    simulator has match the closed form's shares (blocking 1, paired 0.5, free-running 0)."""
     assert TRIAL_FRAMEWORK == "deepspeed" and P2P_MODE == p2p_mode_of(TRIAL_FRAMEWORK)
     assert set(P2P_MODE_OF_FRAMEWORK) <= set(P.P2P_BLOCKING_SHARE)
     assert set(P2P_MODE_OF_FRAMEWORK.values()) == set(P2P_MODES)
-    share = {"blocking": 1.0, "async": 0.0}
+    share = {"blocking": 1.0, "paired": 0.5, "async": 0.0}
     for framework, mode in P2P_MODE_OF_FRAMEWORK.items():
         assert P.P2P_BLOCKING_SHARE[framework] == share[mode]
-    with pytest.raises(ValueError, match="megatron"):
-        p2p_mode_of("megatron")
+    with pytest.raises(ValueError, match="'nccl'"):
+        p2p_mode_of("nccl")
     # the planner's estimate is the closed form with that share
     spec = _spec("amp-hetero-gpt2")
     e = estimate(spec, pp=4, dp=2, tmp=2, mbs=2)
