@@ -18,7 +18,11 @@ strategy on its placement and layer split, from the same cost terms as AMP eq. 5
   overhead is spread evenly over the passes too. So forward + backward (+ recompute) equals
   the closed form's t_j exactly: the simulation differs from eq. 5 only by the schedule;
 - P2P at boundary j: the activation of the stage's last layer x mbs, each way, on that
-  boundary's link (the cost model's e_j = 2 (latency + bytes / bandwidth));
+  boundary's link (the cost model's e_j = 2 (latency + bytes / bandwidth)), as the trials'
+  framework (`TRIAL_FRAMEWORK`, DeepSpeed) moves it: blocking sends and receives in its
+  TrainSchedule's instruction order (`cost_models.schedule`, p2p_mode "blocking"), the
+  model the closed form's share of the steady state's P2P describes
+  (`cost_models.pipeline.P2P_BLOCKING_SHARE[TRIAL_FRAMEWORK]`, which the planner uses);
 - data parallelism: the stage's gradient bytes in DeepSpeed's buckets (5e8 elements), one
   ring collective each on the stage's slowest dp ring (all-reduce for ZeRO 0, with an
   all-gather of the weights under BF16_Optimizer; reduce-scatter + all-gather for ZeRO 1;
@@ -65,6 +69,26 @@ closed-form rank 3 at the deepest and the simulated top 10 from rank 18 at the d
 
 SCHEDULE = "1f1b"
 """The schedule DeepSpeed's and Megatron-LM's pipeline engines run (non-interleaved 1F1B)."""
+
+TRIAL_FRAMEWORK = "deepspeed"
+"""The framework the trials run (DeepSpeed's PipelineEngine), whose P2P both the closed form
+(the planner's `P2P_BLOCKING_SHARE[TRIAL_FRAMEWORK]`) and the simulator (`P2P_MODE`) model."""
+
+
+def p2p_mode_of(framework: str) -> str:
+    """The schedule simulator's p2p_mode for a key of `cost_models.pipeline.P2P_BLOCKING_SHARE`
+    ("deepspeed": "blocking", "megatron": "paired", "async": "async"); ValueError for
+    another."""
+    from cost_models.schedule import P2P_MODE_OF_FRAMEWORK
+
+    if framework not in P2P_MODE_OF_FRAMEWORK:
+        raise ValueError(f"framework {framework!r}: the simulator models the P2P of "
+                         f"{', '.join(P2P_MODE_OF_FRAMEWORK)}")
+    return P2P_MODE_OF_FRAMEWORK[framework]
+
+
+P2P_MODE = p2p_mode_of(TRIAL_FRAMEWORK)
+"""The simulator's P2P model of the trials' framework: "blocking"."""
 
 
 def tp_pass_elements(layer, recompute: bool) -> tuple[tuple[float, ...], ...]:
@@ -174,12 +198,13 @@ def simulatable(s: Strategy) -> str | None:
 
 def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str = SCHEDULE,
                       overlap: bool = False, bucket_elements: int | None = None,
-                      order: "DeviceOrder | None" = None) -> dict:
+                      order: "DeviceOrder | None" = None, p2p_mode: str = P2P_MODE) -> dict:
     """The keyword arguments of `cost_models.schedule.simulate_iteration` for `strategy` (its
     partition and placement) under `model` (the module docstring says what each one is).
-    bucket_elements: default DeepSpeed's reduce_bucket_size; order: the DeviceOrder the
-    placement came from, whose layout the model has cached (else the placement is costed
-    again). Raises ValueError for a strategy that `simulatable` refuses."""
+    bucket_elements: default DeepSpeed's reduce_bucket_size; p2p_mode: default the trials'
+    framework's (`P2P_MODE`); order: the DeviceOrder the placement came from, whose layout
+    the model has cached (else the placement is costed again). Raises ValueError for a
+    strategy that `simulatable` refuses."""
     from cost_models.schedule import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 
     why = simulatable(strategy)
@@ -198,7 +223,8 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     bpe = model.spec.training.bytes_per_element
     kw: dict = dict(forward_s=t.forward_s, backward_s=t.backward_s, recompute_s=t.recompute_s,
                     optimizer_s=P.stage_totals(costs.optimizer_s, bounds), gas=s.gas,
-                    schedule=schedule, step_overhead_s=costs.step_overhead_s)
+                    schedule=schedule, step_overhead_s=costs.step_overhead_s,
+                    p2p_mode=p2p_mode)
     if s.pp > 1:
         bw, crosses = layout.p2p_links
         shard = s.tmp if s.sequence_parallel else 1      # SP sends [s/t, b, h] shards

@@ -8,7 +8,8 @@
   microseconds, and the idle gaps of the compute stream are events too, so the bubble shows.
 - `write_gantt_png`: a Gantt chart with matplotlib (the Agg canvas, no pyplot and no global
   backend change): one row per stage, its compute stream as the main band (forward,
-  recompute, backward, optimizer step and idle in distinct colours), its P2P sends and its
+  recompute, backward, optimizer step, idle and, with DeepSpeed's blocking P2P, the time
+  blocked in a send or a receive, in distinct colours), its P2P sends and its
   data-parallel collectives as two thin lanes under it; time in milliseconds.
 
 Both read the columns of `sim.table`, so a large timeline stays cheap to write.
@@ -31,6 +32,7 @@ COLOURS = {
     "optimizer": "#55a868",
     "idle": "#e6e6e6",
     "send": "#c44e52",
+    "recv": "#eaa6a8",
     "allreduce": "#937860",
     "reduce_scatter": "#937860",
     "allgather": "#da8bc3",
@@ -165,7 +167,8 @@ def write_gantt_png(sim: SimulatedIteration, path: str | os.PathLike, *, title: 
     ax.set_xlabel("time (ms)")
     ax.grid(axis="x", linewidth=0.3, alpha=0.5)
     label = {"allreduce": "all-reduce (dp)", "reduce_scatter": "reduce-scatter (dp)",
-             "allgather": "all-gather (dp)", "send": "P2P send", "idle": "idle (bubble)",
+             "allgather": "all-gather (dp)", "send": "P2P send (blocked in it)",
+             "recv": "blocked in P2P receive", "idle": "idle (bubble)",
              "optimizer": "optimizer step"}
     handles = [Patch(facecolor=COLOURS[k], label=label.get(k, k)) for k in shown]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.10 - 0.6 / (

@@ -20,9 +20,24 @@ What is simulated (one pipeline replica; the other dp replicas run the same time
   order 0 .. gas-1 in both passes.
 - Dependencies. A forward of micro-batch m on stage j > 0 starts only once the activation of m
   from stage j-1 has arrived; a backward (or its separate recompute) of m on stage j < pp-1
-  only once the gradient of m from stage j+1 has arrived. Sends are asynchronous, as NCCL's
-  are: a transfer is queued on the sender's stream when the producing task ends and the sender
-  goes on computing; only the receiver waits.
+  only once the gradient of m from stage j+1 has arrived.
+- P2P modes (``p2p_mode``). "async": sends that never block, as free-running NCCL streams
+  would be: a transfer is queued on the sender's stream when the producing task ends and the
+  sender goes on computing; only the receiver waits. "blocking": DeepSpeed's PipelineEngine,
+  whose SendActivation, RecvActivation, SendGrad and RecvGrad instructions are separate
+  blocking ``dist.send`` / ``dist.recv`` calls (deepspeed runtime/pipe/engine.py, p2p.py):
+  each stage runs its `TrainSchedule` instructions in order (`deepspeed_train_order`: a
+  forward step sends the previous step's gradient back, receives its activation and runs the
+  forward; a backward step receives its gradient, sends the previous step's activation on and
+  runs the backward), a send or receive holds the stage's compute stream from the moment it
+  is issued, a send/receive pair is a rendezvous (the transfer starts when both stages have
+  issued their call, and both compute streams stay blocked until it ends), and ZeRO 0/1's
+  gradient reduction (ReduceGrads) comes after the stage's last instruction. GPipe, which
+  DeepSpeed does not run, gets the plain blocking order: receive before a pass, send after
+  it. "paired": Megatron-LM's non-interleaved 1F1B (`megatron_order`), the same rendezvous,
+  but its steady state's send_forward_recv_backward and send_backward_recv_forward post a
+  send and a receive of one boundary together (`batch_isend_irecv`) and wait for both: the
+  two transfers run at once, one each way.
 - Data-parallel gradient sync (ZeRO 0 and 1 as DeepSpeed runs them; ZeRO 2's per-micro-batch
   reduction with ``reduce_every_microbatch``). A stage's gradient bytes are cut into buckets
   of ``bucket_bytes`` (DeepSpeed's reduce_bucket_size, 5e8 elements: `deepspeed_bucket_bytes`),
@@ -65,9 +80,19 @@ buckets pay k ring latencies where the closed form's sync pays one):
 - GPipe is two flow shops, the forwards over the stages and send streams, then the
   backwards: sum f + sum d + (gas-1) max(f, d) + the same for b. eq. 5 is a lower bound,
   exact when one stage is the slowest in both passes and no P2P is slower than it;
-- P2P of e_j = 2 d_j (d_j one direction, as `comm.stage_boundary_time_s`), uniform stages:
-  GPipe equals eq. 5 (d <= t); 1F1B is at or above it (checked on random cases, not proven),
-  because its steady state waits for each gradient's round trip, P2P included.
+- P2P of e_j = 2 d_j (d_j one direction, as `comm.stage_boundary_time_s`), uniform stages,
+  "async": GPipe equals eq. 5 (d <= t); 1F1B is at or above it (checked on random cases, not
+  proven), because its steady state waits for each gradient's round trip, P2P included;
+- the same, "blocking" 1F1B (DeepSpeed), gas >= 2: each further micro-batch adds exactly
+  `pipeline.steady_state_period_s(t, e, blocking_share=1)` (t + 4d with pp >= 3: a middle
+  stage sends and receives four transfers per micro-batch; t + 2d with pp = 2), and
+  `pipeline_1f1b_time_s(t, e, gas, blocking_share=1)` is at or above the simulation by at
+  most one e = 2d (its fill and drain; equal for pp = 2); checked by hand for pp 2 and 3 and
+  on random cases, not proven. Free P2P: every mode equals eq. 5;
+- the same, "paired" 1F1B (Megatron-LM), gas >= 2: each further micro-batch adds exactly
+  `steady_state_period_s(t, e, blocking_share=0.5)` (t + 2d inside, t + d for pp = 2), and
+  `pipeline_1f1b_time_s(..., blocking_share=0.5)` is within one d of the simulation (random
+  cases, not proven; pp 2 by hand).
 
 Speed: the event loop is a numba kernel (``use_numba=False`` runs the very same code as plain
 Python, which the tests compare), O(E log E) in the E = O(pp * gas) tasks. Where no flow can
@@ -75,7 +100,10 @@ share a link every duration is fixed, and the events are taken from a stack inst
 heap. On the 2-core development machine (busy with other work, compilation cached), pp = 128
 and gas = 2048 (1.05 million tasks, 1.85 million events) take about 0.3 s with private links
 and about 0.7 s with P2P and dp flows sharing 16 NICs; a cold numba cache adds about 10 s of
-compilation once.
+compilation once. Blocking P2P puts the sends and receives on the compute streams too (about
+twice the tasks): on the same pp 128, gas 2048 case with private links, overlapped buckets and
+dp 4, 0.6 to 0.7 s against 0.4 s async in the same session (2026-11-22), 0.16 s of which
+builds DeepSpeed's instruction order (`deepspeed_train_order`).
 """
 from __future__ import annotations
 
@@ -326,6 +354,185 @@ def schedule_order(schedule: str, pp: int, gas: int, *, recompute: bool = False
     return out_k, out_m
 
 
+P2P_MODES = ("async", "blocking", "paired")
+"""How P2P transfers meet the compute streams (`simulate_iteration`'s p2p_mode): "async",
+free-running sends on their own streams; "blocking", DeepSpeed's separate blocking send and
+receive calls in its TrainSchedule's instruction order (`deepspeed_train_order`); "paired",
+Megatron-LM's 1F1B, whose steady state posts a send and a receive together and waits for
+both (`megatron_order`)."""
+
+
+def megatron_order(pp: int, gas: int, *, recompute: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each stage's instructions in Megatron-LM's forward_backward_pipelining_without_
+    interleaving (megatron/core/pipeline_parallel/schedules.py): (kind, microbatch, flows
+    [pp, n, 2], peer), as `deepspeed_train_order` gives them, a task holding one or two flows.
+
+    Stage j runs w = min(pp - j - 1, gas) warm-up steps recv_forward, forward, send_forward;
+    then (if gas > w) recv_forward; then for i < gas - w: forward of w + i,
+    send_forward_recv_backward (the activation of w + i out, the gradient of i in, posted
+    together with batch_isend_irecv and waited for together), backward of i, and
+    send_backward_recv_forward (the gradient of i back, the activation of w + i + 1 in), or
+    send_backward alone after the last one; then w cool-down steps recv_backward, backward,
+    send_backward. Calls with no peer (the first stage's backward sends, the last stage's
+    forward sends) are no-ops and left out."""
+    nb_p2p = (pp - 1) * gas
+    rows = []
+    for j in range(pp):
+        first, last = j == 0, j == pp - 1
+        act_in = lambda m: (j - 1) * gas + m            # noqa: E731 (flow ids, as above)
+        act_out = lambda m: j * gas + m                 # noqa: E731
+        grad_in = lambda m: nb_p2p + j * gas + m        # noqa: E731
+        grad_out = lambda m: nb_p2p + (j - 1) * gas + m     # noqa: E731
+        row: list = []
+
+        def comm(kind, m, flows, peer):
+            row.append((kind, m, flows[0], flows[1] if len(flows) > 1 else -1, peer))
+
+        def backward(m):
+            if recompute:
+                row.append((_RECOMPUTE, m, -1, -1, -1))
+            row.append((_BACKWARD, m, -1, -1, -1))
+
+        w = min(pp - j - 1, gas)
+        for i in range(w):
+            if not first:
+                comm(_K_RECV, i, [act_in(i)], j - 1)
+            row.append((_FORWARD, i, -1, -1, -1))
+            if not last:
+                comm(_K_SEND, i, [act_out(i)], j + 1)
+        if gas > w and not first:
+            comm(_K_RECV, w, [act_in(w)], j - 1)
+        r = gas - w
+        for i in range(r):
+            row.append((_FORWARD, w + i, -1, -1, -1))
+            if not last:
+                comm(_K_SEND, w + i, [act_out(w + i), grad_in(i)], j + 1)
+            backward(i)
+            if not first:
+                if i == r - 1:
+                    comm(_K_SEND, i, [grad_out(i)], j - 1)
+                else:
+                    comm(_K_SEND, i, [grad_out(i), act_in(w + i + 1)], j - 1)
+        for i in range(r, gas):
+            if not last:
+                comm(_K_RECV, i, [grad_in(i)], j + 1)
+            backward(i)
+            if not first:
+                comm(_K_SEND, i, [grad_out(i)], j - 1)
+        rows.append(np.array(row, dtype=np.int64).reshape(-1, 5))
+    n = max(r.shape[0] for r in rows)
+    kind = np.full((pp, n), _K_IDLE, dtype=np.int64)
+    micro = np.full((pp, n), -1, dtype=np.int64)
+    flow = np.full((pp, n, 2), -1, dtype=np.int64)
+    peer = np.full((pp, n), -1, dtype=np.int64)
+    for j, r in enumerate(rows):
+        m = r.shape[0]
+        kind[j, :m], micro[j, :m], flow[j, :m, 0], flow[j, :m, 1], peer[j, :m] = r.T
+    return kind, micro, flow, peer
+
+def blocking_order(schedule: str, pp: int, gas: int, *, recompute: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each stage's instructions with blocking sends and receives, as
+    `deepspeed_train_order` gives them: for "1f1b" DeepSpeed's TrainSchedule
+    (`deepspeed_train_order`); for "gpipe" (which DeepSpeed does not run) each pass receives
+    its input just before it and sends its output just after it."""
+    if schedule == "1f1b":
+        return deepspeed_train_order(pp, gas, recompute=recompute)
+    kinds, micro = schedule_order(schedule, pp, gas, recompute=recompute)
+    nb_p2p = (pp - 1) * gas
+    rows = []
+    for j in range(pp):
+        row = []
+        for k, m in zip(kinds[j].tolist(), micro[j].tolist()):
+            if k == _FORWARD:
+                if j > 0:
+                    row.append((_K_RECV, m, (j - 1) * gas + m, j - 1))
+                row.append((k, m, -1, -1))
+                if j < pp - 1:
+                    row.append((_K_SEND, m, j * gas + m, j + 1))
+            else:                # the gradient arrives before the recompute, if any
+                if j < pp - 1 and (k == _RECOMPUTE or not recompute):
+                    row.append((_K_RECV, m, nb_p2p + j * gas + m, j + 1))
+                row.append((k, m, -1, -1))
+                if k == _BACKWARD and j > 0:
+                    row.append((_K_SEND, m, nb_p2p + (j - 1) * gas + m, j - 1))
+        rows.append(np.array(row, dtype=np.int64).reshape(-1, 4))
+    n = max(r.shape[0] for r in rows)
+    out = np.full((4, pp, n), -1, dtype=np.int64)
+    out[0] = _K_IDLE
+    for j, r in enumerate(rows):
+        out[:, j, :r.shape[0]] = r.T
+    return out[0], out[1], out[2], out[3]
+
+
+P2P_MODE_OF_FRAMEWORK = {"deepspeed": "blocking", "megatron": "paired", "async": "async"}
+"""The p2p_mode for each key of `cost_models.pipeline.P2P_BLOCKING_SHARE`."""
+
+
+def deepspeed_train_order(pp: int, gas: int, *, recompute: bool = False
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each stage's instruction stream in DeepSpeed's 1F1B `TrainSchedule` (deepspeed
+    runtime/pipe/schedule.py), without the optimizer step: (kind, microbatch, flow, peer),
+    [pp, n] arrays, n the longest stage's count; shorter stages end in zero-length no-ops
+    (kind "idle", flow -1).
+
+    TrainSchedule runs 2 (gas + pp - 1) steps; step s of stage j is a forward when s + j is
+    even, else a backward, of a micro-batch that may be out of range (an idle step). A forward
+    step issues SendGrad(previous step's micro-batch) to stage j-1, RecvActivation(its own)
+    from j-1, then ForwardPass; a backward step RecvGrad(its own) from j+1,
+    SendActivation(previous step's micro-batch) to j+1, then BackwardPass (with a separate
+    recompute, that recompute then the backward). Sends and receives are kind "send" / "recv"
+    with the flow id of `simulate_iteration`: activation of micro-batch m over boundary b
+    (stages b, b+1) b*gas + m, its gradient (pp-1)*gas + b*gas + m; peer is the other stage.
+    The compute ops come in `schedule_order("1f1b", ...)`'s order (tests check both)."""
+    nb_p2p = (pp - 1) * gas
+    T = 2 * (gas + pp - 1)
+    s = np.arange(T, dtype=np.int64)
+    rows = []
+    for j in range(pp):
+        fwd = (s + j) % 2 == 0
+        if j % 2 == 0:
+            mb = np.where(fwd, s // 2 - j // 2, (s - 1) // 2 - pp + 1 + j // 2)
+        else:
+            mb = np.where(fwd, (s - 1) // 2 - j // 2, s // 2 - pp + (j + 1) // 2)
+        prev = np.concatenate([[-1], mb[:-1]])
+        ok, ok_prev = (mb >= 0) & (mb < gas), (prev >= 0) & (prev < gas)
+        # slots per step: [comm 1, comm 2, compute(, compute)]: kind, micro-batch, flow, peer
+        n_slot = 4 if recompute else 3
+        kind = np.full((T, n_slot), -1, dtype=np.int64)
+        micro = np.full((T, n_slot), -1, dtype=np.int64)
+        flow = np.full((T, n_slot), -1, dtype=np.int64)
+        peer = np.full((T, n_slot), -1, dtype=np.int64)
+
+        def put(slot, sel, k, m, f, p):
+            kind[sel, slot], micro[sel, slot], flow[sel, slot] = k, m[sel], f[sel]
+            peer[sel, slot] = p
+
+        if j > 0:                      # forward step: SendGrad(prev), RecvActivation(mb)
+            put(0, fwd & ok_prev, _K_SEND, prev, nb_p2p + (j - 1) * gas + prev, j - 1)
+            put(1, fwd & ok, _K_RECV, mb, (j - 1) * gas + mb, j - 1)
+        if j < pp - 1:                 # backward step: RecvGrad(mb), SendActivation(prev)
+            put(0, ~fwd & ok, _K_RECV, mb, nb_p2p + j * gas + mb, j + 1)
+            put(1, ~fwd & ok_prev, _K_SEND, prev, j * gas + prev, j + 1)
+        none = np.full(T, -1, dtype=np.int64)
+        put(2, fwd & ok, _FORWARD, mb, none, -1)
+        if recompute:
+            put(2, ~fwd & ok, _RECOMPUTE, mb, none, -1)
+            put(3, ~fwd & ok, _BACKWARD, mb, none, -1)
+        else:
+            put(2, ~fwd & ok, _BACKWARD, mb, none, -1)
+        keep = kind.reshape(-1) >= 0
+        rows.append(tuple(a.reshape(-1)[keep] for a in (kind, micro, flow, peer)))
+    n = max(r[0].shape[0] for r in rows)
+    out = (np.full((pp, n), _K_IDLE, dtype=np.int64), np.full((pp, n), -1, dtype=np.int64),
+           np.full((pp, n), -1, dtype=np.int64), np.full((pp, n), -1, dtype=np.int64))
+    for j, r in enumerate(rows):
+        for a, b in zip(out, r):
+            a[j, :b.shape[0]] = b
+    return out
+
+
 # ----------------------------------------------------------------------------- the kernel
 
 _EV_COMPUTE_END, _EV_LATENCY_END, _EV_FLOW_END = 0, 1, 2
@@ -413,7 +620,8 @@ def _heap_pop(h_t, h_s, h_k, n, ordered):
 @_kernel
 def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, stage_bptr,
                      stage_buckets, f_stream, f_wake, f_kind, f_lat, f_bytes, f_alone, b_frac,
-                     f_lptr, f_link, f_mult, s_ptr, s_flow, l_bw, l_ptr, ordered):
+                     f_lptr, f_link, f_mult, s_ptr, s_flow, l_bw, l_ptr, ordered, op_xfer,
+                     blocking):
     """The discrete-event loop (numba-compiled; `_PY` holds the same code as plain Python).
 
     Every task starts at the latest of its constraints (its stream's previous task, its
@@ -425,7 +633,12 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
     id j*K + k; flow f has id pp*K + f. f_alone[f] > 0: the flow can never share a link
     (each of its links carries one stream), so it runs at that rate without the fluid
     machinery. Returns the start, end and binding predecessor of every task, each stage's
-    end and last task, and whether every task ran."""
+    end and last task, and whether every task ran.
+
+    blocking: op_xfer[j, k, q] >= 0 makes compute task (j, k) a blocking send or receive of
+    those P2P flows (one, or a paired send and receive): a flow becomes ready when both its
+    sender and its receiver have reached their task for it (a rendezvous, at the later
+    arrival), and a task ends when the last of its flows ends."""
     INF = np.inf
     K = op_dur.shape[1]
     nf = f_stream.shape[0]
@@ -458,6 +671,11 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
     f_mark = np.zeros(nf, dtype=np.int64)
     f_frz = np.zeros(nf, dtype=np.int64)
     f_lpos = np.full(f_link.shape[0], -1, dtype=np.int64)
+    f_arr = np.zeros(nf, dtype=np.int64)       # blocking: sides that reached the transfer
+    f_arr_t = np.full(nf, -INF)                # ... the later arrival and its predecessor
+    f_arr_p = np.full(nf, -1, dtype=np.int64)
+    f_ep = np.full((nf, 2), -1, dtype=np.int64)   # ... the two tasks that hold it
+    op_left = np.zeros(pp * K, dtype=np.int64)     # flows a blocking task still waits for
 
     s_head = s_ptr[:-1].copy()
     s_busy = np.zeros(ns, dtype=np.bool_)
@@ -648,6 +866,26 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
                 c_pred[task] = pred
                 c_start[j, k] = start
                 busy[j] = True
+                if op_xfer[j, k, 0] >= 0:    # blocking sends / receives: wait for the peers
+                    for q in range(op_xfer.shape[2]):
+                        x = op_xfer[j, k, q]
+                        if x < 0:
+                            continue
+                        op_left[task] += 1
+                        f_ep[x, f_arr[x]] = task
+                        f_arr[x] += 1
+                        if start >= f_arr_t[x]:
+                            f_arr_t[x] = start
+                            f_arr_p[x] = pred
+                        if f_arr[x] == 2:
+                            f_ready[x] = f_arr_t[x]
+                            f_prod[x] = f_arr_p[x]
+                            s = f_stream[x]
+                            if not sm_in[s]:
+                                sm_in[s] = True
+                                sm_stack[n_sm] = s
+                                n_sm += 1
+                    continue
                 dur = op_dur[j, k]
                 _heap_push(h_t, h_s, h_k, n_h, start + dur, seq,
                                            j * _NUM_EV + _EV_COMPUTE_END, ordered)
@@ -760,6 +998,21 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
                 n_sm += 1
             kind = f_kind[f]
             j = f_wake[f]
+            if kind == 0 and blocking:   # the blocked tasks end with their last flow
+                for side in range(2):
+                    tk = f_ep[f, side]
+                    op_left[tk] -= 1
+                    if op_left[tk] == 0:
+                        jj = tk // K
+                        k = tk - jj * K
+                        c_end[jj, k] = now
+                        c_pred[tk] = base + f
+                        busy[jj] = False
+                        next_op[jj] = k + 1
+                        if not st_in[jj]:
+                            st_in[jj] = True
+                            st_stack[n_st] = jj
+                            n_st += 1
             if kind == 1:
                 buckets_left[j] -= 1
                 last_bucket[j] = f
@@ -917,6 +1170,7 @@ def simulate_iteration(
     step_overhead_s: float = 0.0,
     use_numba: bool = True,
     time_ordered: bool | None = None,
+    p2p_mode: str = "async",
 ) -> SimulatedIteration:
     """Simulate one training iteration of a pp-stage pipeline (the module docstring has the
     model). All times in seconds, sizes in bytes, bandwidths in bytes/s (one direction).
@@ -932,7 +1186,10 @@ def simulate_iteration(
     latency. Routes: by default each boundary has a private full-duplex link of
     p2p_bandwidth_bytes_per_s[j]; or give p2p_routes[j] (the activations' links) and
     p2p_grad_routes[j] (the gradients', default the same links) over `links` ({link id:
-    bandwidth}). Omitted p2p_bytes: free transfers.
+    bandwidth}). Omitted p2p_bytes: free transfers. p2p_mode (one of P2P_MODES): "async"
+    (default), sends that never block; "blocking", DeepSpeed's blocking sends and receives in
+    its TrainSchedule order; "paired" (1F1B only), Megatron-LM's order with a send and a
+    receive posted together (the module docstring says how; `P2P_MODE_OF_FRAMEWORK`).
 
     Data parallelism over `dp` ranks, per stage: gradient_bytes[j] (one device's gradients),
     dp_latency_s[j] per ring step, a private link of dp_bandwidth_bytes_per_s[j] or
@@ -973,7 +1230,25 @@ def simulate_iteration(
     if not (math.isfinite(step_overhead_s) and step_overhead_s >= 0):
         raise ValueError(f"step_overhead_s must be finite and >= 0, got {step_overhead_s}")
 
+    if p2p_mode not in P2P_MODES:
+        raise ValueError(f"p2p_mode {p2p_mode!r}; known: {', '.join(P2P_MODES)}")
+    blocking = p2p_mode != "async" and pp > 1
     kinds, micro = schedule_order(schedule, pp, gas, recompute=rec is not None)
+    xfer = peer = None
+    if blocking and p2p_mode == "paired":
+        if schedule != "1f1b":
+            raise ValueError(f"p2p_mode 'paired' is Megatron-LM's 1F1B; schedule {schedule!r} "
+                             f"has no paired order")
+        kinds, micro, xfer, peer = megatron_order(pp, gas, recompute=rec is not None)
+    elif blocking:
+        kinds, micro, xfer, peer = blocking_order(schedule, pp, gas, recompute=rec is not None)
+    if blocking:
+        # and a no-op after each stage's last instruction: DeepSpeed's ReduceGrads (ZeRO 0,
+        # 1) comes after the stage's last send, in the last step, as Megatron-LM's
+        # finalize_model_grads after its schedule (the no-op emits the buckets)
+        kinds, micro, xfer, peer = (
+            np.concatenate([a, np.full((pp, 1) + a.shape[2:], v, np.int64)], axis=1)
+            for a, v in ((kinds, _K_IDLE), (micro, -1), (xfer, -1), (peer, -1)))
     n_ops = kinds.shape[1]
     K = n_ops + 1
     lk = _Links(links or {})
@@ -1115,12 +1390,17 @@ def simulate_iteration(
     js = np.arange(pp)[:, None]
     op_dur[:, :n_ops] = np.where(kinds == _FORWARD, fwd[:, None],
                                  np.where(kinds == _BACKWARD, bwd[:, None],
-                                          0.0 if rec is None else rec[:, None]))
+                                          np.where(kinds == _RECOMPUTE,
+                                                   0.0 if rec is None else rec[:, None], 0.0)))
     op_dur[:, n_ops] = opt
     is_f = kinds == _FORWARD
     first_b = kinds == (_BACKWARD if rec is None else _RECOMPUTE)
     is_b = kinds == _BACKWARD
-    if pp > 1:
+    op_xfer = np.full((pp, K, 1 if xfer is None else xfer.reshape(pp, n_ops, -1).shape[2]),
+                      -1, dtype=np.int64)
+    if blocking:     # the blocking sends and receives carry the dependencies
+        op_xfer[:, :n_ops] = xfer.reshape(pp, n_ops, -1)
+    elif pp > 1:
         op_dep[:, :n_ops] = np.where(is_f & (js > 0), (js - 1) * gas + micro, -1)
         op_dep[:, :n_ops] = np.where(first_b & (js < pp - 1), nb_p2p + js * gas + micro,
                                      op_dep[:, :n_ops])
@@ -1131,6 +1411,9 @@ def simulate_iteration(
     if dp > 1:
         e = micro - (gas - emitters)
         op_emit[:, :n_ops] = np.where(is_b & (e >= 0) & (stage_nb[:, None] > 0), e, -1)
+        if blocking and not overlap and emitters == 1:
+            op_emit[:, :n_ops] = -1
+            op_emit[:, n_ops - 1] = np.where(stage_nb > 0, 0, -1)
 
     f_lptr, f_link, f_mult = lk.csr()
     link_bw = np.asarray(lk.bw, dtype=float)
@@ -1153,12 +1436,14 @@ def simulate_iteration(
         pp, op_dur, op_dep, op_out, op_emit, bool(overlap), stage_nb, stage_bptr,
         stage_buckets, f_stream_a, f_wake_a, f_kind_a, cat(f_lat, float),
         cat(f_bytes, float), alone, cat(b_frac, float), f_lptr, f_link, f_mult, s_ptr,
-        order, link_bw, slot_ptr, bool(time_ordered))
+        order, link_bw, slot_ptr, bool(time_ordered), op_xfer, bool(blocking))
     if not complete:        # cannot happen for the schedules above; an invariant
         raise RuntimeError("the schedule simulation deadlocked")
 
     return _summarise(
-        schedule=schedule, pp=pp, gas=gas, kinds=kinds, micro=micro, c_start=c_start,
+        schedule=schedule, pp=pp, gas=gas, kinds=kinds, micro=micro,
+        peer=np.full(kinds.shape, -1, dtype=np.int64) if peer is None else peer,
+        c_start=c_start,
         c_end=c_end, f_start=f_start, f_end=f_end, path=path,
         f_stream=f_stream_a, f_owner=f_owner_a, f_wake=f_wake_a, f_kind=f_kind_a,
         f_mb=cat(f_mb, np.int64), f_peer=cat(f_peer, np.int64),
@@ -1223,21 +1508,29 @@ def _exposed_kernel(c_start, c_end, f_start, f_end, s_ptr, s_flow):
     return total
 
 
-def _summarise(*, schedule, pp, gas, kinds, micro, c_start, c_end, f_start, f_end, path,
-               f_stream, f_owner, f_wake, f_kind, f_mb, f_peer, f_count, st_end,
+def _summarise(*, schedule, pp, gas, kinds, micro, peer, c_start, c_end, f_start, f_end,
+               path, f_stream, f_owner, f_wake, f_kind, f_mb, f_peer, f_count, st_end,
                collective, step_overhead_s, use_numba, s_ptr, s_flow) -> SimulatedIteration:
     makespan = float(st_end.max())
-    busy = (c_end - c_start).sum(axis=1)
     comp_kind = np.concatenate([kinds, np.full((pp, 1), _OPTIMIZER)], axis=1)
     comp_mb = np.concatenate([micro, np.full((pp, 1), -1)], axis=1)
+    comp_peer = np.concatenate([peer, np.full((pp, 1), -1)], axis=1)
+    computing = comp_kind <= _OPTIMIZER      # not a blocking send / receive, not a no-op
+    compute_end = np.where(computing, c_end, c_start)
+    busy = (compute_end - c_start).sum(axis=1)
     coll_kind = np.where(f_kind == _FLOW_GATHER, _K_COLLECTIVE["all_gather"],
                          _K_COLLECTIVE[collective])
+    if not computing.all():                  # the no-ops that pad short stages: not a task
+        path = path[(path >= pp * comp_kind.shape[1]) |
+                    (comp_kind.reshape(-1)[np.minimum(path, comp_kind.size - 1)] != _K_IDLE)]
 
     # exposed communication per stage: its flows (sent, received, dp) outside its compute
+    # (a blocking send or receive holds the compute stream without computing: exposed)
     exposed_kernel = _exposed_kernel if use_numba else _PY["_exposed_kernel"]
-    exposed = exposed_kernel(c_start, c_end, f_start, f_end, s_ptr, s_flow)
+    exposed = exposed_kernel(c_start, compute_end, f_start, f_end, s_ptr, s_flow)
 
     parts = dict(pp=pp, makespan=makespan, comp_kind=comp_kind, comp_mb=comp_mb,
+                 comp_peer=comp_peer,
                  c_start=c_start, c_end=c_end, f_start=f_start, f_end=f_end, f_stream=f_stream,
                  f_owner=f_owner, f_wake=f_wake, f_kind=f_kind, f_mb=f_mb, f_peer=f_peer,
                  f_count=f_count, coll_kind=coll_kind)
@@ -1256,7 +1549,8 @@ def _task_label(task: int, p: dict) -> str:
     pp, K = comp_kind.shape
     if task < pp * K:
         j, k = divmod(task, K)
-        return _label(j, int(comp_kind[j, k]), int(comp_mb[j, k]), -1, 0)
+        return _label(j, int(comp_kind[j, k]), int(comp_mb[j, k]), int(p["comp_peer"][j, k]),
+                      0)
     f = task - pp * K
     if p["f_kind"][f] == _FLOW_P2P:
         return _label(int(p["f_owner"][f]), _K_SEND, int(p["f_mb"][f]), int(p["f_wake"][f]), 0)
@@ -1264,11 +1558,13 @@ def _task_label(task: int, p: dict) -> str:
                   int(p["f_peer"][f]), int(p["f_count"][f]))
 
 
-def _event_table(*, pp, makespan, comp_kind, comp_mb, c_start, c_end, f_start, f_end,
-                 f_stream, f_owner, f_wake, f_kind, f_mb, f_peer, f_count, coll_kind
+def _event_table(*, pp, makespan, comp_kind, comp_mb, comp_peer, c_start, c_end, f_start,
+                 f_end, f_stream, f_owner, f_wake, f_kind, f_mb, f_peer, f_count, coll_kind
                  ) -> EventTable:
-    """Columns of every event: compute tasks, idle gaps, sends, receives, collectives."""
+    """Columns of every event: compute tasks (blocking sends and receives among them, the
+    padding no-ops left out), idle gaps, sends, receives, collectives."""
     K = c_start.shape[1]
+    real = (comp_kind != _K_IDLE).reshape(-1)
     gap_s = np.concatenate([np.zeros((pp, 1)), c_end], axis=1)
     gap_e = np.concatenate([c_start, np.full((pp, 1), makespan)], axis=1)
     gap = gap_e > gap_s
@@ -1276,28 +1572,30 @@ def _event_table(*, pp, makespan, comp_kind, comp_mb, c_start, c_end, f_start, f
     p2p = f_kind == _FLOW_P2P
     coll = ~p2p
     to_next = (f_stream % 3 == 0)[p2p]
-    n_comp, n_gap, n_p2p, n_coll = pp * K, int(gap.sum()), int(p2p.sum()), int(coll.sum())
+    n_comp, n_gap, n_p2p, n_coll = int(real.sum()), int(gap.sum()), int(p2p.sum()), \
+        int(coll.sum())
 
     def col(*parts, dtype):
         return np.concatenate([np.asarray(p).reshape(-1) for p in parts]).astype(dtype)
 
     return EventTable(
-        stage=col(np.repeat(np.arange(pp), K), stage_of_gap, f_owner[p2p], f_wake[p2p],
+        stage=col(np.repeat(np.arange(pp), K)[real], stage_of_gap, f_owner[p2p], f_wake[p2p],
                   f_owner[coll], dtype=np.int32),
         stream=col(np.full(n_comp + n_gap, _S_COMPUTE, np.int8),
                    np.where(to_next, _S_SEND_NEXT, _S_SEND_PREV).astype(np.int8),
                    np.where(to_next, _S_RECV_PREV, _S_RECV_NEXT).astype(np.int8),
                    np.full(n_coll, _S_DP, np.int8), dtype=np.int8),
-        kind=col(comp_kind.astype(np.int8), np.full(n_gap, _K_IDLE, np.int8),
+        kind=col(comp_kind.reshape(-1)[real].astype(np.int8), np.full(n_gap, _K_IDLE, np.int8),
                  np.full(n_p2p, _K_SEND, np.int8), np.full(n_p2p, _K_RECV, np.int8),
                  coll_kind[coll].astype(np.int8), dtype=np.int8),
-        microbatch=col(comp_mb, np.full(n_gap, -1), f_mb[p2p], f_mb[p2p], f_mb[coll],
-                       dtype=np.int32),
-        start_s=col(c_start, gap_s[gap], f_start[p2p], f_start[p2p], f_start[coll],
-                    dtype=float),
-        end_s=col(c_end, gap_e[gap], f_end[p2p], f_end[p2p], f_end[coll], dtype=float),
-        peer=col(np.full(n_comp + n_gap, -1), f_wake[p2p], f_owner[p2p], f_peer[coll],
-                 dtype=np.int32),
+        microbatch=col(comp_mb.reshape(-1)[real], np.full(n_gap, -1), f_mb[p2p], f_mb[p2p],
+                       f_mb[coll], dtype=np.int32),
+        start_s=col(c_start.reshape(-1)[real], gap_s[gap], f_start[p2p], f_start[p2p],
+                    f_start[coll], dtype=float),
+        end_s=col(c_end.reshape(-1)[real], gap_e[gap], f_end[p2p], f_end[p2p], f_end[coll],
+                  dtype=float),
+        peer=col(comp_peer.reshape(-1)[real], np.full(n_gap, -1), f_wake[p2p], f_owner[p2p],
+                 f_peer[coll], dtype=np.int32),
         count=col(np.zeros(n_comp + n_gap + 2 * n_p2p, np.int32), f_count[coll],
                   dtype=np.int32))
 

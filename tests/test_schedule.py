@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from cost_models import comm as C
 from cost_models import pipeline as P
-from cost_models.schedule import (DEEPSPEED_REDUCE_BUCKET_ELEMENTS, KINDS, STREAMS, LinkUse,
-                                  deepspeed_bucket_bytes, schedule_order, simulate_iteration)
+from cost_models.schedule import (DEEPSPEED_REDUCE_BUCKET_ELEMENTS, KINDS, P2P_MODES, STREAMS,
+                                  LinkUse, deepspeed_bucket_bytes, deepspeed_train_order,
+                                  megatron_order, schedule_order, simulate_iteration)
 
 PY = dict(use_numba=False)
 FAST = settings(max_examples=60, deadline=None,
@@ -429,3 +430,299 @@ def test_critical_path_segments_account_for_the_makespan():
     assert {"forward", "backward"} <= kinds and kinds <= set(KINDS)
     # runs merge consecutive tasks of one stage and kind
     assert all((a[0], a[1]) != (b[0], b[1]) for a, b in zip(segs, segs[1:]))
+
+
+# ------------------------------------------------------------------ blocking P2P (DeepSpeed)
+
+def _uniform(pp, gas, f, b, d, **kw):
+    """pp equal stages (forward f, backward b), every transfer d one way (bytes d, 1 byte/s)."""
+    return sim(forward_s=[f] * pp, backward_s=[b] * pp, gas=gas, p2p_bytes=[d] * (pp - 1),
+               p2p_bandwidth_bytes_per_s=[1.0] * (pp - 1), **kw)
+
+
+def _starts(s, stage, kind, stream="compute"):
+    return [e.start_s for e in s.events if e.stage == stage and e.kind == kind
+            and e.stream == stream]
+
+
+@pytest.mark.parametrize("pp,gas", [(1, 3), (2, 1), (2, 4), (3, 4), (4, 7), (5, 2)])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_blocking_order_is_deepspeeds_train_schedule(pp, gas, recompute):
+    """Instruction by instruction, DeepSpeed's own TrainSchedule (the installed deepspeed),
+    and its compute ops in schedule_order's 1F1B order."""
+    ds = pytest.importorskip("deepspeed.runtime.pipe.schedule")
+    name = {"SendGrad": (4, -1), "RecvActivation": (5, -1), "RecvGrad": (5, 1),
+            "SendActivation": (4, 1), "ForwardPass": (0, 0), "BackwardPass": (2, 0)}
+    kind, micro, flow, peer = deepspeed_train_order(pp, gas, recompute=recompute)
+    ck, cm = schedule_order("1f1b", pp, gas, recompute=recompute)
+    nb = (pp - 1) * gas
+    for j in range(pp):
+        theirs = [name[type(c).__name__] for step in
+                  ds.TrainSchedule(micro_batches=gas, stages=pp, stage_id=j).steps()
+                  for c in step if type(c).__name__ in name]
+        real = kind[j] != KINDS.index("idle")
+        assert not real[real.argmin():].any() or real.all()     # padding only at the end
+        mine = [(int(k), 0 if k in (0, 1, 2) else int(p) - j)
+                for k, p in zip(kind[j][real], peer[j][real]) if k != 1]
+        assert mine == theirs
+        comp = real & (kind[j] <= 2)
+        assert list(kind[j][comp]) == list(ck[j]) and list(micro[j][comp]) == list(cm[j])
+        for k, m, f, p in zip(kind[j][real], micro[j][real], flow[j][real], peer[j][real]):
+            if k in (4, 5):                 # the flow ids simulate_iteration gives transfers
+                b = min(j, p)
+                grad = (k == 4) == (p < j)
+                assert f == (nb if grad else 0) + b * gas + m
+
+
+def test_blocking_two_stages_by_hand():
+    """pp 2, gas 4, forward 1, backward 2, each transfer 0.5. Stage 0 runs F0 SA0 F1 RG0 SA1
+    B0 F2 RG1 SA2 B1 F3 RG2 SA3 B2 RG3 B3, stage 1 RA0 F0 B0 SG0 RA1 F1 B1 SG1 ... B3 SG3
+    (SA/RA: send/receive activation, SG/RG: gradient). F0 [0, 1] on stage 0, SA0 [1, 1.5],
+    F1 on stage 0 [1.5, 2.5] beside F0 B0 on stage 1 [1.5, 4.5]; then stage 0 waits in RG0
+    until SG0 [4.5, 5], SA1 [5, 5.5], B0 [5.5, 7.5] beside F1 B1 on stage 1 [5.5, 8.5], and
+    so on every t + 2d = 4: stage 1's forwards start at 1.5, 5.5, 9.5, 13.5; its last SG3
+    [16.5, 17] and stage 0's B3 [17, 19]. The closed form with DeepSpeed's share:
+    (gas - 1)(t + e) + 2t + e = 3 * 4 + 6 + 1 = 19, the same."""
+    s = _uniform(2, 4, 1.0, 2.0, 0.5, p2p_mode="blocking")
+    assert s.iteration_time_s == pytest.approx(19.0, abs=1e-12)
+    assert _starts(s, 1, "forward") == pytest.approx([1.5, 5.5, 9.5, 13.5], abs=1e-12)
+    assert _starts(s, 0, "backward") == pytest.approx([5.5, 9.5, 13.5, 17.0], abs=1e-12)
+    assert _starts(s, 0, "forward") == pytest.approx([0.0, 1.5, 7.5, 11.5], abs=1e-12)
+    assert P.pipeline_1f1b_time_s([3.0, 3.0], [1.0], 4, blocking_share=1.0) == 19.0
+    # a blocking call holds the compute stream from its issue to the transfer's end: stage 0
+    # computes 12 and is blocked 7 (RG0 from 2.5, RG3 from 15.5: waiting for the peer)
+    assert s.busy_s == pytest.approx((12.0, 12.0), abs=1e-12)
+    blocked = [(e.start_s, e.end_s) for e in s.events
+               if e.stage == 0 and e.stream == "compute" and e.kind in ("send", "recv")]
+    assert blocked == [(1.0, 1.5), (2.5, 5.0), (5.0, 5.5), (8.5, 9.0), (9.0, 9.5),
+                       (12.5, 13.0), (13.0, 13.5), (15.5, 17.0)]
+    assert s.idle_s[0] == pytest.approx(7.0, abs=1e-12)
+    # async sends: stage 0 never waits to send, the gradient round trip bounds it: 17
+    assert _uniform(2, 4, 1.0, 2.0, 0.5).iteration_time_s == pytest.approx(17.0, abs=1e-12)
+
+
+def test_blocking_three_stages_by_hand():
+    """pp 3, gas 4, forward 1, backward 2, transfers 0.5 (stage 1 runs RA0 F0 SA0 RA1 F1 RG0
+    SA1 B0 SG0 RA2 F2 RG1 SA2 B1 SG1 RA3 F3 RG2 SA3 B2 SG2 RG3 B3 SG3). Worked out:
+    stage 0: F0 [0, 1], SA0 [1, 1.5], F1 [1.5, 2.5], SA1 [3, 3.5] (stage 1 first sends its
+    SA0 [2.5, 3]), F2 [3.5, 4.5], then RG0 waits for stage 1's SG0 [9, 9.5] (stage 1 waits in
+    its RG0 for stage 2's SG0 [6, 6.5], sends SA1 [6.5, 7], runs B0 [7, 9]); SA2 [9.5, 10],
+    B0 [10, 12], F3 [12, 13], RG1 until SG1 [14, 14.5], SA3 [14.5, 15], B1 [15, 17],
+    SG2 [19, 19.5], B2 [19.5, 21.5], SG3 [22.5, 23], B3 [23, 25]. The steady state pays the
+    middle stage's t + 4d = 5 per micro-batch, as the closed form (DeepSpeed's share) does;
+    the closed form's fill and drain, 3t + 2e = 11, are one transfer (e = 2d = 1) too long
+    here: 26 against 25."""
+    s = _uniform(3, 4, 1.0, 2.0, 0.5, p2p_mode="blocking")
+    assert s.iteration_time_s == pytest.approx(25.0, abs=1e-12)
+    assert _starts(s, 0, "backward") == pytest.approx([10.0, 15.0, 19.5, 23.0], abs=1e-12)
+    assert _starts(s, 0, "forward") == pytest.approx([0.0, 1.5, 3.5, 12.0], abs=1e-12)
+    assert _starts(s, 1, "forward") == pytest.approx([1.5, 3.5, 10.0, 15.0], abs=1e-12)
+    assert _starts(s, 1, "backward") == pytest.approx([7.0, 12.0, 17.0, 20.5], abs=1e-12)
+    assert _starts(s, 2, "forward") == pytest.approx([3.0, 7.0, 12.0, 17.0], abs=1e-12)
+    assert P.pipeline_1f1b_time_s([3.0] * 3, [1.0, 1.0], 4, blocking_share=1.0) == 26.0
+    assert P.steady_state_period_s([3.0] * 3, [1.0, 1.0], blocking_share=1.0) == 5.0
+    assert _uniform(3, 4, 1.0, 2.0, 0.5).iteration_time_s == pytest.approx(22.0, abs=1e-12)
+
+
+@FAST
+@given(pp=st.integers(2, 7), gas=st.integers(2, 12), f=st.floats(0.1, 2.0),
+       b=st.floats(0.1, 4.0), d=st.floats(0.0, 3.0))
+def test_blocking_uniform_follows_the_closed_form(pp, gas, f, b, d):
+    """Uniform stages, DeepSpeed's blocking P2P: every further micro-batch adds exactly the
+    closed form's steady-state period (t + 4d inside, t + 2d for pp 2), and the closed form
+    (`pipeline_1f1b_time_s`, blocking_share 1) is above the simulation by at most one
+    boundary's e = 2d (its fill and drain; equal for pp 2), a share that shrinks as gas grows.
+    Checked on random cases, not proven."""
+    t, e = f + b, [2 * d] * (pp - 1)
+    one, more = (_uniform(pp, g, f, b, d, p2p_mode="blocking").iteration_time_s
+                 for g in (gas, gas + 1))
+    period = P.steady_state_period_s([t] * pp, e, blocking_share=1.0)
+    assert more - one == pytest.approx(period, rel=1e-9, abs=1e-9)
+    closed = P.pipeline_1f1b_time_s([t] * pp, e, gas, blocking_share=1.0)
+    assert one <= closed + 1e-9 and closed - one <= 2 * d + 1e-9
+    if pp == 2:
+        assert one == pytest.approx(closed, rel=1e-12, abs=1e-12)
+    # blocking never beats the free-running sends
+    assert one >= _uniform(pp, gas, f, b, d).iteration_time_s - 1e-9
+
+
+@pytest.mark.parametrize("pp,gas", [(1, 4), (2, 1), (2, 8), (4, 3), (5, 16), (8, 8)])
+def test_blocking_with_free_p2p_equals_eq5(pp, gas):
+    """Free transfers: the rendezvous costs nothing, both modes give eq. 5 + 4 on uniform
+    stages, with dp buckets and the optimizer step."""
+    f, b, step = 0.0123, 0.0291, 0.0041
+    kw = dict(forward_s=[f] * pp, backward_s=[b] * pp, optimizer_s=[step] * pp, gas=gas,
+              dp=2, gradient_bytes=[1e8] * pp, dp_bandwidth_bytes_per_s=[1e10] * pp,
+              bucket_bytes=1e9)
+    a = sim(**kw, p2p_mode="async")
+    s = sim(**kw, p2p_mode="blocking")
+    assert s.iteration_time_s == pytest.approx(a.iteration_time_s, rel=1e-12)
+    sync = C.allreduce_time_s(1e8, 2, 1e10, 0.0)
+    assert s.iteration_time_s == pytest.approx(
+        P.iteration_time_s(P.pipeline_time_s([f + b] * pp, np.zeros(pp - 1), gas),
+                           np.full(pp, sync + step)), rel=1e-12)
+
+
+def test_blocking_compiled_equals_python_and_events_are_consistent():
+    """Random cases (1F1B and GPipe, dp buckets, recompute, ZeRO 2, shared links): the
+    compiled kernel and the Python twin agree; a blocked send or receive is on the compute
+    stream of both its stages from its issue to the transfer's end, is not busy time, and the
+    transfer starts when the later of the two has issued its call."""
+    rng = np.random.default_rng(5)
+    for n in range(24):
+        kw = _random_case(rng, shared=n % 2 == 0)
+        kw.update(p2p_mode="blocking")
+        a = simulate_iteration(**kw)
+        b = simulate_iteration(**kw, use_numba=False)
+        assert a.iteration_time_s == b.iteration_time_s
+        assert a.critical_path == b.critical_path and a.exposed_comm_s == b.exposed_comm_s
+        np.testing.assert_array_equal(a.table.end_s, b.table.end_s)
+        assert a.iteration_time_s >= simulate_iteration(
+            **{**kw, "p2p_mode": "async"}).iteration_time_s - 1e-9 or kw.get("p2p_routes")
+        ev = a.events
+        transfers = {(e.stage, e.microbatch, e.stream == "send_next"): (e.start_s, e.end_s)
+                     for e in ev if e.kind == "send" and e.stream != "compute"}
+        calls = {}
+        for e in ev:
+            if e.kind in ("send", "recv") and e.stream == "compute":
+                sender = e.stage if e.kind == "send" else int(
+                    e.label.split("stage ")[1].split("->")[0])
+                to_next = "activation" in e.label
+                calls.setdefault((sender, e.microbatch, to_next), []).append(e)
+        assert sorted(calls) == sorted(transfers)
+        in_flight = np.zeros(a.pp)      # per stage: its blocked calls' transfer parts
+        for key, (start, end) in transfers.items():
+            pair = calls[key]
+            assert sorted(e.kind for e in pair) == ["recv", "send"]
+            assert all(e.end_s == end and e.start_s <= start for e in pair)
+            for e in pair:
+                in_flight[e.stage] += end - start
+            assert max(e.start_s for e in pair) == start or kw.get("p2p_routes")
+        for j in range(a.pp):
+            compute = [e for e in ev if e.stage == j and e.stream == "compute"]
+            spans = sorted((e.start_s, e.end_s) for e in compute)
+            assert all(x[1] <= y[0] + 1e-12 for x, y in zip(spans, spans[1:]))
+            work = sum(e.duration_s for e in compute
+                       if e.kind in ("forward", "recompute", "backward", "optimizer"))
+            assert work == pytest.approx(a.busy_s[j], abs=1e-9)
+            assert sum(e.duration_s for e in compute) == pytest.approx(a.makespan_s, abs=1e-9)
+            assert in_flight[j] - 1e-9 <= a.exposed_comm_s[j] <= a.idle_s[j] + 1e-9
+        segs = a.critical_path_segments()
+        assert sum(x[5] for x in segs) == pytest.approx(a.makespan_s, rel=1e-9)
+        assert "idle" not in a.critical_path_kinds
+
+
+@pytest.mark.parametrize("recompute", [None, [0.5, 0.5, 0.5]])
+def test_blocking_gpipe_by_hand(recompute):
+    """GPipe with blocking P2P (each pass receives just before it, sends just after it):
+    pp 3, gas 2, forward 1, backward 2, transfers 0.5. Stage 0: F0 [0, 1], SA0 [1, 1.5],
+    F1 [1.5, 2.5], SA1 [3, 3.5] once stage 1 has sent its SA0 [2.5, 3]; stage 1: F1
+    [3.5, 4.5], SA1 [4.5, 5]; stage 2: F0 [3, 4], F1 [5, 6], B0 [6, 8], SG0 [8, 8.5], B1
+    [8.5, 10.5]; stage 1: B0 [8.5, 10.5], SG0 [10.5, 11], SG1 [11, 11.5] (stage 2 waits in
+    it from 10.5), B1 [11.5, 13.5], SG1 [13.5, 14]; stage 0: B0 [11, 13], B1 [14, 16].
+    A separate recompute of 0.5 before each backward adds 0.5 to each backward: 18."""
+    s = _uniform(3, 2, 1.0, 2.0, 0.5, schedule="gpipe", p2p_mode="blocking",
+                 recompute_s=recompute)
+    extra = 0.0 if recompute is None else 0.5
+    assert _starts(s, 2, "forward") == pytest.approx([3.0, 5.0], abs=1e-12)
+    assert _starts(s, 1, "forward") == pytest.approx([1.5, 3.5], abs=1e-12)
+    assert _starts(s, 0, "backward") == pytest.approx([11.0 + 3 * extra, 14.0 + 4 * extra],
+                                                      abs=1e-12)
+    assert s.iteration_time_s == pytest.approx(16.0 + 4 * extra, abs=1e-12)
+
+
+def test_p2p_mode_is_checked():
+    kw = dict(forward_s=[1.0, 1.0], backward_s=[1.0, 1.0], optimizer_s=[0.0, 0.0], gas=2)
+    assert P2P_MODES == ("async", "blocking", "paired")
+    with pytest.raises(ValueError, match="p2p_mode 'isend'; known: async, blocking, paired"):
+        simulate_iteration(**kw, p2p_mode="isend", use_numba=False)
+    with pytest.raises(ValueError, match="Megatron-LM's 1F1B"):
+        simulate_iteration(**kw, schedule="gpipe", p2p_mode="paired", use_numba=False)
+    # one stage: nothing to block on, gpipe or not
+    one = dict(forward_s=[1.0], backward_s=[1.0], optimizer_s=[0.0], gas=2, schedule="gpipe")
+    assert simulate_iteration(**one, p2p_mode="blocking", use_numba=False).iteration_time_s == 4
+
+
+# ------------------------------------------------------------------ paired P2P (Megatron-LM)
+
+@pytest.mark.parametrize("pp,gas", [(1, 3), (2, 1), (2, 4), (3, 4), (4, 2), (5, 9)])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_megatron_order_is_1f1b_with_each_transfer_once_on_both_sides(pp, gas, recompute):
+    """The compute ops in schedule_order's 1F1B order; every transfer held by exactly one
+    task of its sender and one of its receiver, in micro-batch order on each side; the
+    steady state's tasks hold a send and a receive of one boundary."""
+    kind, micro, flow, peer = megatron_order(pp, gas, recompute=recompute)
+    ck, cm = schedule_order("1f1b", pp, gas, recompute=recompute)
+    nb = (pp - 1) * gas
+    held: dict = {}
+    for j in range(pp):
+        real = kind[j] != KINDS.index("idle")
+        comp = real & (kind[j] <= 2)
+        assert list(kind[j][comp]) == list(ck[j]) and list(micro[j][comp]) == list(cm[j])
+        for k in np.flatnonzero(real & (kind[j] > 3)):
+            fl = [int(x) for x in flow[j, k] if x >= 0]
+            assert fl and all(min(j, peer[j, k]) == (x % nb) // gas for x in fl)
+            for x in fl:
+                held.setdefault(x, []).append(j)
+    assert sorted(held) == list(range(2 * nb))
+    for x, stages in held.items():
+        b = (x % nb) // gas
+        assert sorted(stages) == [b, b + 1]
+
+
+def test_paired_two_stages_by_hand():
+    """pp 2, gas 4, forward 1, backward 2, transfers 0.5, Megatron-LM's order: stage 0 F0
+    SF0 F1 SFRB(1, 0) B0 F2 SFRB(2, 1) B1 F3 SFRB(3, 2) B2 RB3 B3, stage 1 RF0 F0 B0
+    SBRF(0, 1) F1 B1 SBRF(1, 2) F2 B2 SBRF(2, 3) F3 B3 SB3. F0 [0, 1], SF0 [1, 1.5]; stage 1
+    F0 B0 [1.5, 4.5] while stage 0 runs F1 and waits in SFRB from 2.5; both transfers of the
+    pair [4.5, 5] (one each way); then every t + d = 3.5: stage 1's forwards start at 1.5, 5,
+    8.5, 12; SB3 [15, 15.5], stage 0's B3 [15.5, 17.5]. The closed form with Megatron's share
+    (gas - 1)(t + e / 2) + 2t + e = 10.5 + 6 + 1 = 17.5, the same; DeepSpeed's blocking
+    order takes 19, free-running sends 17."""
+    s = _uniform(2, 4, 1.0, 2.0, 0.5, p2p_mode="paired")
+    assert s.iteration_time_s == pytest.approx(17.5, abs=1e-12)
+    assert _starts(s, 1, "forward") == pytest.approx([1.5, 5.0, 8.5, 12.0], abs=1e-12)
+    assert _starts(s, 0, "backward") == pytest.approx([5.0, 8.5, 12.0, 15.5], abs=1e-12)
+    assert P.pipeline_1f1b_time_s([3.0, 3.0], [1.0], 4,
+                                  blocking_share=P.P2P_BLOCKING_SHARE["megatron"]) == 17.5
+    held = [(e.start_s, e.end_s) for e in s.events
+            if e.stage == 0 and e.stream == "compute" and e.kind in ("send", "recv")]
+    assert held == [(1.0, 1.5), (2.5, 5.0), (8.0, 8.5), (11.5, 12.0), (14.0, 15.5)]
+
+
+@FAST
+@given(pp=st.integers(2, 7), gas=st.integers(2, 12), f=st.floats(0.1, 2.0),
+       b=st.floats(0.1, 4.0), d=st.floats(0.0, 3.0))
+def test_paired_uniform_follows_the_closed_form_with_megatrons_share(pp, gas, f, b, d):
+    """Uniform stages, Megatron-LM's paired P2P: every further micro-batch adds exactly the
+    closed form's steady-state period with P2P_BLOCKING_SHARE["megatron"] (t + 2d inside,
+    t + d for pp 2), and the closed form is within one d of the simulation (its fill and
+    drain; above or below: with d > t the cycle bound rules and the pairs' fill costs more);
+    it lies between free-running and DeepSpeed's blocking P2P. Random cases, not proven."""
+    t, e = f + b, [2 * d] * (pp - 1)
+    share = P.P2P_BLOCKING_SHARE["megatron"]
+    one, more = (_uniform(pp, g, f, b, d, p2p_mode="paired").iteration_time_s
+                 for g in (gas, gas + 1))
+    assert more - one == pytest.approx(P.steady_state_period_s([t] * pp, e,
+                                                               blocking_share=share),
+                                       rel=1e-9, abs=1e-9)
+    closed = P.pipeline_1f1b_time_s([t] * pp, e, gas, blocking_share=share)
+    assert abs(closed - one) <= d + 1e-9
+    assert _uniform(pp, gas, f, b, d).iteration_time_s - 1e-9 <= one \
+        <= _uniform(pp, gas, f, b, d, p2p_mode="blocking").iteration_time_s + 1e-9
+
+
+def test_paired_compiled_equals_python():
+    rng = np.random.default_rng(8)
+    for n in range(16):
+        kw = _random_case(rng, shared=n % 2 == 0)
+        kw.update(schedule="1f1b", p2p_mode="paired")
+        a = simulate_iteration(**kw)
+        b = simulate_iteration(**kw, use_numba=False)
+        assert a.iteration_time_s == b.iteration_time_s
+        assert a.critical_path == b.critical_path and a.exposed_comm_s == b.exposed_comm_s
+        np.testing.assert_array_equal(a.table.end_s, b.table.end_s)
+        segs = a.critical_path_segments()
+        assert sum(x[5] for x in segs) == pytest.approx(a.makespan_s, rel=1e-9)
+        for j in range(a.pp):
+            assert -1e-9 <= a.exposed_comm_s[j] <= a.idle_s[j] + 1e-9
