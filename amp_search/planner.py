@@ -157,6 +157,7 @@ class CostModel:
                                          dtype=float) for ck in (False, True)}
         self._params: dict[int, np.ndarray] = {}
         self._fixed_cache: dict = {}
+        self._latency_cache: dict = {}
         self._mem_cache: dict = {}
         self._placement_cache: dict = {}
         self.capacity_bytes = np.array([d.gpu.memory_bytes for d in spec.cluster.devices],
@@ -356,7 +357,12 @@ class CostModel:
         stages): the per-message latency of `collective` on each ring's link, intra- or
         inter-node as `crosses_nodes` says, from the stage's slowest device type (see
         `latency`). The one source for the cost model and the simulator's input."""
-        per_stage = self._catalog_latency(layout.stage_gpus)
+        # per layout (the layouts are cached, and held here so that an id is never reused)
+        hit = self._latency_cache.get(id(layout))
+        if hit is None or hit[0] is not layout:
+            hit = self._latency_cache[id(layout)] = (layout,
+                                                     self._catalog_latency(layout.stage_gpus))
+        per_stage = hit[1]
         if boundaries:
             per_stage = tuple(np.maximum(a[:-1], a[1:]) for a in per_stage)
         return self._link_latency(collective, np.asarray(crosses_nodes), per_stage)
