@@ -10,8 +10,8 @@ strategy on its placement and layer split, from the same cost terms as AMP eq. 5
   that pass's device time (`LayerTimer` forward / backward x the calibrated compute scale, the
   kernel floor once per block pass) plus that pass's tensor-parallel all-reduces (Megatron's
   f/g operators: 2 in a transformer block's forward, 2 in its backward, 2 more in its
-  recomputed forward; `cost_models.layers.tp_allreduce_elements` gives the totals, checked in
-  tests), on the stage's slowest device type for that layer (the one `stage_costs` keeps).
+  recomputed forward; `cost_models.layers.tp_allreduce_elements_by_pass`, the one table the
+  cost model's totals come from too), on the stage's slowest device type for that layer (the one `stage_costs` keeps).
   Where the host's time to issue a layer exceeds its device time (`overlapped_time_s`), the
   excess is spread evenly over the layer's passes, since every block pass issues the same
   work (one block pass and the same number of all-reduces); the calibrated per-micro-batch
@@ -49,6 +49,7 @@ from cost_models import comm as C
 from cost_models import memory as M
 from cost_models import pipeline as P
 from cost_models.compute import BLOCK_KINDS, block_passes
+from cost_models.layers import tp_allreduce_elements_by_pass
 
 from .records import CriticalSegment, Estimate, SimulationBreakdown, Strategy
 from .search_space import Candidate
@@ -91,21 +92,9 @@ P2P_MODE = p2p_mode_of(TRIAL_FRAMEWORK)
 """The simulator's P2P model of the trials' framework: "blocking"."""
 
 
-def tp_pass_elements(layer, recompute: bool) -> tuple[tuple[float, ...], ...]:
-    """The tensor-parallel all-reduces of one micro-batch of `layer` per pass: (forward,
-    backward, recomputed forward) message sizes in elements per sample, as
-    `cost_models.layers.tp_allreduce_elements` describes them (its totals, split by pass)."""
-    s, h = layer.seq_length, layer.hidden_size
-    k = layer.kind
-    if k == "transformer":
-        return (s * h, s * h), (s * h, s * h), ((s * h, s * h) if recompute else ())
-    if k == "mlp":
-        return (s * h,), (s * h,), ((s * h,) if recompute else ())
-    if k == "embedding":
-        return (s * h,), (), ()
-    if k == "head":
-        return (s, s, s), (s * h,), ()
-    return (), (), ()
+tp_pass_elements = tp_allreduce_elements_by_pass
+"""The tensor-parallel all-reduces of one micro-batch of a layer per pass (forward, backward,
+recomputed forward): `cost_models.layers.tp_allreduce_elements_by_pass`."""
 
 
 @dataclass(frozen=True)

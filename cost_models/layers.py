@@ -8,7 +8,8 @@ sequence) and for a tensor-parallel degree `tmp`:
 - `elementwise_bytes`  bytes moved by the memory-bound ops (norms, softmax, GELU, residuals);
 - `param_count`        parameters held by one tensor rank;
 - `output_elements`    elements of the activation sent to the next layer (the P2P volume);
-- `tp_allreduce_elements`  elements all-reduced inside the layer per forward+backward.
+- `tp_allreduce_elements`  elements all-reduced inside the layer per forward+backward
+  (`tp_allreduce_elements_by_pass`: the same, per pass).
 
 The layer code the trials run (`amp_search/trial/`) implements exactly these layers:
 - embedding: vocab-parallel token embedding (V*h / tmp) + replicated learned positions (s*h);
@@ -207,15 +208,17 @@ def output_elements(layer: Layer) -> int:
     return layer.seq_length * layer.hidden_size
 
 
-def tp_allreduce_elements(layer: Layer, recompute: bool = False) -> tuple[float, ...]:
-    """Sizes (elements per sample) of the all-reduces inside the layer for one forward and one
-    backward pass under tensor parallelism (Megatron's f/g operators, Shoeybi et al. 2019):
+def tp_allreduce_elements_by_pass(layer: Layer, recompute: bool = False
+                                  ) -> tuple[tuple[float, ...], ...]:
+    """Sizes (elements per sample) of the all-reduces inside the layer under tensor
+    parallelism (Megatron's f/g operators, Shoeybi et al. 2019), per pass: (forward,
+    backward, recomputed forward).
 
     transformer: 2 in forward (after attention and MLP row-parallel GEMMs) + 2 in backward
     (input gradients of the column-parallel GEMMs), each s*h;
     mlp: 1 + 1 of s*h; embedding (vocab-parallel): 1 of s*h in forward;
-    head: 1 of s*h in backward (column-parallel input gradient) and 3 of s in forward
-    (vocab-parallel cross-entropy: max, sum of exp, target logit);
+    head: 3 of s in forward (vocab-parallel cross-entropy: max, sum of exp, target logit) and
+    1 of s*h in backward (column-parallel input gradient);
     custom: none (replicated).
     With full recomputation a block's forward runs again inside its backward, all-reduces
     included (transformer 2 more, mlp 1 more).
@@ -223,11 +226,18 @@ def tp_allreduce_elements(layer: Layer, recompute: bool = False) -> tuple[float,
     s, h = layer.seq_length, layer.hidden_size
     k = layer.kind
     if k == "transformer":
-        return (s * h,) * (6 if recompute else 4)
+        return (s * h, s * h), (s * h, s * h), ((s * h, s * h) if recompute else ())
     if k == "mlp":
-        return (s * h,) * (3 if recompute else 2)
+        return (s * h,), (s * h,), ((s * h,) if recompute else ())
     if k == "embedding":
-        return (s * h,)
+        return (s * h,), (), ()
     if k == "head":
-        return (s * h, s, s, s)
-    return ()
+        return (s, s, s), (s * h,), ()
+    return (), (), ()
+
+
+def tp_allreduce_elements(layer: Layer, recompute: bool = False) -> tuple[float, ...]:
+    """Sizes (elements per sample) of the all-reduces inside the layer for one forward and one
+    backward pass (and the recomputed forward), all passes of
+    `tp_allreduce_elements_by_pass` together."""
+    return tuple(x for part in tp_allreduce_elements_by_pass(layer, recompute) for x in part)
