@@ -111,7 +111,7 @@ def test_timeline_refuses_zero_3_from_the_plan(monkeypatch, capsys):
 
     e = estimate(load_spec(ROOT / "configs" / "amp-homo-gpt2.yaml"), pp=1, dp=16, tmp=1,
                  mbs=1, zero_stage=3, partition="uniform")
-    monkeypatch.setattr(cli, "_chosen", lambda spec, args, m: (e, "given strategy"))
+    monkeypatch.setattr(cli, "chosen_strategy", lambda spec, args, m: (e, "given strategy"))
     with pytest.raises(UsageError, match="ZeRO 3 is not simulated"):
         _run([str(ROOT / "configs" / "amp-homo-gpt2.yaml"), "--rank", "1"], monkeypatch,
              capsys)

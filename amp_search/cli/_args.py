@@ -71,6 +71,21 @@ def partition_arg(text: str):
             f"expected optimal, uniform or comma-separated boundaries, got {text!r}") from None
 
 
+STRATEGY_DEGREES = (("pp", "pipeline stages"), ("dp", "data-parallel replicas"),
+                    ("tmp", "tensor-parallel degree"), ("mbs", "micro-batch size"))
+
+
+def add_strategy_choice(parser: argparse.ArgumentParser, *, rank_help: str) -> None:
+    """--rank N (the plan's N-th strategy) or --pp --dp --tmp --mbs (a given one), for the
+    commands that act on one strategy (timeline, export); `chosen_strategy` in cli.plan
+    reads them."""
+    parser.add_argument("--rank", type=positive_int, metavar="N", help=rank_help)
+    for name, what in STRATEGY_DEGREES:
+        parser.add_argument(f"--{name}", type=positive_int, metavar="N",
+                            help=f"{what} of a given strategy (with --pp --dp --tmp --mbs, "
+                                 f"instead of --rank)")
+
+
 def add_strategy_knobs(parser: argparse.ArgumentParser, *, zero_stages=(0, 1, 2, 3),
                        given: str = "", sequence_knobs: bool = False) -> None:
     """--partition, --zero-stage, --activation-checkpointing and --placement-order of a given

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..spec import load_spec
-from ._args import (add_profiles_argument, add_strategy_knobs, measurements_for,
-                    nonnegative_int, port, positive_float, positive_int, write_json)
+from ._args import (STRATEGY_DEGREES, add_profiles_argument, add_strategy_choice,
+                    add_strategy_knobs, measurements_for, nonnegative_int, port,
+                    positive_float, positive_int, write_json)
 
 
 def add_parser(sub) -> None:
@@ -30,13 +31,7 @@ def add_parser(sub) -> None:
                    help="folder to write (created; must be empty unless --force)")
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty --out (files of the same name are replaced)")
-    p.add_argument("--rank", type=positive_int, metavar="N",
-                   help="export the plan's N-th strategy (default 1: the best)")
-    for name, what in (("pp", "pipeline stages"), ("dp", "data-parallel replicas"),
-                       ("tmp", "tensor-parallel degree"), ("mbs", "micro-batch size")):
-        p.add_argument(f"--{name}", type=positive_int, metavar="N",
-                       help=f"{what} of a given strategy (with --pp --dp --tmp --mbs, "
-                            f"instead of --rank)")
+    add_strategy_choice(p, rank_help="export the plan's N-th strategy (default 1: the best)")
     add_strategy_knobs(p, given="with a given strategy: ", sequence_knobs=True)
     p.add_argument("--hostfile", type=Path, metavar="FILE",
                    help="hosts of the spec's nodes, one 'host slots=N' per node in spec order "
@@ -59,7 +54,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..export import FORMATS, export_strategy, write_export
     from ..launch.hostfile import parse_hostfile
-    from .timeline import _chosen
+    from .plan import chosen_strategy
 
     if args.format not in FORMATS:   # checked first: one line, before any search
         raise UsageError(f"--format {args.format!r}; accepted: {', '.join(FORMATS)}")
@@ -72,9 +67,9 @@ def run(args) -> int:
                          if out.is_dir() else f"--out {out} exists and is not a folder")
     spec = load_spec(args.spec)
     hostfile = parse_hostfile(args.hostfile) if args.hostfile is not None else None
-    if args.rank is None and all(getattr(args, n) is None for n in ("pp", "dp", "tmp", "mbs")):
+    if args.rank is None and all(getattr(args, n) is None for n, _ in STRATEGY_DEGREES):
         args.rank = 1
-    estimate, where = _chosen(spec, args, measurements_for(spec, args))
+    estimate, where = chosen_strategy(spec, args, measurements_for(spec, args))
     export = export_strategy(spec, estimate.strategy, fmt=args.format, hostfile=hostfile,
                              estimate=estimate, iters=args.iters, warmup=args.warmup,
                              master_port=args.master_port)

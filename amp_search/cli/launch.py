@@ -232,11 +232,10 @@ def run(args) -> int:
                                   verbose=args.verbose))
             return
         measured = "-" if rec.measured_mean_s is None else f"{rec.measured_mean_s:.4g} s"
+        busy = "" if rec.cached else busy_note(rec.other_processes_cores)
         print(f"trial {rec.index}/{len(items)} {rec.label}: {rec.status}"
               f"{' (cached)' if rec.cached else ''}, measured {measured}"
-              + (f" - {rec.error}" if rec.error else "")
-              + (f" ({busy_note(rec.other_processes_cores)})"
-                 if busy_note(rec.other_processes_cores) and not rec.cached else ""),
+              + (f" - {rec.error}" if rec.error else "") + (f" ({busy})" if busy else ""),
               file=sys.stderr, flush=True)
 
     previous = signal.signal(signal.SIGTERM, _sigterm)

@@ -6,9 +6,10 @@ import textwrap
 from itertools import groupby
 from pathlib import Path
 
-from ._args import (add_profiles_argument, add_strategy_knobs, layers_per_stage,
-                    measurements_for, nonnegative_int, positive_float, positive_int,
-                    render_table, write_json)
+from ._args import (STRATEGY_DEGREES, add_profiles_argument, add_strategy_knobs,
+                    layers_per_stage, measurements_for, nonnegative_int, positive_float,
+                    positive_int, render_table, write_json)
+from ..errors import UsageError
 from ..records import Estimate, Plan
 from ..spec import Spec, load_spec
 
@@ -257,6 +258,36 @@ def announce(cost) -> None:
     cold_start_note()
     if cost.estimated_s >= 2.0 and sys.stderr.isatty():
         print(f"amp-search: searching {cost.describe()}", file=sys.stderr)
+
+
+def chosen_strategy(spec: Spec, args, measurements) -> tuple[Estimate, str]:
+    """The strategy a one-strategy command acts on (`add_strategy_choice`): the plan's
+    --rank N, or the estimate of the one given by --pp --dp --tmp --mbs and the knobs of
+    `add_strategy_knobs`; with where it came from, for the output."""
+    from ..planner import estimate, plan
+
+    given = {n: getattr(args, n) for n, _ in STRATEGY_DEGREES}
+    if args.rank is not None:
+        if any(v is not None for v in given.values()):
+            raise UsageError("--rank and --pp/--dp/--tmp/--mbs exclude each other: give "
+                             "the plan's rank or a strategy")
+        result = plan(spec, measurements=measurements, max_search_s=args.max_search_seconds,
+                      on_start=announce)
+        if args.rank > len(result.strategies):
+            raise UsageError(f"--rank {args.rank}: the plan has {len(result.strategies)} "
+                             f"feasible strategies")
+        return result.strategies[args.rank - 1], f"rank {args.rank} of the plan"
+    missing = [f"--{n}" for n, v in given.items() if v is None]
+    if missing:
+        raise UsageError(f"give --rank N, or a strategy with --pp --dp --tmp --mbs "
+                         f"(missing: {' '.join(missing)})")
+    if args.partition == "optimal":
+        cold_start_note()
+    e = estimate(spec, **given, partition=args.partition, zero_stage=args.zero_stage,
+                 activation_checkpointing=args.activation_checkpointing,
+                 sequence_parallel=getattr(args, "sequence_parallel", None),
+                 placement_order=args.placement_order, measurements=measurements)
+    return e, "given strategy"
 
 
 def run_plan(args) -> int:

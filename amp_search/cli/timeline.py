@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from ..spec import Spec, load_spec
-from ._args import (add_profiles_argument, add_strategy_knobs, measurements_for,
-                    positive_float, positive_int, render_table)
-from .plan import announce, cold_start_note, stage_devices
+from ._args import (add_profiles_argument, add_strategy_choice, add_strategy_knobs,
+                    measurements_for, positive_float, positive_int, render_table)
+from .plan import chosen_strategy, stage_devices
 
 if TYPE_CHECKING:
     from cost_models.schedule import SimulatedIteration
@@ -46,13 +46,7 @@ def add_parser(sub) -> None:
                     "analytic time and each stage's busy and idle time, and write a Chrome "
                     "trace and a PNG Gantt chart.")
     p.add_argument("spec", type=Path, help="YAML cluster + model + training spec")
-    p.add_argument("--rank", type=positive_int, metavar="N",
-                   help="simulate the plan's N-th strategy (1: the best)")
-    for name, what in (("pp", "pipeline stages"), ("dp", "data-parallel replicas"),
-                       ("tmp", "tensor-parallel degree"), ("mbs", "micro-batch size")):
-        p.add_argument(f"--{name}", type=positive_int, metavar="N",
-                       help=f"{what} of a given strategy (with --pp --dp --tmp --mbs, "
-                            f"instead of --rank)")
+    add_strategy_choice(p, rank_help="simulate the plan's N-th strategy (1: the best)")
     add_strategy_knobs(p, zero_stages=(0, 1, 2), given="with a given strategy: ",
                        sequence_knobs=True)
     p.add_argument("--schedule", default="1f1b", metavar="NAME",
@@ -86,33 +80,6 @@ def stage_names(spec: Spec, estimate: Estimate) -> list[str]:
 
 
 # ---------------------------------------------------------------------- the command
-
-def _chosen(spec: Spec, args, measurements) -> tuple[Estimate, str]:
-    from ..planner import estimate, plan
-
-    given = {n: getattr(args, n) for n in ("pp", "dp", "tmp", "mbs")}
-    if args.rank is not None:
-        if any(v is not None for v in given.values()):
-            raise UsageError("--rank and --pp/--dp/--tmp/--mbs exclude each other: give "
-                             "the plan's rank or a strategy")
-        result = plan(spec, measurements=measurements, max_search_s=args.max_search_seconds,
-                      on_start=announce)
-        if args.rank > len(result.strategies):
-            raise UsageError(f"--rank {args.rank}: the plan has {len(result.strategies)} "
-                             f"feasible strategies")
-        return result.strategies[args.rank - 1], f"rank {args.rank} of the plan"
-    missing = [f"--{n}" for n, v in given.items() if v is None]
-    if missing:
-        raise UsageError(f"give --rank N, or a strategy with --pp --dp --tmp --mbs "
-                         f"(missing: {' '.join(missing)})")
-    if args.partition == "optimal":
-        cold_start_note()
-    e = estimate(spec, **given, partition=args.partition, zero_stage=args.zero_stage,
-                 activation_checkpointing=args.activation_checkpointing,
-                 sequence_parallel=getattr(args, "sequence_parallel", None),
-                 placement_order=args.placement_order, measurements=measurements)
-    return e, "given strategy"
-
 
 def _format(sim: SimulatedIteration, e: Estimate, names: list[str], kw: dict) -> list[str]:
     import numpy as np
@@ -152,7 +119,7 @@ def run(args) -> int:
     measurements = measurements_for(spec, args)
     if args.png is not None and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--png needs matplotlib: pip install matplotlib")
-    e, where = _chosen(spec, args, measurements)
+    e, where = chosen_strategy(spec, args, measurements)
     why = simulatable(e.strategy)
     if why is not None:
         raise UsageError(f"timeline: {e.strategy.label()}: {why} (weights gathered in every "
