@@ -23,8 +23,8 @@ import numpy as np
 from cost_models import comm as C
 from cost_models import memory as M
 from cost_models import pipeline as P
-from cost_models.compute import (HostCosts, host_time_s, kernel_floor_time_s,
-                                 microbatch_time_s, overlapped_time_s)
+from cost_models.compute import (HostCosts, block_passes, host_time_s, kernel_floor_time_s,
+                                 overlapped_time_s)
 from cost_models.layers import output_elements, param_count, tp_allreduce_elements
 from cost_models.params import CostParams
 from cost_models.recompute import (RECOMPUTE_MODES, selective_recompute_time_s,
@@ -158,6 +158,9 @@ class CostModel:
         self._params: dict[int, np.ndarray] = {}
         self._fixed_cache: dict = {}
         self._latency_cache: dict = {}
+        # block passes per layer (1 for the others, whose kernel floor is 0), per recompute
+        self._floor_passes = {ck: np.array([max(block_passes(l, ck), 1) for l in layers],
+                                           dtype=float) for ck in (False, True)}
         self._mem_cache: dict = {}
         self._placement_cache: dict = {}
         self.capacity_bytes = np.array([d.gpu.memory_bytes for d in spec.cluster.devices],
@@ -260,10 +263,8 @@ class CostModel:
                     gpu = self.gpus[g]
                     scale = p.compute(gpu.name)
                     lt = self.timer.times(gpu, c.tmp, c.mbs)
-                    floor, issue = self._fixed_costs(gpu, c.tmp, ckpt)
-                    device = (microbatch_time_s(lt.forward_s, lt.backward_s, ckpt)
-                              + self._knob_time(gpu, c)) * scale \
-                        + np.where(lt.analytic, floor, 0.0)
+                    _, issue = self._fixed_costs(gpu, c.tmp, ckpt)
+                    device = self.device_pass_times_s(gpu, c).sum(axis=0)
                     np.maximum(row[0], device, out=row[0])
                     np.maximum(row[1], np.where(lt.analytic, issue, 0.0), out=row[1])
                     np.maximum(row[2], self.timer.optimizer_step_s(gpu, c.tmp) * scale
@@ -294,6 +295,28 @@ class CostModel:
                           sync_s=sync, sync_fixed_s=sync_fixed, optimizer_s=optimizer,
                           microbatch_overhead_s=p.microbatch_overhead_s,
                           step_overhead_s=p.step_overhead_s)
+
+    def device_pass_times_s(self, gpu, c: Candidate) -> np.ndarray:
+        """[3, L]: one micro-batch of each layer on `gpu`, per pass (forward, backward,
+        recomputed forward; zeros without full recomputation): the layer timer's times x the
+        calibrated compute scale, the knobs' time (`_knob_time`) in the backward, and, where
+        the times are analytic, the kernel floor split evenly over the block passes. Their sum
+        is the device time `stage_costs` charges; the simulator plays them one by one."""
+        ckpt = c.activation_checkpointing
+        scale = self.params.compute(gpu.name)
+        floor_s = self.params.fixed_cost("kernel_floor_s", gpu.name, gpu.kernel_floor_s)
+        key = ("passes", gpu.name, c.tmp, c.mbs, ckpt, c.selective_recompute,
+               c.sequence_parallel, scale, floor_s)    # params may be replaced (fits)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            lt = self.timer.times(gpu, c.tmp, c.mbs)
+            floor, _ = self._fixed_costs(gpu, c.tmp, ckpt)
+            per_pass = np.where(lt.analytic, floor / self._floor_passes[ckpt], 0.0)
+            fwd = lt.forward_s * scale + per_pass
+            bwd = (lt.backward_s + self._knob_time(gpu, c)) * scale + per_pass
+            hit = self._fixed_cache[key] = np.stack([fwd, bwd, fwd if ckpt
+                                                     else np.zeros_like(fwd)])
+        return hit
 
     def _knob_time(self, gpu, c: Candidate) -> np.ndarray | float:
         """Per layer: device seconds selective recomputation adds (the attention core's forward

@@ -48,7 +48,6 @@ import numpy as np
 from cost_models import comm as C
 from cost_models import memory as M
 from cost_models import pipeline as P
-from cost_models.compute import BLOCK_KINDS, block_passes
 from cost_models.layers import tp_allreduce_elements_by_pass
 
 from .records import CriticalSegment, Estimate, SimulationBreakdown, Strategy
@@ -114,12 +113,9 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
     """Forward, backward and recomputation time of one micro-batch on each stage (the module
     docstring says how); they sum to the stage's t_j of AMP eq. 5 (`costs.layer_s` over its
     layers + the per-micro-batch overhead)."""
-    p = model.params
     L = model.num_layers
     ckpt = c.activation_checkpointing
     layers = model.spec.model.layers
-    n_pass = np.array([block_passes(l, ckpt) if l.kind in BLOCK_KINDS else 1 for l in layers],
-                      dtype=float)
     # per layer: [forward, backward, recompute] device time on each stage's slowest type
     device = np.zeros((c.pp, 3, L))
     cache: dict = {}
@@ -129,19 +125,10 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
             best_total = np.full(L, -1.0)
             rows = np.zeros((3, L))
             for g in types:
-                gpu = model.gpus[g]
-                scale = p.compute(gpu.name)
-                lt = model.timer.times(gpu, c.tmp, c.mbs)
-                floor, _ = model._fixed_costs(gpu, c.tmp, ckpt)
-                per_pass = np.where(lt.analytic, floor / n_pass, 0.0)
-                fwd = lt.forward_s * scale + per_pass
-                # selective recomputation / sequence parallelism (CostModel._knob_time),
-                # counted in the backward pass, as in stage_costs' total
-                bwd = (lt.backward_s + model._knob_time(gpu, c)) * scale + per_pass
-                rec = fwd if ckpt else np.zeros(L)
-                total = fwd + bwd + rec
+                passes = model.device_pass_times_s(model.gpus[g], c)
+                total = passes.sum(axis=0)
                 take = total > best_total        # the slowest type, as stage_costs' max
-                rows[:, take] = np.stack([fwd, bwd, rec])[:, take]
+                rows[:, take] = passes[:, take]
                 best_total = np.where(take, total, best_total)
             cache[types] = rows
         device[j] = cache[types]
