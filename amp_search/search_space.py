@@ -273,7 +273,8 @@ def interleaved_microbatches(s: SearchSpace, c: Candidate) -> Violation | None:
                          f"virtual_pipeline_stages = {c.virtual_stages}: {gas} micro-batches "
                          f"per iteration is not a multiple of pp = {c.pp} (Megatron-LM's "
                          f"forward_backward_pipelining_with_interleaving raises unless "
-                         f"num_microbatches % pipeline-model-parallel-size == 0)")
+                         f"num_microbatches % pipeline-model-parallel-size == 0, at its default "
+                         f"microbatch_group_size_per_vp_stage = pp)")
     return None
 
 

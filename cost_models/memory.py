@@ -492,14 +492,12 @@ def in_flight_microbatches(stage: int, pp: int, gas: int) -> int:
 def interleaved_in_flight_chunks(stage: int, pp: int, virtual_stages: int, gas: int) -> int:
     """Chunk activations (one model chunk, one micro-batch each) device j holds at once under
     Megatron-LM's interleaved 1F1B: its w = min(2 (pp - j - 1) + (v - 1) pp, v gas) warm-up
-    forwards plus the steady state's next one, min(w + 1, v gas) (all v gas when gas == pp);
-    forward_backward_pipelining_with_interleaving's num_warmup_microbatches. In micro-batches
+    forwards plus the steady state's next one, min(w + 1, v gas) (megatron-core 0.16's
+    get_pp_rank_microbatches, num_warmup_microbatches). In micro-batches
     of the whole device: pp + (pp - 1) / v on the first device, against plain 1F1B's pp
     (`in_flight_microbatches`): the factor 1 + (pp - 1) / (pp v) of Korthikanti et al. 2022,
     section 4.2.3 (cost_models.schedule.interleaved_in_flight counts it from the schedule)."""
     v = virtual_stages
-    if gas == pp:
-        return v * gas
     return min(2 * (pp - stage - 1) + (v - 1) * pp + 1, v * gas)
 
 

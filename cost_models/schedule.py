@@ -1458,16 +1458,19 @@ def interleaved_order(pp: int, virtual_stages: int, gas: int
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each device's compute stream in Megatron-LM's interleaved 1F1B schedule
     (megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_
-    interleaving, v0.7.0), without the optimizer step: (kind [pp, n], microbatch [pp, n],
-    chunk [pp, n]), n = 2 v gas, kind 0 forward or 2 backward; chunk c of device j is the
-    model chunk (virtual stage) c pp + j.
+    interleaving with get_schedule_table and get_pp_rank_microbatches, megatron-core 0.16, at
+    its default microbatch_group_size_per_vp_stage = pp), without the optimizer step:
+    (kind [pp, n], microbatch [pp, n], chunk [pp, n]), n = 2 v gas, kind 0 forward or 2
+    backward; chunk c of device j is the model chunk (virtual stage) c pp + j.
 
     The v gas forwards of a device run in groups of pp micro-batches per chunk: virtual
     micro-batch k is chunk (k mod pp v) // pp (for a backward: v - 1 - that), micro-batch
     (k // (pp v)) pp + k mod pp. Device j runs w = min(2 (pp - j - 1) + (v - 1) pp, v gas)
-    warm-up forwards (all v gas when gas == pp: all forwards, then all backwards), then
-    forward w + i and backward i in turn, then the remaining backwards. Megatron requires gas
-    to be a multiple of pp (it raises otherwise); so does this."""
+    warm-up forwards, then forward w + i and backward i in turn, then the remaining
+    backwards (Megatron-LM v0.7 ran all v gas forwards first on every device when gas == pp;
+    megatron-core 0.16 does not). Megatron requires gas to be a multiple of pp at the default
+    group size (it raises otherwise); so does this (tests/test_interleaved.py compares the
+    order with megatron-core's own tables)."""
     if pp < 1 or virtual_stages < 1 or gas < 1:
         raise ValueError(f"pp, virtual_stages and gas must be >= 1, got {pp}, "
                          f"{virtual_stages}, {gas}")
@@ -1485,7 +1488,7 @@ def interleaved_order(pp: int, virtual_stages: int, gas: int
     micro = np.empty((pp, 2 * total), dtype=np.int64)
     chunk = np.empty((pp, 2 * total), dtype=np.int64)
     for j in range(pp):
-        w = total if gas == pp else min(2 * (pp - j - 1) + (v - 1) * pp, total)
+        w = min(2 * (pp - j - 1) + (v - 1) * pp, total)
         r = total - w
         fw = np.arange(w, total)           # the forwards of the steady state
         kinds[j] = np.concatenate([np.full(w, _FORWARD),

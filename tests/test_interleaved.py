@@ -84,7 +84,7 @@ def test_chunk_totals_and_boundaries():
 # ----------------------------------------------------------------------------- simulator
 
 def test_megatron_order():
-    """Megatron-LM v0.7's order for p = 4, v = 2, m = 8 on device 0: 2 (p-1) + (v-1) p = 10
+    """Megatron-LM's order for p = 4, v = 2, m = 8 on device 0: 2 (p-1) + (v-1) p = 10
     warm-up forwards in groups of p micro-batches per chunk, then 1F1B; backwards start at
     the last chunk."""
     kinds, micro, chunk = interleaved_order(4, 2, 8)
@@ -101,6 +101,30 @@ def test_megatron_order():
                 sorted(itertools.product(range(2), range(8)))
     with pytest.raises(ValueError, match="multiple of pp"):
         interleaved_order(4, 2, 6)
+
+
+@pytest.mark.parametrize("pp, v, gas", [(4, 2, 8), (4, 2, 4), (2, 3, 6), (3, 4, 12),
+                                         (8, 2, 8), (4, 1, 8)])
+def test_order_is_megatron_cores(pp, v, gas):
+    """The order against megatron-core's own tables (get_schedule_table, get_pp_rank_
+    microbatches), replayed as forward_backward_pipelining_with_interleaving runs them:
+    warm-up forwards, then forward w + i and backward i, then the cool-down backwards; a
+    backward of virtual micro-batch k runs chunk v - 1 - table chunk."""
+    pytest.importorskip("torch")
+    schedules = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
+    from types import SimpleNamespace
+
+    table = schedules.get_schedule_table(gas, v, pp)
+    kinds, micro, chunk = interleaved_order(pp, v, gas)
+    for j in range(pp):
+        comm = SimpleNamespace(pp_group=SimpleNamespace(size=lambda: pp, rank=lambda j=j: j),
+                               virtual_pipeline_model_parallel_size=v)
+        total, _, w, rest = schedules.get_pp_rank_microbatches(gas, v, pp,
+                                                               p2p_communicator=comm)
+        f = [(0, table[k][0], table[k][1]) for k in range(total)]
+        b = [(2, table[k][0], v - 1 - table[k][1]) for k in range(total)]
+        order = f[:w] + [x for i in range(rest) for x in (f[w + i], b[i])] + b[rest:]
+        assert list(zip(kinds[j].tolist(), micro[j].tolist(), chunk[j].tolist())) == order
 
 
 @pytest.mark.parametrize("pp, v, gas, f, b", [

@@ -133,6 +133,11 @@ def run(args) -> int:
     if e.strategy.virtual_stages > 1:       # Megatron-LM's interleaved 1F1B
         from cost_models.schedule import simulate_interleaved
 
+        if args.schedule != "1f1b":
+            raise UsageError(f"--schedule {args.schedule} with {e.strategy.virtual_stages} "
+                             f"virtual stages: the interleaved schedule is 1F1B's")
+        args.schedule = f"interleaved 1F1B (v {e.strategy.virtual_stages})"
+
         sim = simulate_interleaved(**kw)
     else:
         sim = simulate_iteration(**kw)
