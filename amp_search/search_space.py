@@ -86,8 +86,8 @@ class Reason(str, Enum):
     OUT_OF_MEMORY = "out_of_memory"
     SLOWER_KNOBS_SAME_LAYOUT = "slower_knobs_same_layout"
     """Same (pp, dp, tmp, mbs) as a faster ranked strategy that fits: only its ZeRO stage,
-    recomputation or sequence parallelism differ, which trade memory for time; the faster one
-    is kept."""
+    recomputation, sequence parallelism or virtual stages differ, which trade memory for time;
+    the faster one is kept."""
 
     def __str__(self) -> str:
         return self.value
