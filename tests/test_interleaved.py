@@ -293,6 +293,15 @@ def test_interleaving_cuts_the_bubble_and_holds_more_activations():
     assert inter.memory[3].activation_bytes < inter.memory[0].activation_bytes
 
 
+def test_breakdown_sums_to_the_closed_form():
+    for v in (1, 2):
+        e = estimate(_big_model_spec(v), pp=8, dp=1, tmp=1, mbs=1, virtual_stages=v)
+        b = e.breakdown
+        parts = (b.compute_s + b.pipeline_bubble_s + b.p2p_s + b.tensor_parallel_s
+                 + b.data_parallel_s + b.optimizer_s)
+        assert parts == pytest.approx(e.analytic_iteration_time_s, rel=1e-9)
+
+
 def test_simulated_estimate_runs_the_interleaved_schedule():
     e = estimate(_spec(), pp=4, dp=1, tmp=1, mbs=1, virtual_stages=2, simulate=True)
     assert e.simulated and e.simulation.schedule == "interleaved-1f1b-v2"
