@@ -115,6 +115,21 @@ class PlacedLayout:
     """(bandwidth [pp-1], crosses nodes [pp-1]) of each stage boundary; None: pp 1."""
 
 
+def measured_overheads(measurements: Measurements) -> tuple[CostParams, str]:
+    """The uncalibrated coefficients: none, except the framework's fixed costs where `amp-search
+    profile` measured them with real trials (amp_search.profiling.framework); with several
+    device types, the largest of each (the slowest host sets the pace of a synchronous
+    step)."""
+    found = [(name, p.framework_overheads) for name, p in
+             sorted(measurements.layer_profiles.items()) if p.framework_overheads is not None]
+    if not found:
+        return CostParams(), "uncalibrated"
+    params = CostParams(microbatch_overhead_s=max(f.microbatch_overhead_s for _, f in found),
+                        step_overhead_s=max(f.step_overhead_s for _, f in found))
+    where = ", ".join(measurements.layer_profiles[n].source for n, _ in found)
+    return params, f"uncalibrated + framework overheads measured in {where}"
+
+
 class CostModel:
     """Everything about a spec that does not depend on the strategy, computed once; then
     `evaluate()` costs one strategy in well under a millisecond plus its DP."""
@@ -129,7 +144,7 @@ class CostModel:
             self.params, self.params_source = (measurements.calibration,
                                                measurements.calibration_source)
         else:
-            self.params, self.params_source = CostParams(), "uncalibrated"
+            self.params, self.params_source = measured_overheads(measurements)
         precision = spec.training.precision
         for name, profile in measurements.layer_profiles.items():
             if profile.device != name or profile.precision != precision:
