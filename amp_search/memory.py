@@ -51,7 +51,7 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
         st = _stage_bytes(spec.model.layers[s.partition[j]:s.partition[j + 1]], j, s.pp, s.dp,
                           s.tmp, s.mbs, s.gas, s.zero_stage, s.activation_checkpointing,
                           t.precision, bool(attention_scores[j]), s.sequence_parallel,
-                          s.selective_recompute)
+                          s.selective_recompute, t.backend)
         capacity = capacity_bytes[j]
         overhead = t.framework_overhead_bytes + st.buffer_bytes
         peak = (st.parameter_bytes + st.gradient_bytes + st.optimizer_bytes
@@ -69,9 +69,10 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
 def _stage_bytes(layers: tuple[Layer, ...], stage: int, pp: int, dp: int, tmp: int, mbs: int,
                  gas: int, zero_stage: int, recompute: bool, precision: str,
                  attention_scores: bool, sequence_parallel: bool = False,
-                 selective: bool = False) -> M.StageBytes:
+                 selective: bool = False, backend: str = "deepspeed") -> M.StageBytes:
     """One stage's parts, cached: the search asks for the same stage many times."""
     return M.stage_bytes(layers, stage=stage, pp=pp, dp=dp, tmp=tmp, mbs=mbs, gas=gas,
                          zero_stage=zero_stage, recompute=recompute, precision=precision,
                          attention_scores=attention_scores,
-                         sequence_parallel=sequence_parallel, selective=selective)
+                         sequence_parallel=sequence_parallel, selective=selective,
+                         framework=backend)

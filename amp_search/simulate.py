@@ -10,8 +10,9 @@ strategy on its placement and layer split, from the same cost terms as AMP eq. 5
   that pass's device time (`LayerTimer` forward / backward x the calibrated compute scale, the
   kernel floor once per block pass) plus that pass's tensor-parallel all-reduces (Megatron's
   f/g operators: 2 in a transformer block's forward, 2 in its backward, 2 more in its
-  recomputed forward; `cost_models.layers.tp_allreduce_elements_by_pass`, the one table the
-  cost model's totals come from too), on the stage's slowest device type for that layer (the one `stage_costs` keeps).
+  recomputed forward; with sequence parallelism all-gathers and reduce-scatters instead:
+  `cost_models.layers.tp_collectives_by_pass` through `CostModel.tp_collectives`, the one table
+  the cost model's totals come from too), on the stage's slowest device type for that layer (the one `stage_costs` keeps).
   Where the host's time to issue a layer exceeds its device time (`overlapped_time_s`), the
   excess is spread evenly over the layer's passes, since every block pass issues the same
   work (one block pass and the same number of all-reduces); the calibrated per-micro-batch
@@ -115,7 +116,6 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
     layers + the per-micro-batch overhead)."""
     L = model.num_layers
     ckpt = c.activation_checkpointing
-    layers = model.spec.model.layers
     # per layer: [forward, backward, recompute] device time on each stage's slowest type
     device = np.zeros((c.pp, 3, L))
     cache: dict = {}
@@ -138,12 +138,11 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
         bw, crosses = layout.tp_links
         lat = model.link_latencies_s("all_reduce", crosses, layout)
         bpe = model.spec.training.bytes_per_element
-        parts = [tp_pass_elements(l, ckpt) for l in layers]
-        for k in range(3):
-            size = np.array([sum(x[k]) * bpe for x in parts]) * c.mbs
-            count = np.array([len(x[k]) for x in parts], dtype=float)
-            tp[:, k, :] = C.allreduce_time_s(size[None, :], c.tmp, bw[:, None], lat[:, None],
-                                             messages=count[None, :])
+        for k in range(3):      # the cost model's table of collectives, pass by pass
+            by_kind = model.tp_collectives(ckpt, c.sequence_parallel, part=k)
+            tp[:, k, :] = C.collectives_time_s(
+                {kind: (e[None, :], n[None, :]) for kind, (e, n) in by_kind.items()},
+                c.tmp, bw[:, None], lat[:, None], bytes_per_element=bpe * c.mbs)
 
     work = device + tp                                       # [pp, 3, L]
     excess = np.maximum(costs.layer_s - work.sum(axis=1), 0.0)   # host-bound part
