@@ -113,6 +113,9 @@ class PlacedLayout:
     """The same for the data-parallel rings; None: dp 1."""
     p2p_links: tuple | None
     """(bandwidth [pp-1], crosses nodes [pp-1]) of each stage boundary; None: pp 1."""
+    tp_kind_links: dict | None = None
+    """The tensor rings' links for the collectives with their own measured fit (all-gather,
+    reduce-scatter: profile-comm measures each), as tp_links; the others use tp_links."""
 
 
 class CostModel:
@@ -140,7 +143,7 @@ class CostModel:
         fits = measurements.link_fits
         self.cluster_for = {k: self.cluster.with_links(fits.get((k, "intra")),
                                                        fits.get((k, "inter")))
-                            for k in ("all_reduce", "p2p")}
+                            for k in ("all_reduce", "p2p", "all_gather", "reduce_scatter")}
         layers = spec.model.layers
         self.num_layers = len(layers)
         bpe = spec.training.bytes_per_element
@@ -185,6 +188,25 @@ class CostModel:
                     np.array([d.get(k, (0.0, 0))[1] for d in per_layer], dtype=float))
                 for k in kinds}
         return hit
+
+    def tp_time_s(self, c: Candidate, layout: PlacedLayout, part: int | None = None
+                  ) -> np.ndarray:
+        """[pp, L]: each layer's tensor-parallel collectives of one micro-batch (all passes, or
+        pass `part`) on each stage's slowest tensor ring: per kind, its link fit's bandwidth
+        and latency where profile-comm measured the kind (all-gather and reduce-scatter have
+        their own on gloo), else the all-reduce's."""
+        out = np.zeros((c.pp, self.num_layers))
+        bpe = self.spec.training.bytes_per_element
+        for kind, (elements, calls) in self.tp_collectives(
+                c.activation_checkpointing, c.sequence_parallel, part).items():
+            bw, crosses = (layout.tp_kind_links or {}).get(kind, layout.tp_links)
+            measured = (kind, "intra") in self.measurements.link_fits or \
+                (kind, "inter") in self.measurements.link_fits
+            lat = self.link_latencies_s(kind if measured else "all_reduce", crosses, layout)
+            out = out + C.collective_time_s(kind, elements[None, :] * bpe * c.mbs, c.tmp,
+                                            bw[:, None], lat[:, None],
+                                            messages=calls[None, :])
+        return out
 
     def latency(self, collective: str, link: str, catalog_s=None):
         """Calibrated latency plus the per-message latency of the link: the measured one
@@ -242,9 +264,15 @@ class CostModel:
         if placement is None:
             placement = megatron_placement(order, c.pp, c.dp, c.tmp)
         tp = dp = p2p = None
+        tp_kind = {}
         if c.tmp > 1:
             r = ring_links(self.cluster_for["all_reduce"], placement, **scale)
             tp = (r.bandwidth_bytes_per_s.min(axis=1), r.crosses_nodes.any(axis=1))
+            for kind in ("all_gather", "reduce_scatter"):
+                if self.cluster_for[kind] is not self.cluster:     # measured: its own links
+                    r = ring_links(self.cluster_for[kind], placement, **scale)
+                    tp_kind[kind] = (r.bandwidth_bytes_per_s.min(axis=1),
+                                     r.crosses_nodes.any(axis=1))
         if c.dp > 1:
             r = ring_links(self.cluster_for["all_reduce"], placement.transpose(0, 2, 1), **scale)
             dp = (r.bandwidth_bytes_per_s.min(axis=1), r.crosses_nodes.any(axis=1))
@@ -255,7 +283,7 @@ class CostModel:
             placement=placement, placement_tuple=as_tuple(placement),
             stage_gpus=[np.unique(self.gpu_of_device[placement[j]]) for j in range(c.pp)],
             capacity_bytes=self.capacity_bytes[placement.reshape(c.pp, -1)].min(axis=1),
-            tp_links=tp, dp_links=dp, p2p_links=p2p)
+            tp_links=tp, dp_links=dp, p2p_links=p2p, tp_kind_links=tp_kind)
         if key is not None:
             self._placement_cache[key] = hit
         return hit
@@ -292,13 +320,7 @@ class CostModel:
 
         tensor_parallel = np.zeros((c.pp, L))
         if c.tmp > 1:       # each stage's tensor rings run on its slowest ring's links
-            bw, crosses = layout.tp_links
-            lat = self.link_latencies_s("all_reduce", crosses, layout)
-            bpe = self.spec.training.bytes_per_element
-            tensor_parallel = C.collectives_time_s(
-                {k: (e[None, :], n[None, :]) for k, (e, n) in
-                 self.tp_collectives(ckpt, c.sequence_parallel).items()},
-                c.tmp, bw[:, None], lat[:, None], bytes_per_element=bpe * c.mbs)
+            tensor_parallel = self.tp_time_s(c, layout)
 
         cut = np.zeros((c.pp, L + 1))
         if c.pp > 1:

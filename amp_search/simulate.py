@@ -135,14 +135,8 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
 
     tp = np.zeros((c.pp, 3, L))
     if c.tmp > 1:
-        bw, crosses = layout.tp_links
-        lat = model.link_latencies_s("all_reduce", crosses, layout)
-        bpe = model.spec.training.bytes_per_element
         for k in range(3):      # the cost model's table of collectives, pass by pass
-            by_kind = model.tp_collectives(ckpt, c.sequence_parallel, part=k)
-            tp[:, k, :] = C.collectives_time_s(
-                {kind: (e[None, :], n[None, :]) for kind, (e, n) in by_kind.items()},
-                c.tmp, bw[:, None], lat[:, None], bytes_per_element=bpe * c.mbs)
+            tp[:, k, :] = model.tp_time_s(c, layout, part=k)
 
     work = device + tp                                       # [pp, 3, L]
     excess = np.maximum(costs.layer_s - work.sum(axis=1), 0.0)   # host-bound part

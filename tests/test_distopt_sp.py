@@ -3,6 +3,8 @@ sequence-parallel collectives (issue 12, item 4 and the sequence-parallel time t
 hand-computed bytes and seconds."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -222,3 +224,30 @@ def test_planner_and_simulator_charge_the_same_sequence_parallel_collectives(bac
     plain = estimate(spec(backend=backend, sp=False, zero=0), pp=2, dp=1, tmp=2, mbs=2,
                      partition="uniform")
     assert e.breakdown.tensor_parallel_s > plain.breakdown.tensor_parallel_s
+
+
+def test_sequence_parallel_uses_the_measured_all_gather_and_reduce_scatter():
+    """cpu-local ships a gloo profile whose all-gather and reduce-scatter have their own fits
+    (slower per byte than its all-reduce): the sequence-parallel term takes them."""
+    from amp_search.measurements import load_measurements
+    from amp_search.resources import profiles_dir
+    from amp_search.spec import load_spec
+    from conftest import ROOT
+
+    s = load_spec(ROOT / "configs" / "cpu-local.yaml")
+    meas = load_measurements(s, profiles_dir())
+    fits = meas.link_fits
+    if ("all_gather", "intra") not in fits or ("reduce_scatter", "intra") not in fits:
+        pytest.skip("no all-gather / reduce-scatter fit in the shipped gloo profile")
+    kw = dict(pp=1, dp=1, tmp=2, mbs=2, zero_stage=0)
+    with_fits = estimate(s, **kw, sequence_parallel=True, measurements=meas)
+    ar = fits[("all_reduce", "intra")]
+    only_ar = replace(meas, link_fits={k: v for k, v in fits.items()
+                                       if k[0] in ("all_reduce", "p2p")})
+    without = estimate(s, **kw, sequence_parallel=True, measurements=only_ar)
+    # gloo's all-gather and reduce-scatter move fewer bytes per second than its all-reduce
+    assert fits[("all_gather", "intra")].bandwidth_bytes_per_s < ar.bandwidth_bytes_per_s
+    assert with_fits.breakdown.tensor_parallel_s > without.breakdown.tensor_parallel_s
+    # without sequence parallelism nothing changes: all-reduces only
+    assert estimate(s, **kw, measurements=meas).iteration_time_s == pytest.approx(
+        estimate(s, **kw, measurements=only_ar).iteration_time_s, rel=1e-12)
