@@ -206,16 +206,23 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
         bw, crosses = layout.dp_links
         grad = P.stage_totals(model.params_per_layer(s.tmp)[None, :].repeat(s.pp, axis=0),
                               bounds) * bpe
-        engine = M.deepspeed_engine(zero_stage=s.zero_stage,
-                                    precision=model.spec.training.precision)
-        gather = s.zero_stage in (1, 2) or engine == "bf16_optimizer"
+        precision = model.spec.training.precision
+        if model.spec.training.backend == "megatron":
+            # Megatron-LM reduces its gradient buffer's dtype (fp32 with bf16); only its
+            # distributed optimizer (zero_stage 1) all-gathers the updated weights
+            gather, weights = s.zero_stage == 1, grad
+            grad = grad * C.gradient_reduce_bytes_per_element(precision,
+                                                              framework="megatron") / bpe
+        else:
+            engine = M.deepspeed_engine(zero_stage=s.zero_stage, precision=precision)
+            gather, weights = s.zero_stage in (1, 2) or engine == "bf16_optimizer", grad
         kw.update(dp=s.dp, gradient_bytes=grad,
                   dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(bw, dtype=float),
                   bucket_bytes=float(bucket_elements) * bpe, overlap=overlap,
                   gradient_collective="all_reduce" if s.zero_stage == 0 else "reduce_scatter",
                   reduce_every_microbatch=s.zero_stage == 2,
-                  gather_bytes_after_step=grad if gather else None)
+                  gather_bytes_after_step=weights if gather else None)
     return kw
 
 

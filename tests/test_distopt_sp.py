@@ -251,3 +251,21 @@ def test_sequence_parallel_uses_the_measured_all_gather_and_reduce_scatter():
     # without sequence parallelism nothing changes: all-reduces only
     assert estimate(s, **kw, measurements=meas).iteration_time_s == pytest.approx(
         estimate(s, **kw, measurements=only_ar).iteration_time_s, rel=1e-12)
+
+
+def test_simulator_plays_the_distributed_optimizers_collectives():
+    """Megatron bf16: the gradient buffer (fp32) is reduce-scattered, the bf16 weights are
+    all-gathered after the step; ZeRO 0: one all-reduce, nothing gathered."""
+    from amp_search.simulate import simulation_inputs
+
+    s = spec(precision="bf16", zero=1)
+    model = CostModel(s)
+    e = estimate(s, pp=1, dp=4, tmp=1, mbs=1)
+    k = simulation_inputs(model, e.strategy)
+    P_ = sum(param_count(x, 1) for x in s.model.layers)
+    assert k["gradient_collective"] == "reduce_scatter"
+    np.testing.assert_allclose(k["gradient_bytes"], [4.0 * P_])
+    np.testing.assert_allclose(k["gather_bytes_after_step"], [2.0 * P_])
+    e0 = estimate(s, pp=1, dp=4, tmp=1, mbs=1, zero_stage=0)
+    k0 = simulation_inputs(model, e0.strategy)
+    assert k0["gradient_collective"] == "all_reduce" and k0["gather_bytes_after_step"] is None
