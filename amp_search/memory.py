@@ -12,6 +12,10 @@ memory x (1 - training.memory_headroom).
            recomputation working set, the pipeline engine's output buffers   (activation_bytes)
          + training.framework_overhead_bytes + DeepSpeed's ZeRO gradient bucket (overhead_bytes)
 
+Under `training.backend: megatron` the model states are Megatron-LM's (its documented bytes
+per parameter; zero_stage 1 the distributed optimizer: cost_models.memory.
+megatron_model_state_bytes) and there is no DeepSpeed bucket.
+
 Each part is at its own largest, so the sum bounds the real peak from above. DeepSpeed's bucket
 sizes are its defaults (cost_models.memory.DEEPSPEED_DEFAULT_BUCKETS), which is what the trial
 runner's ds_config leaves them at.
