@@ -64,7 +64,7 @@ STRATEGY_KNOBS: tuple[tuple[str, str], ...] = (
     ("mbs", "micro-batch size"),
     ("gas", "micro-batches per iteration (gradient accumulation)"),
     ("global_batch_size", "samples per iteration"),
-    ("zero_stage", "ZeRO stage (Megatron-LM: >= 1 is its distributed optimizer)"),
+    ("zero_stage", "ZeRO stage (Megatron-LM: 1 is its distributed optimizer; it has no 2/3)"),
     ("activation_checkpointing", "full recomputation of each transformer block"),
     ("selective_recompute", "recomputation of the attention core only (Korthikanti et al.)"),
     ("sequence_parallel", "sequence parallelism over the tensor group"),
@@ -425,10 +425,14 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
     if not cfg.causal:
         notes.append("pretrain_gpt.py trains a causal GPT: this spec's BERT blocks run with "
                      "a causal attention mask there (same sizes and cost, other masking)")
-    if s.zero_stage >= 2:
-        notes.append(f"ZeRO stage {s.zero_stage} has no Megatron-LM equivalent: it runs "
-                     f"--use-distributed-optimizer (optimizer state sharded, gradients "
-                     f"reduce-scattered), which is not what the plan costed")
+    if s.zero_stage == 1:
+        notes.append("zero_stage 1 is Megatron-LM's distributed optimizer "
+                     "(--use-distributed-optimizer): optimizer state and fp32 master weights "
+                     "sharded over data parallelism, gradients reduce-scattered and weights "
+                     "all-gathered instead of one all-reduce"
+                     + ("" if spec.training.backend == "megatron" else
+                        "; the plan costed DeepSpeed's ZeRO 1 (plan with training.backend: "
+                        "megatron to cost Megatron-LM's memory and communication)"))
     if cfg.precision != spec.training.precision:
         notes.append(f"trains in {cfg.precision}, not the spec's {spec.training.precision}")
     return files, split, notes, run, ranks_md

@@ -52,7 +52,8 @@ class Measurements:
     """device type name -> its layer profile in the spec's precision."""
     link_fits: Mapping[tuple[str, str], LinkFit] = field(
         default_factory=lambda: MappingProxyType({}))
-    """(collective, 'intra' | 'inter') -> measured fit; used for 'all_reduce' and 'p2p'."""
+    """(collective, 'intra' | 'inter') -> measured fit; used for 'all_reduce' and 'p2p', and
+    for the tensor-parallel 'all_gather' and 'reduce_scatter' of sequence parallelism."""
     link_source: str = "nominal"
     """Where the link figures came from ('nominal': the spec's bandwidths)."""
     calibration: CostParams | None = None
@@ -92,7 +93,8 @@ def load_measurements(spec: Spec, root: str | os.PathLike) -> Measurements:
     comm = find_comm_profile(link_profile_dir(root), device=names[0]) if len(names) == 1 \
         else None
     if comm is not None:
-        fits = {(c, lk): f for (c, lk), f in comm.fits.items() if c in ("all_reduce", "p2p")}
+        fits = {(c, lk): f for (c, lk), f in comm.fits.items()
+                if c in ("all_reduce", "p2p", "all_gather", "reduce_scatter")}
         link_source = (f"profile:{Path(comm.path).name} ({'+'.join(comm.links_measured)}; "
                        f"rest nominal)")
     calibration, cal_source = find_calibration(spec, layer_profile_dir(root))

@@ -12,6 +12,10 @@ memory x (1 - training.memory_headroom).
            recomputation working set, the pipeline engine's output buffers   (activation_bytes)
          + training.framework_overhead_bytes + DeepSpeed's ZeRO gradient bucket (overhead_bytes)
 
+Under `training.backend: megatron` the model states are Megatron-LM's (its documented bytes
+per parameter; zero_stage 1 the distributed optimizer: cost_models.memory.
+megatron_model_state_bytes) and there is no DeepSpeed bucket.
+
 Each part is at its own largest, so the sum bounds the real peak from above. DeepSpeed's bucket
 sizes are its defaults (cost_models.memory.DEEPSPEED_DEFAULT_BUCKETS), which is what the trial
 runner's ds_config leaves them at.
@@ -55,7 +59,7 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
                               s.dp, s.tmp, s.mbs, s.gas, s.zero_stage,
                               s.activation_checkpointing, t.precision,
                               bool(attention_scores[j]), s.sequence_parallel,
-                              s.selective_recompute)
+                              s.selective_recompute, t.backend)
         capacity = capacity_bytes[j]
         overhead = t.framework_overhead_bytes + st.buffer_bytes
         peak = (st.parameter_bytes + st.gradient_bytes + st.optimizer_bytes
@@ -82,7 +86,7 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
     device = tuple(x for c in chunks for x in c)
     st = _stage_bytes(device, s.pp - 1, s.pp, s.dp, s.tmp, s.mbs, s.gas, s.zero_stage,
                       s.activation_checkpointing, t.precision, attention_scores,
-                      s.sequence_parallel, s.selective_recompute)
+                      s.sequence_parallel, s.selective_recompute, t.backend)
     g = t.bytes_per_element
     kw = dict(mbs=s.mbs, tmp=s.tmp, bytes_per_element=g, attention_scores=attention_scores,
               sequence_parallel=s.sequence_parallel)
@@ -105,9 +109,10 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
 def _stage_bytes(layers: tuple[Layer, ...], stage: int, pp: int, dp: int, tmp: int, mbs: int,
                  gas: int, zero_stage: int, recompute: bool, precision: str,
                  attention_scores: bool, sequence_parallel: bool = False,
-                 selective: bool = False) -> M.StageBytes:
+                 selective: bool = False, backend: str = "deepspeed") -> M.StageBytes:
     """One stage's parts, cached: the search asks for the same stage many times."""
     return M.stage_bytes(layers, stage=stage, pp=pp, dp=dp, tmp=tmp, mbs=mbs, gas=gas,
                          zero_stage=zero_stage, recompute=recompute, precision=precision,
                          attention_scores=attention_scores,
-                         sequence_parallel=sequence_parallel, selective=selective)
+                         sequence_parallel=sequence_parallel, selective=selective,
+                         framework=backend)

@@ -25,7 +25,7 @@ from cost_models import memory as M
 from cost_models import pipeline as P
 from cost_models.compute import (HostCosts, block_passes, host_time_s, kernel_floor_time_s,
                                  overlapped_time_s)
-from cost_models.layers import output_elements, param_count, tp_allreduce_elements
+from cost_models.layers import output_elements, param_count, tp_collectives_by_pass
 from cost_models.params import CostParams
 from cost_models.recompute import (RECOMPUTE_MODES, selective_recompute_time_s,
                                    sequence_parallel_time_s)
@@ -113,6 +113,9 @@ class PlacedLayout:
     """The same for the data-parallel rings; None: dp 1."""
     p2p_links: tuple | None
     """(bandwidth [pp-1], crosses nodes [pp-1]) of each stage boundary; None: pp 1."""
+    tp_kind_links: dict | None = None
+    """The tensor rings' links for the collectives with their own measured fit (all-gather,
+    reduce-scatter: profile-comm measures each), as tp_links; the others use tp_links."""
 
 
 def measured_overheads(measurements: Measurements) -> tuple[CostParams, str]:
@@ -155,7 +158,7 @@ class CostModel:
         fits = measurements.link_fits
         self.cluster_for = {k: self.cluster.with_links(fits.get((k, "intra")),
                                                        fits.get((k, "inter")))
-                            for k in ("all_reduce", "p2p")}
+                            for k in ("all_reduce", "p2p", "all_gather", "reduce_scatter")}
         layers = spec.model.layers
         self.num_layers = len(layers)
         bpe = spec.training.bytes_per_element
@@ -166,10 +169,7 @@ class CostModel:
         self.gpu_of_device = np.array([index[d.gpu.name] for d in spec.cluster.devices])
         # per sample: P2P bytes leaving layer l, TP all-reduce bytes and message count of layer l
         self.out_bytes = np.array([output_elements(l) * bpe for l in layers], dtype=float)
-        self.tp_bytes = {ck: np.array([sum(tp_allreduce_elements(l, ck)) * bpe for l in layers],
-                                      dtype=float) for ck in (False, True)}
-        self.tp_messages = {ck: np.array([len(tp_allreduce_elements(l, ck)) for l in layers],
-                                         dtype=float) for ck in (False, True)}
+        self._tp_collectives: dict = {}
         self._params: dict[int, np.ndarray] = {}
         self._fixed_cache: dict = {}
         self._latency_cache: dict = {}
@@ -182,6 +182,46 @@ class CostModel:
                                        dtype=float)
         self.first_fixed = _leading(layers, "embedding")
         self.last_fixed = _leading(layers[::-1], "head")
+
+    def tp_collectives(self, recompute: bool, sequence_parallel: bool, part: int | None = None
+                       ) -> dict:
+        """{kind: (elements [L], calls [L])} of each layer's tensor-parallel collectives per
+        sample (cost_models.layers.tp_collectives_by_pass, the backend's layers), all passes
+        or pass `part` (0 forward, 1 backward, 2 recomputed forward); cached."""
+        key = (recompute, sequence_parallel, part)
+        hit = self._tp_collectives.get(key)
+        if hit is None:
+            framework = self.spec.training.backend
+            per_layer = []
+            for layer in self.spec.model.layers:
+                passes = tp_collectives_by_pass(layer, recompute, sequence_parallel, framework)
+                per_layer.append(C.collectives_by_kind(
+                    x for k, p in enumerate(passes) if part in (None, k) for x in p))
+            kinds = sorted({k for d in per_layer for k in d})
+            hit = self._tp_collectives[key] = {
+                k: (np.array([d.get(k, (0.0, 0))[0] for d in per_layer]),
+                    np.array([d.get(k, (0.0, 0))[1] for d in per_layer], dtype=float))
+                for k in kinds}
+        return hit
+
+    def tp_time_s(self, c: Candidate, layout: PlacedLayout, part: int | None = None
+                  ) -> np.ndarray:
+        """[pp, L]: each layer's tensor-parallel collectives of one micro-batch (all passes, or
+        pass `part`) on each stage's slowest tensor ring: per kind, its link fit's bandwidth
+        and latency where profile-comm measured the kind (all-gather and reduce-scatter have
+        their own on gloo), else the all-reduce's."""
+        out = np.zeros((c.pp, self.num_layers))
+        bpe = self.spec.training.bytes_per_element
+        for kind, (elements, calls) in self.tp_collectives(
+                c.activation_checkpointing, c.sequence_parallel, part).items():
+            bw, crosses = (layout.tp_kind_links or {}).get(kind, layout.tp_links)
+            measured = (kind, "intra") in self.measurements.link_fits or \
+                (kind, "inter") in self.measurements.link_fits
+            lat = self.link_latencies_s(kind if measured else "all_reduce", crosses, layout)
+            out = out + C.collective_time_s(kind, elements[None, :] * bpe * c.mbs, c.tmp,
+                                            bw[:, None], lat[:, None],
+                                            messages=calls[None, :])
+        return out
 
     def latency(self, collective: str, link: str, catalog_s=None):
         """Calibrated latency plus the per-message latency of the link: the measured one
@@ -240,9 +280,15 @@ class CostModel:
         if placement is None:
             placement = megatron_placement(order, c.pp, c.dp, c.tmp)
         tp = dp = p2p = None
+        tp_kind = {}
         if c.tmp > 1:
             r = ring_links(self.cluster_for["all_reduce"], placement, **scale)
             tp = (r.bandwidth_bytes_per_s.min(axis=1), r.crosses_nodes.any(axis=1))
+            for kind in ("all_gather", "reduce_scatter"):
+                if self.cluster_for[kind] is not self.cluster:     # measured: its own links
+                    r = ring_links(self.cluster_for[kind], placement, **scale)
+                    tp_kind[kind] = (r.bandwidth_bytes_per_s.min(axis=1),
+                                     r.crosses_nodes.any(axis=1))
         if c.dp > 1:
             r = ring_links(self.cluster_for["all_reduce"], placement.transpose(0, 2, 1), **scale)
             dp = (r.bandwidth_bytes_per_s.min(axis=1), r.crosses_nodes.any(axis=1))
@@ -253,7 +299,7 @@ class CostModel:
             placement=placement, placement_tuple=as_tuple(placement),
             stage_gpus=[np.unique(self.gpu_of_device[placement[j]]) for j in range(c.pp)],
             capacity_bytes=self.capacity_bytes[placement.reshape(c.pp, -1)].min(axis=1),
-            tp_links=tp, dp_links=dp, p2p_links=p2p)
+            tp_links=tp, dp_links=dp, p2p_links=p2p, tp_kind_links=tp_kind)
         if key is not None:
             self._placement_cache[key] = hit
         return hit
@@ -266,9 +312,9 @@ class CostModel:
 
         compute, host = np.zeros((c.pp, L)), np.zeros((c.pp, L))
         optimizer = np.zeros((c.pp, L))
-        engine = M.deepspeed_engine(zero_stage=c.zero_stage,
-                                    precision=self.spec.training.precision)
-        optimizer_share = c.dp if M.partitions_optimizer(engine) else 1
+        optimizer_share = M.optimizer_shards(
+            framework=self.spec.training.backend, zero_stage=c.zero_stage,
+            precision=self.spec.training.precision, dp=c.dp)
         ckpt = c.activation_checkpointing
         rows: dict = {}                 # stages holding the same device types cost the same
         for j in range(c.pp):
@@ -279,7 +325,7 @@ class CostModel:
                     gpu = self.gpus[g]
                     scale = p.compute(gpu.name)
                     lt = self.timer.times(gpu, c.tmp, c.mbs)
-                    _, issue = self._fixed_costs(gpu, c.tmp, ckpt)
+                    _, issue = self._fixed_costs(gpu, c.tmp, ckpt, c.sequence_parallel)
                     device = self.device_pass_times_s(gpu, c).sum(axis=0)
                     np.maximum(row[0], device, out=row[0])
                     np.maximum(row[1], np.where(lt.analytic, issue, 0.0), out=row[1])
@@ -290,11 +336,7 @@ class CostModel:
 
         tensor_parallel = np.zeros((c.pp, L))
         if c.tmp > 1:       # each stage's tensor rings run on its slowest ring's links
-            bw, crosses = layout.tp_links
-            lat = self.link_latencies_s("all_reduce", crosses, layout)
-            tensor_parallel = C.allreduce_time_s(
-                self.tp_bytes[ckpt][None, :] * c.mbs, c.tmp, bw[:, None], lat[:, None],
-                messages=self.tp_messages[ckpt][None, :])
+            tensor_parallel = self.tp_time_s(c, layout)
 
         cut = np.zeros((c.pp, L + 1))
         if c.pp > 1:
@@ -362,7 +404,8 @@ class CostModel:
             hit = self._fixed_cache[key] = np.array(out)
         return hit
 
-    def _fixed_costs(self, gpu, tmp: int, recompute: bool) -> tuple[np.ndarray, np.ndarray]:
+    def _fixed_costs(self, gpu, tmp: int, recompute: bool, sequence_parallel: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray]:
         """Per layer: the kernel floor (device) and the host time of one micro-batch on `gpu`
         (cost_models.compute), from the catalog's fixed costs or the fitted ones."""
         p = self.params
@@ -371,14 +414,16 @@ class CostModel:
             block_pass_s=p.fixed_cost("host_block_pass_s", gpu.name, gpu.host_block_pass_s),
             tp_allreduce_per_rank_s=p.fixed_cost("host_tp_allreduce_per_rank_s", gpu.name,
                                                  gpu.host_tp_allreduce_per_rank_s))
-        key = (tmp, recompute, floor_s, costs)
+        key = (tmp, recompute, floor_s, costs, sequence_parallel)
         hit = self._fixed_cache.get(key)
         if hit is None:
             layers = self.spec.model.layers
             hit = self._fixed_cache[key] = (
                 np.array([kernel_floor_time_s(l, recompute=recompute, kernel_floor_s=floor_s)
                           for l in layers]),
-                np.array([host_time_s(l, tmp=tmp, recompute=recompute, host=costs)
+                np.array([host_time_s(l, tmp=tmp, recompute=recompute, host=costs,
+                                      sequence_parallel=sequence_parallel,
+                                      framework=self.spec.training.backend)
                           for l in layers]))
         return hit
 
@@ -423,7 +468,10 @@ class CostModel:
         # DeepSpeed (the trial backend) reduces gradients in the training precision unless
         # fp32_allreduce is set, and overlaps them with the backward only where
         # gradient_reduce_overlaps_backward says so (not by default); dp_overlap is calibrated
-        grad_scale = C.gradient_reduce_bytes_per_element(self.spec.training.precision) / bpe
+        # (Megatron-LM: its gradient buffer's dtype, fp32 with bf16)
+        framework = self.spec.training.backend
+        grad_scale = C.gradient_reduce_bytes_per_element(self.spec.training.precision,
+                                                         framework=framework) / bpe
         lat = self.link_latencies_s("all_reduce", crosses, layout)
 
         def sync(element_bytes: float) -> np.ndarray:      # [pp]: one parameter's bytes
@@ -432,9 +480,9 @@ class CostModel:
                 bandwidth_bytes_per_s=bw, latency_s=lat,
                 zero_stage=c.zero_stage, gas=self.spec.training.global_batch_size
                 // (c.dp * c.mbs),
-                gather_weights_after_step=M.deepspeed_engine(
+                gather_weights_after_step=framework == "deepspeed" and M.deepspeed_engine(
                     zero_stage=c.zero_stage, precision=self.spec.training.precision)
-                == "bf16_optimizer"), self.params.dp_overlap)
+                == "bf16_optimizer", framework=framework), self.params.dp_overlap)
 
         fixed = sync(0.0)
         per_param = sync(float(bpe)) - fixed
@@ -532,7 +580,7 @@ class CostModel:
                 zero_stage=c.zero_stage, recompute=c.activation_checkpointing,
                 precision=t.precision, framework_overhead_bytes=t.framework_overhead_bytes,
                 attention_scores=scores, sequence_parallel=c.sequence_parallel,
-                selective=c.selective_recompute)
+                selective=c.selective_recompute, framework=t.backend)
             self._mem_cache[key] = lin
         layer_bytes, reserved = lin.stage_arrays(c.pp, gas)
         usable = layout.capacity_bytes * (1.0 - self.spec.training.memory_headroom)

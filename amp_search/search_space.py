@@ -11,6 +11,9 @@ rules are written once:
                                                               (the vocabulary is padded)
     dp_divides_batch            dp_does_not_divide_batch      every replica gets whole samples
     mbs_divides_replica_batch   mbs_does_not_divide_batch     whole micro-batches per replica
+    zero_in_megatron            zero_2_3_under_megatron       backend megatron: Megatron-LM
+                                                              has ZeRO 1 only (its
+                                                              distributed optimizer)
     zero_with_pipeline          zero_2_3_with_pipeline        DeepSpeed's pipeline engine
                                                               rejects ZeRO 2/3
     sequence_parallel_needs_tp  sequence_parallel_without_tp  sequence parallelism splits
@@ -75,6 +78,7 @@ class Reason(str, Enum):
     DP_DOES_NOT_DIVIDE_BATCH = "dp_does_not_divide_batch"
     MBS_DOES_NOT_DIVIDE_BATCH = "mbs_does_not_divide_batch"
     ZERO_WITH_PIPELINE = "zero_2_3_with_pipeline"
+    ZERO_UNDER_MEGATRON = "zero_2_3_under_megatron"
     ZERO_WITHOUT_DATA_PARALLEL = "zero_without_data_parallel"
     SEQUENCE_PARALLEL_WITHOUT_TP = "sequence_parallel_without_tp"
     SEQUENCE_NOT_DIVISIBLE = "sequence_not_divisible_by_tmp"
@@ -162,24 +166,27 @@ class SearchSpace:
     num_blocks: int = 0
     """The layers between the leading embedding(s) and the trailing head(s): what the
     interleaved schedule's chunks split evenly."""
-    backend: str | None = None
-    """The framework the plan is for (deepspeed | megatron), where the caller says; None:
-    any."""
+    backend: str = "deepspeed"
+    """The framework the plan is for (deepspeed | megatron): training.backend, unless the
+    caller names another (`launch --backend`)."""
 
     @classmethod
     def of(cls, spec: Spec, backend: str | None = None) -> "SearchSpace":
+        """`backend`: the framework the plan is for; None: the spec's training.backend."""
         t = spec.training
         gpus = {d.gpu.name: d.gpu for d in spec.cluster.devices}.values()
         kinds = [x.kind for x in spec.model.layers]
         lead = next((i for i, k in enumerate(kinds) if k != "embedding"), len(kinds))
         tail = next((i for i, k in enumerate(kinds[::-1]) if k != "head"), len(kinds))
         return cls(virtual_stages=t.virtual_pipeline_stages,
-                   num_blocks=max(len(kinds) - lead - tail, 0), backend=backend,num_devices=spec.cluster.num_devices, num_layers=spec.model.num_layers,
+                   num_blocks=max(len(kinds) - lead - tail, 0),
+                   num_devices=spec.cluster.num_devices, num_layers=spec.model.num_layers,
                    global_batch_size=t.global_batch_size, tp_divisors=spec.model.tp_divisors,
                    zero_stages=t.zero_stage, recompute=t.activation_checkpointing,
                    sequence_parallel=t.sequence_parallel,
                    seq_lengths=tuple(sorted({x.seq_length for x in spec.model.layers})),
-                   attention_scores=any(spec.attention_for(g) == "standard" for g in gpus))
+                   attention_scores=any(spec.attention_for(g) == "standard" for g in gpus),
+                   backend=backend or t.backend)
 
 
 Rule = Callable[[SearchSpace, Candidate], "Violation | None"]
@@ -218,8 +225,17 @@ def mbs_divides_replica_batch(s: SearchSpace, c: Candidate) -> Violation | None:
     return None
 
 
+def zero_in_megatron(s: SearchSpace, c: Candidate) -> Violation | None:
+    if s.backend == "megatron" and c.zero_stage >= 2:
+        return Violation(Reason.ZERO_UNDER_MEGATRON,
+                         f"ZeRO stage {c.zero_stage} under the megatron backend: Megatron-LM "
+                         f"has no ZeRO 2/3 (zero_stage 1 is its distributed optimizer, "
+                         f"--use-distributed-optimizer); use zero_stage 0 or 1")
+    return None
+
+
 def zero_with_pipeline(s: SearchSpace, c: Candidate) -> Violation | None:
-    if not zero_allowed(c.pp, c.zero_stage):
+    if s.backend == "deepspeed" and not zero_allowed(c.pp, c.zero_stage):
         return Violation(Reason.ZERO_WITH_PIPELINE,
                          f"ZeRO stage {c.zero_stage} with pp = {c.pp}: DeepSpeed's pipeline "
                          f"engine accepts ZeRO 0 and 1 only; use pp = 1 or zero_stage 0/1")
@@ -311,6 +327,7 @@ def zero_without_data_parallel(s: SearchSpace, c: Candidate) -> Violation | None
 LAYOUT_RULES: tuple[Rule, ...] = (pp_within_layers, tmp_divides_model, dp_divides_batch)
 """Rules on (pp, dp, tmp) alone: checked once per layout in the enumeration."""
 FEASIBILITY_RULES: tuple[Rule, ...] = LAYOUT_RULES + (mbs_divides_replica_batch,
+                                                      zero_in_megatron,
                                                       zero_with_pipeline,
                                                       sequence_parallel_needs_tp,
                                                       sequence_divides_tmp,

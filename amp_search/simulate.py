@@ -10,8 +10,9 @@ strategy on its placement and layer split, from the same cost terms as AMP eq. 5
   that pass's device time (`LayerTimer` forward / backward x the calibrated compute scale, the
   kernel floor once per block pass) plus that pass's tensor-parallel all-reduces (Megatron's
   f/g operators: 2 in a transformer block's forward, 2 in its backward, 2 more in its
-  recomputed forward; `cost_models.layers.tp_allreduce_elements_by_pass`, the one table the
-  cost model's totals come from too), on the stage's slowest device type for that layer (the one `stage_costs` keeps).
+  recomputed forward; with sequence parallelism all-gathers and reduce-scatters instead:
+  `cost_models.layers.tp_collectives_by_pass` through `CostModel.tp_collectives`, the one table
+  the cost model's totals come from too), on the stage's slowest device type for that layer (the one `stage_costs` keeps).
   Where the host's time to issue a layer exceeds its device time (`overlapped_time_s`), the
   excess is spread evenly over the layer's passes, since every block pass issues the same
   work (one block pass and the same number of all-reduces); the calibrated per-micro-batch
@@ -117,7 +118,6 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
     stage's per-micro-batch overhead."""
     L = model.num_layers
     ckpt = c.activation_checkpointing
-    layers = model.spec.model.layers
     # per layer: [forward, backward, recompute] device time on each stage's slowest type
     device = np.zeros((c.pp, 3, L))
     cache: dict = {}
@@ -137,15 +137,8 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
 
     tp = np.zeros((c.pp, 3, L))
     if c.tmp > 1:
-        bw, crosses = layout.tp_links
-        lat = model.link_latencies_s("all_reduce", crosses, layout)
-        bpe = model.spec.training.bytes_per_element
-        parts = [tp_pass_elements(l, ckpt) for l in layers]
-        for k in range(3):
-            size = np.array([sum(x[k]) * bpe for x in parts]) * c.mbs
-            count = np.array([len(x[k]) for x in parts], dtype=float)
-            tp[:, k, :] = C.allreduce_time_s(size[None, :], c.tmp, bw[:, None], lat[:, None],
-                                             messages=count[None, :])
+        for k in range(3):      # the cost model's table of collectives, pass by pass
+            tp[:, k, :] = model.tp_time_s(c, layout, part=k)
 
     work = device + tp                                       # [pp, 3, L]
     excess = np.maximum(costs.layer_s - work.sum(axis=1), 0.0)   # host-bound part
@@ -220,16 +213,23 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
         bw, crosses = layout.dp_links
         grad = P.stage_totals(model.params_per_layer(s.tmp)[None, :].repeat(s.pp, axis=0),
                               bounds) * bpe
-        engine = M.deepspeed_engine(zero_stage=s.zero_stage,
-                                    precision=model.spec.training.precision)
-        gather = s.zero_stage in (1, 2) or engine == "bf16_optimizer"
+        precision = model.spec.training.precision
+        if model.spec.training.backend == "megatron":
+            # Megatron-LM reduces its gradient buffer's dtype (fp32 with bf16); only its
+            # distributed optimizer (zero_stage 1) all-gathers the updated weights
+            gather, weights = s.zero_stage == 1, grad
+            grad = grad * C.gradient_reduce_bytes_per_element(precision,
+                                                              framework="megatron") / bpe
+        else:
+            engine = M.deepspeed_engine(zero_stage=s.zero_stage, precision=precision)
+            gather, weights = s.zero_stage in (1, 2) or engine == "bf16_optimizer", grad
         kw.update(dp=s.dp, gradient_bytes=grad,
                   dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(bw, dtype=float),
                   bucket_bytes=float(bucket_elements) * bpe, overlap=overlap,
                   gradient_collective="all_reduce" if s.zero_stage == 0 else "reduce_scatter",
                   reduce_every_microbatch=s.zero_stage == 2,
-                  gather_bytes_after_step=grad if gather else None)
+                  gather_bytes_after_step=weights if gather else None)
     return kw
 
 

@@ -43,6 +43,8 @@ from .units import (DEVICE_MEMORY, FIXED_COST_TIME, GEMM_SIZE, MEMORY_BANDWIDTH,
 from .yaml_io import load_yaml_file, show_path
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+BACKENDS = ("deepspeed", "megatron")
+"""training.backend: the framework a plan is costed for."""
 PRESETS = ("gpt", "bert", "layers")
 # sanity caps: absurd values are rejected, not attempted
 MAX_LAYERS = 10_000
@@ -215,6 +217,10 @@ class TrainingSpec:
     virtual_pipeline_stages: tuple[int, ...] = (1,)
     """Model chunks per pipeline stage to search: (1,) plain 1F1B (the default), (v,) for a
     given v, or VIRTUAL_STAGES_SEARCH for `search` (v > 1: Megatron-LM's interleaved 1F1B)."""
+    backend: str = "deepspeed"
+    """The training framework the plan is for (BACKENDS): deepspeed (the trial program) or
+    megatron (Megatron-LM: zero_stage 1 is its distributed optimizer, ZeRO 2/3 do not
+    exist there)."""
 
     @property
     def bytes_per_element(self) -> int:
@@ -607,7 +613,7 @@ def _training(data) -> TrainingSpec:
     r = _Reader(data, "training", ("global_batch_size", "precision", "activation_checkpointing",
                                    "zero_stage", "memory_headroom", "framework_overhead",
                                    "optimizer", "attention", "sequence_parallel",
-                                   "virtual_pipeline_stages"))
+                                   "virtual_pipeline_stages", "backend"))
     ckpt = r.raw("activation_checkpointing", "none")
     modes = ("none", "selective", "full")
     if isinstance(ckpt, list) and ckpt and all(isinstance(m, str) and m in modes for m in ckpt) \
@@ -666,6 +672,7 @@ def _training(data) -> TrainingSpec:
                                             r.at("framework_overhead"), OVERHEAD_MEMORY),
         optimizer=r.choice("optimizer", ("adam",), "adam"),
         attention=r.choice("attention", ("auto", "flash", "standard"), "auto"),
+        backend=r.choice("backend", BACKENDS, "deepspeed"),
     )
 
 

@@ -71,6 +71,33 @@ def collective_time_s(collective: str, message_bytes, n: int, bandwidth_bytes_pe
             + bus_factor(collective, n) * message_bytes / bandwidth_bytes_per_s)
 
 
+def collectives_by_kind(collectives) -> dict[str, tuple[float, int]]:
+    """{kind: (elements in all, calls)} of records with `.kind` and `.elements` (e.g.
+    cost_models.layers.TpCollective): what `collectives_time_s` needs, and what a planner
+    vectorises over layers."""
+    out: dict[str, tuple[float, int]] = {}
+    for c in collectives:
+        if c.kind not in COLLECTIVES:
+            raise ValueError(f"unknown collective {c.kind!r}; known: {', '.join(COLLECTIVES)}")
+        e, k = out.get(c.kind, (0.0, 0))
+        out[c.kind] = (e + float(c.elements), k + 1)
+    return out
+
+
+def collectives_time_s(by_kind: dict, n: int, bandwidth_bytes_per_s, latency_s=0.0,
+                       bytes_per_element=1.0):
+    """Ring collectives one after another: the sum over kinds of `collective_time_s` of the
+    kind's bytes (elements x `bytes_per_element`, which may be an array or carry a
+    micro-batch factor) and its number of calls. `by_kind`: {kind: (elements, calls)}, the
+    values floats or arrays (broadcast elementwise)."""
+    total = 0.0
+    for kind, (elements, calls) in by_kind.items():
+        total = total + collective_time_s(kind, np.asarray(elements, dtype=float)
+                                          * bytes_per_element, n, bandwidth_bytes_per_s,
+                                          latency_s, messages=np.asarray(calls, dtype=float))
+    return total
+
+
 def allreduce_time_s(message_bytes, n: int, bandwidth_bytes_per_s, latency_s=0.0,
                      messages=1.0):
     """Ring all-reduce, AMP eq. 3: 2(n-1)M / (nB), plus 2(n-1) latencies per message."""
@@ -156,7 +183,8 @@ def shared_bandwidth(link_bytes_per_s, flows):
 
 def data_parallel_sync_time_s(*, param_bytes, grad_bytes, n: int, bandwidth_bytes_per_s,
                               latency_s, zero_stage: int, gas: int,
-                              gather_weights_after_step: bool = False):
+                              gather_weights_after_step: bool = False,
+                              framework: str = "deepspeed"):
     """Data-parallel traffic of one iteration for one device, by ZeRO stage (Rajbhandari et
     al. 2020, section 7: stages 0-2 move 2(n-1)/n of the model per iteration, stage 3 1.5x),
     as DeepSpeed 0.19.8 issues it:
@@ -170,11 +198,26 @@ def data_parallel_sync_time_s(*, param_bytes, grad_bytes, n: int, bandwidth_byte
     - 3: weights all-gathered in every micro-batch's forward and again in its backward, and
          gradients reduce-scattered in every backward.
 
+    Megatron-LM (`framework` "megatron"): stage 0 all-reduces the gradient buffer; stage 1 is
+    its distributed optimizer, which reduce-scatters the gradient buffer (in the gradient
+    dtype, `grad_bytes`) and, after the step, all-gathers the updated weights (in the
+    parameter dtype, `param_bytes`) -- the same ring volume as the all-reduce when the two
+    dtypes agree (Megatron Core user guide, "Distributed Optimizer"); it has no stage 2/3.
+
     Linear in the bytes: the planner takes its value at 0 (the latencies) and its slope.
     """
+    if framework not in GRADIENT_FRAMEWORKS:
+        raise ValueError(f"framework {framework!r}; known: {', '.join(GRADIENT_FRAMEWORKS)}")
+    if framework == "megatron" and zero_stage not in (0, 1):
+        raise ValueError(f"Megatron-LM has no ZeRO stage {zero_stage}; accepted: 0, 1")
     if n <= 1:
         return 0.0 * (param_bytes + grad_bytes + latency_s + bandwidth_bytes_per_s)
     bw, lat = bandwidth_bytes_per_s, latency_s
+    if framework == "megatron":
+        if zero_stage == 1:
+            return reduce_scatter_time_s(grad_bytes, n, bw, lat) \
+                + allgather_time_s(param_bytes, n, bw, lat)
+        return allreduce_time_s(grad_bytes, n, bw, lat)
     if zero_stage in (0, 1):
         gather = allgather_time_s(param_bytes, n, bw, lat) \
             if zero_stage == 0 and gather_weights_after_step else 0.0

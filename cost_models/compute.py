@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .layers import (Layer, attention_core_flops, attention_score_elements, elementwise_bytes,
-                     gemm_flops, tp_allreduce_elements)
+                     gemm_flops, tp_collectives_by_pass)
 
 ATTENTION_KINDS = ("flash", "standard")
 
@@ -128,13 +128,17 @@ def kernel_floor_time_s(layer: Layer, *, recompute: bool, kernel_floor_s: float)
     return block_passes(layer, recompute) * kernel_floor_s
 
 
-def host_time_s(layer: Layer, *, tmp: int, recompute: bool, host: HostCosts) -> float:
+def host_time_s(layer: Layer, *, tmp: int, recompute: bool, host: HostCosts,
+                sequence_parallel: bool = False, framework: str = "deepspeed") -> float:
     """Host time to issue one micro-batch of `layer`: each block pass (forward, backward, and
-    the recomputed forward) and each of its tensor-parallel all-reduces; the head and loss
+    the recomputed forward) and each of its tensor-parallel collectives (all-reduces; with
+    sequence parallelism the all-gathers, reduce-scatters and all-reduces of
+    `tp_collectives_by_pass`, each call costing what an all-reduce does); the head and loss
     one pass's worth; the embedding nothing (a few kernels)."""
     if layer.kind == "head":
         return host.block_pass_s
-    calls = len(tp_allreduce_elements(layer, recompute)) if tmp > 1 else 0
+    calls = sum(len(p) for p in tp_collectives_by_pass(layer, recompute, sequence_parallel,
+                                                       framework)) if tmp > 1 else 0
     return (block_passes(layer, recompute) * host.block_pass_s
             + calls * (tmp - 1) * host.tp_allreduce_per_rank_s) if layer.kind in BLOCK_KINDS \
         else 0.0

@@ -236,6 +236,83 @@ def tp_allreduce_elements_by_pass(layer: Layer, recompute: bool = False
     return (), (), ()
 
 
+TP_FRAMEWORKS = ("deepspeed", "megatron")
+"""Whose sequence-parallel layers `tp_collectives_by_pass` describes: the trial layers
+(amp_search.trial.model, run by DeepSpeed) or Megatron-LM's own."""
+
+
+@dataclass(frozen=True)
+class TpCollective:
+    """One tensor-parallel collective of one micro-batch sample: its kind
+    (cost_models.comm.COLLECTIVES) and its size in elements per sample (all-reduce: the
+    buffer; all-gather: the gathered output; reduce-scatter: the unscattered input), the sizes
+    `cost_models.comm.collective_time_s` takes."""
+
+    kind: str
+    elements: float
+
+
+def tp_collectives_by_pass(layer: Layer, recompute: bool = False,
+                           sequence_parallel: bool = False, framework: str = "deepspeed"
+                           ) -> tuple[tuple[TpCollective, ...], ...]:
+    """The collectives inside the layer under tensor parallelism, per pass (forward, backward,
+    recomputed forward), with or without sequence parallelism.
+
+    Without it: the all-reduces of `tp_allreduce_elements_by_pass`.
+
+    With it (Korthikanti et al. 2022, section 4.2.2, Figure 5: g is an all-gather in forward
+    and a reduce-scatter in backward, g-bar the reverse), per transformer block:
+    forward 2 all-gathers (the inputs of QKV and fc1, the column-parallel GEMMs) and 2
+    reduce-scatters (the outputs of proj and fc2, the row-parallel GEMMs), all of s*h;
+    backward the conjugates (2 reduce-scatters of the column GEMMs' input gradients, 2
+    all-gathers of the row GEMMs' output gradients) plus one more all-gather of s*h per
+    column-parallel GEMM: its input is saved as the s/t shard and gathered again for the
+    weight gradient (Megatron's LinearWithGradAccumulationAndAsyncCommunication with
+    sequence_parallel, and the trial layers' _SequenceColumnLinear). So the bus volume of
+    backward is 1.5x that of tensor parallelism and there are twice as many calls (or more)
+    as all-reduces, each with its own per-call cost.
+    mlp: one column + one row GEMM (half of the above); head: its column-parallel LM
+    projection (all-gather in forward; re-gather + reduce-scatter in backward) beside the
+    cross-entropy's 3 all-reduces of s; embedding: Megatron reduce-scatters its output in
+    forward and all-gathers the gradient in backward, the trial layers keep the vocab-parallel
+    all-reduce and split the result (all-gather of the gradient in backward).
+    The trial layers (`framework` "deepspeed") also all-reduce, in every micro-batch's
+    backward, the gradients of the weights used on a sequence shard (their
+    copy_to_tensor_model_parallel_region): per block 2 LayerNorms (weight and bias) and the
+    row-parallel biases of proj and fc2, 6 all-reduces of h; mlp 3; head 2 (its LayerNorm);
+    an input projection 2 more (h_in*h and h). Megatron-LM all-reduces those once per
+    iteration (finalize_model_grads), which is not counted here.
+    With full recomputation the block's forward (and its collectives) runs again in backward.
+    """
+    if framework not in TP_FRAMEWORKS:
+        raise ValueError(f"framework {framework!r}; known: {', '.join(TP_FRAMEWORKS)}")
+    if not sequence_parallel:
+        return tuple(tuple(TpCollective("all_reduce", x) for x in part)
+                     for part in tp_allreduce_elements_by_pass(layer, recompute))
+    s, h = layer.seq_length, layer.hidden_size
+    k = layer.kind
+    ag, rs, ar = ("all_gather", "reduce_scatter", "all_reduce")
+    trial = framework == "deepspeed"
+    proj = ((TpCollective(ar, layer.input_hidden_size * h), TpCollective(ar, h))
+            if trial and layer.input_hidden_size and layer.input_hidden_size != h else ())
+    if k in ("transformer", "mlp"):
+        gemm_pairs = 2 if k == "transformer" else 1
+        forward = (TpCollective(ag, s * h), TpCollective(rs, s * h)) * gemm_pairs
+        backward = (TpCollective(ag, s * h), TpCollective(ag, s * h),
+                    TpCollective(rs, s * h)) * gemm_pairs
+        if trial:
+            backward += (TpCollective(ar, h),) * (3 * gemm_pairs) + proj
+        return forward, backward, (forward if recompute else ())
+    if k == "embedding":
+        return ((TpCollective(ar if trial else rs, s * h),), (TpCollective(ag, s * h),), ())
+    if k == "head":
+        backward = (TpCollective(ag, s * h), TpCollective(rs, s * h))
+        if trial:
+            backward += (TpCollective(ar, h),) * 2
+        return ((TpCollective(ag, s * h),) + (TpCollective(ar, s),) * 3, backward, ())
+    return (), (), ()
+
+
 def tp_allreduce_elements(layer: Layer, recompute: bool = False) -> tuple[float, ...]:
     """Sizes (elements per sample) of the all-reduces inside the layer for one forward and one
     backward pass (and the recomputed forward), all passes of

@@ -322,6 +322,16 @@ def partitions_optimizer(engine: str) -> bool:
     return engine not in ("torch_adam", "fp16_optimizer")
 
 
+def optimizer_shards(*, framework: str, zero_stage: int, precision: str, dp: int) -> int:
+    """Over how many data-parallel ranks the optimizer step is divided: dp where the optimizer
+    updates only its partition (DeepSpeed's ZeRO 1-3 and BF16_Optimizer, Megatron-LM's
+    distributed optimizer, zero_stage 1), else 1."""
+    if framework == "megatron":
+        return dp if zero_stage == 1 else 1
+    engine = deepspeed_engine(zero_stage=zero_stage, precision=precision)
+    return dp if partitions_optimizer(engine) else 1
+
+
 def optimizer_bytes(*, params: int, engine: str, dp: int) -> int:
     """fp32 master weights (4 B) + Adam moments (8 B) per parameter the rank updates: all of
     them for torch Adam (no master copy: 8P) and FP16_UnfusedOptimizer (12P); its partition P'
@@ -370,13 +380,68 @@ def zero_bucket_bytes(*, precision: str, zero_stage: int,
     return BYTES_PER_ELEMENT[precision] * buckets.reduce_bucket_elements
 
 
+MEMORY_FRAMEWORKS = ("deepspeed", "megatron")
+
+
+def megatron_grad_bytes(precision: str) -> int:
+    """Bytes of one element of Megatron-LM's contiguous gradient buffer (main_grad): fp32 for
+    bf16 training (--accumulate-allreduce-grads-in-fp32, forced on with bf16) and for fp32,
+    fp16 for fp16 (its default)."""
+    if precision not in BYTES_PER_ELEMENT:
+        raise ValueError(f"precision {precision!r}; accepted: {', '.join(BYTES_PER_ELEMENT)}")
+    return 2 if precision == "fp16" else FP32_BYTES
+
+
+def megatron_optimizer_bytes_per_param(precision: str) -> int:
+    """What Megatron-LM's optimizer holds per parameter besides the model's weights and
+    gradient buffer: Adam's two fp32 moments (8), an fp32 master copy of low-precision
+    weights (4), and an fp32 copy of fp16 gradients (4): fp16 16, bf16 12, fp32 8 -- the
+    parts the distributed optimizer divides by d (Megatron Core's distrib_optimizer.md)."""
+    g = BYTES_PER_ELEMENT[precision]
+    return (ADAM_STATE_BYTES + (FP32_BYTES if g != FP32_BYTES else 0)
+            + (FP32_BYTES if megatron_grad_bytes(precision) != FP32_BYTES else 0))
+
+
+def megatron_model_state_bytes(params: int, *, precision: str, zero_stage: int,
+                               dp: int) -> ModelStates:
+    """Model states of Megatron-LM's optimizers, bytes per parameter as its documentation
+    gives them (Megatron Core user guide, "Distributed Optimizer", docs/source/
+    distrib_optimizer.md; d = data-parallel size):
+
+        param, grads            non-distributed   distributed (--use-distributed-optimizer)
+        fp16, fp16              20                4 + 16/d
+        bf16, fp32              18                6 + 12/d
+        fp32, fp32              16                8 + 8/d
+
+    zero_stage 0: Float16OptimizerWithFloat16Params / FP32Optimizer (every rank holds all of
+    it); zero_stage 1: the distributed optimizer, which shards the optimizer part (master
+    weights, fp32 gradient copies, moments) over the d data-parallel ranks (ceil(P/d) each)
+    and keeps the weights and the gradient buffer whole. Megatron has no ZeRO 2/3
+    (amp_search.search_space prunes them under the megatron backend); no DeepSpeed bucket."""
+    if zero_stage not in (0, 1):
+        raise ValueError(f"Megatron-LM has no ZeRO stage {zero_stage}; accepted: 0, 1 "
+                         f"(1 = --use-distributed-optimizer)")
+    per_param = megatron_optimizer_bytes_per_param(precision)
+    held = -(-params // dp) if zero_stage == 1 else params
+    return ModelStates(parameter_bytes=BYTES_PER_ELEMENT[precision] * params,
+                       gradient_bytes=megatron_grad_bytes(precision) * params,
+                       optimizer_bytes=per_param * held, buffer_bytes=0)
+
+
 def model_state_bytes(tensor_numels: tuple[int, ...], *, precision: str, zero_stage: int,
                       dp: int, gas: int, zero3_inflight_numel: int = 0,
-                      buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS) -> ModelStates:
+                      buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
+                      framework: str = "deepspeed") -> ModelStates:
     """Weights, gradients, optimizer states and bucket of one device holding the parameter
     tensors `tensor_numels` (one stage, one tensor rank, in flattening order);
-    `zero3_inflight_numel` is `zero3_inflight_gather_numel` of its layers (ZeRO 3 only)."""
+    `zero3_inflight_numel` is `zero3_inflight_gather_numel` of its layers (ZeRO 3 only).
+    `framework` "megatron": Megatron-LM's optimizers (`megatron_model_state_bytes`)."""
     params = sum(tensor_numels)
+    if framework not in MEMORY_FRAMEWORKS:
+        raise ValueError(f"framework {framework!r}; known: {', '.join(MEMORY_FRAMEWORKS)}")
+    if framework == "megatron":
+        return megatron_model_state_bytes(params, precision=precision, zero_stage=zero_stage,
+                                          dp=dp)
     engine = deepspeed_engine(zero_stage=zero_stage, precision=precision)
     straddle = straddling_partition_numel(tensor_numels, dp) if zero_stage in (1, 2) else 0
     zero3 = zero_stage == 3 and dp > 1     # only then are the per-tensor partitions used
@@ -612,13 +677,14 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
                 zero_stage: int, recompute: bool, precision: str,
                 buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
                 attention_scores: bool = False, sequence_parallel: bool = False,
-                selective: bool = False) -> StageBytes:
+                selective: bool = False, framework: str = "deepspeed") -> StageBytes:
     """All parts for the device of one stage (every tensor rank holds the same shapes)."""
     per_layer = [param_tensor_numels(x, tmp) for x in layers]
     states = model_state_bytes(
         tuple(n for ts in per_layer for n in ts), precision=precision, zero_stage=zero_stage,
         dp=dp, gas=gas, buckets=buckets,
-        zero3_inflight_numel=zero3_inflight_gather_numel(per_layer, buckets))
+        zero3_inflight_numel=zero3_inflight_gather_numel(per_layer, buckets),
+        framework=framework)
     g = BYTES_PER_ELEMENT[precision]
     act = stage_saved_activation_bytes(layers, stage=stage, pp=pp, gas=gas, mbs=mbs, tmp=tmp,
                                        bytes_per_element=g, recompute=recompute,
@@ -681,13 +747,13 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
                         recompute: bool, precision: str, framework_overhead_bytes: int,
                         buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
                         attention_scores: bool = False, sequence_parallel: bool = False,
-                        selective: bool = False) -> LinearMemory:
+                        selective: bool = False, framework: str = "deepspeed") -> LinearMemory:
     """`LinearMemory` of a pipelined strategy (see there); the same terms as `stage_bytes`."""
     g = BYTES_PER_ELEMENT[precision]
     numels = [param_tensor_numels(x, tmp) for x in layers]
     flat = tuple(n for ts in numels for n in ts)
     states = model_state_bytes(flat, precision=precision, zero_stage=zero_stage, dp=dp, gas=gas,
-                               buckets=buckets)
+                               buckets=buckets, framework=framework)
     per_param = (states.parameter_bytes + states.gradient_bytes + states.optimizer_bytes) \
         / max(sum(flat), 1)
     kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=g, attention_scores=attention_scores,

@@ -6,9 +6,10 @@ Two knobs Megatron-LM turns on by default since 2022:
 - sequence parallelism (SP, section 4.2.2): the layer-norm and dropout regions, which tensor
   parallelism leaves replicated, are split over the t tensor ranks along the sequence; each
   all-reduce of tensor parallelism becomes a reduce-scatter + all-gather pair with the same
-  bus volume (a ring all-reduce *is* a reduce-scatter then an all-gather), so the
-  communication time is unchanged, and the layer-norm / dropout / residual work and its saved
-  activations are divided by t;
+  bus volume (a ring all-reduce *is* a reduce-scatter then an all-gather), but twice as many
+  calls, and backward gathers each column-parallel GEMM's input again (1.5x the backward
+  volume): `cost_models.layers.tp_collectives_by_pass`; the layer-norm / dropout / residual
+  work and its saved activations are divided by t;
 - selective recomputation (section 4.3): only the attention core (QK^T, softmax, dropout,
   attention x V) is checkpointed and re-run in backward; it holds the 5 a s^2 b bytes that
   grow with s^2 and costs only the core's FLOPs again.
@@ -111,11 +112,11 @@ def sequence_parallel_time_s(layer: Layer, *, tmp: int, mbs: int, device: Device
     """What sequence parallelism changes in a layer's device time: the replicated elementwise
     work (`replicated_elementwise_bytes`, memory-bound) runs on s/t tokens, saving
     (1 - 1/t) of it in forward and in backward (2x forward), and once more in a fully
-    recomputed forward. The tensor-parallel communication keeps its volume (reduce-scatter +
-    all-gather = one ring all-reduce, Korthikanti et al. 2022 section 4.2.2) and is costed by
-    the planner as before. Not counted: the all-gather Megatron repeats in backward for each
-    column-parallel weight gradient (it saves only the shard; on GPUs it overlaps the input
-    gradient's GEMM) and the host time of issuing two collectives where there was one."""
+    recomputed forward. Its communication (reduce-scatters and all-gathers instead of
+    all-reduces, the all-gather repeated in backward for each column-parallel weight
+    gradient, and the per-call host time of each) is in
+    `cost_models.layers.tp_collectives_by_pass`, which the planner and the simulator cost
+    (not overlapped with the input gradient's GEMM, which Megatron-LM does on GPUs)."""
     if tmp <= 1:
         return KnobTime(forward_s=0.0, backward_s=0.0)
     saved = replicated_elementwise_bytes(layer, bytes_per_element) * mbs * (1.0 - 1.0 / tmp) \

@@ -4,6 +4,7 @@ strategy per layout."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -28,12 +29,15 @@ def test_each_rule_names_its_reason():
              cand(1, 8, 1): Reason.DP_DOES_NOT_DIVIDE_BATCH,
              cand(2, 2, 2, mbs=4): Reason.MBS_DOES_NOT_DIVIDE_BATCH,
              cand(2, 2, 2, zero=2): Reason.ZERO_WITH_PIPELINE}
+    megatron = replace(space, backend="megatron")
+    v = first_violation(megatron, cand(2, 2, 2, zero=2))
+    assert v is not None and v.reason == Reason.ZERO_UNDER_MEGATRON, v
     for c, reason in cases.items():
         v = first_violation(space, c)
         assert v is not None and v.reason == reason, (c, v)
         assert isinstance(v.error(), Infeasible) and v.error().reason == reason.value
     assert first_violation(space, cand(2, 2, 2, mbs=3, zero=1)) is None
-    assert len(FEASIBILITY_RULES) == 11     # 4 of them on virtual stages (test_interleaved)
+    assert len(FEASIBILITY_RULES) == 12     # 4 of them on virtual stages (test_interleaved)
 
 
 def test_enumeration_counts_prunes_and_collapses_zero_without_dp():

@@ -30,9 +30,10 @@ def add_parser(sub) -> None:
                    help="trials to run, best predicted first (default 3)")
     p.add_argument("--plan", type=Path, metavar="FILE",
                    help="read the ranking from `amp-search plan --json FILE` instead of planning")
-    p.add_argument("--backend", choices=BACKENDS, default="deepspeed",
-                   help="deepspeed: amp-search's trial program (default); megatron: "
-                        "Megatron-LM pretrain_gpt.py (needs --megatron-path)")
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="deepspeed: amp-search's trial program; megatron: Megatron-LM "
+                        "pretrain_gpt.py (needs --megatron-path). Default: the spec's "
+                        "training.backend (deepspeed unless it says otherwise)")
     p.add_argument("--megatron-path", type=Path, metavar="DIR",
                    help="Megatron-LM checkout holding pretrain_gpt.py")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local",
@@ -203,6 +204,8 @@ def run(args) -> int:
                          f"({args.iters})")
     hostfile = parse_hostfile(args.hostfile) if args.hostfile is not None else None
     measurements = measurements_for(spec, args)
+    if args.backend is None:
+        args.backend = spec.training.backend
     if args.plan is not None:
         items = read_plan(args.plan, spec, measurements)[:args.top_k]
     else:

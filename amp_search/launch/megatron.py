@@ -19,7 +19,10 @@ vocabulary. The strategy maps to its arguments:
                              (megatron/training/arguments.py, v0.7: needs pp > 2 and the blocks
                              per stage divisible by it; the schedule needs the micro-batch
                              count a multiple of pp)
-    zero_stage >= 1          --use-distributed-optimizer (ZeRO-1: optimizer state sharded)
+    zero_stage 1             --use-distributed-optimizer (ZeRO-1: optimizer state and fp32
+                             master weights sharded over dp; gradients reduce-scattered,
+                             weights all-gathered); zero_stage 2/3 do not exist in Megatron-LM
+                             (`megatron_unsupported`, which the launcher's preflight asks)
     precision                --bf16 / --fp16 (fp32: neither)
 
 Megatron numbers ranks as the launcher does (it has no rank map like amp_search.trial.run), in
@@ -134,11 +137,21 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         args += ["--recompute-granularity", "selective"]
     if s.sequence_parallel:
         args += ["--sequence-parallel"]
-    if s.zero_stage >= 1:
+    if s.zero_stage == 1:
         args += ["--use-distributed-optimizer"]
     if precision in ("bf16", "fp16"):
         args += [f"--{precision}"]
     return args
+
+
+def megatron_unsupported(strategy: Strategy) -> str:
+    """Why Megatron-LM cannot run the strategy as planned ('' if it can): it has ZeRO 1 only,
+    as its distributed optimizer; there is no flag for ZeRO 2/3."""
+    if strategy.zero_stage >= 2:
+        return (f"Megatron-LM has no ZeRO stage {strategy.zero_stage} (zero_stage 1 is its "
+                f"--use-distributed-optimizer); plan with training.backend: megatron, which "
+                f"prunes it, or use zero_stage 0 or 1")
+    return ""
 
 
 def megatron_nodes(ranks: tuple[RankAssignment, ...]) -> tuple[NodeLaunch, ...]:

@@ -31,7 +31,7 @@ from ..trial.ranks import RankAssignment, assign_ranks
 from .hostfile import HostSlots
 from .launchers import LAUNCHERS, BUILDERS, LaunchContext, TrialLaunch, build_launch
 from .megatron import (check_gpt_chain, megatron_args, megatron_nodes, megatron_program,
-                       parse_megatron_log)
+                       megatron_unsupported, parse_megatron_log)
 from .process import classify_failure, error_summary, log_tail, run_commands
 from .results_db import FINISHED, ResultsDB
 
@@ -231,6 +231,8 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
     if s.global_batch_size % (s.dp * s.mbs):
         return (f"global batch {s.global_batch_size} is not a multiple of dp x mbs = "
                 f"{s.dp} x {s.mbs}")
+    if backend == "megatron" and megatron_unsupported(s):
+        return megatron_unsupported(s)
     if backend == "deepspeed" and s.pp > 1 and s.zero_stage >= 2:
         return (f"DeepSpeed's pipeline engine rejects ZeRO stage {s.zero_stage} with pp={s.pp}"
                 f" (ZeRO 0 or 1 only)")
