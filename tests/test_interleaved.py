@@ -197,9 +197,10 @@ def test_saved_activations_per_chunk():
 
 # ----------------------------------------------------------------------------- spec, rules
 
-def _spec(layers=8, gbs=8, devices=4, vps=None, per_node=None):
+def _spec(layers=8, gbs=8, devices=4, vps=None, per_node=None, backend="megatron"):
+    """Megatron by default: only its backend runs the interleaved schedule."""
     training = {"global_batch_size": gbs, "precision": "fp32",
-                "activation_checkpointing": "none"}
+                "activation_checkpointing": "none", "backend": backend}
     if vps is not None:
         training["virtual_pipeline_stages"] = vps
     return parse_spec({
@@ -244,6 +245,9 @@ def test_rules():
     assert _violation(SearchSpace.of(_spec(), "megatron"), pp=2, dp=2, virtual_stages=2) == \
         Reason.VIRTUAL_STAGES_WITHOUT_PIPELINE            # Megatron-LM asserts pp > 2
     assert _violation(space, mbs=4) is None               # v = 1: none of these apply
+    # the spec's backend is the default: deepspeed, unless it says megatron
+    assert _violation(SearchSpace.of(_spec(backend="deepspeed")), virtual_stages=2) == \
+        Reason.INTERLEAVED_UNDER_DEEPSPEED
 
 
 def test_estimate_errors_name_the_rule():
@@ -319,7 +323,7 @@ def _big_model_spec(vps="search"):
                   "num_attention_heads": 48, "seq_length": 2048, "vocab_size": 51200},
         "training": {"global_batch_size": 8, "precision": "bf16",
                      "activation_checkpointing": "none", "zero_stage": 0,
-                     "virtual_pipeline_stages": vps}})
+                     "virtual_pipeline_stages": vps, "backend": "megatron"}})
 
 
 def test_search_picks_interleaving_where_it_wins():
@@ -366,7 +370,7 @@ def test_cli_estimate_shows_v_and_errors_are_one_line(write_spec, tmp_path, caps
         "model": {"preset": "gpt", "num_layers": 8, "hidden_size": 256,
                   "num_attention_heads": 4, "seq_length": 64, "vocab_size": 1024},
         "training": {"global_batch_size": 8, "precision": "fp32",
-                     "activation_checkpointing": "none"}})
+                     "activation_checkpointing": "none", "backend": "megatron"}})
     argv = ["estimate", str(path), "--pp", "4", "--dp", "1", "--tmp", "1", "--mbs", "1"]
     assert main(argv + ["--virtual-stages", "2", "--no-simulate"]) == 0
     out = capsys.readouterr().out
