@@ -1,0 +1,299 @@
+"""The event simulator against DeepSpeed's own instruction timings (issue 11, item 4).
+
+    python benchmarks/instruction_timing.py [configs/cpu-local.yaml] [--out DIR]
+        [--iters 10] [--warmup 4] [--cases pp2-gas4,pp2-gas8,pp2-uneven,pp1-dp2]
+        [--json FILE]
+
+Runs a few short real CPU trials of the spec's model (local torchrun, gloo, one OpenMP thread
+per process) with `instruction_trace` on, so that every rank records the start and end of
+each DeepSpeed instruction of the timed iterations (amp_search.trial.instructions), and
+simulates the same strategy, partition and placement with `amp_search.simulate` (the layer
+and link profiles shipped in profiles/, DeepSpeed's blocking P2P), twice: with the shipped
+calibration (what `plan` uses) and with the profiles alone (no coefficient).
+
+Per stage it prints, as seconds per iteration (the mean over the timed iterations):
+
+    forward, backward, optimizer   the compute the instructions / tasks of that kind took
+    p2p                            time blocked in SendActivation / RecvActivation / SendGrad /
+                                   RecvGrad (the simulator: its blocking send / receive tasks)
+    dp sync                        ReduceGrads + ReduceTiedGrads (simulated: the gradient
+                                   collectives, which block the stage: overlap_comm is off)
+    exposed comm                   p2p + dp sync (simulated: `exposed_comm_s`)
+    idle (bubble)                  makespan - forward - backward - optimizer
+    makespan                       the last instruction's end over all ranks, from the
+                                   iteration's barrier (simulated: `makespan_s`)
+
+and the trial's own measured mean (result.json) against the simulated iteration time (the
+makespan + the calibrated per-iteration overhead). For each case it writes, under --out, the
+measured instructions of the median iteration and the simulated iteration as Chrome traces
+(`amp-search timeline --trace`'s format), and one trace with both (open in ui.perfetto.dev).
+
+The trials are not recorded in the results database (they are instrumented, and short); the
+trial directories stay under --out. A benchmark: it reads the command line; the library code
+it calls does not.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from amp_search.launch.launchers import LaunchContext, build_launch  # noqa: E402
+from amp_search.launch.orchestrator import PACKAGE_ROOT, _free_port  # noqa: E402
+from amp_search.launch.process import run_commands  # noqa: E402
+from amp_search.records import Strategy  # noqa: E402
+from amp_search.trial.config import trial_config, trial_env  # noqa: E402
+from amp_search.trial.instructions import chrome_trace as measured_trace  # noqa: E402
+from amp_search.trial.instructions import read_traces  # noqa: E402
+from amp_search.trial.ranks import assign_ranks  # noqa: E402
+
+CASES = {
+    # name: (pp, dp, mbs, partition or None for even, zero)
+    "pp2-gas4": (2, 1, 4, None, 0),
+    "pp2-gas8": (2, 1, 2, None, 0),
+    "pp2-uneven": (2, 1, 4, (0, 2), 0),
+    "pp1-dp2": (1, 2, 2, None, 0),
+}
+"""The trials: pp2 dp1 with gas 4 and 8 (even split), pp2 with an uneven split, pp1 dp2."""
+
+QUANTITIES = ("forward", "backward", "optimizer", "p2p", "dp_sync", "exposed_comm", "idle")
+
+
+def case_strategy(spec, name: str) -> Strategy:
+    """The strategy of case `name` on the spec's first devices, placed in device order."""
+    pp, dp, mbs, head, zero = CASES[name]
+    L = len(spec.model.layers)
+    partition = (0, *head[1:], L) if head else tuple(round(L * j / pp) for j in range(pp + 1))
+    dev = iter(range(pp * dp))
+    placement = tuple(tuple((next(dev),) for _ in range(dp)) for _ in range(pp))
+    return Strategy(pp=pp, dp=dp, tmp=1, mbs=mbs, global_batch_size=spec.training.global_batch_size,
+                    partition=partition, placement=placement, placement_order="given",
+                    zero_stage=zero)
+
+
+def run_traced_trial(spec, strategy: Strategy, trial_dir: Path, *, iters: int, warmup: int,
+                     timeout_s: float = 600.0, python: str = sys.executable):
+    """Run one real trial of `strategy` with the instruction trace on, in `trial_dir` (local
+    torchrun); returns (ProcessOutcome, result dict or None, [RankTrace, ...])."""
+    device_node = {d.id: (d.node, d.local_rank) for d in spec.cluster.devices}
+    ranks = assign_ranks(strategy, device_node, {n.id: "localhost" for n in spec.cluster.nodes})
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    result_path = trial_dir / "result.json"
+    cfg = trial_config(spec, strategy, ranks, iters=iters, warmup=warmup, seed=1234,
+                       output=str(result_path))
+    cfg = replace(cfg, instruction_trace=True)
+    config_path = trial_dir / "trial.json"
+    cfg.write(config_path)
+    env = trial_env(cfg.device, "deepspeed", str(PACKAGE_ROOT))
+    ctx = LaunchContext(python=python, workdir=trial_dir, device=cfg.device,
+                        master_port=_free_port(), trial_env=env)
+    launch = build_launch("local", ranks, ctx, config_path)
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    outcome = run_commands(launch.commands, base_env={**base, **env}, cwd=trial_dir,
+                           log_path=trial_dir / "log.txt", timeout_s=timeout_s)
+    try:
+        result = json.loads(result_path.read_text())
+    except (OSError, ValueError):
+        result = None
+    return outcome, result, read_traces(trial_dir)
+
+
+# ----------------------------------------------------------------------------- measured
+
+def measured_stage_times(traces) -> tuple[dict, list[float]]:
+    """Per stage, the mean over the timed iterations of each quantity (seconds; a stage's
+    replicas and tensor ranks averaged), and each iteration's makespan (the last
+    instruction's end over all ranks)."""
+    n_it = min(len(t.iterations) for t in traces)
+    makespans = [max(t.iterations[i][-1].end_s for t in traces if t.iterations[i])
+                 for i in range(n_it)]
+    pp = traces[0].pp
+    out = {}
+    for j in range(pp):
+        rows = {q: [] for q in QUANTITIES}
+        for t in (t for t in traces if t.stage == j):
+            for i in range(n_it):
+                by = {}
+                for x in t.iterations[i]:
+                    by[x.name] = by.get(x.name, 0.0) + x.duration_s
+                fwd, bwd = by.get("ForwardPass", 0.0), by.get("BackwardPass", 0.0)
+                opt = by.get("OptimizerStep", 0.0)
+                p2p = sum(by.get(k, 0.0) for k in ("SendActivation", "RecvActivation",
+                                                   "SendGrad", "RecvGrad"))
+                dps = by.get("ReduceGrads", 0.0) + by.get("ReduceTiedGrads", 0.0)
+                for q, v in (("forward", fwd), ("backward", bwd), ("optimizer", opt),
+                             ("p2p", p2p), ("dp_sync", dps), ("exposed_comm", p2p + dps),
+                             ("idle", makespans[i] - fwd - bwd - opt)):
+                    rows[q].append(v)
+        out[j] = {q: statistics.fmean(v) for q, v in rows.items()}
+        out[j]["makespan"] = statistics.fmean(makespans)
+    return out, makespans
+
+
+# ----------------------------------------------------------------------------- simulated
+
+def simulated_stage_times(sim) -> dict:
+    """The same quantities of a simulated iteration (cost_models.schedule.SimulatedIteration)."""
+    from cost_models.schedule import KINDS, STREAMS
+
+    t = sim.table
+    dur = t.end_s - t.start_s
+    compute = t.stream == STREAMS.index("compute")
+    dp_stream = t.stream == STREAMS.index("dp")
+    out = {}
+    for j in range(sim.pp):
+        on = t.stage == j
+
+        def total(kinds, where):
+            sel = on & where & np.isin(t.kind, [KINDS.index(k) for k in kinds])
+            return float(dur[sel].sum())
+
+        fwd = total(("forward",), compute)
+        bwd = total(("backward", "recompute"), compute)
+        opt = total(("optimizer",), compute)
+        p2p = total(("send", "recv"), compute)
+        dps = total(("allreduce", "reduce_scatter", "allgather"), dp_stream)
+        out[j] = {"forward": fwd, "backward": bwd, "optimizer": opt, "p2p": p2p,
+                  "dp_sync": dps, "exposed_comm": sim.exposed_comm_s[j],
+                  "idle": sim.idle_s[j], "makespan": sim.makespan_s}
+    return out
+
+
+def simulate_case(spec, strategy: Strategy, calibrated: bool):
+    from cost_models.params import CostParams
+
+    from amp_search.measurements import load_measurements
+    from amp_search.planner import CostModel
+    from amp_search.resources import profiles_dir
+    from amp_search.simulate import simulate
+
+    m = load_measurements(spec, profiles_dir())
+    model = CostModel(spec, measurements=m, cost_params=None if calibrated else CostParams())
+    return simulate(model, strategy), model.sources()
+
+
+# ----------------------------------------------------------------------------- report
+
+def both_traces(measured: dict, sim, pp: int) -> dict:
+    """The measured and the simulated trace in one file: the simulated stages as processes
+    100 + j, after the measured ranks."""
+    from amp_search.timeline import chrome_trace
+
+    simulated = chrome_trace(sim, stage_names=[f"simulated stage {j}" for j in range(pp)])
+    events = list(measured["traceEvents"])
+    for e in simulated["traceEvents"]:
+        e = dict(e, pid=100 + e["pid"])
+        if e.get("name") == "process_sort_index":
+            e["args"] = {"sort_index": 100 + e["args"]["sort_index"]}
+        events.append(e)
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"source": "amp-search measured instructions and simulated iteration"}}
+
+
+def _rel(sim: float, meas: float) -> str:
+    if meas <= 1e-6:
+        return "   -" if sim <= 1e-6 else "  new"
+    return f"{sim / meas - 1:+5.0%}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("spec", type=Path, nargs="?", default=ROOT / "configs" / "cpu-local.yaml")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "instruction_timing")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help=f"comma-separated, of {', '.join(CASES)}")
+    ap.add_argument("--reuse", action="store_true",
+                    help="read the traces of trials already under --out instead of running")
+    ap.add_argument("--json", type=Path, help="write every figure")
+    args = ap.parse_args(argv)
+    from amp_search.spec import load_spec
+    from amp_search.timeline import write_chrome_trace
+
+    spec = load_spec(args.spec)
+    names = [n.strip() for n in args.cases.split(",") if n.strip()]
+    for n in names:
+        if n not in CASES:
+            print(f"--cases: unknown case {n!r}; known: {', '.join(CASES)}", file=sys.stderr)
+            return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"spec": str(args.spec), "iters": args.iters, "warmup": args.warmup,
+                    "cases": {}}
+    for name in names:
+        s = case_strategy(spec, name)
+        trial_dir = args.out / name
+        if args.reuse:
+            result = json.loads((trial_dir / "result.json").read_text())
+            traces, wall = read_traces(trial_dir), None
+        else:
+            t0 = time.monotonic()
+            outcome, result, traces = run_traced_trial(spec, s, trial_dir, iters=args.iters,
+                                                       warmup=args.warmup)
+            wall = time.monotonic() - t0
+            if not outcome.ok or result is None or not traces:
+                print(f"{name}: the trial failed (exit codes {list(outcome.returncodes)}); "
+                      f"see {trial_dir / 'log.txt'}")
+                report["cases"][name] = {"status": "failed"}
+                continue
+        meas, makespans = measured_stage_times(traces)
+        sims = {}
+        for key, calibrated in (("calibrated", True), ("profile_only", False)):
+            sim, sources = simulate_case(spec, s, calibrated)
+            sims[key] = (sim, simulated_stage_times(sim))
+        sim = sims["calibrated"][0]
+        median_it = int(np.argsort(makespans)[len(makespans) // 2])
+        mtrace = measured_trace(traces, median_it)
+        for suffix, data in (("measured", mtrace), ("both", both_traces(mtrace, sim, s.pp))):
+            (args.out / f"{name}.{suffix}.trace.json").write_text(
+                json.dumps(data, separators=(",", ":")))
+        write_chrome_trace(sim, args.out / f"{name}.simulated.trace.json")
+
+        print(f"\n== {name}: {s.label()} partition {list(s.partition)} gas {s.gas}; "
+              f"{len(makespans)} timed iterations" + (f", trial {wall:.0f} s" if wall else ""))
+        print(f"   measured mean iteration (result.json) {result['mean_s']:.4f} s; simulated "
+              f"{sim.iteration_time_s:.4f} s calibrated ({_rel(sim.iteration_time_s, result['mean_s'])}),"
+              f" {sims['profile_only'][0].iteration_time_s:.4f} s profile only "
+              f"({_rel(sims['profile_only'][0].iteration_time_s, result['mean_s'])})")
+        print(f"   {'stage':>5} {'quantity':>13} {'measured':>9} {'sim cal':>9} {'diff':>6} "
+              f"{'sim prof':>9} {'diff':>6}")
+        rows = {}
+        for j in range(s.pp):
+            for q in QUANTITIES + ("makespan",):
+                if q == "makespan" and j > 0:
+                    continue
+                m = meas[j][q]
+                a, b = sims["calibrated"][1][j][q], sims["profile_only"][1][j][q]
+                rows[f"{j}.{q}"] = {"measured_s": m, "simulated_calibrated_s": a,
+                                    "simulated_profile_only_s": b}
+                print(f"   {j if q != 'makespan' else 'all':>5} {q:>13} {m:9.4f} {a:9.4f} "
+                      f"{_rel(a, m):>6} {b:9.4f} {_rel(b, m):>6}")
+        report["cases"][name] = {
+            "status": "ok", "strategy": s.to_dict(), "gas": s.gas,
+            "measured_mean_s": result["mean_s"],
+            "measured_iteration_times_s": result["iteration_times_s"],
+            "measured_makespans_s": makespans,
+            "simulated_iteration_time_s": {k: v[0].iteration_time_s for k, v in sims.items()},
+            "simulated_makespan_s": {k: v[0].makespan_s for k, v in sims.items()},
+            "stages": rows, "trial_wall_s": wall, "measurements": sources}
+    print("\nsim cal: simulated with the shipped calibration (as `plan`); sim prof: the layer "
+          "and link profiles alone. diff: simulated / measured - 1. Traces (Perfetto): "
+          f"{args.out}/<case>.{{measured,simulated,both}}.trace.json")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
