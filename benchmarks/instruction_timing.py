@@ -15,10 +15,14 @@ Per stage it prints, as seconds per iteration (the mean over the timed iteration
 
     forward, backward, optimizer   the compute the instructions / tasks of that kind took
     p2p                            time blocked in SendActivation / RecvActivation / SendGrad /
-                                   RecvGrad (the simulator: its blocking send / receive tasks)
+                                   RecvGrad, waiting for the peer included (the simulator:
+                                   its blocking send / receive tasks, rendezvous included)
     dp sync                        ReduceGrads + ReduceTiedGrads (simulated: the gradient
                                    collectives, which block the stage: overlap_comm is off)
-    exposed comm                   p2p + dp sync (simulated: `exposed_comm_s`)
+    comm blocked                   p2p + dp sync: the exposed communication as the compute
+                                   thread sees it (the simulator's `exposed_comm_s` counts only
+                                   time with a transfer in flight, not the wait for a peer; it
+                                   is in the JSON as exposed_comm_in_flight)
     idle (bubble)                  makespan - forward - backward - optimizer
     makespan                       the last instruction's end over all ranks, from the
                                    iteration's barrier (simulated: `makespan_s`)
@@ -51,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 from amp_search.launch.launchers import LaunchContext, build_launch  # noqa: E402
 from amp_search.launch.orchestrator import PACKAGE_ROOT, _free_port  # noqa: E402
 from amp_search.launch.process import run_commands  # noqa: E402
+from amp_search.machine_load import OtherLoad  # noqa: E402
 from amp_search.records import Strategy  # noqa: E402
 from amp_search.trial.config import trial_config, trial_env  # noqa: E402
 from amp_search.trial.instructions import chrome_trace as measured_trace  # noqa: E402
@@ -66,7 +71,7 @@ CASES = {
 }
 """The trials: pp2 dp1 with gas 4 and 8 (even split), pp2 with an uneven split, pp1 dp2."""
 
-QUANTITIES = ("forward", "backward", "optimizer", "p2p", "dp_sync", "exposed_comm", "idle")
+QUANTITIES = ("forward", "backward", "optimizer", "p2p", "dp_sync", "comm_blocked", "idle")
 
 
 def case_strategy(spec, name: str) -> Strategy:
@@ -99,10 +104,13 @@ def run_traced_trial(spec, strategy: Strategy, trial_dir: Path, *, iters: int, w
                         master_port=_free_port(), trial_env=env)
     launch = build_launch("local", ranks, ctx, config_path)
     base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    load = OtherLoad()
     outcome = run_commands(launch.commands, base_env={**base, **env}, cwd=trial_dir,
                            log_path=trial_dir / "log.txt", timeout_s=timeout_s)
     try:
         result = json.loads(result_path.read_text())
+        result["other_processes_cores"] = load.others_cores()
+        result_path.write_text(json.dumps(result, indent=1))
     except (OSError, ValueError):
         result = None
     return outcome, result, read_traces(trial_dir)
@@ -132,7 +140,7 @@ def measured_stage_times(traces) -> tuple[dict, list[float]]:
                                                    "SendGrad", "RecvGrad"))
                 dps = by.get("ReduceGrads", 0.0) + by.get("ReduceTiedGrads", 0.0)
                 for q, v in (("forward", fwd), ("backward", bwd), ("optimizer", opt),
-                             ("p2p", p2p), ("dp_sync", dps), ("exposed_comm", p2p + dps),
+                             ("p2p", p2p), ("dp_sync", dps), ("comm_blocked", p2p + dps),
                              ("idle", makespans[i] - fwd - bwd - opt)):
                     rows[q].append(v)
         out[j] = {q: statistics.fmean(v) for q, v in rows.items()}
@@ -164,7 +172,8 @@ def simulated_stage_times(sim) -> dict:
         p2p = total(("send", "recv"), compute)
         dps = total(("allreduce", "reduce_scatter", "allgather"), dp_stream)
         out[j] = {"forward": fwd, "backward": bwd, "optimizer": opt, "p2p": p2p,
-                  "dp_sync": dps, "exposed_comm": sim.exposed_comm_s[j],
+                  "dp_sync": dps, "comm_blocked": p2p + dps,
+                  "exposed_comm_in_flight": sim.exposed_comm_s[j],
                   "idle": sim.idle_s[j], "makespan": sim.makespan_s}
     return out
 
@@ -259,8 +268,11 @@ def main(argv=None) -> int:
                 json.dumps(data, separators=(",", ":")))
         write_chrome_trace(sim, args.out / f"{name}.simulated.trace.json")
 
+        others = result.get("other_processes_cores")
         print(f"\n== {name}: {s.label()} partition {list(s.partition)} gas {s.gas}; "
-              f"{len(makespans)} timed iterations" + (f", trial {wall:.0f} s" if wall else ""))
+              f"{len(makespans)} timed iterations" + (f", trial {wall:.0f} s" if wall else "")
+              + (f"; other programs kept {others:.2f} cores busy meanwhile"
+                 if others is not None else ""))
         print(f"   measured mean iteration (result.json) {result['mean_s']:.4f} s; simulated "
               f"{sim.iteration_time_s:.4f} s calibrated ({_rel(sim.iteration_time_s, result['mean_s'])}),"
               f" {sims['profile_only'][0].iteration_time_s:.4f} s profile only "
@@ -285,7 +297,10 @@ def main(argv=None) -> int:
             "measured_makespans_s": makespans,
             "simulated_iteration_time_s": {k: v[0].iteration_time_s for k, v in sims.items()},
             "simulated_makespan_s": {k: v[0].makespan_s for k, v in sims.items()},
-            "stages": rows, "trial_wall_s": wall, "measurements": sources}
+            "stages": rows, "trial_wall_s": wall, "measurements": sources,
+            "other_processes_cores": others,
+            "simulated_exposed_comm_in_flight_s": {
+                k: list(v[0].exposed_comm_s) for k, v in sims.items()}}
     print("\nsim cal: simulated with the shipped calibration (as `plan`); sim prof: the layer "
           "and link profiles alone. diff: simulated / measured - 1. Traces (Perfetto): "
           f"{args.out}/<case>.{{measured,simulated,both}}.trace.json")
