@@ -17,8 +17,10 @@ Per stage it prints, as seconds per iteration (the mean over the timed iteration
     p2p                            time blocked in SendActivation / RecvActivation / SendGrad /
                                    RecvGrad, waiting for the peer included (the simulator:
                                    its blocking send / receive tasks, rendezvous included)
-    dp sync                        ReduceGrads + ReduceTiedGrads (simulated: the gradient
-                                   collectives, which block the stage: overlap_comm is off)
+    dp sync                        ReduceGrads + ReduceTiedGrads (simulated: the time a dp
+                                   collective is in flight while the stage does not compute;
+                                   ZeRO 0/1 reduce after the last instruction, so all of it;
+                                   ZeRO 3's gathers and reduce-scatters overlap the layers)
     comm blocked                   p2p + dp sync: the exposed communication as the compute
                                    thread sees it (the simulator's `exposed_comm_s` counts only
                                    time with a transfer in flight, not the wait for a peer; it
@@ -68,8 +70,12 @@ CASES = {
     "pp2-gas8": (2, 1, 2, None, 0),
     "pp2-uneven": (2, 1, 4, (0, 2), 0),
     "pp1-dp2": (1, 2, 2, None, 0),
+    "pp1-dp2-z3": (1, 2, 2, None, 3),
 }
-"""The trials: pp2 dp1 with gas 4 and 8 (even split), pp2 with an uneven split, pp1 dp2."""
+"""The trials: pp2 dp1 with gas 4 and 8 (even split), pp2 with an uneven split, pp1 dp2 with
+ZeRO 0 (DeepSpeed's pipeline engine with one stage) and with ZeRO 3 (the plain engine: its
+gathers and reduce-scatters run inside the timed forward and backward calls, so there the
+measured forward and backward include the exposed part of ZeRO 3's communication)."""
 
 QUANTITIES = ("forward", "backward", "optimizer", "p2p", "dp_sync", "comm_blocked", "idle")
 
@@ -119,9 +125,10 @@ def run_traced_trial(spec, strategy: Strategy, trial_dir: Path, *, iters: int, w
 # ----------------------------------------------------------------------------- measured
 
 def measured_stage_times(traces) -> tuple[dict, list[float]]:
-    """Per stage, the mean over the timed iterations of each quantity (seconds; a stage's
-    replicas and tensor ranks averaged), and each iteration's makespan (the last
-    instruction's end over all ranks)."""
+    """Per stage, the median over the timed iterations of each quantity (seconds; a stage's
+    replicas and tensor ranks averaged; the median, as other programs on a shared machine
+    slow some iterations), and each iteration's makespan (the last instruction's end over
+    all ranks)."""
     n_it = min(len(t.iterations) for t in traces)
     makespans = [max(t.iterations[i][-1].end_s for t in traces if t.iterations[i])
                  for i in range(n_it)]
@@ -143,12 +150,34 @@ def measured_stage_times(traces) -> tuple[dict, list[float]]:
                              ("p2p", p2p), ("dp_sync", dps), ("comm_blocked", p2p + dps),
                              ("idle", makespans[i] - fwd - bwd - opt)):
                     rows[q].append(v)
-        out[j] = {q: statistics.fmean(v) for q, v in rows.items()}
-        out[j]["makespan"] = statistics.fmean(makespans)
+        # rows hold rank after rank, each its iterations: v[i::n_it] is iteration i
+        out[j] = {q: statistics.median(statistics.fmean(v[i::n_it]) for i in range(n_it))
+                  for q, v in rows.items()}
+        out[j]["makespan"] = statistics.median(makespans)
     return out, makespans
 
 
 # ----------------------------------------------------------------------------- simulated
+
+def _union(start, end) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(zip(start.tolist(), end.tolist())):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        elif b > a:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _uncovered(start, end, cover_start, cover_end) -> float:
+    """Length of the union of [start, end) less the part the union of the cover holds."""
+    total = 0.0
+    cover = _union(cover_start, cover_end)
+    for a, b in _union(start, end):
+        covered = sum(max(0.0, min(b, d) - max(a, c)) for c, d in cover)
+        total += (b - a) - covered
+    return total
+
 
 def simulated_stage_times(sim) -> dict:
     """The same quantities of a simulated iteration (cost_models.schedule.SimulatedIteration)."""
@@ -170,7 +199,11 @@ def simulated_stage_times(sim) -> dict:
         bwd = total(("backward", "recompute"), compute)
         opt = total(("optimizer",), compute)
         p2p = total(("send", "recv"), compute)
-        dps = total(("allreduce", "reduce_scatter", "allgather"), dp_stream)
+        busy = on & compute & np.isin(t.kind, [KINDS.index(k) for k in
+                                               ("forward", "backward", "recompute",
+                                                "optimizer")])
+        dps = _uncovered(t.start_s[on & dp_stream], t.end_s[on & dp_stream],
+                         t.start_s[busy], t.end_s[busy])
         out[j] = {"forward": fwd, "backward": bwd, "optimizer": opt, "p2p": p2p,
                   "dp_sync": dps, "comm_blocked": p2p + dps,
                   "exposed_comm_in_flight": sim.exposed_comm_s[j],
@@ -182,13 +215,14 @@ def simulate_case(spec, strategy: Strategy, calibrated: bool):
     from cost_models.params import CostParams
 
     from amp_search.measurements import load_measurements
-    from amp_search.planner import CostModel
+    from amp_search.planner import CostModel, evaluate
     from amp_search.resources import profiles_dir
     from amp_search.simulate import simulate
 
     m = load_measurements(spec, profiles_dir())
     model = CostModel(spec, measurements=m, cost_params=None if calibrated else CostParams())
-    return simulate(model, strategy), model.sources()
+    closed = evaluate(spec, strategy, model=model).analytic_iteration_time_s
+    return simulate(model, strategy), model.sources(), closed
 
 
 # ----------------------------------------------------------------------------- report
@@ -256,9 +290,9 @@ def main(argv=None) -> int:
                 report["cases"][name] = {"status": "failed"}
                 continue
         meas, makespans = measured_stage_times(traces)
-        sims = {}
+        sims, closed = {}, {}
         for key, calibrated in (("calibrated", True), ("profile_only", False)):
-            sim, sources = simulate_case(spec, s, calibrated)
+            sim, sources, closed[key] = simulate_case(spec, s, calibrated)
             sims[key] = (sim, simulated_stage_times(sim))
         sim = sims["calibrated"][0]
         median_it = int(np.argsort(makespans)[len(makespans) // 2])
@@ -273,10 +307,13 @@ def main(argv=None) -> int:
               f"{len(makespans)} timed iterations" + (f", trial {wall:.0f} s" if wall else "")
               + (f"; other programs kept {others:.2f} cores busy meanwhile"
                  if others is not None else ""))
-        print(f"   measured mean iteration (result.json) {result['mean_s']:.4f} s; simulated "
+        print(f"   measured iteration (result.json) mean {result['mean_s']:.4f} s, median "
+              f"{statistics.median(result['iteration_times_s'][args.warmup:]):.4f} s; simulated "
               f"{sim.iteration_time_s:.4f} s calibrated ({_rel(sim.iteration_time_s, result['mean_s'])}),"
               f" {sims['profile_only'][0].iteration_time_s:.4f} s profile only "
-              f"({_rel(sims['profile_only'][0].iteration_time_s, result['mean_s'])})")
+              f"({_rel(sims['profile_only'][0].iteration_time_s, result['mean_s'])}); closed "
+              f"form (eq. 5 + 4, calibrated) {closed['calibrated']:.4f} s "
+              f"({_rel(closed['calibrated'], result['mean_s'])})")
         print(f"   {'stage':>5} {'quantity':>13} {'measured':>9} {'sim cal':>9} {'diff':>6} "
               f"{'sim prof':>9} {'diff':>6}")
         rows = {}
@@ -290,12 +327,38 @@ def main(argv=None) -> int:
                                     "simulated_profile_only_s": b}
                 print(f"   {j if q != 'makespan' else 'all':>5} {q:>13} {m:9.4f} {a:9.4f} "
                       f"{_rel(a, m):>6} {b:9.4f} {_rel(b, m):>6}")
+        # the shape, apart from the level: scale the simulation by the measured compute
+        sim_rows = sims["calibrated"][1]
+        m_comp = sum(meas[j]["forward"] + meas[j]["backward"] for j in range(s.pp))
+        s_comp = sum(sim_rows[j]["forward"] + sim_rows[j]["backward"] for j in range(s.pp))
+        level = m_comp / s_comp if s_comp > 0 else float("nan")
+        m_span = meas[0]["makespan"]
+        share = {
+            "measured_idle_share": [meas[j]["idle"] / m_span for j in range(s.pp)],
+            "simulated_idle_share": [sim_rows[j]["idle"] / sim.makespan_s for j in range(s.pp)],
+            "measured_comm_blocked_share": [meas[j]["comm_blocked"] / m_span
+                                            for j in range(s.pp)],
+            "simulated_comm_blocked_share": [sim_rows[j]["comm_blocked"] / sim.makespan_s
+                                             for j in range(s.pp)]}
+        print(f"   level: measured forward+backward = {level:.2f} x simulated (calibrated); "
+              f"simulated makespan x {level:.2f} = {sim.makespan_s * level:.4f} s against "
+              f"{m_span:.4f} s measured ({_rel(sim.makespan_s * level, m_span)})")
+        print("   share of the makespan, measured / simulated: idle " + ", ".join(
+            f"stage {j} {a:.0%} / {b:.0%}" for j, (a, b) in enumerate(
+                zip(share["measured_idle_share"], share["simulated_idle_share"])))
+              + "; comm blocked " + ", ".join(
+            f"stage {j} {a:.0%} / {b:.0%}" for j, (a, b) in enumerate(
+                zip(share["measured_comm_blocked_share"],
+                    share["simulated_comm_blocked_share"]))))
+        timed = result["iteration_times_s"][args.warmup:]
         report["cases"][name] = {
-            "status": "ok", "strategy": s.to_dict(), "gas": s.gas,
+            "status": "ok", "level": level, "shares": share,
+            "measured_median_s": statistics.median(timed), "strategy": s.to_dict(), "gas": s.gas,
             "measured_mean_s": result["mean_s"],
             "measured_iteration_times_s": result["iteration_times_s"],
             "measured_makespans_s": makespans,
             "simulated_iteration_time_s": {k: v[0].iteration_time_s for k, v in sims.items()},
+            "closed_form_iteration_time_s": closed,
             "simulated_makespan_s": {k: v[0].makespan_s for k, v in sims.items()},
             "stages": rows, "trial_wall_s": wall, "measurements": sources,
             "other_processes_cores": others,

@@ -51,6 +51,15 @@ What is simulated (one pipeline replica; the other dp replicas run the same time
   "all_reduce" for ZeRO 0, "reduce_scatter" for ZeRO 1 and 2) of ``dp`` ranks. The optimizer
   step waits for every bucket of its stage; ``gather_bytes_after_step`` (ZeRO 1 and 2, or
   DeepSpeed's BF16_Optimizer) adds a ring all-gather of the updated weights after the step.
+- ZeRO 3 (pp = 1; the ``zero3_*`` arguments): the stage's compute runs layer by layer, and
+  every layer's forward and backward waits for an all-gather of that layer's parameters,
+  which the task before it issued when it started (DeepSpeed's prefetch of the next
+  parameters, one at a time, on its own stream); every layer's backward then queues a
+  reduce-scatter of its gradients on the dp stream, overlapped with the rest of the backward
+  (overlap_comm, DeepSpeed's default for stage 3); the optimizer step waits for all of them.
+  Gathers and reduce-scatters share the dp link. With free links this is the plain schedule;
+  on slow links each pass exposes at least its first gather (tests/test_simulate.py works a
+  case by hand).
 - Flows and bandwidth sharing (Proteus's assumption, as a flow-level fluid model). A transfer
   or collective is a flow: first its latency (``steps(n) * latency_s`` of
   `cost_models.comm`, during which it uses no bandwidth), then its wire bytes
