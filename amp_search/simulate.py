@@ -43,10 +43,13 @@ strategy on its placement and layer split, from the same cost terms as AMP eq. 5
   one iteration moves the closed form's volume, with one ring latency per layer and
   collective where the closed form has one per collective. The layer times are the stage's
   forward and backward (recomputation included) split in proportion to `pass_times`'
-  per-layer device time. DeepSpeed keeps a parameter gathered between its forward and its
-  backward when it is reused within stage3_max_reuse_distance (1e9 elements by default),
-  so on models far below that size the backward's gathers may not happen; the simulator
-  follows the closed form's (and the ZeRO paper's) 1.5x volume.
+  per-layer device time. Two DeepSpeed defaults (runtime/zero/config.py, 0.19.8) this
+  leaves out: it prefetches up to stage3_prefetch_bucket_size (5e7) elements ahead, where
+  the simulator fetches one layer ahead (conservative for layers far smaller than that);
+  and it keeps a parameter gathered between its forward and its backward when it is reused
+  within stage3_max_reuse_distance (1e9 elements), so on models far below that size the
+  backward's gathers may not happen; the simulator follows the closed form's (and the ZeRO
+  paper's, Rajbhandari et al. 2020 section 7) 1.5x volume.
 
 Each flow has its own link at the bandwidth the cost model gives it; the cost model already
 divides a NIC among the flows that cross it at once (static sharing, amp_search.topology).

@@ -37,6 +37,39 @@ measured instructions of the median iteration and the simulated iteration as Chr
 The trials are not recorded in the results database (they are instrumented, and short); the
 trial directories stay under --out. A benchmark: it reads the command line; the library code
 it calls does not.
+
+Findings, 2026-11-22 (`--iters 14 --warmup 4`, two runs at 15:50 and 16:12 UTC; other
+programs kept 1.0 to 1.4 of the 2 cores busy during every trial, so each measured figure is
+high by that load; pairs below are run 1, run 2):
+
+- Order and P2P. Every rank runs `deepspeed_train_order` exactly (tests/
+  test_instruction_trace.py). A send returns in 0.3-0.4 ms when its receiver already
+  waits, and otherwise blocks until the receiver posts (a SendGrad of 45 ms): the
+  rendezvous that p2p_mode "blocking" assumes.
+- Shape. The bubble (idle share of the makespan), measured / simulated, pp 2: stage 0
+  33/35 and 30/35 % (gas 4), 27/28 and 31/28 % (gas 8), 62/70 and 64/70 % (uneven 2/4
+  split); stage 1 10/17 and 12/17, 11/11 and 9/11, 8/8 and 5/8 %. Scaled to the measured
+  compute level (measured forward + backward = 1.10 to 1.64 x simulated), the pp 2
+  makespans are within -1 % to -13 % of the measured ones.
+- Level. Per pass the profile's times are 10-25 % under the median instruction and 5-8 %
+  under the fastest (pp2-gas4 stage 0: forward 27 ms simulated, 31 ms median, 27.8 ms
+  fastest; backward 47.6 / 55 / 50.8 ms). The measured time outside the instructions is
+  under 1 ms per iteration, so the calibration's 0.119 s step overhead, which brings the
+  simulated iteration to -8 to -14 % of the measured one for the even pp 2 splits, stands
+  in for slower compute, not for a per-iteration cost.
+- Optimizer step. The last stage's OptimizerStep takes 45-70 ms against 6 ms simulated:
+  gradient clipping (the trials' gradient_clipping 1.0) all-reduces the gradient norm over
+  the pipeline, so every stage's step ends within 2 ms of stage 0's. The simulator steps
+  each stage on its own; stage 0 ends last in 1F1B, so the makespan does not move.
+- dp 2, ZeRO 0. ReduceGrads takes 64 / 124 ms against a simulated 18 ms all-reduce of the
+  17 MB of fp32 gradients (calibrated link; 6 ms on the link profile alone): DeepSpeed's
+  allreduce_gradients also flattens and copies the buckets on the host, which the link
+  profile (bare all-reduces) does not hold.
+- ZeRO 3 (the plain engine, dp 2). Measured 1.27 / 1.29 s (median iteration) against 0.51 s
+  simulated and 0.60 s by the closed form: forward and backward take 3.4-3.6 x the
+  profile's time (ZeRO 3's per-module fetch / release hooks on the host), where the
+  simulator's per-layer gathers expose 24 ms. Scaled to the measured compute level the
+  simulation is within +5 / +8 %: the host cost of ZeRO 3's hooks is the missing term.
 """
 from __future__ import annotations
 
@@ -98,6 +131,7 @@ def run_traced_trial(spec, strategy: Strategy, trial_dir: Path, *, iters: int, w
     torchrun); returns (ProcessOutcome, result dict or None, [RankTrace, ...])."""
     device_node = {d.id: (d.node, d.local_rank) for d in spec.cluster.devices}
     ranks = assign_ranks(strategy, device_node, {n.id: "localhost" for n in spec.cluster.nodes})
+    trial_dir = Path(trial_dir).resolve()         # the processes run inside it
     trial_dir.mkdir(parents=True, exist_ok=True)
     result_path = trial_dir / "result.json"
     cfg = trial_config(spec, strategy, ranks, iters=iters, warmup=warmup, seed=1234,
