@@ -41,7 +41,8 @@ from .launch.hostfile import HostSlots, format_hostfile
 from .launch.launchers import (LOCAL_HOSTS, LaunchContext, build_launch, torchrun_node,
                                trial_nodes, trial_program)
 from .launch.megatron import (check_gpt_chain, megatron_args, megatron_nodes,
-                              megatron_program, split_args, stage_layer_counts)
+                              megatron_program, split_args, stage_layer_counts,
+                              virtual_stage_args)
 from .launch.orchestrator import LaunchOptions, _check, node_hosts, preflight
 from .records import Estimate, Strategy
 from .spec import Spec
@@ -67,6 +68,7 @@ STRATEGY_KNOBS: tuple[tuple[str, str], ...] = (
     ("activation_checkpointing", "full recomputation of each transformer block"),
     ("selective_recompute", "recomputation of the attention core only (Korthikanti et al.)"),
     ("sequence_parallel", "sequence parallelism over the tensor group"),
+    ("virtual_stages", "model chunks per stage (> 1: Megatron-LM's interleaved 1F1B)"),
     ("placement_order", "node order the ranks were placed over"),
 )
 """What the exported README lists about the strategy: one line per knob (a knob's flags come
@@ -223,6 +225,14 @@ def deepspeed_partition_method(spec: Spec, s: Strategy) -> str | None:
 def megatron_split(spec: Spec, s: Strategy) -> dict:
     """How Megatron-LM is told the planned split: form, arguments, and whether it is exact."""
     layers = spec.model.layers
+    if s.virtual_stages > 1:
+        args = virtual_stage_args(layers, s)
+        counts = stage_layer_counts(layers, s.partition)
+        return {"blocks_per_chunk": counts, "args": args, "exact": True, "form": "interleaved",
+                "note": f"{s.virtual_stages} model chunks of {counts[0]} transformer blocks on "
+                        f"each stage (stage j runs chunks j, j + {s.pp}, ...): "
+                        f"--num-layers-per-virtual-pipeline-stage {counts[0]} gives it exactly "
+                        f"(Megatron-LM's interleaved 1F1B)"}
     args = split_args(layers, s.partition)
     counts = stage_layer_counts(layers, s.partition)
     out = {"blocks_per_stage": counts, "args": args, "exact": True}
@@ -256,7 +266,9 @@ def _readme(title: str, spec: Spec, s: Strategy, predicted_s: float | None,
     lines += [f"- {what} (`{k}`): {d[k]}" for k, what in STRATEGY_KNOBS if k in d]
     bounds = list(s.partition)
     lines += [f"- layer boundaries (`partition`): {bounds}; stage j runs layers "
-              f"partition[j] .. partition[j+1]-1", "", "## Files", ""]
+              f"partition[j] .. partition[j+1]-1" if s.virtual_stages == 1 else
+              f"- layer boundaries (`partition`): {bounds}; model chunk k runs layers "
+              f"partition[k] .. partition[k+1]-1 on stage k mod {s.pp}", "", "## Files", ""]
     lines += [f"- `{f.path}`: {f.what}" for f in files]
     lines += ["- `README.md`: this file", "", "## Running it on a real cluster", ""]
     if placeholder:

@@ -48,10 +48,14 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
                             for gs in stage_gpus]
     out = []
     for j in range(s.pp):
-        st = _stage_bytes(spec.model.layers[s.partition[j]:s.partition[j + 1]], j, s.pp, s.dp,
-                          s.tmp, s.mbs, s.gas, s.zero_stage, s.activation_checkpointing,
-                          t.precision, bool(attention_scores[j]), s.sequence_parallel,
-                          s.selective_recompute)
+        if s.virtual_stages > 1:
+            st = _interleaved_stage_bytes(spec, s, j, bool(attention_scores[j]))
+        else:
+            st = _stage_bytes(spec.model.layers[s.partition[j]:s.partition[j + 1]], j, s.pp,
+                              s.dp, s.tmp, s.mbs, s.gas, s.zero_stage,
+                              s.activation_checkpointing, t.precision,
+                              bool(attention_scores[j]), s.sequence_parallel,
+                              s.selective_recompute)
         capacity = capacity_bytes[j]
         overhead = t.framework_overhead_bytes + st.buffer_bytes
         peak = (st.parameter_bytes + st.gradient_bytes + st.optimizer_bytes
@@ -63,6 +67,38 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
                                peak_bytes=peak,
                                capacity_bytes=int(capacity * (1.0 - t.memory_headroom))))
     return tuple(out)
+
+
+def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
+                             attention_scores: bool) -> M.StageBytes:
+    """Stage j's parts under the interleaved schedule (v > 1, Megatron-LM): the model states
+    of all its chunks' layers; the saved activations of the chunk micro-batches it holds at
+    once (cost_models.memory.interleaved_saved_activation_bytes: pp + (pp-1)/v micro-batches'
+    worth on the first stage with equal chunks) plus the recomputation working set; no
+    DeepSpeed pipeline buffers (Megatron sends and frees its outputs)."""
+    t = spec.training
+    layers = spec.model.layers
+    chunks = [layers[a:z] for a, z in s.stage_layer_ranges(j)]
+    device = tuple(x for c in chunks for x in c)
+    st = _stage_bytes(device, s.pp - 1, s.pp, s.dp, s.tmp, s.mbs, s.gas, s.zero_stage,
+                      s.activation_checkpointing, t.precision, attention_scores,
+                      s.sequence_parallel, s.selective_recompute)
+    g = t.bytes_per_element
+    kw = dict(mbs=s.mbs, tmp=s.tmp, bytes_per_element=g, attention_scores=attention_scores,
+              sequence_parallel=s.sequence_parallel)
+    selective = s.selective_recompute and not s.activation_checkpointing
+    per_chunk = [sum(M.layer_activation_bytes(x, recompute=s.activation_checkpointing,
+                                              selective=selective, **kw) for x in c)
+                 for c in chunks]
+    # one micro-batch in flight (the last stage's count): per-micro-batch bytes + working set
+    one = M.stage_saved_activation_bytes(device, stage=s.pp - 1, pp=s.pp, gas=s.gas,
+                                         recompute=s.activation_checkpointing,
+                                         selective=s.selective_recompute, **kw)
+    act = M.interleaved_saved_activation_bytes(per_chunk, stage=j, pp=s.pp, gas=s.gas) \
+        + one - sum(per_chunk)
+    return M.StageBytes(parameter_bytes=st.parameter_bytes, gradient_bytes=st.gradient_bytes,
+                        optimizer_bytes=st.optimizer_bytes, buffer_bytes=st.buffer_bytes,
+                        activation_bytes=int(act))
 
 
 @lru_cache(maxsize=65536)

@@ -115,6 +115,21 @@ class PlacedLayout:
     """(bandwidth [pp-1], crosses nodes [pp-1]) of each stage boundary; None: pp 1."""
 
 
+def measured_overheads(measurements: Measurements) -> tuple[CostParams, str]:
+    """The uncalibrated coefficients: none, except the framework's fixed costs where `amp-search
+    profile` measured them with real trials (amp_search.profiling.framework); with several
+    device types, the largest of each (the slowest host sets the pace of a synchronous
+    step)."""
+    found = [(name, p.framework_overheads) for name, p in
+             sorted(measurements.layer_profiles.items()) if p.framework_overheads is not None]
+    if not found:
+        return CostParams(), "uncalibrated"
+    params = CostParams(microbatch_overhead_s=max(f.microbatch_overhead_s for _, f in found),
+                        step_overhead_s=max(f.step_overhead_s for _, f in found))
+    where = ", ".join(measurements.layer_profiles[n].source for n, _ in found)
+    return params, f"uncalibrated + framework overheads measured in {where}"
+
+
 class CostModel:
     """Everything about a spec that does not depend on the strategy, computed once; then
     `evaluate()` costs one strategy in well under a millisecond plus its DP."""
@@ -129,7 +144,7 @@ class CostModel:
             self.params, self.params_source = (measurements.calibration,
                                                measurements.calibration_source)
         else:
-            self.params, self.params_source = CostParams(), "uncalibrated"
+            self.params, self.params_source = measured_overheads(measurements)
         precision = spec.training.precision
         for name, profile in measurements.layer_profiles.items():
             if profile.device != name or profile.precision != precision:
@@ -208,7 +223,8 @@ class CostModel:
                             zero_stage=c.zero_stage,
                             activation_checkpointing=c.activation_checkpointing,
                             selective_recompute=c.selective_recompute,
-                            sequence_parallel=c.sequence_parallel)
+                            sequence_parallel=c.sequence_parallel,
+                            virtual_stages=c.virtual_stages)
         return self._assemble(strategy, costs, layout.capacity_bytes, scores)
 
     def layout(self, c: Candidate, order: DeviceOrder | None = None,
@@ -428,6 +444,13 @@ class CostModel:
                    partition: str | tuple[int, ...], scores: bool) -> tuple[int, ...]:
         if isinstance(partition, tuple):
             return partition
+        if c.virtual_stages > 1:
+            # The interleaved schedule's chunks: Megatron-LM's uniform split of the blocks
+            # into v*pp chunks (--num-layers-per-virtual-pipeline-stage), chunk k on stage
+            # k mod pp, the embedding with chunk 0 and the head with the last; the only
+            # assignment Megatron runs, so the DP does not move layers between chunks.
+            return uniform_partition(self.num_layers, c.virtual_stages * c.pp,
+                                     first=self.first_fixed, last=self.last_fixed)
         if partition == "uniform":
             return uniform_partition(self.num_layers, c.pp, first=self.first_fixed,
                                      last=self.last_fixed)
@@ -458,6 +481,31 @@ class CostModel:
                 P.stage_totals(mem_layer, uniform) <= mem_budget)):
             candidates.append(uniform)
         return min(candidates, key=lambda b: self._objective_s(costs, b, gas))
+
+    def _assemble_interleaved(self, strategy: Strategy, costs: StageCosts, capacity: np.ndarray,
+                              scores: list[bool]) -> Estimate:
+        """`_assemble` for v > 1 model chunks per stage: the interleaved schedule's closed form
+        (cost_models.pipeline.interleaved_1f1b_time_s, Megatron-LM's P2P), then eq. 4."""
+        s, gas, v = strategy, strategy.gas, strategy.virtual_stages
+        stage_time, stage_tp, cuts, wrap, sync, step = _interleaved_parts(costs, s)
+        share = P.P2P_BLOCKING_SHARE["megatron"]     # only Megatron-LM runs this schedule
+        pipeline = P.interleaved_1f1b_time_s(stage_time, cuts, gas, v, blocking_share=share,
+                                             wrap_time_s=wrap)
+        total = P.iteration_time_s(pipeline, sync + step, costs.step_overhead_s)
+        b = int(np.argmax(stage_time))
+        bubble = float((stage_time.sum() - stage_time[b]) / v)
+        steady_p2p = pipeline - (gas * stage_time[b] + bubble + cuts.sum())
+        f = int(np.argmax(sync + step))
+        breakdown = Breakdown(
+            compute_s=float(gas * (stage_time[b] - stage_tp[b]) + costs.step_overhead_s),
+            pipeline_bubble_s=bubble, p2p_s=float(cuts.sum() + steady_p2p),
+            tensor_parallel_s=float(gas * stage_tp[b]), data_parallel_s=float(sync[f]),
+            optimizer_s=float(step[f]))
+        return Estimate(strategy=s, iteration_time_s=total, breakdown=breakdown,
+                        stage_time_s=tuple(float(x) for x in stage_time),
+                        memory=stage_memory(self.spec, s, capacity_bytes=capacity,
+                                            attention_scores=scores),
+                        timing_sources=self.sources())
 
     def _objective_s(self, costs: StageCosts, bounds, gas: int) -> float:
         """The iteration time `_assemble` gives the split `bounds` (eq. 4 over the 1F1B time)."""
@@ -493,6 +541,8 @@ class CostModel:
     def _assemble(self, strategy: Strategy, costs: StageCosts, capacity: np.ndarray,
                   scores: list[bool]) -> Estimate:
         """AMP eq. 5 and 4 on the chosen split, with the breakdown and the memory check."""
+        if strategy.virtual_stages > 1:
+            return self._assemble_interleaved(strategy, costs, capacity, scores)
         bounds, gas = strategy.partition, strategy.gas
         stage_time = P.stage_totals(costs.layer_s, bounds) + costs.microbatch_overhead_s
         stage_tp = P.stage_totals(costs.tensor_parallel_s, bounds)
@@ -520,6 +570,19 @@ class CostModel:
                         timing_sources=self.sources())
 
 
+def _interleaved_parts(costs: StageCosts, s: Strategy):
+    """Per device stage, the interleaved split's totals: (t_j with the per-micro-batch
+    overhead, tensor-parallel part of t_j, e_j of the pp - 1 boundaries, the wrap-around e,
+    sync_j, step_j); chunk boundaries from cost_models.pipeline.chunk_* ."""
+    b, pp = s.partition, s.pp
+    stage_time = P.chunk_device_totals(costs.layer_s, b, pp) + costs.microbatch_overhead_s
+    stage_tp = P.chunk_device_totals(costs.tensor_parallel_s, b, pp)
+    cuts, wrap = P.chunk_boundary_times(costs.cut_s, b, pp)
+    sync = costs.sync_fixed_s + P.chunk_device_totals(costs.sync_s, b, pp)
+    step = P.chunk_device_totals(costs.optimizer_s, b, pp)
+    return stage_time, stage_tp, cuts, wrap, sync, step
+
+
 def _leading(layers, kind: str) -> int:
     """How many layers of `kind` open the chain."""
     n = 0
@@ -535,13 +598,16 @@ def _leading(layers, kind: str) -> int:
 def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
          cost_params: CostParams | None = None, progress: bool = False,
          max_search_s: float | None = None, on_start=None,
-         simulate_top: int | None = None) -> Plan:
+         simulate_top: int | None = None, backend: str | None = None) -> Plan:
     """Rank every feasible strategy for `spec` (AMP Algorithm 1, lines 1-7).
 
     `simulate_top`: simulate the best N strategies of the exact DP's ranking event by event
     and re-order them by the simulated time (`simulate_ranking`; default
     amp_search.simulate.DEFAULT_SIMULATE_TOP; 0: the closed form only), and the Megatron
     baseline with them.
+
+    `backend`: deepspeed | megatron, the framework the plan is for (None: any); the search
+    space's rules drop what it cannot run (search_space.interleaved_backend).
 
     `measurements`: layer profiles, link fits and calibration to use (default: none, the
     analytic model on the packaged catalog). `max_search_s`: refuse (SearchTooLarge) a search
@@ -552,7 +618,7 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
 
     t0 = time.perf_counter()
     model = CostModel(spec, measurements=measurements, cost_params=cost_params)
-    space = SearchSpace.of(spec)
+    space = SearchSpace.of(spec, backend)
     pruned: Counter = Counter()
     candidates = enumerate_candidates(space, pruned)
     check_batch_has_a_degree(space, candidates, pruned)
@@ -667,13 +733,17 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
              placement_order: str | None = None,
              measurements: Measurements = NO_MEASUREMENTS,
              cost_params: CostParams | None = None, simulate: bool = False,
-             sequence_parallel: bool | None = None) -> Estimate:
+             sequence_parallel: bool | None = None,
+             virtual_stages: int | None = None) -> Estimate:
     """Predict one given strategy (the best of the placement orders unless one is named).
     It must satisfy the search space's rules (Infeasible otherwise, naming the rule). A
     strategy that does not fit in memory is still estimated, with `fits` False. simulate:
     also simulate the chosen one's iteration (amp_search.simulate.with_simulation), which
     then gives its iteration_time_s. `activation_checkpointing`: none | selective | full (True
-    is full, False none); None and `sequence_parallel` None take the spec's first value."""
+    is full, False none); None and `sequence_parallel` None take the spec's first value.
+    `virtual_stages`: model chunks per stage (None: the spec's first value; > 1 the
+    interleaved schedule, with Megatron-LM's uniform chunks unless `partition` gives v*pp+1
+    boundaries)."""
     n, L = spec.cluster.num_devices, spec.model.num_layers
     for name, v in (("pp", pp), ("dp", dp), ("tmp", tmp), ("mbs", mbs)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -694,17 +764,22 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
                          f"{', '.join(RECOMPUTE_MODES)}")
     sp = spec.training.sequence_parallel[0] if sequence_parallel is None \
         else bool(sequence_parallel)
+    vs = spec.training.virtual_pipeline_stages[0] if virtual_stages is None else virtual_stages
+    if isinstance(vs, bool) or not isinstance(vs, int) or vs < 1:
+        raise UsageError(f"--virtual-stages must be a positive integer, got {vs!r}")
     c = Candidate.of(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero, recompute=ckpt,
-                     sequence_parallel=sp)
+                     sequence_parallel=sp, virtual_stages=vs)
     violation = first_violation(SearchSpace.of(spec), c)
     if violation is not None:
         raise violation.error()
     model = CostModel(spec, measurements=measurements, cost_params=cost_params)
     if isinstance(partition, tuple):
-        if len(partition) != pp + 1 or partition[0] != 0 or partition[-1] != L or \
+        n = vs * pp + 1
+        if len(partition) != n or partition[0] != 0 or partition[-1] != L or \
                 any(a >= b for a, b in zip(partition, partition[1:])):
-            raise UsageError(f"--partition {','.join(map(str, partition))}: expected {pp + 1} "
-                             f"strictly increasing boundaries from 0 to {L}")
+            raise UsageError(f"--partition {','.join(map(str, partition))}: expected {n} "
+                             f"strictly increasing boundaries from 0 to {L}" + (
+                                 f" (one per model chunk: v*pp + 1 = {n})" if vs > 1 else ""))
     elif partition == "uniform":
         try:
             uniform_partition(L, pp, first=model.first_fixed, last=model.last_fixed)
@@ -735,6 +810,7 @@ def evaluate(spec: Spec, strategy: Strategy, *, measurements: Measurements = NO_
                   zero_stage=strategy.zero_stage,
                   activation_checkpointing=strategy.activation_checkpointing,
                   selective_recompute=strategy.selective_recompute,
-                  sequence_parallel=strategy.sequence_parallel)
+                  sequence_parallel=strategy.sequence_parallel,
+                  virtual_stages=strategy.virtual_stages)
     return model.evaluate(c, placement=np.array(strategy.placement, dtype=np.int64),
                           partition=tuple(strategy.partition))

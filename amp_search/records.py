@@ -25,7 +25,9 @@ class Strategy:
     global_batch_size: int
     """Samples per iteration over all replicas."""
     partition: tuple[int, ...]
-    """Layer boundaries, len pp+1: stage j runs layers partition[j] .. partition[j+1]-1."""
+    """Layer boundaries, len v*pp+1 (v = virtual_stages): model chunk k runs layers
+    partition[k] .. partition[k+1]-1 on stage k mod pp; with v = 1, stage j runs layers
+    partition[j] .. partition[j+1]-1."""
     placement: Placement
     """Device id of each (stage, replica, tensor rank)."""
     placement_order: str = "listed"
@@ -39,6 +41,19 @@ class Strategy:
     al. 2022); never together with activation_checkpointing."""
     sequence_parallel: bool = False
     """Sequence parallelism over the tensor group (Korthikanti et al. 2022); tmp > 1 only."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline stage: v > 1 runs Megatron-LM's interleaved 1F1B schedule
+    (Narayanan et al., SC'21, section 2.2.2); 1 is plain 1F1B."""
+
+    def stage_layer_ranges(self, stage: int) -> tuple[tuple[int, int], ...]:
+        """The (first, end) layer ranges pipeline stage `stage` runs: its v model chunks
+        stage, stage + pp, ..., in the order of the model."""
+        b = self.partition
+        return tuple((b[k], b[k + 1]) for k in range(stage, len(b) - 1, self.pp))
+
+    def stage_layers(self, stage: int) -> tuple[int, ...]:
+        """Every layer index pipeline stage `stage` runs."""
+        return tuple(i for a, z in self.stage_layer_ranges(stage) for i in range(a, z))
 
     @property
     def recompute(self) -> str:
@@ -60,7 +75,8 @@ class Strategy:
         return f"pp{self.pp}-dp{self.dp}-tmp{self.tmp}-mbs{self.mbs}-z{self.zero_stage}" + (
             "-ckpt" if self.activation_checkpointing else "") + (
             "-sel" if self.selective_recompute and not self.activation_checkpointing else "") + (
-            "-sp" if self.sequence_parallel else "")
+            "-sp" if self.sequence_parallel else "") + (
+            f"-v{self.virtual_stages}" if self.virtual_stages > 1 else "")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -82,6 +98,7 @@ class Strategy:
             selective_recompute=bool(d.get("selective_recompute",
                                            d.get("recompute") == "selective")),
             sequence_parallel=bool(d.get("sequence_parallel", False)),
+            virtual_stages=int(d.get("virtual_stages", 1)),
         )
 
 
@@ -226,6 +243,7 @@ class Estimate:
             "zero_stage": s.zero_stage,
             "activation_checkpointing": s.activation_checkpointing,
             "recompute": s.recompute, "sequence_parallel": s.sequence_parallel,
+            "virtual_stages": s.virtual_stages,
             "partition": list(s.partition),
             "placement": [[list(r) for r in st] for st in s.placement],
             "placement_order": s.placement_order,

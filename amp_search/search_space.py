@@ -18,6 +18,22 @@ rules are written once:
                                                               regions: tmp > 1 only
     sequence_divides_tmp        sequence_not_divisible_by_tmp each tensor rank holds s/t
                                                               tokens
+    virtual_stages_need_pipeline  virtual_stages_without_pipeline  v > 1 model chunks per
+                                                              stage interleave a pipeline:
+                                                              pp > 1 (pp > 2 under the
+                                                              megatron backend: Megatron-LM
+                                                              v0.7 asserts it)
+    interleaved_microbatches    microbatches_not_multiple_of_pp  Megatron-LM's interleaved
+                                                              schedule raises unless the
+                                                              micro-batch count is a multiple
+                                                              of pp
+    chunks_split_blocks         blocks_not_divisible_by_chunks  the v*pp chunks hold equal
+                                                              numbers of transformer blocks
+                                                              (--num-layers-per-virtual-
+                                                              pipeline-stage), at least one
+    interleaved_backend         interleaved_under_deepspeed   DeepSpeed's PipelineEngine has no
+                                                              interleaved schedule (search
+                                                              for the deepspeed backend only)
 
 and one equivalence, applied by the search only (an equivalent point is a valid strategy, so
 `estimate` accepts it):
@@ -63,11 +79,15 @@ class Reason(str, Enum):
     SEQUENCE_PARALLEL_WITHOUT_TP = "sequence_parallel_without_tp"
     SEQUENCE_NOT_DIVISIBLE = "sequence_not_divisible_by_tmp"
     SELECTIVE_WITH_FLASH = "selective_with_flash_attention"
+    VIRTUAL_STAGES_WITHOUT_PIPELINE = "virtual_stages_without_pipeline"
+    MICROBATCHES_NOT_MULTIPLE_OF_PP = "microbatches_not_multiple_of_pp"
+    BLOCKS_NOT_DIVISIBLE_BY_CHUNKS = "blocks_not_divisible_by_chunks"
+    INTERLEAVED_UNDER_DEEPSPEED = "interleaved_under_deepspeed"
     OUT_OF_MEMORY = "out_of_memory"
     SLOWER_KNOBS_SAME_LAYOUT = "slower_knobs_same_layout"
     """Same (pp, dp, tmp, mbs) as a faster ranked strategy that fits: only its ZeRO stage,
-    recomputation or sequence parallelism differ, which trade memory for time; the faster one
-    is kept."""
+    recomputation, sequence parallelism or virtual stages differ, which trade memory for time;
+    the faster one is kept."""
 
     def __str__(self) -> str:
         return self.value
@@ -87,15 +107,17 @@ class Candidate:
     selective_recompute: bool = False
     """Selective recomputation (the attention core only); False when activation_checkpointing."""
     sequence_parallel: bool = False
+    virtual_stages: int = 1
+    """Model chunks per pipeline stage (> 1: the interleaved 1F1B schedule)."""
 
     @classmethod
     def of(cls, *, pp: int, dp: int, tmp: int, mbs: int, zero_stage: int, recompute: str,
-           sequence_parallel: bool = False) -> "Candidate":
+           sequence_parallel: bool = False, virtual_stages: int = 1) -> "Candidate":
         """A candidate from a recomputation mode: none | selective | full."""
         return cls(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero_stage,
                    activation_checkpointing=recompute == "full",
                    selective_recompute=recompute == "selective",
-                   sequence_parallel=sequence_parallel)
+                   sequence_parallel=sequence_parallel, virtual_stages=virtual_stages)
 
     @property
     def recompute(self) -> str:
@@ -135,12 +157,24 @@ class SearchSpace:
     """The sequence lengths of the model's layers (sequence parallelism splits them)."""
     attention_scores: bool = True
     """Whether some device type runs standard attention (stores the scores)."""
+    virtual_stages: tuple[int, ...] = (1,)
+    """Model chunks per pipeline stage searched (training.virtual_pipeline_stages)."""
+    num_blocks: int = 0
+    """The layers between the leading embedding(s) and the trailing head(s): what the
+    interleaved schedule's chunks split evenly."""
+    backend: str | None = None
+    """The framework the plan is for (deepspeed | megatron), where the caller says; None:
+    any."""
 
     @classmethod
-    def of(cls, spec: Spec) -> "SearchSpace":
+    def of(cls, spec: Spec, backend: str | None = None) -> "SearchSpace":
         t = spec.training
         gpus = {d.gpu.name: d.gpu for d in spec.cluster.devices}.values()
-        return cls(num_devices=spec.cluster.num_devices, num_layers=spec.model.num_layers,
+        kinds = [x.kind for x in spec.model.layers]
+        lead = next((i for i, k in enumerate(kinds) if k != "embedding"), len(kinds))
+        tail = next((i for i, k in enumerate(kinds[::-1]) if k != "head"), len(kinds))
+        return cls(virtual_stages=t.virtual_pipeline_stages,
+                   num_blocks=max(len(kinds) - lead - tail, 0), backend=backend,num_devices=spec.cluster.num_devices, num_layers=spec.model.num_layers,
                    global_batch_size=t.global_batch_size, tp_divisors=spec.model.tp_divisors,
                    zero_stages=t.zero_stage, recompute=t.activation_checkpointing,
                    sequence_parallel=t.sequence_parallel,
@@ -220,6 +254,51 @@ def selective_needs_scores(s: SearchSpace, c: Candidate) -> Violation | None:
     return None
 
 
+def virtual_stages_need_pipeline(s: SearchSpace, c: Candidate) -> Violation | None:
+    least = 3 if s.backend == "megatron" else 2
+    if c.virtual_stages > 1 and c.pp < least:
+        why = ("interleaves the model chunks of a pipeline: pp > 1" if least == 2 else
+               "needs pp > 2 under the megatron backend (Megatron-LM v0.7's arguments.py "
+               "asserts pipeline-model-parallel size > 2 with the interleaved schedule)")
+        return Violation(Reason.VIRTUAL_STAGES_WITHOUT_PIPELINE,
+                         f"virtual_pipeline_stages = {c.virtual_stages} with pp = {c.pp}: the "
+                         f"interleaved schedule {why}; use virtual_pipeline_stages 1")
+    return None
+
+
+def interleaved_microbatches(s: SearchSpace, c: Candidate) -> Violation | None:
+    gas = s.global_batch_size // (c.dp * c.mbs)
+    if c.virtual_stages > 1 and gas % c.pp:
+        return Violation(Reason.MICROBATCHES_NOT_MULTIPLE_OF_PP,
+                         f"virtual_pipeline_stages = {c.virtual_stages}: {gas} micro-batches "
+                         f"per iteration is not a multiple of pp = {c.pp} (Megatron-LM's "
+                         f"forward_backward_pipelining_with_interleaving raises unless "
+                         f"num_microbatches % pipeline-model-parallel-size == 0, at its default "
+                         f"microbatch_group_size_per_vp_stage = pp)")
+    return None
+
+
+def chunks_split_blocks(s: SearchSpace, c: Candidate) -> Violation | None:
+    chunks = c.virtual_stages * c.pp
+    if c.virtual_stages > 1 and (s.num_blocks < chunks or s.num_blocks % chunks):
+        return Violation(Reason.BLOCKS_NOT_DIVISIBLE_BY_CHUNKS,
+                         f"virtual_pipeline_stages = {c.virtual_stages} with pp = {c.pp}: the "
+                         f"{s.num_blocks} transformer blocks do not split into {chunks} equal "
+                         f"chunks of at least one block (Megatron-LM's "
+                         f"--num-layers-per-virtual-pipeline-stage needs num_layers / pp "
+                         f"divisible by it)")
+    return None
+
+
+def interleaved_backend(s: SearchSpace, c: Candidate) -> Violation | None:
+    if c.virtual_stages > 1 and s.backend == "deepspeed":
+        return Violation(Reason.INTERLEAVED_UNDER_DEEPSPEED,
+                         f"virtual_pipeline_stages = {c.virtual_stages}: DeepSpeed's "
+                         f"PipelineEngine has no interleaved schedule; use the megatron "
+                         f"backend or virtual_pipeline_stages 1")
+    return None
+
+
 def zero_without_data_parallel(s: SearchSpace, c: Candidate) -> Violation | None:
     lowest = min(s.zero_stages)
     if c.dp == 1 and c.zero_stage != lowest:
@@ -234,7 +313,11 @@ LAYOUT_RULES: tuple[Rule, ...] = (pp_within_layers, tmp_divides_model, dp_divide
 FEASIBILITY_RULES: tuple[Rule, ...] = LAYOUT_RULES + (mbs_divides_replica_batch,
                                                       zero_with_pipeline,
                                                       sequence_parallel_needs_tp,
-                                                      sequence_divides_tmp)
+                                                      sequence_divides_tmp,
+                                                      virtual_stages_need_pipeline,
+                                                      interleaved_microbatches,
+                                                      chunks_split_blocks,
+                                                      interleaved_backend)
 """Everything a strategy must satisfy to run (what `estimate` checks)."""
 EQUIVALENCE_RULES: tuple[Rule, ...] = (zero_without_data_parallel, selective_needs_scores)
 """Points that repeat (or are beaten by) another point's plan (the search keeps one)."""
@@ -265,7 +348,8 @@ def degrees(num_devices: int):
 def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]:
     """Every (pp, dp, tmp, mbs, zero, recompute, sequence parallel) that satisfies the rules,
     one per equivalent group; what is dropped is counted in `pruned` under its reason."""
-    knobs = len(space.zero_stages) * len(space.recompute) * len(space.sequence_parallel)
+    knobs = len(space.zero_stages) * len(space.recompute) * len(space.sequence_parallel) \
+        * len(space.virtual_stages)
     out = []
     for pp, dp, tmp in degrees(space.num_devices):
         probe = Candidate.of(pp=pp, dp=dp, tmp=tmp, mbs=1, zero_stage=space.zero_stages[0],
@@ -277,9 +361,11 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
         for mbs in divisors(space.global_batch_size // dp):
             for z in space.zero_stages:
                 for ck in space.recompute:
-                    for sp in space.sequence_parallel:
+                    for sp, vs in ((sp, vs) for sp in space.sequence_parallel
+                                   for vs in space.virtual_stages):
                         c = Candidate.of(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=z,
-                                         recompute=ck, sequence_parallel=sp)
+                                         recompute=ck, sequence_parallel=sp,
+                                         virtual_stages=vs)
                         v = first_violation(space, c, FEASIBILITY_RULES[len(LAYOUT_RULES):]
                                             + EQUIVALENCE_RULES)
                         if v is not None:

@@ -131,7 +131,9 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
                bounds) -> PassTimes:
     """Forward, backward and recomputation time of one micro-batch on each stage (the module
     docstring says how); they sum to the stage's t_j of AMP eq. 5 (`costs.layer_s` over its
-    layers + the per-micro-batch overhead)."""
+    layers + the per-micro-batch overhead). With v*pp + 1 `bounds` (v > 1 model chunks per
+    stage) the arrays are per chunk, [v*pp], chunk k on stage k mod pp, each with 1/v of the
+    stage's per-micro-batch overhead."""
     L = model.num_layers
     ckpt = c.activation_checkpointing
     layers = model.spec.model.layers
@@ -170,14 +172,17 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
     share = np.zeros(3)
     share[:passes] = 1.0 / passes
     per_layer = work + excess[:, None, :] * share[None, :, None]
+    chunks = len(bounds) - 1
+    if chunks != c.pp:          # interleaved: chunk k runs on stage k mod pp
+        per_layer, tp = per_layer[np.arange(chunks) % c.pp], tp[np.arange(chunks) % c.pp]
     totals = np.stack([P.stage_totals(per_layer[:, k, :], bounds) for k in range(3)])
-    totals += costs.microbatch_overhead_s * share[:, None]
-    # each stage's pass totals spread over its layers in proportion to their time
-    own = np.zeros((c.pp, L), dtype=bool)
-    for j in range(c.pp):
+    totals += costs.microbatch_overhead_s * share[:, None] * (c.pp / chunks)
+    # each stage's (chunk's) pass totals spread over its layers in proportion to their time
+    own = np.zeros((chunks, L), dtype=bool)
+    for j in range(chunks):
         own[j, bounds[j]:bounds[j + 1]] = True
     mine = np.where(own[:, None, :], per_layer, 0.0)
-    raw = mine.sum(axis=2)                                       # [pp, 3]
+    raw = mine.sum(axis=2)                                       # [chunks, 3]
     counts = own.sum(axis=1)[:, None, None]
     weights = np.where(raw[:, :, None] > 0, mine / np.where(raw > 0, raw, 1.0)[:, :, None],
                        own[:, None, :] / np.maximum(counts, 1))
@@ -191,7 +196,7 @@ def candidate_of(s: Strategy) -> Candidate:
     return Candidate(pp=s.pp, dp=s.dp, tmp=s.tmp, mbs=s.mbs, zero_stage=s.zero_stage,
                      activation_checkpointing=s.activation_checkpointing,
                      selective_recompute=s.selective_recompute,
-                     sequence_parallel=s.sequence_parallel)
+                     sequence_parallel=s.sequence_parallel, virtual_stages=s.virtual_stages)
 
 
 def simulatable(s: Strategy) -> str | None:
@@ -225,6 +230,8 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     costs = model.stage_costs(c, layout)
     bounds = s.partition
     t = pass_times(model, c, layout, costs, bounds)
+    if s.virtual_stages > 1:
+        return _interleaved_inputs(model, s, layout, costs, t, bucket_elements)
     bpe = model.spec.training.bytes_per_element
     kw: dict = dict(forward_s=t.forward_s, backward_s=t.backward_s, recompute_s=t.recompute_s,
                     optimizer_s=P.stage_totals(costs.optimizer_s, bounds), gas=s.gas,
@@ -265,6 +272,41 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     return kw
 
 
+def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
+                        costs: "StageCosts", t: PassTimes, bucket_elements: int) -> dict:
+    """`cost_models.schedule.simulate_interleaved`'s keyword arguments for v > 1 model chunks
+    per stage: per chunk the passes of `pass_times` (recomputation folded into the backward),
+    P2P over each of the v*pp - 1 chunk boundaries (the activation of the chunk's last layer)
+    on the stage boundary's link (the wrap-around from the last stage to the first on the
+    slowest of them: the cost arrays have no such link), async sends (the simulator does not
+    pair Megatron's sends and receives), gradient buckets after the backward."""
+    pp, v, bounds = s.pp, s.virtual_stages, s.partition
+    per_chunk = (lambda x: np.asarray(x, dtype=float).reshape(v, pp).T)   # noqa: E731
+    back = t.backward_s + (0.0 if t.recompute_s is None else t.recompute_s)
+    kw: dict = dict(forward_s=per_chunk(t.forward_s), backward_s=per_chunk(back),
+                    optimizer_s=P.chunk_device_totals(costs.optimizer_s, bounds, pp),
+                    gas=s.gas, step_overhead_s=costs.step_overhead_s)
+    bw, crosses = layout.p2p_links
+    lat = np.asarray(model.link_latencies_s("p2p", crosses, layout, boundaries=True), float)
+    bw = np.asarray(bw, dtype=float)
+    shard = s.tmp if s.sequence_parallel else 1
+    kw.update(p2p_bytes=np.array([model.out_bytes[bounds[k + 1] - 1] * s.mbs / shard
+                                  for k in range(v * pp - 1)]),
+              p2p_latency_s=np.array([lat[k % pp] if (k + 1) % pp else lat.max()
+                                      for k in range(v * pp - 1)]),
+              p2p_bandwidth_bytes_per_s=np.concatenate([bw, [bw.min()]]))
+    if s.dp > 1:
+        bpe = model.spec.training.bytes_per_element
+        dbw, dcross = layout.dp_links
+        kw.update(dp=s.dp, gradient_bytes=P.chunk_device_totals(
+                      model.params_per_layer(s.tmp)[None, :].repeat(pp, axis=0), bounds, pp)
+                  * bpe, dp_latency_s=model.link_latencies_s("all_reduce", dcross, layout),
+                  dp_bandwidth_bytes_per_s=np.asarray(dbw, dtype=float),
+                  bucket_bytes=float(bucket_elements) * bpe,
+                  gradient_collective="all_reduce" if s.zero_stage == 0 else "reduce_scatter")
+    return kw
+
+
 def breakdown_of(sim: "SimulatedIteration") -> SimulationBreakdown:
     """The simulated iteration's per-stage busy / idle / exposed-communication times and its
     critical path, as a record."""
@@ -280,11 +322,11 @@ def breakdown_of(sim: "SimulatedIteration") -> SimulationBreakdown:
 def simulate(model: "CostModel", strategy: Strategy, *, order: "DeviceOrder | None" = None,
              **kw) -> "SimulatedIteration":
     """Simulate one iteration of `strategy` (keyword arguments: `simulation_inputs`'s)."""
-    from cost_models.schedule import simulate_iteration
+    from cost_models.schedule import simulate_interleaved, simulate_iteration
 
     use_numba = kw.pop("use_numba", True)
-    return simulate_iteration(**simulation_inputs(model, strategy, order=order, **kw),
-                              use_numba=use_numba)
+    run = simulate_interleaved if strategy.virtual_stages > 1 else simulate_iteration
+    return run(**simulation_inputs(model, strategy, order=order, **kw), use_numba=use_numba)
 
 
 def with_simulation(model: "CostModel", e: Estimate, *, order: "DeviceOrder | None" = None,

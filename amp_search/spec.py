@@ -185,6 +185,13 @@ class ModelSpec:
         return next((l.vocab_size for l in self.layers if l.kind in ("embedding", "head")), 0)
 
 
+MAX_VIRTUAL_STAGES = 64
+"""The largest training.virtual_pipeline_stages accepted (each chunk needs a layer per stage)."""
+VIRTUAL_STAGES_SEARCH = (1, 2, 3, 4, 6, 8)
+"""The model chunks per stage `virtual_pipeline_stages: search` tries; the search space's rules
+keep those that split the transformer blocks evenly (search_space.chunks_split_blocks)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainingSpec:
     global_batch_size: int
@@ -205,6 +212,9 @@ class TrainingSpec:
     """Values to search: (False,), (True,) or (False, True) for `search`. Default false: it is
     what the trial engine (DeepSpeed's pipeline over megatron-core layers) and AMP's paper
     run, and it needs tmp > 1 and a sequence divisible by tmp; `search` adds it where it wins."""
+    virtual_pipeline_stages: tuple[int, ...] = (1,)
+    """Model chunks per pipeline stage to search: (1,) plain 1F1B (the default), (v,) for a
+    given v, or VIRTUAL_STAGES_SEARCH for `search` (v > 1: Megatron-LM's interleaved 1F1B)."""
 
     @property
     def bytes_per_element(self) -> int:
@@ -596,7 +606,8 @@ def _model(data) -> ModelSpec:
 def _training(data) -> TrainingSpec:
     r = _Reader(data, "training", ("global_batch_size", "precision", "activation_checkpointing",
                                    "zero_stage", "memory_headroom", "framework_overhead",
-                                   "optimizer", "attention", "sequence_parallel"))
+                                   "optimizer", "attention", "sequence_parallel",
+                                   "virtual_pipeline_stages"))
     ckpt = r.raw("activation_checkpointing", "none")
     modes = ("none", "selective", "full")
     if isinstance(ckpt, list) and ckpt and all(isinstance(m, str) and m in modes for m in ckpt) \
@@ -616,6 +627,15 @@ def _training(data) -> TrainingSpec:
     else:
         raise SpecError(r.at("sequence_parallel"), f"got {_show(sp)}; accepted: true, false, "
                                                    f"search")
+    vps = r.raw("virtual_pipeline_stages", 1)
+    if vps == "search":
+        virtual_stages = VIRTUAL_STAGES_SEARCH
+    elif isinstance(vps, int) and not isinstance(vps, bool) and 1 <= vps <= MAX_VIRTUAL_STAGES:
+        virtual_stages = (vps,)
+    else:
+        raise SpecError(r.at("virtual_pipeline_stages"),
+                        f"got {_show(vps)}; accepted: an integer from 1 to {MAX_VIRTUAL_STAGES} "
+                        f"(model chunks per pipeline stage; 1 is plain 1F1B) or search")
     zero = r.raw("zero_stage", 0)
     if isinstance(zero, str) and zero == "search":
         zero_stages = (0, 1, 2, 3)
@@ -639,6 +659,7 @@ def _training(data) -> TrainingSpec:
         precision=r.choice("precision", PRECISIONS, "fp16"),
         activation_checkpointing=ckpt_modes,
         sequence_parallel=sequence_parallel,
+        virtual_pipeline_stages=virtual_stages,
         zero_stage=zero_stages,
         memory_headroom=float(headroom),
         framework_overhead_bytes=parse_size(r.raw("framework_overhead", "1 GiB"),

@@ -10,7 +10,6 @@ name is never used. `sources()` says, per device type, where its numbers came fr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Mapping
 
 import numpy as np
@@ -78,7 +77,7 @@ class LayerTimer:
         if profile is not None:
             hit = profile.lookup(layer.signature, tmp, mbs)
             if hit is not None:
-                used.add(f"profile:{Path(profile.path).name}")
+                used.add(profile.source)
                 return hit.forward_s, hit.backward_s, False
         training = self.spec.training
         t = analytic_layer_time(layer, tmp=tmp, mbs=mbs,

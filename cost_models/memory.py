@@ -489,6 +489,36 @@ def in_flight_microbatches(stage: int, pp: int, gas: int) -> int:
     return max(1, min(pp - stage, gas))
 
 
+def interleaved_in_flight_chunks(stage: int, pp: int, virtual_stages: int, gas: int) -> int:
+    """Chunk activations (one model chunk, one micro-batch each) device j holds at once under
+    Megatron-LM's interleaved 1F1B: its w = min(2 (pp - j - 1) + (v - 1) pp, v gas) warm-up
+    forwards plus the steady state's next one, min(w + 1, v gas) (megatron-core 0.16's
+    get_pp_rank_microbatches, num_warmup_microbatches). In micro-batches
+    of the whole device: pp + (pp - 1) / v on the first device, against plain 1F1B's pp
+    (`in_flight_microbatches`): the factor 1 + (pp - 1) / (pp v) of Korthikanti et al. 2022,
+    section 4.2.3 (cost_models.schedule.interleaved_in_flight counts it from the schedule)."""
+    v = virtual_stages
+    return min(2 * (pp - stage - 1) + (v - 1) * pp + 1, v * gas)
+
+
+def interleaved_saved_activation_bytes(chunk_bytes, *, stage: int, pp: int, gas: int) -> int:
+    """The most bytes device j's saved activations reach under the interleaved schedule, with
+    chunk_bytes[c] one micro-batch's saved activations of its chunk c: replays the device's
+    order (cost_models.schedule.interleaved_order) and takes the largest sum over the chunks
+    of (micro-batches held) x chunk_bytes[c]; with equal chunks that is
+    `interleaved_in_flight_chunks` x chunk_bytes."""
+    from .schedule import interleaved_order
+
+    v = len(chunk_bytes)
+    kinds, _, chunk = interleaved_order(pp, v, gas)
+    size = [int(x) for x in chunk_bytes]
+    held = best = 0
+    for kind, c in zip(kinds[stage].tolist(), chunk[stage].tolist()):
+        held += size[c] if kind == 0 else -size[c]
+        best = max(best, held)
+    return best
+
+
 def recompute_working_set_bytes(layers, *, mbs: int, tmp: int, bytes_per_element: int,
                                 attention_scores: bool = False, sequence_parallel: bool = False,
                                 selective: bool = False) -> int:

@@ -110,3 +110,102 @@ def iteration_time_s(pipeline_s: float, after_pipeline_s, step_overhead_s: float
 def exposed_time_s(time_s, overlap: float):
     """The part of a communication not hidden behind computation (overlap in [0, 1])."""
     return time_s * (1.0 - overlap)
+
+
+# ----------------------------------------------------------------------------- interleaved 1F1B
+
+def interleaved_bubble_fraction(pp: int, gas: int, virtual_stages: int) -> float:
+    """The pipeline bubble of the interleaved 1F1B schedule as a fraction of the ideal time,
+    (pp - 1) / (v * gas) (Narayanan et al., SC'21, "Efficient Large-Scale Language Model
+    Training on GPU Clusters Using Megatron-LM", section 2.2.2); v = 1 is plain 1F1B's
+    (pp - 1) / gas."""
+    if pp < 1 or gas < 1 or virtual_stages < 1:
+        raise ValueError(f"pp, gas and virtual_stages must be >= 1, got {pp}, {gas}, "
+                         f"{virtual_stages}")
+    return (pp - 1) / (virtual_stages * gas)
+
+
+def interleaved_steady_state_period_s(stage_time_s, cut_time_s, virtual_stages: int, *,
+                                      blocking_share: float, wrap_time_s: float = 0.0) -> float:
+    """The time per micro-batch of the interleaved schedule's steady state: the largest
+    t_j + blocking_share * (v_in e_in + v_out e_out) over the devices j, where t_j is device
+    j's compute for one micro-batch over all its v chunks and e the boundary times
+    (activation + gradient; `cut_time_s` the pp - 1 boundaries between device j and j+1,
+    `wrap_time_s` the boundary from device pp-1 back to device 0). Device j exchanges each
+    micro-batch v times with each neighbour (Narayanan et al., section 2.2.2: "the amount of
+    communication also increases by v"), except over the wrap boundary, which the v chunks
+    cross v - 1 times (chunk k on device pp-1 feeds chunk k+1 on device 0).
+
+    Only each device's own compute and blocked P2P bound the period here: plain 1F1B's
+    round-trip bound (`steady_state_period_s`, stage i holding pp - i micro-batches) is not
+    carried over; the interleaved schedule holds about pp (1 + (pp-1)/(pp v)) micro-batches
+    on the first device (`cost_models.memory.interleaved_in_flight_chunks`), so the round
+    trip binds only when the P2P is comparable to the compute."""
+    t = np.asarray(stage_time_s, dtype=float)
+    e = np.asarray(cut_time_s, dtype=float).reshape(-1)
+    pp, v = t.shape[0], int(virtual_stages)
+    if e.shape[0] != max(pp - 1, 0):
+        raise ValueError(f"{pp} stages need {pp - 1} boundary times, got {e.shape[0]}")
+    if v < 1:
+        raise ValueError(f"virtual_stages must be >= 1, got {virtual_stages}")
+    wrap = float(wrap_time_s) * (v - 1) if pp > 1 else 0.0
+    padded = np.concatenate([[wrap], v * e, [wrap]])
+    return float((t + blocking_share * (padded[:-1] + padded[1:])).max())
+
+
+def interleaved_1f1b_time_s(stage_time_s, cut_time_s, gas: int, virtual_stages: int, *,
+                            blocking_share: float = P2P_BLOCKING_SHARE["megatron"],
+                            wrap_time_s: float = 0.0) -> float:
+    """The pipeline time of Megatron-LM's interleaved 1F1B schedule with v model chunks per
+    device (Narayanan et al., SC'21, section 2.2.2), on per-device numbers:
+
+        T_pp = (gas - 1) * period + max_j t_j + (sum_j t_j - max_j t_j) / v + sum_j e_j
+
+    t_j: device j's forward + backward of one micro-batch over all of its v chunks; period:
+    `interleaved_steady_state_period_s` (max_j t_j with free P2P). The fill and drain run
+    chunk by chunk, so each other device's share of them is t_j / v instead of eq. 5's t_j:
+    on uniform devices T_pp = (gas + (pp - 1) / v) t, the bubble (pp - 1) t / v of the paper
+    (`interleaved_bubble_fraction`); the simulator (cost_models.schedule.simulate_interleaved)
+    plays exactly this with free links and uniform chunks, for gas a multiple of pp (Megatron's
+    condition). The fill and drain pay each of the pp - 1 boundaries once, as eq. 5.
+    virtual_stages = 1 is `pipeline_1f1b_time_s`."""
+    v = int(virtual_stages)
+    if v == 1:
+        return pipeline_1f1b_time_s(stage_time_s, cut_time_s, gas, blocking_share=blocking_share)
+    t = np.asarray(stage_time_s, dtype=float)
+    period = interleaved_steady_state_period_s(t, cut_time_s, v, blocking_share=blocking_share,
+                                               wrap_time_s=wrap_time_s)
+    return float((gas - 1) * period + t.max() + (t.sum() - t.max()) / v
+                 + np.sum(cut_time_s))
+
+
+def chunk_device_totals(per_layer, boundaries, pp: int) -> np.ndarray:
+    """[pp]: per device stage j, the sum of per_layer[j, l] over the layers of its model
+    chunks j, j + pp, j + 2 pp, ... (boundaries: v*pp + 1 indices, chunk k holding layers
+    boundaries[k] .. boundaries[k+1]-1 on stage k mod pp). v = 1 is `stage_totals`."""
+    per_layer = np.asarray(per_layer, dtype=float)
+    chunks = len(boundaries) - 1
+    if chunks % pp:
+        raise ValueError(f"{chunks} chunks are not a multiple of pp = {pp}")
+    rows = per_layer[np.arange(chunks) % pp]
+    return stage_totals(rows, boundaries).reshape(chunks // pp, pp).sum(axis=0)
+
+
+def chunk_boundary_times(cut_s, boundaries, pp: int) -> tuple[np.ndarray, float]:
+    """(e [pp - 1], wrap): e_j the slowest P2P into stage j over its chunks' starts (cut_s[j, i]
+    is the P2P into stage j when it starts at layer i, as `boundary_times`); wrap the P2P from
+    stage pp - 1 back to stage 0 (into chunks pp, 2 pp, ...), taken as the slowest of the
+    stage boundaries' at those layers (the cost arrays have no link from the last stage to the
+    first). v = 1: (`boundary_times`, 0)."""
+    cut = np.asarray(cut_s, dtype=float)
+    b = np.asarray(boundaries, dtype=np.int64)
+    starts = np.arange(1, len(b) - 1)           # chunks 1 .. V-1 start at b[k]
+    e = np.zeros(max(pp - 1, 0))
+    wrap = 0.0
+    for k in starts.tolist():
+        j = k % pp
+        if j:
+            e[j - 1] = max(e[j - 1], cut[j, b[k]])
+        elif pp > 1:
+            wrap = max(wrap, float(cut[1:, b[k]].max()))
+    return e, wrap

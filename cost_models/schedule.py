@@ -1579,6 +1579,251 @@ def simulate_iteration(
         use_numba=use_numba, s_ptr=s_ptr, s_flow=order)
 
 
+# ----------------------------------------------------------------------------- interleaved
+
+def interleaved_order(pp: int, virtual_stages: int, gas: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each device's compute stream in Megatron-LM's interleaved 1F1B schedule
+    (megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_
+    interleaving with get_schedule_table and get_pp_rank_microbatches, megatron-core 0.16, at
+    its default microbatch_group_size_per_vp_stage = pp), without the optimizer step:
+    (kind [pp, n], microbatch [pp, n], chunk [pp, n]), n = 2 v gas, kind 0 forward or 2
+    backward; chunk c of device j is the model chunk (virtual stage) c pp + j.
+
+    The v gas forwards of a device run in groups of pp micro-batches per chunk: virtual
+    micro-batch k is chunk (k mod pp v) // pp (for a backward: v - 1 - that), micro-batch
+    (k // (pp v)) pp + k mod pp. Device j runs w = min(2 (pp - j - 1) + (v - 1) pp, v gas)
+    warm-up forwards, then forward w + i and backward i in turn, then the remaining
+    backwards (Megatron-LM v0.7 ran all v gas forwards first on every device when gas == pp;
+    megatron-core 0.16 does not). Megatron requires gas to be a multiple of pp at the default
+    group size (it raises otherwise); so does this (tests/test_interleaved.py compares the
+    order with megatron-core's own tables)."""
+    if pp < 1 or virtual_stages < 1 or gas < 1:
+        raise ValueError(f"pp, virtual_stages and gas must be >= 1, got {pp}, "
+                         f"{virtual_stages}, {gas}")
+    if gas % pp:
+        raise ValueError(f"the interleaved schedule needs the micro-batch count ({gas}) to be a "
+                         f"multiple of pp ({pp}), as Megatron-LM requires")
+    v = virtual_stages
+    total = gas * v
+    k = np.arange(total, dtype=np.int64)
+    group = k % (pp * v)
+    f_chunk = group // pp
+    b_chunk = v - 1 - f_chunk
+    mb = (k // (pp * v)) * pp + k % pp
+    kinds = np.empty((pp, 2 * total), dtype=np.int64)
+    micro = np.empty((pp, 2 * total), dtype=np.int64)
+    chunk = np.empty((pp, 2 * total), dtype=np.int64)
+    for j in range(pp):
+        w = min(2 * (pp - j - 1) + (v - 1) * pp, total)
+        r = total - w
+        fw = np.arange(w, total)           # the forwards of the steady state
+        kinds[j] = np.concatenate([np.full(w, _FORWARD),
+                                   np.tile(np.array([_FORWARD, _BACKWARD]), r),
+                                   np.full(w, _BACKWARD)])
+        ks = np.concatenate([k[:w], np.stack([fw, k[:r]], axis=1).reshape(-1), k[r:]])
+        micro[j] = mb[ks]
+        chunk[j] = np.where(kinds[j] == _FORWARD, f_chunk[ks], b_chunk[ks])
+    return kinds, micro, chunk
+
+
+def interleaved_in_flight(kinds: np.ndarray, chunk: np.ndarray, virtual_stages: int
+                          ) -> np.ndarray:
+    """[pp, v]: for each device, at the moment it holds the most chunk activations (forwards
+    run whose backward has not), how many micro-batches of each chunk it holds; the count of a
+    compute order (`interleaved_order`), independent of times."""
+    pp = kinds.shape[0]
+    out = np.zeros((pp, virtual_stages), dtype=np.int64)
+    for j in range(pp):
+        held = np.zeros(virtual_stages, dtype=np.int64)
+        best = -1
+        for kind, c in zip(kinds[j].tolist(), chunk[j].tolist()):
+            held[c] += 1 if kind == _FORWARD else -1
+            if kind == _FORWARD and held.sum() > best:
+                best = int(held.sum())
+                out[j] = held
+    return out
+
+
+def simulate_interleaved(*, forward_s, backward_s, optimizer_s, gas: int,
+                         p2p_bytes=None, p2p_latency_s=None, p2p_bandwidth_bytes_per_s=None,
+                         dp: int = 1, gradient_bytes=None, dp_latency_s=None,
+                         dp_bandwidth_bytes_per_s=None,
+                         bucket_bytes: float = deepspeed_bucket_bytes(2),
+                         gradient_collective: str = "all_reduce",
+                         step_overhead_s: float = 0.0,
+                         use_numba: bool = True) -> SimulatedIteration:
+    """Simulate one iteration of Megatron-LM's interleaved 1F1B schedule (`interleaved_order`)
+    with v = forward_s.shape[1] model chunks per device, on `simulate_iteration`'s kernel.
+
+    forward_s[j, c], backward_s[j, c] (pp x v): one micro-batch of chunk c of device j, that
+    is virtual stage c pp + j (recomputation folded into the backward); optimizer_s[j] once.
+    P2P: p2p_bytes[b] and p2p_latency_s[b] for each of the v pp - 1 virtual boundaries b
+    (virtual stage b to b+1, from device b mod pp to (b+1) mod pp), the gradient the same size
+    back; p2p_bandwidth_bytes_per_s[j] (pp values) the link from device j to device j+1, the
+    last one the wrap-around from device pp-1 to device 0 (each direction a private link).
+    Omitted p2p_bytes: free transfers. Sends are "async" (free-running, the receiver waits):
+    Megatron's paired sends and receives of the interleaved schedule are not modelled.
+    Data parallelism (dp > 1): gradient_bytes[j] in buckets after the device's last backward,
+    on a private link of dp_bandwidth_bytes_per_s[j], without overlap, then the optimizer step.
+
+    With free links and chunks of equal length the makespan is the closed form
+    `cost_models.pipeline.interleaved_1f1b_time_s` exactly (tests/test_interleaved.py)."""
+    fwd = np.asarray(forward_s, dtype=float)
+    bwd = np.asarray(backward_s, dtype=float)
+    if fwd.ndim != 2 or fwd.shape != bwd.shape or fwd.shape[0] < 1 or fwd.shape[1] < 1:
+        raise ValueError(f"forward_s and backward_s must both be [pp, v], got {fwd.shape} "
+                         f"and {bwd.shape}")
+    if not (np.all(np.isfinite(fwd)) and np.all(np.isfinite(bwd)) and fwd.min() >= 0
+            and bwd.min() >= 0):
+        raise ValueError("forward_s and backward_s must be finite and >= 0")
+    pp, v = fwd.shape
+    V = pp * v
+    opt = _floats("optimizer_s", optimizer_s, pp)
+    if isinstance(gas, bool) or not isinstance(gas, (int, np.integer)) or gas < 1:
+        raise ValueError(f"gas must be a positive integer, got {gas!r}")
+    gas = int(gas)
+    if isinstance(dp, bool) or not isinstance(dp, (int, np.integer)) or dp < 1:
+        raise ValueError(f"dp must be a positive integer, got {dp!r}")
+    if gradient_collective not in GRADIENT_COLLECTIVES:
+        raise ValueError(f"gradient_collective {gradient_collective!r}; known: "
+                         f"{', '.join(GRADIENT_COLLECTIVES)}")
+    if not (bucket_bytes > 0 and math.isfinite(bucket_bytes)):
+        raise ValueError(f"bucket_bytes must be finite and > 0, got {bucket_bytes}")
+    kinds, micro, chunk = interleaved_order(pp, v, gas)
+    n_ops = kinds.shape[1]
+    K = n_ops + 1
+    p2p_b = _floats("p2p_bytes", p2p_bytes, V - 1, default=0.0)
+    p2p_l = _floats("p2p_latency_s", p2p_latency_s, V - 1, default=0.0)
+    if p2p_bandwidth_bytes_per_s is None:
+        if np.any(p2p_b > 0):
+            raise ValueError("p2p_bytes needs p2p_bandwidth_bytes_per_s")
+        p2p_bw = np.full(pp, np.inf)
+    else:
+        p2p_bw = _floats("p2p_bandwidth_bytes_per_s", p2p_bandwidth_bytes_per_s, pp)
+    lk = _Links({})
+    for j in range(pp):
+        lk.add(("p2p", j, "activation"), p2p_bw[j])      # device j -> j+1 (mod pp)
+        lk.add(("p2p", j, "gradient"), p2p_bw[j])        # device j+1 -> j (mod pp)
+
+    # ---- P2P flows, numbered in the order their senders produce them (each stream a FIFO)
+    f_stream, f_wake, f_lat, f_bytes, f_mb, f_owner = [], [], [], [], [], []
+    op_dep = np.full((pp, K), -1, dtype=np.int64)
+    op_out = np.full((pp, K), -1, dtype=np.int64)
+    act_id: dict = {}
+    grad_id: dict = {}
+    for j in range(pp):
+        for i in range(n_ops):
+            vs = int(chunk[j, i]) * pp + j
+            m = int(micro[j, i])
+            if kinds[j, i] == _FORWARD and vs < V - 1:       # activation to vs + 1
+                b, stream, to = vs, 3 * j, (j + 1) % pp
+                lk.route([("p2p", j, "activation")], stream)
+                act_id[(b, m)] = op_out[j, i] = len(f_stream)
+            elif kinds[j, i] == _BACKWARD and vs > 0:        # gradient to vs - 1
+                b, stream, to = vs - 1, 3 * j + 1, (j - 1) % pp
+                lk.route([("p2p", (j - 1) % pp, "gradient")], stream)
+                grad_id[(b, m)] = op_out[j, i] = len(f_stream)
+            else:
+                continue
+            f_stream.append(stream)
+            f_wake.append(to)
+            f_owner.append(j)
+            f_lat.append(p2p_l[b])
+            f_bytes.append(p2p_b[b])
+            f_mb.append(m)
+    for j in range(pp):
+        for i in range(n_ops):
+            vs = int(chunk[j, i]) * pp + j
+            m = int(micro[j, i])
+            if kinds[j, i] == _FORWARD and vs > 0:
+                op_dep[j, i] = act_id[(vs - 1, m)]
+            elif kinds[j, i] == _BACKWARD and vs < V - 1:
+                op_dep[j, i] = grad_id[(vs, m)]
+    n_p2p = len(f_stream)
+    f_kind = [_FLOW_P2P] * n_p2p
+    b_frac = [0.0] * n_p2p
+    f_peer = list(f_wake)
+    f_count = [0] * n_p2p
+
+    # ---- data parallelism: buckets after each device's last backward, no overlap
+    grad = _floats("gradient_bytes", gradient_bytes, pp, default=0.0)
+    dp_l = _floats("dp_latency_s", dp_latency_s, pp, default=0.0)
+    stage_nb = np.zeros(pp, dtype=np.int64)
+    stage_bptr = np.zeros(pp, dtype=np.int64)
+    op_emit = np.full((pp, K), -1, dtype=np.int64)
+    if dp > 1:
+        if dp_bandwidth_bytes_per_s is None:
+            raise ValueError("dp > 1 needs dp_bandwidth_bytes_per_s")
+        dbw = _floats("dp_bandwidth_bytes_per_s", dp_bandwidth_bytes_per_s, pp)
+        for j in range(pp):
+            nb = int(math.ceil(grad[j] / bucket_bytes)) if grad[j] > 0 else 0
+            if nb > MAX_BUCKETS_PER_STAGE:
+                raise ValueError(f"stage {j}: {nb} gradient buckets; at most "
+                                 f"{MAX_BUCKETS_PER_STAGE} are simulated")
+            stage_nb[j], stage_bptr[j] = nb, len(f_stream)
+            if not nb:
+                continue
+            lk.add(("dp", j), dbw[j])
+            sizes = np.full(nb, float(bucket_bytes))
+            sizes[-1] = grad[j] - bucket_bytes * (nb - 1)
+            frac = np.minimum(np.cumsum(sizes) / grad[j], 1.0)
+            frac[-1] = 1.0
+            for b in range(nb):
+                f_stream.append(3 * j + 2)
+                f_wake.append(j)
+                f_owner.append(j)
+                f_lat.append(C.latency_steps(gradient_collective, dp) * dp_l[j])
+                f_bytes.append(C.bus_factor(gradient_collective, dp) * sizes[b])
+                f_mb.append(gas - 1)
+                f_kind.append(_FLOW_BUCKET)
+                b_frac.append(frac[b])
+                f_peer.append(b)
+                f_count.append(nb)
+            lk.route([("dp", j)], 3 * j + 2, nb)
+            op_emit[j, n_ops - 1] = 0        # the device's last op is a backward
+    f_stream_a = np.array(f_stream, dtype=np.int64).reshape(-1)
+    nf = f_stream_a.shape[0]
+    ns = 3 * pp
+    order = np.argsort(f_stream_a, kind="stable").astype(np.int64)
+    s_ptr = np.concatenate([[0], np.cumsum(np.bincount(f_stream_a, minlength=ns))]
+                           ).astype(np.int64)
+    op_dur = np.empty((pp, K))
+    js = np.arange(pp)[:, None]
+    op_dur[:, :n_ops] = np.where(kinds == _FORWARD, fwd[js, chunk], bwd[js, chunk])
+    op_dur[:, n_ops] = opt
+    f_lptr, f_link, f_mult = lk.csr()
+    link_bw = np.asarray(lk.bw, dtype=float)
+    slot_ptr = lk.slot_ptr()
+    degree = f_lptr[1:] - f_lptr[:-1]
+    alone = np.full(nf, np.inf)
+    has = degree > 0
+    if np.any(has):
+        alone[has] = np.minimum.reduceat(link_bw[f_link] / f_mult, f_lptr[:-1][has])
+    kernel = _simulate_kernel if use_numba else _PY["_simulate_kernel"]
+    f_wake_a = np.array(f_wake, dtype=np.int64).reshape(-1)
+    f_kind_a = np.array(f_kind, dtype=np.int64).reshape(-1)
+    c_start, c_end, f_start, f_end, st_end, path, complete = kernel(
+        pp, op_dur, op_dep, op_out, op_emit, False, stage_nb, stage_bptr, stage_nb.copy(),
+        f_stream_a, f_wake_a, f_kind_a, np.array(f_lat, dtype=float).reshape(-1),
+        np.array(f_bytes, dtype=float).reshape(-1), alone,
+        np.array(b_frac, dtype=float).reshape(-1), f_lptr, f_link, f_mult, s_ptr, order,
+        link_bw, slot_ptr, False, np.full((pp, K, 1), -1, dtype=np.int64), False,
+        np.full((pp, K), -1, dtype=np.int64))
+    if not complete:        # an invariant of the order above
+        raise RuntimeError("the interleaved schedule simulation deadlocked")
+    return _summarise(
+        schedule=f"interleaved-1f1b-v{v}", pp=pp, gas=gas, kinds=kinds, micro=micro,
+        peer=np.full(kinds.shape, -1, dtype=np.int64), c_start=c_start, c_end=c_end,
+        f_start=f_start, f_end=f_end, path=path, f_stream=f_stream_a,
+        f_owner=np.array(f_owner, dtype=np.int64).reshape(-1), f_wake=f_wake_a,
+        f_kind=f_kind_a, f_mb=np.array(f_mb, dtype=np.int64).reshape(-1),
+        f_peer=np.array(f_peer, dtype=np.int64).reshape(-1),
+        f_count=np.array(f_count, dtype=np.int64).reshape(-1), st_end=st_end,
+        collective=gradient_collective, step_overhead_s=float(step_overhead_s),
+        use_numba=use_numba, s_ptr=s_ptr, s_flow=order)
+
+
 # ----------------------------------------------------------------------------- summary
 
 @_kernel

@@ -109,6 +109,12 @@ def add_strategy_knobs(parser: argparse.ArgumentParser, *, zero_stages=(0, 1, 2,
                             default=None,
                             help=f"{given}sequence parallelism over the tensor group (tmp > 1; "
                                  f"default: the spec's; off if it says 'search')")
+    if sequence_knobs:
+        parser.add_argument("--virtual-stages", type=positive_int, default=None, metavar="V",
+                            help=f"{given}model chunks per pipeline stage: V > 1 runs "
+                                 f"Megatron-LM's interleaved 1F1B (needs pp > 1 and the "
+                                 f"micro-batch count a multiple of pp; default: the spec's "
+                                 f"training.virtual_pipeline_stages, 1 if it says 'search')")
     parser.add_argument("--placement-order", choices=("listed", "fastest-first",
                                                       "slowest-first"), default=None,
                         help=f"{given}the node order ranks are placed over (default: the "

@@ -212,7 +212,8 @@ def run(args) -> int:
 
         items = list(plan(spec, measurements=measurements,
                           progress=not args.no_progress and sys.stderr.isatty(),
-                          max_search_s=args.max_search_seconds, on_start=announce)
+                          max_search_s=args.max_search_seconds, on_start=announce,
+                          backend=args.backend)
                      .strategies[:args.top_k])
     options = LaunchOptions(
         backend=args.backend, launcher=args.launcher, hostfile=hostfile, iters=args.iters,

@@ -124,7 +124,10 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> 
     """The strategies as a table; an 'eq.5 s' column (the closed form) beside 'iter s' when
     some shown time was simulated and differs from it."""
     both = any(_differs(e) for _, e, _ in rows)
-    head = ("rank", "pp", "dp", "tmp", "mbs", "zero", "ckpt", "sp", "layers/stage",
+    chunked = any(e.strategy.virtual_stages > 1 for _, e, _ in rows)   # a 'v' column
+    head = ("rank", "pp", "dp", "tmp", "mbs", "zero", "ckpt", "sp") + (("v",) if chunked
+                                                                        else ()) + (
+            "layers/stage",
             "placement", "mem GiB", "iter s") + (("eq.5 s",) if both else ()) \
         + ("samples/s", "vs Megatron")
     cells = []
@@ -135,13 +138,14 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> 
         cells.append((label, str(s.pp), str(s.dp), str(s.tmp), str(s.mbs), str(s.zero_stage),
                       {"none": "-", "selective": "sel"}.get(s.recompute, s.recompute),
                       "yes" if s.sequence_parallel else "-",
+                      *((str(s.virtual_stages),) if chunked else ()),
                       layers_per_stage(s.partition, 24), _placement(spec, e), _memory(e),
                       f"{e.iteration_time_s:.4g}" + ("" if e.simulated else "*"
                                                      if any(r[1].simulated for r in rows)
                                                      else ""),
                       *analytic, f"{e.samples_per_s:.4g}",
                       "-" if speedup is None else f"{speedup:.2f}x"))
-    return render_table(head, cells, left=(8, 9))
+    return render_table(head, cells, left=(9, 10) if chunked else (8, 9))
 
 
 LEGEND_WIDTH = 100
@@ -180,6 +184,10 @@ def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> list[s
              f"{_placement_example(spec, rows)} (dp x tmp devices per stage). mem GiB: peak / "
              f"usable memory of the fullest device. ckpt: activation recomputation (full: "
              f"each block, sel: the attention core only); sp: sequence parallelism."]
+    if any(e.strategy.virtual_stages > 1 for _, e, _ in rows):
+        lines.append("v: model chunks per stage (Megatron-LM's interleaved 1F1B; stage j runs "
+                     "chunks j, j + pp, ...); where v > 1, layers/stage lists the layers per "
+                     "chunk, first to last.")
     simulated = [e for _, e, _ in rows if e.simulated]
     if simulated:
         star = any(not e.simulated for _, e, _ in rows)
@@ -286,6 +294,7 @@ def chosen_strategy(spec: Spec, args, measurements) -> tuple[Estimate, str]:
     e = estimate(spec, **given, partition=args.partition, zero_stage=args.zero_stage,
                  activation_checkpointing=args.activation_checkpointing,
                  sequence_parallel=getattr(args, "sequence_parallel", None),
+                 virtual_stages=getattr(args, "virtual_stages", None),
                  placement_order=args.placement_order, measurements=measurements)
     return e, "given strategy"
 
@@ -333,8 +342,9 @@ def simulation_lines(spec: Spec, e: Estimate) -> list[str]:
     rows = []
     for j, (busy, idle, comm, end) in enumerate(zip(sim.busy_s, sim.idle_s,
                                                      sim.exposed_comm_s, sim.stage_end_s)):
-        lo, hi = bounds[j], bounds[j + 1] - 1
-        rows.append((f"stage {j}", f"{lo}-{hi}" if hi > lo else f"{lo}",
+        spans = [(a, z - 1) for a, z in e.strategy.stage_layer_ranges(j)]
+        rows.append((f"stage {j}", ", ".join(f"{lo}-{hi}" if hi > lo else f"{lo}"
+                                             for lo, hi in spans),
                      stage_devices(spec, e.strategy.placement[j]), f"{busy:.4g}",
                      f"{idle:.4g}", f"{idle / (busy + idle) * 100:.0f}%"
                      if busy + idle > 0 else "-", f"{comm:.4g}", f"{end:.4g}"))
@@ -364,7 +374,7 @@ def run_estimate(args) -> int:
                  activation_checkpointing=args.activation_checkpointing,
                  placement_order=args.placement_order,
                  measurements=measurements_for(spec, args), simulate=not args.no_simulate,
-                 sequence_parallel=args.sequence_parallel)
+                 sequence_parallel=args.sequence_parallel, virtual_stages=args.virtual_stages)
     if args.json is None or str(args.json) != "-":
         print(format_table(spec, [("-", e, None)]))
         print("\n" + "\n".join(legend(spec, [("-", e, None)])))
@@ -385,9 +395,10 @@ def run_estimate(args) -> int:
             j = m.stage
             held = ""
             if 0 <= j < len(e.strategy.placement) and j + 1 < len(bounds):
-                a, b = bounds[j], bounds[j + 1] - 1
-                held = (f"{f'layers {a}-{b}' if b > a else f'layer {a}'} on "
-                        f"{stage_devices(spec, e.strategy.placement[j])}: ")
+                spans = [(a, z - 1) for a, z in e.strategy.stage_layer_ranges(j)]
+                held = (f"{'layers' if len(spans) > 1 or spans[0][1] > spans[0][0] else 'layer'} "
+                        + ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+                        + f" on {stage_devices(spec, e.strategy.placement[j])}: ")
             print(f"stage {m.stage}: {held}peak {_gib(m.peak_bytes)} GiB of "
                   f"{_gib(m.capacity_bytes)} GiB (params {_gib(m.parameter_bytes)}, grads {_gib(m.gradient_bytes)}, "
                   f"optimizer {_gib(m.optimizer_bytes)}, activations "

@@ -65,6 +65,11 @@ def add_parser(subparsers) -> None:
                         "(worker k uses GPU k mod the visible count). 1: this process alone")
     p.add_argument("--out", type=Path, default=None,
                    help="profile file to write (default: one in --profiles DIR/measured)")
+    p.add_argument("--no-framework", action="store_true",
+                   help="skip the last step: two short real DeepSpeed trials of the model on "
+                        "this node (1 and 8 micro-batches) that measure the framework's own "
+                        "fixed costs per micro-batch and per iteration, which plan then adds "
+                        "when there is no calibration (about a minute on CPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_profiles_argument(p, writes=True)
     p.set_defaults(func=run)
@@ -149,7 +154,47 @@ def run(args) -> int:
         std = 100 * (e.forward_std_s + e.backward_std_s) / max(e.forward_s + e.backward_s, 1e-12)
         print(f"{e.signature:40s} {e.tmp:3d} {e.mbs:3d} {e.forward_s * 1e3:9.3f} "
               f"{e.backward_s * 1e3:9.3f} {std:6.1f}")
+    if not args.no_framework:
+        _framework(spec, profile, args)
     return 0
+
+
+def _framework(spec, profile, args) -> None:
+    """The framework-overhead probe (amp_search.profiling.framework), stored in `profile`."""
+    import os
+    import sys
+
+    from ..profiling.framework import measure_framework_overheads, probe_node
+    from ._args import measurements_for
+
+    why = probe_node(spec, profile.device)
+    if why:
+        print(f"framework overheads not measured: {why}")
+        return
+    print("framework overheads: two short DeepSpeed trials of the model on this node "
+          "(Ctrl-C skips them; the layer profile is already written)", flush=True)
+
+    def show(p) -> None:
+        print(f"  {p.label:24s} gas {p.gas:2d}: measured {p.measured_s * 1e3:8.1f} ms, layers "
+              f"predict {p.predicted_s * 1e3:8.1f} ms, residual {p.residual_s * 1e3:+8.1f} ms",
+              flush=True)
+
+    try:
+        fw = measure_framework_overheads(
+            spec, profile, measurements=measurements_for(spec, args),
+            progress=not args.no_progress and sys.stderr.isatty(),
+            base_env=dict(os.environ), on_probe=show)
+    except KeyboardInterrupt:
+        print("amp-search: framework overheads not measured (interrupted); the layer profile "
+              "stands without them")
+        return
+    except UsageError as exc:
+        print(f"warning: framework overheads not measured: {exc}", file=sys.stderr)
+        return
+    profile.framework_overheads = fw
+    profile.save(profile.path)
+    print(f"framework overheads: {fw.microbatch_overhead_s * 1e3:.1f} ms per micro-batch and "
+          f"stage, {fw.step_overhead_s * 1e3:.1f} ms per iteration -> {profile.path}")
 
 
 def run_comm(args) -> int:

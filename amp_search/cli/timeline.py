@@ -73,8 +73,9 @@ def stage_names(spec: Spec, estimate: Estimate) -> list[str]:
     s = estimate.strategy
     out = []
     for j in range(s.pp):
-        a, b = s.partition[j], s.partition[j + 1] - 1
-        layers = f"layers {a}-{b}" if b > a else f"layer {a}"
+        spans = [(a, z - 1) for a, z in s.stage_layer_ranges(j)]
+        layers = ("layers " if len(spans) > 1 or spans[0][1] > spans[0][0] else "layer ") \
+            + ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
         out.append(f"stage {j}: {layers} on {stage_devices(spec, s.placement[j])}")
     return out
 
@@ -92,8 +93,10 @@ def _format(sim: SimulatedIteration, e: Estimate, names: list[str], kw: dict) ->
     rows = []
     bwd = np.asarray(kw["backward_s"]) + (0.0 if kw.get("recompute_s") is None
                                           else np.asarray(kw["recompute_s"]))
+    bwd = bwd.reshape(sim.pp, -1).sum(axis=1)        # [pp, v] per chunk when interleaved
+    fwd = np.asarray(kw["forward_s"]).reshape(sim.pp, -1).sum(axis=1)
     for j in range(sim.pp):
-        rows.append((names[j], f"{kw['forward_s'][j] * 1e3:.4g}", f"{bwd[j] * 1e3:.4g}",
+        rows.append((names[j], f"{fwd[j] * 1e3:.4g}", f"{bwd[j] * 1e3:.4g}",
                      f"{sim.busy_s[j]:.4g}", f"{sim.idle_s[j]:.4g}",
                      f"{sim.exposed_comm_s[j]:.4g}", f"{sim.stage_end_s[j]:.4g}"))
     lines.append(render_table(head, rows, left=(0,)))
@@ -127,7 +130,17 @@ def run(args) -> int:
     model = CostModel(spec, measurements=measurements)
     kw = simulation_inputs(model, e.strategy, schedule=args.schedule,
                            overlap=args.overlap_comm, bucket_elements=args.bucket_elements)
-    sim = simulate_iteration(**kw)
+    if e.strategy.virtual_stages > 1:       # Megatron-LM's interleaved 1F1B
+        from cost_models.schedule import simulate_interleaved
+
+        if args.schedule != "1f1b":
+            raise UsageError(f"--schedule {args.schedule} with {e.strategy.virtual_stages} "
+                             f"virtual stages: the interleaved schedule is 1F1B's")
+        args.schedule = f"interleaved 1F1B (v {e.strategy.virtual_stages})"
+
+        sim = simulate_interleaved(**kw)
+    else:
+        sim = simulate_iteration(**kw)
     names = stage_names(spec, e)
     s = e.strategy
     sync = "overlapped with the backward" if args.overlap_comm else "after the backward"

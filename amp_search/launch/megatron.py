@@ -14,6 +14,11 @@ vocabulary. The strategy maps to its arguments:
                              --recompute-num-layers 1
     selective_recompute      --recompute-granularity selective (the attention core only)
     sequence_parallel        --sequence-parallel
+    virtual_stages v > 1     --num-layers-per-virtual-pipeline-stage (blocks / (v * pp)): the
+                             interleaved 1F1B schedule over Megatron's uniform chunks
+                             (megatron/training/arguments.py, v0.7: needs pp > 2 and the blocks
+                             per stage divisible by it; the schedule needs the micro-batch
+                             count a multiple of pp)
     zero_stage >= 1          --use-distributed-optimizer (ZeRO-1: optimizer state sharded)
     precision                --bf16 / --fp16 (fp32: neither)
 
@@ -82,6 +87,20 @@ def split_args(layers: tuple[Layer, ...], partition: tuple[int, ...]) -> list[st
     return ["--pipeline-model-parallel-layout", pipeline_layout(layers, partition)]
 
 
+def virtual_stage_args(layers: tuple[Layer, ...], strategy: Strategy) -> list[str]:
+    """--num-layers-per-virtual-pipeline-stage for v > 1 model chunks per stage ([] for v = 1);
+    UsageError when the chunks are not Megatron's: v*pp chunks of equal block counts."""
+    s = strategy
+    if s.virtual_stages <= 1:
+        return []
+    counts = stage_layer_counts(layers, s.partition)
+    if len(counts) != s.virtual_stages * s.pp or len(set(counts)) != 1 or counts[0] < 1:
+        raise UsageError(f"{s.label()}: Megatron-LM's interleaved schedule needs the "
+                         f"transformer blocks split evenly over the {s.virtual_stages * s.pp} "
+                         f"model chunks; blocks per chunk are {counts}")
+    return ["--num-layers-per-virtual-pipeline-stage", str(counts[0])]
+
+
 def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: str,
                   iters: int, seed: int = 1234, lr: float = 1e-4) -> list[str]:
     """The pretrain_gpt.py arguments for one strategy."""
@@ -105,7 +124,8 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         "--untie-embeddings-and-output-weights",
         "--attention-dropout", "0", "--hidden-dropout", "0",
         "--transformer-impl", "local", "--no-gradient-accumulation-fusion",
-        *split_args(layers, s.partition),
+        *(virtual_stage_args(layers, s) if s.virtual_stages > 1
+          else split_args(layers, s.partition)),
     ]
     if s.activation_checkpointing:
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform",

@@ -218,8 +218,16 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
     s = strategy
     n = len(spec.model.layers)
     p = s.partition
-    if len(p) != s.pp + 1 or p[0] != 0 or p[-1] != n or any(a >= b for a, b in zip(p, p[1:])):
-        return f"partition {list(p)} does not split {n} layers into {s.pp} non-empty stages"
+    chunks = s.pp * s.virtual_stages
+    if len(p) != chunks + 1 or p[0] != 0 or p[-1] != n or any(a >= b for a, b in zip(p, p[1:])):
+        return (f"partition {list(p)} does not split {n} layers into {chunks} non-empty "
+                f"{'stages' if s.virtual_stages == 1 else 'model chunks'}")
+    if s.virtual_stages > 1 and backend == "deepspeed":
+        return (f"virtual_stages {s.virtual_stages}: DeepSpeed's PipelineEngine has no "
+                f"interleaved schedule (use the megatron backend, or virtual_stages 1)")
+    if s.virtual_stages > 1 and backend == "megatron" and (s.pp <= 2 or s.gas % s.pp):
+        return (f"virtual_stages {s.virtual_stages}: Megatron-LM's interleaved schedule needs "
+                f"pp > 2 and the micro-batch count ({s.gas}) a multiple of pp ({s.pp})")
     if s.global_batch_size % (s.dp * s.mbs):
         return (f"global batch {s.global_batch_size} is not a multiple of dp x mbs = "
                 f"{s.dp} x {s.mbs}")

@@ -10,7 +10,9 @@ Layer profile JSON (format 1):
      "entries": [{"signature", "tmp", "mbs", "forward_s", "backward_s",
                   "forward_std_s", "backward_std_s", "repeats", "optimizer_step_s"}, ...]}
 (optimizer_step_s: one Adam step over the layer's parameters at that tmp, the same for every
-mbs; absent in older files, read as 0.)
+mbs; absent in older files, read as 0.) An optional "framework_overheads" object holds the
+training framework's own fixed costs measured with real trials (`FrameworkOverheads`,
+amp_search.profiling.framework).
 
 A profile is only ever used for the device name and precision it was measured with; a file
 for another device is never returned by `find_profile`.
@@ -61,6 +63,56 @@ def safe_name(text: str) -> str:
 
 # ----------------------------------------------------------------------------- layer profiles
 
+@dataclass(frozen=True, kw_only=True)
+class OverheadProbe:
+    """One real trial run to measure the framework's fixed costs."""
+
+    label: str
+    gas: int
+    """Micro-batches per iteration per replica."""
+    measured_s: float
+    """Mean measured seconds per iteration."""
+    predicted_s: float
+    """The cost model's seconds per iteration from the layer profile alone (no overheads)."""
+    other_processes_cores: float | None = None
+    """Cores other programs used meanwhile (None: unknown)."""
+
+    @property
+    def residual_s(self) -> float:
+        return self.measured_s - self.predicted_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrameworkOverheads:
+    """The training framework's fixed costs that a layer profile cannot see, measured by
+    running its trial program (amp_search.profiling.framework): what an iteration costs
+    beyond its layers' forward/backward, its collectives and its optimizer step.
+
+    microbatch_overhead_s: per micro-batch and stage (the engine's forward/backward/step calls,
+    hooks, gradient-accumulation bookkeeping, data loading); step_overhead_s: per iteration (the
+    optimizer step's own bookkeeping, timers, loss scaling, barriers). The cost model uses them
+    as `CostParams.microbatch_overhead_s` and `step_overhead_s` when there is no calibration."""
+
+    backend: str
+    microbatch_overhead_s: float
+    step_overhead_s: float
+    probes: tuple[OverheadProbe, ...] = ()
+    created: str = ""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["probes"] = [asdict(p) for p in self.probes]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FrameworkOverheads":
+        return cls(backend=str(d["backend"]),
+                   microbatch_overhead_s=float(d["microbatch_overhead_s"]),
+                   step_overhead_s=float(d["step_overhead_s"]),
+                   probes=tuple(OverheadProbe(**p) for p in d.get("probes") or ()),
+                   created=str(d.get("created", "")))
+
+
 @dataclass(frozen=True)
 class LayerTiming:
     """One layer's compute time for one micro-batch on one device (its TP collectives excluded)."""
@@ -109,8 +161,10 @@ class LayerProfile:
 
     def __init__(self, *, device: str, precision: str, entries, versions: dict | None = None,
                  created: str = "", host: str = "", settings: dict | None = None,
-                 path: Path | None = None):
+                 path: Path | None = None,
+                 framework_overheads: FrameworkOverheads | None = None):
         self.device = device
+        self.framework_overheads = framework_overheads
         self.precision = precision
         self.versions = dict(versions or {})
         self.created = created or now_iso()
@@ -178,9 +232,12 @@ class LayerProfile:
         return f"{safe_name(self.device)}__{self.precision}__{digest}.json"
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "device": self.device, "precision": self.precision,
-                "versions": self.versions, "created": self.created, "host": self.host,
-                "settings": self.settings, "entries": [e.to_dict() for e in self.entries]}
+        d = {"format": FORMAT, "device": self.device, "precision": self.precision,
+             "versions": self.versions, "created": self.created, "host": self.host,
+             "settings": self.settings, "entries": [e.to_dict() for e in self.entries]}
+        if self.framework_overheads is not None:
+            d["framework_overheads"] = self.framework_overheads.to_dict()
+        return d
 
     def save(self, path: Path) -> Path:
         """Write atomically (a partial profile after Ctrl-C is still a valid file)."""
@@ -201,9 +258,12 @@ class LayerProfile:
                                     repeats=int(e.get("repeats", 0)),
                                     optimizer_step_s=float(e.get("optimizer_step_s", 0.0)))
                        for e in d["entries"]]
+            fw = d.get("framework_overheads")
             return cls(device=str(d["device"]), precision=str(d["precision"]), entries=entries,
                        versions=d.get("versions") or {}, created=str(d.get("created", "")),
-                       host=str(d.get("host", "")), settings=d.get("settings") or {}, path=path)
+                       host=str(d.get("host", "")), settings=d.get("settings") or {}, path=path,
+                       framework_overheads=None if fw is None
+                       else FrameworkOverheads.from_dict(fw))
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"{where}: malformed layer profile ({exc!r})") from None
 

@@ -1,0 +1,144 @@
+"""The training framework's own fixed costs, measured with real trials.
+
+A layer profile times each layer's forward and backward alone. A DeepSpeed iteration also
+runs the engine's own work: per micro-batch its forward/backward/step calls, hooks and
+gradient-accumulation bookkeeping and the data loader; per iteration the optimizer step's
+bookkeeping (timers, loss scaling, ZeRO's flat buffers, barriers). On the 2-core CPU machine
+this was 15-80 ms per iteration: the difference between a plan that ranks the trials and
+one that does not (issue 10). Lin et al. 2024 (seed 003) show the same fixed costs dominate
+GPU iterations at small micro-batches.
+
+So `amp-search profile` ends by running the trial program (amp_search.trial.run, the one
+every trial runs) on the spec's own model twice, with all of one node's devices busy as in
+a trial: pp 1, dp = the node's devices, tmp 1, micro-batch 1, ZeRO 0, no recomputation, with
+1 and with `PROBE_GAS` micro-batches per iteration. Each trial's measured time less the cost
+model's prediction from the fresh layer profile (no overheads, no calibration) is its
+residual r(gas) = step_overhead + gas * microbatch_overhead; the two residuals give both
+(least squares when there are more, each clamped at 0). They are stored in the layer profile
+(`FrameworkOverheads`) and used by the cost model as `CostParams.microbatch_overhead_s` and
+`step_overhead_s` whenever there is no calibration.
+
+What it cannot see: overheads that grow with the strategy beyond micro-batch count (a
+pipeline engine's instructions, ZeRO 1-3's partitioned buffers, more tensor-parallel calls):
+those stay in the calibration's reach (`amp-search calibrate`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..errors import UsageError
+from ..spec import Spec
+from .store import FrameworkOverheads, LayerProfile, OverheadProbe, now_iso
+
+PROBE_GAS = (1, 8)
+"""Micro-batches per iteration of the probe trials: one, and enough to separate the
+per-micro-batch cost from the per-iteration one."""
+PROBE_ITERS = 24
+PROBE_WARMUP = 8
+"""Iterations per probe trial and how many lead-in ones are left out of the mean."""
+
+
+def overheads_from_residuals(gas: list[int] | np.ndarray,
+                             residual_s: list[float] | np.ndarray) -> tuple[float, float]:
+    """(microbatch_overhead_s, step_overhead_s): the least-squares line residual = step +
+    gas * microbatch through the points, each clamped at 0 (a negative fixed cost means the
+    layer profile over-predicts; the overhead is then taken as none rather than a credit).
+    Needs at least two distinct gas."""
+    g = np.asarray(gas, dtype=float)
+    r = np.asarray(residual_s, dtype=float)
+    if g.shape != r.shape or len(np.unique(g)) < 2:
+        raise ValueError("need residuals at two or more distinct micro-batch counts")
+    slope, intercept = np.polyfit(g, r, 1)
+    microbatch = max(0.0, float(slope))
+    step = max(0.0, float(np.mean(r - microbatch * g))) if slope < 0 else max(0.0, intercept)
+    return microbatch, step
+
+
+def probe_node(spec: Spec, device_name: str) -> str:
+    """'' when the probe trials can run for `spec` on this machine, else why not."""
+    if len(spec.cluster.nodes) != 1:
+        return (f"the spec has {len(spec.cluster.nodes)} nodes; the probe runs one node's "
+                f"trials locally (profile with a one-node spec of this machine)")
+    node = spec.cluster.nodes[0]
+    if node.gpu.name != device_name:
+        return f"the spec's node is {node.gpu.name}, not {device_name}"
+    if any(x.kind == "custom" for x in spec.model.layers):
+        return "the model has custom layers, which trials cannot run"
+    return ""
+
+
+def probe_strategies(spec: Spec) -> list[tuple[Spec, "Strategy"]]:
+    """The probe trials: (the spec with the probe's global batch, strategy) per gas."""
+    from ..records import Strategy
+
+    devices = tuple(spec.cluster.nodes[0].devices)
+    n_dp = len(devices)
+    out = []
+    for gas in PROBE_GAS:
+        gbs = n_dp * gas
+        probe_spec = dataclasses.replace(
+            spec, training=dataclasses.replace(spec.training, global_batch_size=gbs))
+        s = Strategy(pp=1, dp=n_dp, tmp=1, mbs=1, global_batch_size=gbs,
+                     partition=(0, len(spec.model.layers)),
+                     placement=(tuple((d,) for d in devices),), placement_order="listed",
+                     zero_stage=0, activation_checkpointing=False)
+        out.append((probe_spec, s))
+    return out
+
+
+def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measurements,
+                                runs_dir: Path | None = None, progress: bool = False,
+                                base_env: dict | None = None,
+                                on_probe: Callable[[OverheadProbe], None] | None = None,
+                                iters: int = PROBE_ITERS,
+                                warmup: int = PROBE_WARMUP) -> FrameworkOverheads:
+    """Run the probe trials (DeepSpeed, local launcher) and fit the overheads.
+
+    `measurements`: the link profile etc. to predict with (amp_search.measurements); its
+    calibration is ignored and `profile` replaces its layer profile for this device.
+    Ctrl-C stops the running trial (the launcher reaps it) and re-raises."""
+    from types import MappingProxyType
+
+    from cost_models.params import CostParams
+
+    from ..launch import LaunchOptions, run_trials
+    from ..planner import evaluate
+
+    why = probe_node(spec, profile.device)
+    if why:
+        raise UsageError(f"cannot measure framework overheads: {why}")
+    layers = dict(measurements.layer_profiles)
+    layers[profile.device] = profile
+    meas = dataclasses.replace(measurements, layer_profiles=MappingProxyType(layers),
+                               calibration=None, calibration_source="uncalibrated")
+    probes: list[OverheadProbe] = []
+    with tempfile.TemporaryDirectory(prefix="amp-search-overheads-") as tmp:
+        where = Path(runs_dir) if runs_dir is not None else Path(tmp)
+        for probe_spec, s in probe_strategies(spec):
+            # a database per probe: the results key is the strategy's label and the spec's
+            # text, which the two probes share
+            options = LaunchOptions(backend="deepspeed", launcher="local", iters=iters,
+                                    warmup=warmup, progress=progress,
+                                    results_path=Path(tmp) / f"probe-gas{s.gas}.sqlite",
+                                    runs_dir=where, base_env=dict(base_env or {}))
+            predicted = evaluate(probe_spec, s, measurements=meas,
+                                 cost_params=CostParams()).iteration_time_s
+            (rec,) = run_trials(probe_spec, [s], options)
+            if rec.status != "ok" or rec.measured_s is None:
+                raise UsageError(f"the framework-overhead probe trial {rec.label} ended "
+                                 f"{rec.status}: {rec.error or rec.log_tail[-300:]}")
+            probe = OverheadProbe(label=rec.label, gas=s.gas, measured_s=rec.measured_s,
+                                  predicted_s=float(predicted),
+                                  other_processes_cores=rec.other_processes_cores)
+            probes.append(probe)
+            if on_probe is not None:
+                on_probe(probe)
+    microbatch, step = overheads_from_residuals([p.gas for p in probes],
+                                                [p.residual_s for p in probes])
+    return FrameworkOverheads(backend="deepspeed", microbatch_overhead_s=microbatch,
+                              step_overhead_s=step, probes=tuple(probes), created=now_iso())

@@ -1,0 +1,172 @@
+"""The framework's fixed costs: the fit of probe residuals, storage in the layer profile, their
+use by the cost model when there is no calibration, and the real probe trials on CPU."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from amp_search.measurements import Measurements
+from amp_search.planner import CostModel, estimate, measured_overheads
+from amp_search.profiling.framework import (PROBE_GAS, overheads_from_residuals, probe_node,
+                                            probe_strategies)
+from amp_search.profiling.store import (FrameworkOverheads, LayerProfile, OverheadProbe,
+                                        ProfileEntry)
+from amp_search.spec import load_spec
+from cost_models.params import CostParams
+
+TINY = """
+cluster:
+  nodes:
+    - gpu: CPU-local
+      count: 1
+      gpus_per_node: 2
+      intra_node_bandwidth: 2 GB/s
+      inter_node_bandwidth: 10 Gbps
+model:
+  preset: gpt
+  num_layers: 2
+  hidden_size: 64
+  num_attention_heads: 2
+  seq_length: 32
+  vocab_size: 256
+training:
+  global_batch_size: 4
+  precision: fp32
+  activation_checkpointing: none
+  zero_stage: 0
+  framework_overhead: 256 MiB
+"""
+
+
+def _spec(tmp_path, text=TINY):
+    p = tmp_path / "spec.yaml"
+    p.write_text(text)
+    return load_spec(p)
+
+
+def _profile(spec, overheads=None):
+    entries = [ProfileEntry(signature=x.signature, tmp=1, mbs=m, forward_s=1e-3 * m,
+                            backward_s=2e-3 * m) for x in spec.model.layers for m in (1, 2, 4)]
+    return LayerProfile(device="CPU-local", precision="fp32", entries=entries,
+                        framework_overheads=overheads)
+
+
+def test_residual_line_is_recovered_exactly():
+    mb, step = overheads_from_residuals([1, 8], [0.040 + 0.018, 0.040 + 8 * 0.018])
+    assert mb == pytest.approx(0.018)
+    assert step == pytest.approx(0.040)
+    # three points: least squares
+    mb, step = overheads_from_residuals([1, 4, 8], [0.05, 0.08, 0.12])
+    assert mb == pytest.approx(0.01, abs=1e-3) and step == pytest.approx(0.04, abs=2e-3)
+
+
+def test_negative_fixed_costs_are_clamped():
+    # residual falls with gas: no per-micro-batch cost, the mean residual is per iteration
+    mb, step = overheads_from_residuals([1, 8], [0.10, 0.03])
+    assert mb == 0.0 and step == pytest.approx(0.065)
+    # the layer profile over-predicts everything: no overhead at all, never a credit
+    assert overheads_from_residuals([1, 8], [-0.02, -0.01]) == (pytest.approx(0.00143, abs=1e-4), 0.0)
+    with pytest.raises(ValueError):
+        overheads_from_residuals([8, 8], [0.1, 0.2])
+
+
+def test_overheads_round_trip_in_the_layer_profile(tmp_path):
+    spec = _spec(tmp_path)
+    fw = FrameworkOverheads(backend="deepspeed", microbatch_overhead_s=0.018,
+                            step_overhead_s=0.04, created="2026-11-22T00:00:00+00:00",
+                            probes=(OverheadProbe(label="pp1-dp2-tmp1-mbs1-z0", gas=1,
+                                                  measured_s=0.2, predicted_s=0.142,
+                                                  other_processes_cores=0.01),))
+    path = _profile(spec, fw).save(tmp_path / "p.json")
+    back = LayerProfile.load(path)
+    assert back.framework_overheads == fw
+    assert back.framework_overheads.probes[0].residual_s == pytest.approx(0.058)
+    # older files without the key still load, without overheads
+    d = json.loads(path.read_text())
+    del d["framework_overheads"]
+    assert LayerProfile.from_dict(d).framework_overheads is None
+
+
+def test_cost_model_adds_measured_overheads_unless_calibrated(tmp_path):
+    spec = _spec(tmp_path)
+    fw = FrameworkOverheads(backend="deepspeed", microbatch_overhead_s=0.018,
+                            step_overhead_s=0.04)
+    bare = Measurements(layer_profiles={"CPU-local": _profile(spec)})
+    measured = Measurements(layer_profiles={"CPU-local": _profile(spec, fw)})
+    params, source = measured_overheads(measured)
+    assert params == CostParams(microbatch_overhead_s=0.018, step_overhead_s=0.04)
+    assert "framework overheads" in source
+    assert measured_overheads(bare) == (CostParams(), "uncalibrated")
+
+    kw = dict(pp=1, dp=2, tmp=1, mbs=1, zero_stage=0)
+    t0 = estimate(spec, measurements=bare, **kw).iteration_time_s
+    t1 = estimate(spec, measurements=measured, **kw).iteration_time_s
+    gas = 4 // 2
+    assert t1 - t0 == pytest.approx(0.04 + gas * 0.018, rel=1e-6)
+
+    # a calibration (or given coefficients) replaces them
+    cal = CostParams(step_overhead_s=0.5)
+    calibrated = Measurements(layer_profiles={"CPU-local": _profile(spec, fw)},
+                              calibration=cal, calibration_source="calibration:x")
+    assert CostModel(spec, measurements=calibrated).params == cal
+    assert CostModel(spec, measurements=measured, cost_params=CostParams()).params == \
+        CostParams()
+
+
+def test_probe_strategies_use_one_whole_node(tmp_path):
+    spec = _spec(tmp_path)
+    probes = probe_strategies(spec)
+    assert [s.gas for _, s in probes] == list(PROBE_GAS)
+    for probe_spec, s in probes:
+        assert (s.pp, s.dp, s.tmp, s.mbs, s.zero_stage) == (1, 2, 1, 1, 0)
+        assert probe_spec.training.global_batch_size == s.global_batch_size == 2 * s.gas
+        assert s.partition == (0, len(spec.model.layers))
+        assert sorted(d for r in s.placement[0] for d in r) == [0, 1]
+    assert probe_node(spec, "CPU-local") == ""
+    assert probe_node(spec, "V100") == "the spec's node is CPU-local, not V100"
+    two = _spec(tmp_path, TINY.replace("count: 1", "count: 2"))
+    assert "2 nodes" in probe_node(two, "CPU-local")
+
+
+def test_profile_cli_says_why_it_skips_the_probe(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from amp_search.cli import main
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(TINY.replace("count: 1", "count: 2"))
+    rc = main(["profile", str(spec), "--device", "cpu", "--mbs", "1", "--repeats", "1",
+               "--rounds", "1", "--warmup", "0", "--concurrent", "1", "--no-progress",
+               "--profiles", str(tmp_path / "profiles")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "framework overheads not measured: the spec has 2 nodes" in out
+    (path,) = (tmp_path / "profiles" / "measured").glob("*.json")
+    assert LayerProfile.load(path).framework_overheads is None
+
+
+def test_real_probe_trials_on_cpu(tmp_path):
+    """Two real DeepSpeed trials (gas 1 and 8) of a tiny model over gloo: the residuals are
+    what the fit is made of, whatever their size on this machine."""
+    pytest.importorskip("deepspeed")
+    import os
+
+    from amp_search.profiling.framework import measure_framework_overheads
+
+    spec = _spec(tmp_path)
+    seen = []
+    fw = measure_framework_overheads(spec, _profile(spec), measurements=Measurements(),
+                                     runs_dir=tmp_path / "runs", iters=3, warmup=1,
+                                     base_env=dict(os.environ), on_probe=seen.append)
+    assert [p.gas for p in fw.probes] == list(PROBE_GAS) and list(fw.probes) == seen
+    assert all(p.measured_s > 0 and p.predicted_s > 0 for p in fw.probes)
+    # the probe trials really ran with those micro-batch counts
+    assert fw.probes[1].predicted_s > fw.probes[0].predicted_s
+    mb, step = overheads_from_residuals([p.gas for p in fw.probes],
+                                        [p.residual_s for p in fw.probes])
+    assert (fw.microbatch_overhead_s, fw.step_overhead_s) == (mb, step)
+    assert fw.microbatch_overhead_s >= 0 and fw.step_overhead_s >= 0
+    logs = sorted((tmp_path / "runs").glob("*/trial.json"))
+    assert [json.loads(p.read_text())["strategy"]["global_batch_size"] for p in logs] \
+        in ([2, 16], [16, 2])
