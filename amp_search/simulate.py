@@ -33,8 +33,24 @@ strategy on its placement and layer split, from the same cost terms as AMP eq. 5
   overlaps;
 - the optimizer step and the per-iteration overhead as in eq. 4.
 
-ZeRO 3 (weights gathered in every micro-batch) is not simulated: its estimates keep the
-closed form (`time_source` "analytic").
+- ZeRO 3 (pp = 1 only: DeepSpeed's pipeline engine rejects it, `search_space`'s
+  zero_2_3_with_pipeline rule): each micro-batch runs layer by layer, each layer's
+  parameters all-gathered over the dp ring before its forward and again before its
+  backward, prefetched while the layer before computes, and its gradients reduce-scattered
+  after its backward, overlapped with the rest of the backward (DeepSpeed's overlap_comm,
+  on by default for stage 3: `comm.gradient_reduce_overlaps_backward`); per layer, the
+  bytes `comm.data_parallel_sync_time_s(zero_stage=3)` charges for the stage (the
+  parameters in the training precision, the gradients in DeepSpeed's reduce precision), so
+  one iteration moves the closed form's volume, with one ring latency per layer and
+  collective where the closed form has one per collective. The layer times are the stage's
+  forward and backward (recomputation included) split in proportion to `pass_times`'
+  per-layer device time. Two DeepSpeed defaults (runtime/zero/config.py, 0.19.8) this
+  leaves out: it prefetches up to stage3_prefetch_bucket_size (5e7) elements ahead, where
+  the simulator fetches one layer ahead (conservative for layers far smaller than that);
+  and it keeps a parameter gathered between its forward and its backward when it is reused
+  within stage3_max_reuse_distance (1e9 elements), so on models far below that size the
+  backward's gathers may not happen; the simulator follows the closed form's (and the ZeRO
+  paper's, Rajbhandari et al. 2020 section 7) 1.5x volume.
 
 Each flow has its own link at the bandwidth the cost model gives it; the cost model already
 divides a NIC among the flows that cross it at once (static sharing, amp_search.topology).
@@ -107,6 +123,9 @@ class PassTimes:
     """The recomputed forward before each backward (full recomputation), else None."""
     tensor_parallel_s: np.ndarray
     """The tensor-parallel all-reduces of all passes (included in the three above)."""
+    layer_s: np.ndarray | None = None
+    """[pp, 3, L]: each layer's share of the stage's forward, backward and recompute above
+    (zero outside the stage's layers; each pass sums to the stage's), for ZeRO 3."""
 
 
 def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: "StageCosts",
@@ -151,9 +170,19 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
         per_layer, tp = per_layer[np.arange(chunks) % c.pp], tp[np.arange(chunks) % c.pp]
     totals = np.stack([P.stage_totals(per_layer[:, k, :], bounds) for k in range(3)])
     totals += costs.microbatch_overhead_s * share[:, None] * (c.pp / chunks)
+    # each stage's (chunk's) pass totals spread over its layers in proportion to their time
+    own = np.zeros((chunks, L), dtype=bool)
+    for j in range(chunks):
+        own[j, bounds[j]:bounds[j + 1]] = True
+    mine = np.where(own[:, None, :], per_layer, 0.0)
+    raw = mine.sum(axis=2)                                       # [chunks, 3]
+    counts = own.sum(axis=1)[:, None, None]
+    weights = np.where(raw[:, :, None] > 0, mine / np.where(raw > 0, raw, 1.0)[:, :, None],
+                       own[:, None, :] / np.maximum(counts, 1))
     return PassTimes(forward_s=totals[0], backward_s=totals[1],
                      recompute_s=totals[2] if ckpt else None,
-                     tensor_parallel_s=P.stage_totals(tp.sum(axis=1), bounds))
+                     tensor_parallel_s=P.stage_totals(tp.sum(axis=1), bounds),
+                     layer_s=weights * totals.T[:, :, None])
 
 
 def candidate_of(s: Strategy) -> Candidate:
@@ -165,8 +194,8 @@ def candidate_of(s: Strategy) -> Candidate:
 
 def simulatable(s: Strategy) -> str | None:
     """None if `s` can be simulated, else why not (one phrase)."""
-    if s.zero_stage == 3:
-        return "ZeRO 3 is not simulated"
+    if s.zero_stage == 3 and s.pp > 1:
+        return "ZeRO 3 with pp > 1 is not simulated (DeepSpeed's pipeline engine rejects it)"
     return None
 
 
@@ -209,7 +238,17 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
                   p2p_latency_s=model.link_latencies_s("p2p", crosses, layout,
                                                        boundaries=True),
                   p2p_bandwidth_bytes_per_s=np.asarray(bw, dtype=float))
-    if s.dp > 1:
+    if s.dp > 1 and s.zero_stage == 3:          # pp = 1: per-layer gathers, reduce-scatters
+        bw, crosses = layout.dp_links
+        params = model.params_per_layer(s.tmp).astype(float)
+        grad_bpe = C.gradient_reduce_bytes_per_element(model.spec.training.precision)
+        layer = t.layer_s[0]
+        kw.update(dp=s.dp, dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
+                  dp_bandwidth_bytes_per_s=np.asarray(bw, dtype=float),
+                  zero3_layer_forward_s=layer[0],
+                  zero3_layer_backward_s=layer[1] + layer[2],
+                  zero3_param_bytes=params * bpe, zero3_grad_bytes=params * grad_bpe)
+    elif s.dp > 1:
         bw, crosses = layout.dp_links
         grad = P.stage_totals(model.params_per_layer(s.tmp)[None, :].repeat(s.pp, axis=0),
                               bounds) * bpe

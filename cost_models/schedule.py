@@ -51,6 +51,15 @@ What is simulated (one pipeline replica; the other dp replicas run the same time
   "all_reduce" for ZeRO 0, "reduce_scatter" for ZeRO 1 and 2) of ``dp`` ranks. The optimizer
   step waits for every bucket of its stage; ``gather_bytes_after_step`` (ZeRO 1 and 2, or
   DeepSpeed's BF16_Optimizer) adds a ring all-gather of the updated weights after the step.
+- ZeRO 3 (pp = 1; the ``zero3_*`` arguments): the stage's compute runs layer by layer, and
+  every layer's forward and backward waits for an all-gather of that layer's parameters,
+  which the task before it issued when it started (DeepSpeed's prefetch of the next
+  parameters, one at a time, on its own stream); every layer's backward then queues a
+  reduce-scatter of its gradients on the dp stream, overlapped with the rest of the backward
+  (overlap_comm, DeepSpeed's default for stage 3); the optimizer step waits for all of them.
+  Gathers and reduce-scatters share the dp link. With free links this is the plain schedule;
+  on slow links each pass exposes at least its first gather (tests/test_simulate.py works a
+  case by hand).
 - Flows and bandwidth sharing (Proteus's assumption, as a flow-level fluid model). A transfer
   or collective is a flow: first its latency (``steps(n) * latency_s`` of
   `cost_models.comm`, during which it uses no bandwidth), then its wire bytes
@@ -141,6 +150,7 @@ _K_SEND, _K_RECV, _K_IDLE = 4, 5, 9
 _K_COLLECTIVE = {"all_reduce": 6, "reduce_scatter": 7, "all_gather": 8}
 _S_COMPUTE, _S_SEND_NEXT, _S_SEND_PREV, _S_RECV_PREV, _S_RECV_NEXT, _S_DP = range(6)
 _FLOW_P2P, _FLOW_BUCKET, _FLOW_GATHER = 0, 1, 2
+_FLOW_PREFETCH = 3      # ZeRO 3's per-layer parameter all-gather (made ready by op_pre)
 
 
 def deepspeed_bucket_bytes(bytes_per_element: float) -> float:
@@ -621,7 +631,7 @@ def _heap_pop(h_t, h_s, h_k, n, ordered):
 def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, stage_bptr,
                      stage_buckets, f_stream, f_wake, f_kind, f_lat, f_bytes, f_alone, b_frac,
                      f_lptr, f_link, f_mult, s_ptr, s_flow, l_bw, l_ptr, ordered, op_xfer,
-                     blocking):
+                     blocking, op_pre):
     """The discrete-event loop (numba-compiled; `_PY` holds the same code as plain Python).
 
     Every task starts at the latest of its constraints (its stream's previous task, its
@@ -638,7 +648,10 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
     blocking: op_xfer[j, k, q] >= 0 makes compute task (j, k) a blocking send or receive of
     those P2P flows (one, or a paired send and receive): a flow becomes ready when both its
     sender and its receiver have reached their task for it (a rendezvous, at the later
-    arrival), and a task ends when the last of its flows ends."""
+    arrival), and a task ends when the last of its flows ends.
+
+    op_pre[j, k] >= 0: the flow that compute task (j, k) makes ready when it starts (ZeRO 3's
+    prefetch of the next layer's parameters while this one computes)."""
     INF = np.inf
     K = op_dur.shape[1]
     nf = f_stream.shape[0]
@@ -891,6 +904,15 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
                                            j * _NUM_EV + _EV_COMPUTE_END, ordered)
                 n_h += 1
                 seq += 1
+                pf = op_pre[j, k]
+                if pf >= 0:
+                    f_ready[pf] = start
+                    f_prod[pf] = task
+                    s = f_stream[pf]
+                    if not sm_in[s]:
+                        sm_in[s] = True
+                        sm_stack[n_sm] = s
+                        n_sm += 1
                 em = op_emit[j, k]
                 if em >= 0 and overlap and stage_nb[j] > 0:
                     for b in range(stage_nb[j]):
@@ -1143,6 +1165,51 @@ class _Links:
         return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
+def _zero3_inputs(layer_f, layer_b, param, grad, *, fwd, bwd, rec, pp, dp, other):
+    """The checked ZeRO 3 arrays of `simulate_iteration` (forward, backward, parameter and
+    gradient bytes per layer), or None where none is given."""
+    given = [x is not None for x in (layer_f, layer_b, param, grad)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError("ZeRO 3 needs zero3_layer_forward_s, zero3_layer_backward_s, "
+                         "zero3_param_bytes and zero3_grad_bytes together")
+    if pp != 1 or dp < 2:
+        raise ValueError(f"ZeRO 3 is simulated for pp = 1 and dp > 1 (DeepSpeed's pipeline "
+                         f"engine rejects ZeRO 3), got pp = {pp}, dp = {dp}")
+    gradient_bytes, gather_bytes_after_step, reduce_every_microbatch = other
+    if gradient_bytes is not None or gather_bytes_after_step is not None \
+            or reduce_every_microbatch:
+        raise ValueError("ZeRO 3 reduce-scatters per layer (zero3_grad_bytes): gradient_bytes, "
+                         "gather_bytes_after_step and reduce_every_microbatch do not apply")
+    n = np.asarray(layer_f, dtype=float).reshape(-1).shape[0]
+    if n < 1:
+        raise ValueError("zero3_layer_forward_s needs at least one layer")
+    out = tuple(_floats(name, x, n) for name, x in (
+        ("zero3_layer_forward_s", layer_f), ("zero3_layer_backward_s", layer_b),
+        ("zero3_param_bytes", param), ("zero3_grad_bytes", grad)))
+    for name, total, want in (("forward", out[0].sum(), fwd[0]),
+                              ("backward", out[1].sum(), bwd[0] + (0.0 if rec is None
+                                                                   else rec[0]))):
+        if not math.isclose(total, want, rel_tol=1e-9, abs_tol=1e-12):
+            raise ValueError(f"zero3_layer_{name}_s sums to {total:.9g} s, but the stage's "
+                             f"{name} is {want:.9g} s")
+    return out
+
+
+def _zero3_order(gas: int, layers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ZeRO 3's compute stream at pp = 1: a no-op (it issues the first gather), then per
+    micro-batch the forward of each layer in order and the backward of each in reverse:
+    (kind, microbatch, layer), [1, 1 + 2 gas layers] arrays."""
+    fwd_l = np.arange(layers, dtype=np.int64)
+    per_mb_kind = np.concatenate([np.full(layers, _FORWARD), np.full(layers, _BACKWARD)])
+    per_mb_layer = np.concatenate([fwd_l, fwd_l[::-1]])
+    kind = np.concatenate([[_K_IDLE], np.tile(per_mb_kind, gas)]).astype(np.int64)
+    micro = np.concatenate([[-1], np.repeat(np.arange(gas), 2 * layers)]).astype(np.int64)
+    layer = np.concatenate([[0], np.tile(per_mb_layer, gas)]).astype(np.int64)
+    return kind[None, :], micro[None, :], layer[None, :]
+
+
 def simulate_iteration(
     *,
     forward_s,
@@ -1166,6 +1233,10 @@ def simulate_iteration(
     gradient_collective: str = "all_reduce",
     reduce_every_microbatch: bool = False,
     gather_bytes_after_step=None,
+    zero3_layer_forward_s=None,
+    zero3_layer_backward_s=None,
+    zero3_param_bytes=None,
+    zero3_grad_bytes=None,
     links: Mapping[Hashable, float] | None = None,
     step_overhead_s: float = 0.0,
     use_numba: bool = True,
@@ -1199,6 +1270,22 @@ def simulate_iteration(
     reduce_every_microbatch (ZeRO 2: every backward emits buckets, not only the last);
     gather_bytes_after_step[j] (ZeRO 1, 2, BF16_Optimizer: an all-gather of the updated
     weights after the step). dp = 1: no data-parallel traffic.
+
+    ZeRO 3 (pp = 1, dp > 1; `zero3_*` given together, one value per layer of the stage): the
+    stage runs each micro-batch as one task per layer, zero3_layer_forward_s[l] forward in
+    layer order, then zero3_layer_backward_s[l] (its recomputation included) in reverse; they
+    must sum to forward_s[0] and backward_s[0] (+ recompute_s[0]). Before each of these tasks
+    the layer's zero3_param_bytes[l] (one device's full parameters) are all-gathered over the
+    dp ranks, prefetched: the gather of a task is issued when the task before it starts (the
+    first one at t = 0), one at a time in task order, and the task waits for it; after each
+    backward task the layer's zero3_grad_bytes[l] are reduce-scattered on the dp stream,
+    overlapped with the rest of the backward (DeepSpeed's overlap_comm, on by default for
+    stage 3), and the optimizer step waits for all of them. Gathers and reduce-scatters share
+    the stage's dp link (or route) max-min fairly. Each is one ring collective of
+    `cost_models.comm` (`collective_time_s` when alone), so an iteration moves exactly the
+    volume of `comm.data_parallel_sync_time_s(zero_stage=3)`: gas (2 all-gathers + 1
+    reduce-scatter) of the stage's parameters. gradient_bytes, gather_bytes_after_step and
+    reduce_every_microbatch do not apply (ValueError).
 
     step_overhead_s is added once at the end. use_numba=False runs the same kernel as plain
     Python (slow; for tests). time_ordered: take the events in time order (a heap); None
@@ -1249,6 +1336,11 @@ def simulate_iteration(
         kinds, micro, xfer, peer = (
             np.concatenate([a, np.full((pp, 1) + a.shape[2:], v, np.int64)], axis=1)
             for a, v in ((kinds, _K_IDLE), (micro, -1), (xfer, -1), (peer, -1)))
+    z3 = _zero3_inputs(zero3_layer_forward_s, zero3_layer_backward_s, zero3_param_bytes,
+                       zero3_grad_bytes, fwd=fwd, bwd=bwd, rec=rec, pp=pp, dp=dp,
+                       other=(gradient_bytes, gather_bytes_after_step, reduce_every_microbatch))
+    if z3 is not None:
+        kinds, micro, z3_layer = _zero3_order(gas, z3[0].shape[0])
     n_ops = kinds.shape[1]
     K = n_ops + 1
     lk = _Links(links or {})
@@ -1371,6 +1463,29 @@ def simulate_iteration(
                 lk.route(routes[j], stream)
                 n_flows += 1
 
+    if z3 is not None:      # per-layer gathers (stream 0, free at pp = 1), reduce-scatters
+        z3_g0 = sum(len(a) for a in f_stream)
+        layer = z3_layer[0, 1:]
+        is_bwd = kinds[0, 1:] == _BACKWARD
+        for stream, kind, coll, sel, size in (
+                (0, _FLOW_PREFETCH, "all_gather", np.ones_like(is_bwd), z3[2]),
+                (2, _FLOW_BUCKET, "reduce_scatter", is_bwd, z3[3])):
+            ls = layer[sel]
+            n = ls.shape[0]
+            f_stream.append(np.full(n, stream))
+            f_owner.append(np.zeros(n))
+            f_wake.append(np.zeros(n))
+            f_kind.append(np.full(n, kind))
+            f_lat.append(np.where(size[ls] > 0, C.latency_steps(coll, dp) * dp_l[0], 0.0))
+            f_bytes.append(C.bus_factor(coll, dp) * size[ls])
+            b_frac.append(np.zeros(n))
+            f_mb.append(micro[0, 1:][sel])
+            f_peer.append(ls)
+            f_count.append(np.zeros(n))
+            lk.route(routes[0], stream, n)
+        z3_r0 = z3_g0 + n_ops - 1
+        stage_buckets[0] = int(is_bwd.sum())
+
     def cat(parts, dtype):
         return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
 
@@ -1414,6 +1529,17 @@ def simulate_iteration(
         if blocking and not overlap and emitters == 1:
             op_emit[:, :n_ops] = -1
             op_emit[:, n_ops - 1] = np.where(stage_nb > 0, 0, -1)
+    op_pre = np.full((pp, K), -1, dtype=np.int64)
+    if z3 is not None:      # task i > 0 waits for gather i-1, which task i-1 issues
+        op_dur[0, :n_ops] = np.where(kinds[0] == _FORWARD, z3[0][z3_layer[0]],
+                                     np.where(kinds[0] == _BACKWARD, z3[1][z3_layer[0]], 0.0))
+        gathers = z3_g0 + np.arange(n_ops - 1)
+        op_dep[0, 1:n_ops] = gathers
+        op_pre[0, :n_ops - 1] = gathers
+        op_emit[0] = -1
+        bwd_ops = np.flatnonzero(kinds[0] == _BACKWARD)
+        op_out[0, bwd_ops] = z3_r0 + np.arange(bwd_ops.shape[0])
+        overlap = True
 
     f_lptr, f_link, f_mult = lk.csr()
     link_bw = np.asarray(lk.bw, dtype=float)
@@ -1436,7 +1562,7 @@ def simulate_iteration(
         pp, op_dur, op_dep, op_out, op_emit, bool(overlap), stage_nb, stage_bptr,
         stage_buckets, f_stream_a, f_wake_a, f_kind_a, cat(f_lat, float),
         cat(f_bytes, float), alone, cat(b_frac, float), f_lptr, f_link, f_mult, s_ptr,
-        order, link_bw, slot_ptr, bool(time_ordered), op_xfer, bool(blocking))
+        order, link_bw, slot_ptr, bool(time_ordered), op_xfer, bool(blocking), op_pre)
     if not complete:        # cannot happen for the schedules above; an invariant
         raise RuntimeError("the schedule simulation deadlocked")
 
@@ -1448,7 +1574,8 @@ def simulate_iteration(
         f_stream=f_stream_a, f_owner=f_owner_a, f_wake=f_wake_a, f_kind=f_kind_a,
         f_mb=cat(f_mb, np.int64), f_peer=cat(f_peer, np.int64),
         f_count=cat(f_count, np.int64), st_end=st_end,
-        collective=gradient_collective, step_overhead_s=float(step_overhead_s),
+        collective="reduce_scatter" if z3 is not None else gradient_collective,
+        step_overhead_s=float(step_overhead_s),
         use_numba=use_numba, s_ptr=s_ptr, s_flow=order)
 
 
@@ -1681,7 +1808,8 @@ def simulate_interleaved(*, forward_s, backward_s, optimizer_s, gas: int,
         f_stream_a, f_wake_a, f_kind_a, np.array(f_lat, dtype=float).reshape(-1),
         np.array(f_bytes, dtype=float).reshape(-1), alone,
         np.array(b_frac, dtype=float).reshape(-1), f_lptr, f_link, f_mult, s_ptr, order,
-        link_bw, slot_ptr, False, np.full((pp, K, 1), -1, dtype=np.int64), False)
+        link_bw, slot_ptr, False, np.full((pp, K, 1), -1, dtype=np.int64), False,
+        np.full((pp, K), -1, dtype=np.int64))
     if not complete:        # an invariant of the order above
         raise RuntimeError("the interleaved schedule simulation deadlocked")
     return _summarise(
@@ -1762,7 +1890,8 @@ def _summarise(*, schedule, pp, gas, kinds, micro, peer, c_start, c_end, f_start
     computing = comp_kind <= _OPTIMIZER      # not a blocking send / receive, not a no-op
     compute_end = np.where(computing, c_end, c_start)
     busy = (compute_end - c_start).sum(axis=1)
-    coll_kind = np.where(f_kind == _FLOW_GATHER, _K_COLLECTIVE["all_gather"],
+    coll_kind = np.where((f_kind == _FLOW_GATHER) | (f_kind == _FLOW_PREFETCH),
+                         _K_COLLECTIVE["all_gather"],
                          _K_COLLECTIVE[collective])
     if not computing.all():                  # the no-ops that pad short stages: not a task
         path = path[(path >= pp * comp_kind.shape[1]) |

@@ -143,14 +143,106 @@ def test_simulated_estimate_records_both_times_and_the_breakdown():
     assert d["simulation"]["critical_path"][0]["start_s"] == 0.0
 
 
-def test_zero_3_keeps_the_closed_form():
+def _zero3(bandwidth, latency=0.0, **kw):
+    """pp = 1, dp = 2, two layers: forward 1 s each, backward 2 s each, step 0.5 s; each
+    layer's parameters all-gather in 3 s and its gradients reduce-scatter in 1 s alone
+    (cost_models.comm's ring times at `bandwidth`)."""
+    params = 3.0 / C.allgather_time_s(1.0, 2, 1.0)          # bytes that gather in 3 s at 1 B/s
+    grads = 1.0 / C.reduce_scatter_time_s(1.0, 2, 1.0)
+    args = dict(forward_s=[2.0], backward_s=[4.0], optimizer_s=[0.5], dp=2,
+                dp_bandwidth_bytes_per_s=[bandwidth], dp_latency_s=[latency],
+                zero3_layer_forward_s=[1.0, 1.0], zero3_layer_backward_s=[2.0, 2.0],
+                zero3_param_bytes=[params, params], zero3_grad_bytes=[grads, grads])
+    args.update(kw)
+    return simulate_iteration(**args)
+
+
+@pytest.mark.parametrize("use_numba", [True, False])
+@pytest.mark.parametrize("gas", [1, 3])
+def test_zero_3_with_free_links_equals_the_schedule_without_zero(gas, use_numba):
+    z3 = _zero3(np.inf, gas=gas, step_overhead_s=0.25, use_numba=use_numba)
+    plain = simulate_iteration(forward_s=[2.0], backward_s=[4.0], optimizer_s=[0.5], gas=gas,
+                               step_overhead_s=0.25, use_numba=use_numba)
+    assert z3.iteration_time_s == plain.iteration_time_s == gas * 6.0 + 0.5 + 0.25
+    assert z3.busy_s == plain.busy_s and z3.exposed_comm_s == (0.0,)
+    # every layer pass waits for one gather, every backward one reduce-scatter
+    kinds = [e.kind for e in z3.events if e.stream == "dp"]
+    assert kinds.count("allgather") == 4 * gas and kinds.count("reduce_scatter") == 2 * gas
+
+
+@pytest.mark.parametrize("use_numba", [True, False])
+def test_zero_3_exposed_gathers_by_hand(use_numba):
+    """Gathers 3 s, layer forward 1 s: only the first gather of each pass hides nothing.
+    By hand (gas 1): gather f0 [0, 3], f0 [3, 4]; gather f1 (issued when f0 starts) [3, 6],
+    f1 [6, 7]; gather b1 [6, 9], b1 [9, 11]; gather b0 (issued at 9) runs alone until the
+    reduce-scatter of b1 joins at 11 with a third of its bytes left: both then share the link
+    and end at 13; b0 [13, 15]; reduce-scatter of b0 [15, 16]; step [16, 16.5]."""
+    sim = _zero3(1.0, gas=1, use_numba=use_numba)
+    assert sim.makespan_s == pytest.approx(16.5, rel=1e-12)
+    assert sim.busy_s == (6.5,) and sim.exposed_comm_s[0] == pytest.approx(10.0, rel=1e-12)
+    compute = [(e.kind, round(e.start_s, 9), round(e.end_s, 9)) for e in sim.events
+               if e.stream == "compute" and e.kind != "idle"]
+    assert compute == [("forward", 3, 4), ("forward", 6, 7), ("backward", 9, 11),
+                       ("backward", 13, 15), ("optimizer", 16, 16.5)]
+    dp = sorted((round(e.start_s, 9), round(e.end_s, 9), e.kind) for e in sim.events
+                if e.stream == "dp")
+    assert dp == [(0, 3, "allgather"), (3, 6, "allgather"), (6, 9, "allgather"),
+                  (9, 13, "allgather"), (11, 13, "reduce_scatter"), (15, 16, "reduce_scatter")]
+    # the critical path runs through the gathers, ends with the last reduce-scatter and step
+    assert sim.critical_path[-2:] == ("stage 0 reduce_scatter", "stage 0 optimizer")
+    assert sum(1 for k in sim.critical_path_kinds if k == "allgather") == 4
+    # the volume of the closed form: gas (2 all-gathers + 1 reduce-scatter) of the stage
+    alone = C.data_parallel_sync_time_s(param_bytes=2 * (3.0 / C.allgather_time_s(1.0, 2, 1.0)),
+                                        grad_bytes=2 * (1.0 / C.reduce_scatter_time_s(1.0, 2,
+                                                                                      1.0)),
+                                        n=2, bandwidth_bytes_per_s=1.0, latency_s=0.0,
+                                        zero_stage=3, gas=1)
+    assert alone == pytest.approx(3 * 4 + 1 * 2)
+    # latency: one ring latency (n - 1 = 1 step) per gather and reduce-scatter
+    slow = _zero3(np.inf, latency=0.125, gas=1, use_numba=use_numba)
+    # gathers of 0.125 s hide behind the layer before, except the first: only it and the
+    # last reduce-scatter are exposed
+    assert slow.makespan_s == pytest.approx(6.5 + 0.125 + 0.125)
+
+
+def test_zero_3_input_checks():
+    with pytest.raises(ValueError, match="together"):
+        _zero3(1.0, gas=1, zero3_grad_bytes=None)
+    with pytest.raises(ValueError, match="sums to"):
+        _zero3(1.0, gas=1, zero3_layer_forward_s=[1.0, 2.0])
+    with pytest.raises(ValueError, match="pp = 1 and dp > 1"):
+        _zero3(1.0, gas=1, dp=1)
+    with pytest.raises(ValueError, match="do not apply"):
+        _zero3(1.0, gas=1, gradient_bytes=[1.0])
+
+
+def test_zero_3_is_simulated_at_pp_1():
     spec = _spec("amp-homo-gpt2")
     e = estimate(spec, pp=1, dp=16, tmp=1, mbs=1, zero_stage=3, partition="uniform",
                  simulate=True)
-    assert e.time_source.startswith("analytic (ZeRO 3")
-    assert e.simulation is None and e.analytic_iteration_time_s == e.iteration_time_s
-    with pytest.raises(ValueError, match="ZeRO 3"):
-        simulation_inputs(CostModel(spec), e.strategy)
+    assert e.time_source == "simulated" and e.simulation is not None
+    model = CostModel(spec)
+    kw = simulation_inputs(model, e.strategy)
+    L = model.num_layers
+    assert kw["zero3_param_bytes"].shape == (L,) and kw["gas"] == e.strategy.gas
+    # the layer split sums to the stage's passes, the bytes to the closed form's volume
+    assert kw["zero3_layer_forward_s"].sum() == pytest.approx(kw["forward_s"][0], rel=1e-12)
+    assert kw["zero3_param_bytes"].sum() == pytest.approx(
+        model.params_per_layer(1).sum() * spec.training.bytes_per_element)
+    # gathers add to the compute: the simulated time is above the same compute with free links
+    free = simulate_iteration(**{**kw, "dp_bandwidth_bytes_per_s": np.full(1, np.inf),
+                                 "dp_latency_s": np.zeros(1)})
+    sim = simulate(model, e.strategy)
+    assert free.makespan_s == pytest.approx(kw["gas"] * (kw["forward_s"][0]
+                                                         + kw["backward_s"][0])
+                                            + kw["optimizer_s"][0], rel=1e-9)
+    assert sim.makespan_s > free.makespan_s
+    assert sim.exposed_comm_s[0] == pytest.approx(sim.makespan_s - free.makespan_s, rel=1e-9)
+    # and with pp > 1 (which DeepSpeed's pipeline engine rejects) it says why not
+    from dataclasses import replace
+
+    from amp_search.simulate import simulatable
+    assert simulatable(replace(e.strategy, pp=2)).startswith("ZeRO 3 with pp > 1")
 
 
 def test_plan_reranks_the_top_n_by_simulated_time():

@@ -105,14 +105,17 @@ def test_timeline_command_writes_both_files(tmp_path, monkeypatch, capsys):
 
 
 def test_timeline_refuses_zero_3_from_the_plan(monkeypatch, capsys):
-    """A strategy the simulator cannot play (ZeRO 3) gets one clear line."""
+    """A strategy the simulator cannot play (ZeRO 3 with pp > 1) gets one clear line."""
+    from dataclasses import replace
+
     from amp_search import estimate, load_spec
     from amp_search.errors import UsageError
 
     e = estimate(load_spec(ROOT / "configs" / "amp-homo-gpt2.yaml"), pp=1, dp=16, tmp=1,
                  mbs=1, zero_stage=3, partition="uniform")
+    e = replace(e, strategy=replace(e.strategy, pp=2))
     monkeypatch.setattr(cli, "chosen_strategy", lambda spec, args, m: (e, "given strategy"))
-    with pytest.raises(UsageError, match="ZeRO 3 is not simulated"):
+    with pytest.raises(UsageError, match="ZeRO 3 with pp > 1 is not simulated"):
         _run([str(ROOT / "configs" / "amp-homo-gpt2.yaml"), "--rank", "1"], monkeypatch,
              capsys)
 

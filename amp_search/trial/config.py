@@ -18,6 +18,9 @@ reads it (`python -m amp_search.trial.run --config trial.json`). Fields:
     output      where global rank 0 writes the result JSON
     ds_config   the DeepSpeed config (also written beside the trial as ds_config.json)
     debug_fail / debug_hang_s   make the process fail / sleep on purpose (launcher tests)
+    instruction_trace  each rank also writes its DeepSpeed instruction timings of the timed
+                iterations beside the result (amp_search.trial.instructions); default off,
+                and only written to trial.json when on
 """
 from __future__ import annotations
 
@@ -70,6 +73,9 @@ class TrialConfig:
     """If set, every process raises RuntimeError(debug_fail) right after start-up."""
     debug_hang_s: float = 0.0
     """If > 0, every process sleeps this long right after start-up."""
+    instruction_trace: bool = False
+    """Each rank writes the start and end of every DeepSpeed instruction of the timed
+    iterations to instructions-rank{g}.json beside `output` (amp_search.trial.instructions)."""
 
     @property
     def world_size(self) -> int:
@@ -86,6 +92,7 @@ class TrialConfig:
             "causal": self.causal, "lr": self.lr, "output": self.output,
             "ds_config": self.ds_config,
             "debug_fail": self.debug_fail, "debug_hang_s": self.debug_hang_s,
+            **({"instruction_trace": True} if self.instruction_trace else {}),
         }
 
     @classmethod
@@ -98,7 +105,8 @@ class TrialConfig:
             precision=d["precision"], device=d["device"], iters=int(d["iters"]),
             warmup=int(d["warmup"]), seed=int(d["seed"]), causal=bool(d["causal"]),
             lr=float(d.get("lr", 1e-4)), output=d["output"], ds_config=d.get("ds_config", {}),
-            debug_fail=d.get("debug_fail", ""), debug_hang_s=float(d.get("debug_hang_s", 0)))
+            debug_fail=d.get("debug_fail", ""), debug_hang_s=float(d.get("debug_hang_s", 0)),
+            instruction_trace=bool(d.get("instruction_trace", False)))
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=1))

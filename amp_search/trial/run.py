@@ -12,7 +12,9 @@ Started by torchrun, the deepspeed launcher or srun, once per device. It
    rejects) it trains the same layers as a plain DeepSpeed engine;
 4. trains `iters` iterations on synthetic tokens; each iteration's time is the slowest rank's;
 5. global rank 0 writes the result JSON: iteration times, mean and std of the iterations
-   after `warmup`, losses, peak memory per rank, the layers each stage holds, versions.
+   after `warmup`, losses, peak memory per rank, the layers each stage holds, versions;
+6. with `instruction_trace` on, every rank also writes the start and end of each DeepSpeed
+   instruction of the iterations after `warmup` (amp_search.trial.instructions).
 
 A program, so it reads the launcher's environment variables; nothing else here does.
 """
@@ -270,6 +272,30 @@ def _peak_memory(device) -> tuple[int, str]:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "cpu_max_rss_approx"
 
 
+def _call(name: str, fn, *args):
+    return fn(*args)
+
+
+def _instruction_recorder(cfg: TrialConfig, rank: int, engine, device, pipelined: bool):
+    """None unless cfg.instruction_trace; else a recorder timing this rank's DeepSpeed
+    instructions (installed into the pipeline engine; the plain engine's forward, backward and
+    step are timed by the training loop)."""
+    if not cfg.instruction_trace:
+        return None
+    import torch
+
+    from .instructions import InstructionRecorder, install_pipeline
+
+    me, s = cfg.ranks[rank], cfg.strategy
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    rec = InstructionRecorder(rank=rank, stage=me.stage, replica=me.replica, tensor=me.tensor,
+                              pp=s.pp, dp=s.dp, tmp=s.tmp, gas=s.gas,
+                              engine="pipeline" if pipelined else "plain", sync=sync)
+    if pipelined:
+        install_pipeline(engine, rec)
+    return rec
+
+
 def train(cfg: TrialConfig) -> dict | None:
     """Run the trial; returns the result dict on global rank 0, None elsewhere."""
     rank, device = _setup(cfg)
@@ -294,6 +320,8 @@ def train(cfg: TrialConfig) -> dict | None:
 
     me = cfg.ranks[rank]
     data = _Data(cfg, me.replica)
+    trace = _instruction_recorder(cfg, rank, engine, device, pipelined)
+    call = trace.timed_call if trace is not None else _call
 
     def step() -> float:
         if pipelined:
@@ -301,9 +329,9 @@ def train(cfg: TrialConfig) -> dict | None:
         losses = []
         for _ in range(s.gas):
             ids, labels = next(data)
-            loss = engine(ids.to(device), labels.to(device))
-            engine.backward(loss)
-            engine.step()
+            loss = call("ForwardPass", engine, ids.to(device), labels.to(device))
+            call("BackwardPass", engine.backward, loss)
+            call("OptimizerStep", engine.step)
             losses.append(loss.detach().float())
         mean = torch.stack(losses).mean()
         dist.all_reduce(mean)  # average over data-parallel replicas (and equal tensor ranks)
@@ -313,10 +341,14 @@ def train(cfg: TrialConfig) -> dict | None:
     for it in range(cfg.iters):
         dist.barrier()
         t0 = time.perf_counter()
+        if trace is not None and it >= cfg.warmup:
+            trace.begin(it, t0)
         loss = step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = torch.tensor([time.perf_counter() - t0], device=device)
+        if trace is not None:
+            trace.end()
         dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the iteration ends with its slowest rank
         times.append(float(dt))
         losses.append(loss)
@@ -324,6 +356,10 @@ def train(cfg: TrialConfig) -> dict | None:
             print(f"iteration {it + 1}/{cfg.iters} time_s={times[-1]:.4f} loss={loss:.5f}",
                   flush=True)
 
+    if trace is not None:
+        from .instructions import trace_path
+
+        trace.write(trace_path(cfg.output, rank))
     peak = _peak_memory(device)
     if pipelined:
         local = (module._local_start, module._local_stop)
