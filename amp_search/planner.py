@@ -548,8 +548,6 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     whose estimated cost (search_space.SearchCost) is larger, before starting it; `on_start`:
     called with that SearchCost when the search starts. Raises NoFeasibleStrategy when nothing
     fits, with the prune counts in the message."""
-    from tqdm import tqdm
-
     t0 = time.perf_counter()
     model = CostModel(spec, measurements=measurements, cost_params=cost_params)
     space = SearchSpace.of(spec)
@@ -569,8 +567,13 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     if on_start is not None:
         on_start(cost)
     estimates = []
-    for c in tqdm(candidates, desc="searching", unit="strategy", disable=not progress,
-                  leave=False, mininterval=0.25):
+    shown = candidates
+    if progress:            # tqdm (and the multiprocessing lock it makes) only when shown
+        from tqdm import tqdm
+
+        shown = tqdm(candidates, desc="searching", unit="strategy", leave=False,
+                     mininterval=0.25)
+    for c in shown:
         best = min((model.evaluate(c, order) for order in orders),
                    key=lambda e: e.iteration_time_s)
         if best.fits:
