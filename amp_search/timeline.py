@@ -113,7 +113,9 @@ def write_chrome_trace(sim: SimulatedIteration, path: str | os.PathLike, *,
 
     def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, separators=(",", ":"))
+            # dumps, not dump: json.dump streams through the pure-Python encoder, several
+            # times slower than dumps' C encoder on a trace of thousands of events
+            fh.write(json.dumps(data, separators=(",", ":")))
             fh.write("\n")
 
     _write_atomically(Path(path), write)
