@@ -67,8 +67,17 @@ def _cached_dispatcher_class():
                 self.add_overload(cres)
                 return cres.entry_point
 
+    # pickled by reference, as cost_models._jit._CachedDispatcher (module __getattr__), as
+    # numba pickles its own dispatchers' class
+    _CachedDispatcher.__qualname__ = "_CachedDispatcher"
     _dispatcher_class = _CachedDispatcher
     return _dispatcher_class
+
+
+def __getattr__(name: str):
+    if name == "_CachedDispatcher":
+        return _cached_dispatcher_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def njit(fn, *, what: str, **options):
