@@ -474,7 +474,8 @@ class CostModel:
         if uniform is not None and (mem_layer is None or np.all(
                 P.stage_totals(mem_layer, uniform) <= mem_budget)):
             candidates.append(uniform)
-        return min(candidates, key=lambda b: self._objective_s(costs, b, gas))
+        # the DPs and the uniform split often agree: each distinct split is costed once
+        return min(dict.fromkeys(candidates), key=lambda b: self._objective_s(costs, b, gas))
 
     def _objective_s(self, costs: StageCosts, bounds, gas: int) -> float:
         """The iteration time `_assemble` gives the split `bounds` (eq. 4 over the 1F1B time)."""
