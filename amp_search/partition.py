@@ -632,7 +632,12 @@ def _solve(times, cut, gas, sync_layer, sync_fixed, has_sync, mem_layer, mem_bud
             stage_sync[j] = sync_fixed[j]
             for l in range(bounds[j], bounds[j + 1]):
                 stage_sync[j] += sync_layer[j, l]
-    objective = (gas - 1) * stage_time.max() + total + stage_sync.max()
+    t_max = stage_time[0]  # the maxima by loop: np.max would tie the cached kernel to
+    s_max = stage_sync[0]  # numba.np.arraymath, whose import loads scipy (cost_models._jit)
+    for j in range(1, pp):
+        t_max = max(t_max, stage_time[j])
+        s_max = max(s_max, stage_sync[j])
+    objective = (gas - 1) * t_max + total + s_max
     return bounds, stage_time, stage_sync, objective, solves
 
 

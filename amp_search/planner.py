@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -248,12 +248,15 @@ class CostModel:
     # ------------------------------------------------------------------ one strategy
     def evaluate(self, c: Candidate, order: DeviceOrder | None = None, *,
                  placement: np.ndarray | None = None,
-                 partition: str | tuple[int, ...] = "optimal") -> Estimate:
+                 partition: str | tuple[int, ...] = "optimal",
+                 with_memory: bool = True) -> Estimate:
         """Cost one strategy: placement from `order` (Megatron's mapping) or given; partition
-        'optimal' (exact DP), 'uniform' (Megatron) or explicit boundaries."""
+        'optimal' (exact DP), 'uniform' (Megatron) or explicit boundaries. with_memory=False:
+        without the per-stage peak memory (`memory` empty, so `fits` says nothing), for a
+        caller that keeps one of several placements by time and adds it (`add_memory`)."""
         layout = self.layout(c, order, placement)
         costs = self.stage_costs(c, layout)
-        scores = [any(self.standard_attention[g] for g in gs) for gs in layout.stage_gpus]
+        scores = self._attention_scores(layout)
         bounds = self._partition(c, costs, layout, partition, any(scores))
         strategy = Strategy(pp=c.pp, dp=c.dp, tmp=c.tmp, mbs=c.mbs,
                             global_batch_size=self.spec.training.global_batch_size,
@@ -265,7 +268,21 @@ class CostModel:
                             selective_recompute=c.selective_recompute,
                             sequence_parallel=c.sequence_parallel,
                             virtual_stages=c.virtual_stages)
-        return self._assemble(strategy, costs, layout.capacity_bytes, scores)
+        return self._assemble(strategy, costs, layout.capacity_bytes,
+                              scores if with_memory else None)
+
+    def _attention_scores(self, layout: PlacedLayout) -> list[bool]:
+        """Per stage: whether any of its device types runs standard attention (stores the
+        attention scores)."""
+        return [any(self.standard_attention[g] for g in gs) for gs in layout.stage_gpus]
+
+    def add_memory(self, c: Candidate, order: DeviceOrder, e: Estimate) -> Estimate:
+        """`e`, evaluated over `order` with with_memory=False, with the memory `evaluate`
+        gives it (the same layout, from the cache)."""
+        layout = self.layout(c, order)
+        return replace(e, memory=stage_memory(
+            self.spec, e.strategy, capacity_bytes=layout.capacity_bytes,
+            attention_scores=self._attention_scores(layout)))
 
     def layout(self, c: Candidate, order: DeviceOrder | None = None,
                placement: np.ndarray | None = None) -> PlacedLayout:
@@ -528,7 +545,8 @@ class CostModel:
         if uniform is not None and (mem_layer is None or np.all(
                 P.stage_totals(mem_layer, uniform) <= mem_budget)):
             candidates.append(uniform)
-        return min(candidates, key=lambda b: self._objective_s(costs, b, gas))
+        # the DPs and the uniform split often agree: each distinct split is costed once
+        return min(dict.fromkeys(candidates), key=lambda b: self._objective_s(costs, b, gas))
 
     def _assemble_interleaved(self, strategy: Strategy, costs: StageCosts, capacity: np.ndarray,
                               scores: list[bool]) -> Estimate:
@@ -551,8 +569,8 @@ class CostModel:
             optimizer_s=float(step[f]))
         return Estimate(strategy=s, iteration_time_s=total, breakdown=breakdown,
                         stage_time_s=tuple(float(x) for x in stage_time),
-                        memory=stage_memory(self.spec, s, capacity_bytes=capacity,
-                                            attention_scores=scores),
+                        memory=() if scores is None else stage_memory(
+                            self.spec, s, capacity_bytes=capacity, attention_scores=scores),
                         timing_sources=self.sources())
 
     def _objective_s(self, costs: StageCosts, bounds, gas: int) -> float:
@@ -587,8 +605,9 @@ class CostModel:
         return layer_bytes, usable - reserved
 
     def _assemble(self, strategy: Strategy, costs: StageCosts, capacity: np.ndarray,
-                  scores: list[bool]) -> Estimate:
-        """AMP eq. 5 and 4 on the chosen split, with the breakdown and the memory check."""
+                  scores: list[bool] | None) -> Estimate:
+        """AMP eq. 5 and 4 on the chosen split, with the breakdown and the memory check
+        (scores None: without the memory)."""
         if strategy.virtual_stages > 1:
             return self._assemble_interleaved(strategy, costs, capacity, scores)
         bounds, gas = strategy.partition, strategy.gas
@@ -613,8 +632,9 @@ class CostModel:
             data_parallel_s=float(sync[s]), optimizer_s=float(step[s]))
         return Estimate(strategy=strategy, iteration_time_s=total, breakdown=breakdown,
                         stage_time_s=tuple(float(x) for x in stage_time),
-                        memory=stage_memory(self.spec, strategy, capacity_bytes=capacity,
-                                            attention_scores=scores),
+                        memory=() if scores is None else stage_memory(
+                            self.spec, strategy, capacity_bytes=capacity,
+                            attention_scores=scores),
                         timing_sources=self.sources())
 
 
@@ -662,8 +682,6 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     whose estimated cost (search_space.SearchCost) is larger, before starting it; `on_start`:
     called with that SearchCost when the search starts. Raises NoFeasibleStrategy when nothing
     fits, with the prune counts in the message."""
-    from tqdm import tqdm
-
     t0 = time.perf_counter()
     model = CostModel(spec, measurements=measurements, cost_params=cost_params)
     space = SearchSpace.of(spec, backend)
@@ -683,10 +701,17 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     if on_start is not None:
         on_start(cost)
     estimates = []
-    for c in tqdm(candidates, desc="searching", unit="strategy", disable=not progress,
-                  leave=False, mininterval=0.25):
-        best = min((model.evaluate(c, order) for order in orders),
-                   key=lambda e: e.iteration_time_s)
+    shown = candidates
+    if progress:            # tqdm (and the multiprocessing lock it makes) only when shown
+        from tqdm import tqdm
+
+        shown = tqdm(candidates, desc="searching", unit="strategy", leave=False,
+                     mininterval=0.25)
+    for c in shown:
+        # the fastest placement order, then its memory (the others' is never looked at)
+        best, order = min(((model.evaluate(c, o, with_memory=False), o) for o in orders),
+                          key=lambda eo: eo[0].iteration_time_s)
+        best = model.add_memory(c, order, best)
         if best.fits:
             estimates.append(best)
         else:

@@ -6,11 +6,12 @@
   process per pipeline stage, one thread per stream (compute, send_next, send_prev,
   recv_prev, recv_next, dp); every event is a complete ("X") event with ts and dur in
   microseconds, and the idle gaps of the compute stream are events too, so the bubble shows.
-- `write_gantt_png`: a Gantt chart with matplotlib (the Agg canvas, no pyplot and no global
-  backend change): one row per stage, its compute stream as the main band (forward,
-  recompute, backward, optimizer step, idle and, with DeepSpeed's blocking P2P, the time
-  blocked in a send or a receive, in distinct colours), its P2P sends and its
-  data-parallel collectives as two thin lanes under it; time in milliseconds.
+- `write_gantt_png`: a Gantt chart with matplotlib (`gantt_figure`: the Agg canvas, no pyplot
+  and no global backend change, one PolyCollection per kind of task): one row per stage,
+  its compute stream as the main band (forward, recompute, backward, optimizer step, idle
+  and, with DeepSpeed's blocking P2P, the time blocked in a send or a receive, in distinct
+  colours), its P2P sends and its data-parallel collectives as two thin lanes under it;
+  time in milliseconds.
 
 Both read the columns of `sim.table`, so a large timeline stays cheap to write.
 """
@@ -112,7 +113,9 @@ def write_chrome_trace(sim: SimulatedIteration, path: str | os.PathLike, *,
 
     def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, separators=(",", ":"))
+            # dumps, not dump: json.dump streams through the pure-Python encoder, several
+            # times slower than dumps' C encoder on a trace of thousands of events
+            fh.write(json.dumps(data, separators=(",", ":")))
             fh.write("\n")
 
     _write_atomically(Path(path), write)
@@ -123,9 +126,19 @@ def write_gantt_png(sim: SimulatedIteration, path: str | os.PathLike, *, title: 
     """Draw the iteration as a Gantt chart into a PNG at `path`: a row per stage (stage 0 on
     top), compute in the main band, P2P sends and data-parallel collectives in two thin lanes
     under it, the bubble as light grey idle, a dashed line where the iteration ends; the x axis in
-    milliseconds. Needs matplotlib (ImportError without it); raises OSError when the file
-    cannot be written."""
+    milliseconds (`gantt_figure`). Needs matplotlib (ImportError without it); raises OSError
+    when the file cannot be written."""
+    fig = gantt_figure(sim, title=title, stage_names=stage_names)
+    _write_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+
+
+def gantt_figure(sim: SimulatedIteration, *, title: str = "",
+                 stage_names: Sequence[str] | None = None):
+    """The Gantt chart of `write_gantt_png` as a matplotlib Figure on the Agg canvas, laid
+    out. Every drawn task is one rectangle of the one PolyCollection of its kind (in the order
+    of COLOURS), so that the figure holds a few artists however many tasks it shows."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -138,26 +151,33 @@ def write_gantt_png(sim: SimulatedIteration, path: str | os.PathLike, *, title: 
     ax = fig.add_subplot(1, 1, 1)
     start_ms = t.start_s * 1e3
     width_ms = (t.end_s - t.start_s) * 1e3
+    # the lane of each stream (y offset in its stage's row, height): compute, then the
+    # stage's sends, then dp; the receives are not drawn (the compute stream shows the wait)
+    lane_y0, lane_h = np.full(len(STREAMS), np.nan), np.zeros(len(STREAMS))
+    for streams, offset, h in ((("compute",), -0.38, 0.56),
+                               (("send_next", "send_prev"), 0.21, 0.08), (("dp",), 0.31, 0.08)):
+        for name in streams:
+            lane_y0[STREAMS.index(name)], lane_h[STREAMS.index(name)] = offset, h
     kind_names = np.array(KINDS)[t.kind]
-    lanes = {   # (streams, y offset, height): compute, then the stage's sends, then dp
-        "compute": ([STREAMS.index("compute")], -0.38, 0.56),
-        "p2p": ([STREAMS.index("send_next"), STREAMS.index("send_prev")], 0.21, 0.08),
-        "dp": ([STREAMS.index("dp")], 0.31, 0.08)}
+    drawn = ~np.isnan(lane_y0[t.stream]) & (width_ms > 0)
+    y0 = t.stage + lane_y0[t.stream]
+    y1 = y0 + lane_h[t.stream]
+    # one collection of rectangles per kind, in the order of COLOURS (the drawing order of
+    # one bar per task, drawn kind after kind)
     shown = []
     for kind, colour in COLOURS.items():
-        for streams, y0, h in lanes.values():
-            sel = (kind_names == kind) & np.isin(t.stream, streams) & (width_ms > 0)
-            if not sel.any():
-                continue
-            stages = t.stage[sel]
-            for j in np.unique(stages):
-                mine = stages == j
-                ax.broken_barh(list(zip(start_ms[sel][mine], width_ms[sel][mine])),
-                               (j + y0, h), facecolors=colour,
-                               edgecolors="none" if kind == "idle" else "white",
-                               linewidth=0.3 if pp * sim.gas <= 512 else 0.0)
-            if kind not in shown:
-                shown.append(kind)
+        sel = drawn & (kind_names == kind)
+        if not sel.any():
+            continue
+        x0, b, top = start_ms[sel], y0[sel], y1[sel]
+        x1 = x0 + width_ms[sel]
+        corners = np.stack([np.stack([x0, b], 1), np.stack([x0, top], 1),
+                            np.stack([x1, top], 1), np.stack([x1, b], 1)], axis=1)
+        ax.add_collection(PolyCollection(
+            corners, closed=True, facecolors=colour,
+            edgecolors="none" if kind == "idle" else "white",
+            linewidths=0.3 if pp * sim.gas <= 512 else 0.0), autolim=False)
+        shown.append(kind)
     end_ms = sim.makespan_s * 1e3
     ax.axvline(end_ms, color="black", linestyle="--", linewidth=0.8)
     ax.set_ylim(pp - 0.4, -0.6)
@@ -177,7 +197,10 @@ def write_gantt_png(sim: SimulatedIteration, path: str | os.PathLike, *, title: 
     ax.set_title(f"{heading}: {sim.iteration_time_s * 1e3:.4g} ms per iteration (simulated)",
                  fontsize=10)
     fig.tight_layout()
-    _write_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+    # tight_layout leaves a placeholder layout engine, for which savefig lays the figure out
+    # (a whole draw) once more; the layout is done
+    fig.set_layout_engine(None)
+    return fig
 
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -246,4 +269,5 @@ def write_prediction_png(series, path: str | os.PathLike, *, title: str = "",
     ax.legend(fontsize=7, loc="upper left")
     ax.set_title(title or "predicted against measured (dotted: +-10%)", fontsize=9)
     fig.tight_layout()
+    fig.set_layout_engine(None)     # laid out: no second layout pass in savefig
     _write_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))

@@ -683,7 +683,8 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
     states = model_state_bytes(
         tuple(n for ts in per_layer for n in ts), precision=precision, zero_stage=zero_stage,
         dp=dp, gas=gas, buckets=buckets,
-        zero3_inflight_numel=zero3_inflight_gather_numel(per_layer, buckets),
+        zero3_inflight_numel=zero3_inflight_gather_numel(per_layer, buckets)
+        if zero_stage == 3 and dp > 1 else 0,       # only ZeRO 3 over dp > 1 reads it
         framework=framework)
     g = BYTES_PER_ELEMENT[precision]
     act = stage_saved_activation_bytes(layers, stage=stage, pp=pp, gas=gas, mbs=mbs, tmp=tmp,

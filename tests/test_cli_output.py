@@ -330,3 +330,65 @@ def test_a_port_out_of_range_is_one_line(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "TCP port (1 to 65535)" in err and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- 10. start-up
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict:
+    return next(a for a in parser._actions
+                if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_a_named_command_gets_the_same_parser_alone():
+    """`amp-search COMMAND ...` builds only the module of COMMAND (cli.command_module): every
+    sub-command has one, and its help there is the help of the full parser."""
+    from amp_search.cli import command_module
+
+    full = _subcommands(build_parser())
+    for name, parser in full.items():
+        alone = _subcommands(build_parser(command_module(name)))
+        assert name in alone, name
+        assert alone[name].format_help() == parser.format_help()
+    assert command_module("no-such-command") is None
+
+
+def test_an_unknown_command_lists_them_all(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["plam"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'plam'" in err and "timeline" in err and "estimate" in err
+
+
+START_UP_PROBE = """
+import json, sys
+from amp_search.cli import main
+code = main(sys.argv[1:])
+watched = ("torch", "deepspeed", "matplotlib", "amp_search.launch", "amp_search.export",
+           "tqdm", "scipy.linalg")
+from amp_search import partition
+print(json.dumps({"code": code, "imported": [m for m in watched if m in sys.modules],
+                  "kernels_from_cache": sum(partition._solve._cache_hits.values()) > 0}))
+"""
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "configs/cpu-tiny.yaml", "--json", "-"],
+    ["estimate", "configs/cpu-tiny.yaml", "--pp", "2", "--dp", "1", "--tmp", "2", "--mbs", "1",
+     "--json", "-"],
+    ["timeline", "configs/cpu-tiny.yaml", "--rank", "1"],
+])
+def test_the_planning_commands_import_no_framework(argv):
+    """plan, estimate and timeline (without --png) import neither torch, DeepSpeed nor
+    matplotlib, nor the launchers, the exporter or the progress bar (--json -: no bar);
+    scipy.linalg neither, when numba loads the kernels from its cache (cost_models._jit)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "amp_search", *argv], cwd=ROOT, env=env,
+                   capture_output=True, check=True)           # the kernels are cached after it
+    done = subprocess.run([sys.executable, "-c", START_UP_PROBE, *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["code"] == 0
+    allowed = set() if out["kernels_from_cache"] else {"scipy.linalg"}
+    assert set(out["imported"]) <= allowed, out["imported"]

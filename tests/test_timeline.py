@@ -75,6 +75,38 @@ def test_gantt_png_is_written(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))        # written through a renamed temporary
 
 
+def test_gantt_draws_each_task_once_in_one_collection_per_kind():
+    """Every task of the compute stream, the sends and the data-parallel stream that lasts is
+    one rectangle at its start, of its duration, in its stage's row and lane; the receives are
+    not drawn; one collection per kind, however many tasks."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.colors import to_rgb
+
+    from amp_search.timeline import COLOURS, gantt_figure
+    from cost_models.schedule import KINDS
+
+    sim = _sim(gas=12)
+    ax = gantt_figure(sim, title="test").axes[0]
+    t = sim.table
+    drawn_streams = [STREAMS.index(s) for s in ("compute", "send_next", "send_prev", "dp")]
+    lasting = np.isin(t.stream, drawn_streams) & (t.end_s > t.start_s)
+    colours = {c.get_facecolor()[0][:3].round(4).tobytes(): c for c in ax.collections}
+    assert len(ax.collections) == len({KINDS[k] for k in t.kind[lasting]})
+    for k in np.unique(t.kind[lasting]):
+        mine = lasting & (t.kind == k)
+        coll = colours[np.round(to_rgb(COLOURS[KINDS[k]]), 4).tobytes()]
+        boxes = np.array([p.vertices[:4] for p in coll.get_paths()])   # (n, 4 corners, xy)
+        assert len(boxes) == mine.sum()
+        x0, x1 = boxes[:, :, 0].min(axis=1), boxes[:, :, 0].max(axis=1)
+        y0 = boxes[:, :, 1].min(axis=1)
+        order = np.lexsort((y0, x0))
+        want = np.lexsort((t.stage[mine], t.start_s[mine]))
+        assert np.allclose(x0[order], t.start_s[mine][want] * 1e3)
+        assert np.allclose(x1[order] - x0[order],
+                           (t.end_s[mine] - t.start_s[mine])[want] * 1e3)
+        assert np.array_equal(np.floor(y0[order] + 0.5).astype(int), t.stage[mine][want])
+
+
 def _run(argv, monkeypatch, capsys):
     """Run `amp-search timeline ...` through its own parser (the command is registered in
     amp_search.cli by the planner's owner), with the plain-Python kernel (no compile)."""

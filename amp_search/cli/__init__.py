@@ -10,6 +10,8 @@ from ..errors import AmpSearchError
 
 COMMAND_MODULES = ("plan", "launch", "results", "profile", "calibrate", "example",
                    "timeline", "export")
+COMMANDS_OF_OTHER_NAME = {"estimate": "plan", "profile-comm": "profile"}
+"""Sub-commands that a module of another name registers (beside its own)."""
 
 
 def version() -> str:
@@ -24,22 +26,45 @@ def version() -> str:
         return "unknown (not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_module(word: str) -> str | None:
+    """The module (of COMMAND_MODULES) that registers the sub-command `word`; None if none."""
+    return word if word in COMMAND_MODULES else COMMANDS_OF_OTHER_NAME.get(word)
+
+
+class _VersionAction(argparse.Action):
+    """--version: looks the version up (importlib.metadata, ~25 ms) only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0,
+                         help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"amp-search {version()}")       # on stdout, as argparse's "version" action
+        parser.exit()
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The amp-search parser with every sub-command, or with the command `only` alone (what
+    `main` builds when the command line names one: registering the others would import their
+    modules' dependencies, the launchers and the exporter, for nothing)."""
     import importlib
 
     parser = argparse.ArgumentParser(
         prog="amp-search",
         description="Find the fastest 3D-parallel training strategy for a model on a cluster.")
-    parser.add_argument("--version", action="version", version=f"amp-search {version()}",
-                        help="print the version and exit")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in COMMAND_MODULES if only is None else (only,):
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    # `amp-search COMMAND ...`: only that command's parser (its help and errors are the
+    # same); anything else (no command, --help, --version, a typo) gets all of them.
+    parser = build_parser(command_module(words[0]) if words else None)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

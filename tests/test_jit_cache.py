@@ -1,0 +1,118 @@
+"""cost_models._jit: a kernel found in numba's on-disk cache is loaded without numba's target
+refresh (its registries, scipy.linalg among them), and gives what numba's own dispatcher gives;
+a signature not in the cache is compiled by numba as usual, beside it. Behaviour only (which
+modules a process imports, what the kernels return), no timing."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+KERNELS = textwrap.dedent("""
+    import numpy as np
+    from cost_models._jit import njit
+
+    def _scaled(a, k):
+        out = np.empty(a.shape[0])
+        for i in range(a.shape[0]):
+            out[i] = a[i] * k
+        return out
+
+    def _total(a, k):
+        s = 0.0
+        b = scaled(a, k)            # a cached kernel calling another
+        for i in range(b.shape[0]):
+            if b[i] < 0:
+                raise ValueError("negative")
+            s += b[i]
+        return s
+
+    scaled = njit(_scaled, what="test kernels")
+    total = njit(_total, what="test kernels")
+""")
+
+# one process: call the kernels, report what it loaded and imported
+PROBE = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import jitprobe
+    a = np.arange(5.0)
+    out = {"total": jitprobe.total(a, 2.0), "scaled": jitprobe.scaled(a, 0.5).tolist()}
+    try:
+        jitprobe.total(-a - 1.0, 1.0)
+    except ValueError as exc:
+        out["raised"] = str(exc)
+    out["hits"] = sum(jitprobe.total._cache_hits.values())
+    out["refreshed"] = "numba.np.npyimpl" in sys.modules   # what the target refresh imports
+    out["scipy_linalg"] = "scipy.linalg" in sys.modules
+    if len(sys.argv) > 1:       # a signature the cache does not hold: numba compiles it
+        out["int_total"] = jitprobe.total(np.arange(5), 2)
+    print(json.dumps(out))
+""")
+
+
+def _probe(tmp_path: Path, *args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+           "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True,
+                          text=True, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_cached_kernels_load_without_the_target_refresh(tmp_path):
+    (tmp_path / "jitprobe.py").write_text(KERNELS)
+    first = _probe(tmp_path)            # compiles and writes the cache
+    assert first["hits"] == 0 and first["refreshed"]
+    second = _probe(tmp_path)           # loads it
+    assert second["hits"] == 1
+    assert not second["refreshed"] and not second["scipy_linalg"]
+    expected = 2.0 * np.arange(5.0).sum()
+    for run in (first, second):
+        assert run["total"] == expected
+        assert run["scaled"] == (0.5 * np.arange(5.0)).tolist()
+        assert run["raised"] == "negative"
+
+
+def test_a_signature_missing_from_the_cache_is_compiled_beside_a_loaded_one(tmp_path):
+    (tmp_path / "jitprobe.py").write_text(KERNELS)
+    _probe(tmp_path)
+    mixed = _probe(tmp_path, "int")     # float64 loaded from the cache, int64 compiled
+    assert mixed["hits"] == 1 and mixed["int_total"] == 20.0
+    assert mixed["total"] == 20.0
+
+
+def test_partition_kernels_give_the_same_split_loaded_or_compiled():
+    """The shipped kernels, called in this process (loaded or compiled, whichever numba's
+    cache says), against their plain-Python twins."""
+    from amp_search.partition import optimal_partition
+
+    rng = np.random.default_rng(7)
+    times = rng.uniform(0.5, 2.0, size=(4, 20))
+    cuts = rng.uniform(0.0, 0.3, size=(4, 21))
+    jit = optimal_partition(times, cuts, 8)
+    py = optimal_partition(times, cuts, 8, use_numba=False)
+    assert jit.boundaries == py.boundaries and jit.objective_s == py.objective_s
+
+
+def test_a_kernel_pickles_and_runs_in_another_process():
+    """As numba's own dispatchers: pickled by reference to its class (cost_models._jit)."""
+    import pickle
+
+    from amp_search import partition
+
+    values = np.arange(6.0).reshape(2, 3)
+    data = pickle.dumps(partition._prefix)
+    code = ("import pickle, sys, numpy as np; f = pickle.loads(sys.stdin.buffer.read()); "
+            "print(f(np.arange(6.0).reshape(2, 3)).tolist())")
+    done = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout) == partition._prefix(values).tolist()
