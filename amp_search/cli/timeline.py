@@ -5,7 +5,7 @@ chrome://tracing) and a PNG Gantt chart.
 The simulator's input comes from the same cost model as the plan
 (`amp_search.simulate.simulation_inputs`, whose docstring says what each term is): the cost
 model's forward, backward and recomputation time of each stage, its P2P, data-parallel
-buckets (ZeRO 0-2; ZeRO 3 is not simulated), optimizer step and per-iteration overhead.
+buckets (ZeRO 0-2; ZeRO 3 at pp 1, layer by layer), optimizer step and per-iteration overhead.
 """
 from __future__ import annotations
 
