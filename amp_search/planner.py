@@ -549,7 +549,7 @@ class CostModel:
         return min(dict.fromkeys(candidates), key=lambda b: self._objective_s(costs, b, gas))
 
     def _assemble_interleaved(self, strategy: Strategy, costs: StageCosts, capacity: np.ndarray,
-                              scores: list[bool]) -> Estimate:
+                              scores: list[bool] | None) -> Estimate:
         """`_assemble` for v > 1 model chunks per stage: the interleaved schedule's closed form
         (cost_models.pipeline.interleaved_1f1b_time_s, Megatron-LM's P2P), then eq. 4."""
         s, gas, v = strategy, strategy.gas, strategy.virtual_stages
