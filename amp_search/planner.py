@@ -127,7 +127,7 @@ def measured_overheads(measurements: Measurements) -> tuple[CostParams, str]:
              sorted(measurements.layer_profiles.items()) if p.framework_overheads is not None]
     if not found:
         return CostParams(), "uncalibrated"
-    params = CostParams(microbatch_overhead_s=max(f.microbatch_overhead_s for _, f in found),
+    params = CostParams(layer_overhead_s=max(f.layer_overhead_s for _, f in found),
                         step_overhead_s=max(f.step_overhead_s for _, f in found))
     where = ", ".join(measurements.layer_profiles[n].source for n, _ in found)
     return params, f"uncalibrated + framework overheads measured in {where}"
@@ -380,15 +380,16 @@ class CostModel:
         ckpt = c.activation_checkpointing
         scale = self.params.compute(gpu.name)
         floor_s = self.params.fixed_cost("kernel_floor_s", gpu.name, gpu.kernel_floor_s)
+        framework_s = self.params.layer_overhead_s / 2
         key = ("passes", gpu.name, c.tmp, c.mbs, ckpt, c.selective_recompute,
-               c.sequence_parallel, scale, floor_s)    # params may be replaced (fits)
+               c.sequence_parallel, scale, floor_s, framework_s)  # params may be replaced
         hit = self._fixed_cache.get(key)
         if hit is None:
             lt = self.timer.times(gpu, c.tmp, c.mbs)
             floor, _ = self._fixed_costs(gpu, c.tmp, ckpt)
             per_pass = np.where(lt.analytic, floor / self._floor_passes[ckpt], 0.0)
-            fwd = lt.forward_s * scale + per_pass
-            bwd = (lt.backward_s + self._knob_time(gpu, c)) * scale + per_pass
+            fwd = lt.forward_s * scale + per_pass + framework_s
+            bwd = (lt.backward_s + self._knob_time(gpu, c)) * scale + per_pass + framework_s
             hit = self._fixed_cache[key] = np.stack([fwd, bwd, fwd if ckpt
                                                      else np.zeros_like(fwd)])
         return hit

@@ -8,6 +8,10 @@ The defaults are the uncalibrated model. Every coefficient enters the prediction
 - microbatch_overhead_s       fixed cost per micro-batch per stage (kernel launch, Python,
                               schedule bookkeeping; Lin et al. 2024 show it dominates small mbs);
 - step_overhead_s             fixed cost per iteration (optimizer step, framework);
+- layer_overhead_s            the training framework's fixed cost per layer per micro-batch
+                              (engine hooks and bookkeeping per module and parameter), half in
+                              the forward and half in the backward pass; measured by
+                              `amp-search profile`'s probe trials (not fitted by calibrate);
 - host_block_pass_s[device], host_tp_allreduce_per_rank_s[device], kernel_floor_s[device]
                               replace the catalog's fixed costs of the analytic layer time
                               (cost_models.compute.HostCosts / DeviceSpeed) for that device type.
@@ -30,6 +34,7 @@ class CostParams:
     dp_overlap: float = 0.0
     microbatch_overhead_s: float = 0.0
     step_overhead_s: float = 0.0
+    layer_overhead_s: float = 0.0
     host_block_pass_s: dict = field(default_factory=dict)
     """device type name -> host seconds per block pass (missing: the catalog's)."""
     host_tp_allreduce_per_rank_s: dict = field(default_factory=dict)

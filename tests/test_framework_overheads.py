@@ -75,7 +75,7 @@ def test_negative_fixed_costs_are_clamped():
 def test_overheads_round_trip_in_the_layer_profile(tmp_path):
     spec = _spec(tmp_path)
     fw = FrameworkOverheads(backend="deepspeed", microbatch_overhead_s=0.018,
-                            step_overhead_s=0.04, created="2026-11-22T00:00:00+00:00",
+                            step_overhead_s=0.04, layers=4, created="2026-11-22T00:00:00+00:00",
                             probes=(OverheadProbe(label="pp1-dp2-tmp1-mbs1-z0", gas=1,
                                                   measured_s=0.2, predicted_s=0.142,
                                                   other_processes_cores=0.01),))
@@ -91,20 +91,27 @@ def test_overheads_round_trip_in_the_layer_profile(tmp_path):
 
 def test_cost_model_adds_measured_overheads_unless_calibrated(tmp_path):
     spec = _spec(tmp_path)
+    n_layers = len(spec.model.layers)                 # 2 blocks + embedding + head
     fw = FrameworkOverheads(backend="deepspeed", microbatch_overhead_s=0.018,
-                            step_overhead_s=0.04)
+                            step_overhead_s=0.04, layers=n_layers)
     bare = Measurements(layer_profiles={"CPU-local": _profile(spec)})
     measured = Measurements(layer_profiles={"CPU-local": _profile(spec, fw)})
     params, source = measured_overheads(measured)
-    assert params == CostParams(microbatch_overhead_s=0.018, step_overhead_s=0.04)
+    assert params == CostParams(layer_overhead_s=0.018 / n_layers, step_overhead_s=0.04)
     assert "framework overheads" in source
     assert measured_overheads(bare) == (CostParams(), "uncalibrated")
 
+    # pp 1: the whole per-micro-batch cost in each of the gas micro-batches, and the step's
     kw = dict(pp=1, dp=2, tmp=1, mbs=1, zero_stage=0)
     t0 = estimate(spec, measurements=bare, **kw).iteration_time_s
     t1 = estimate(spec, measurements=measured, **kw).iteration_time_s
     gas = 4 // 2
     assert t1 - t0 == pytest.approx(0.04 + gas * 0.018, rel=1e-6)
+    # pp 2, split 2/2: each stage pays for its own layers, (gas + pp - 1) times in 1F1B
+    kw = dict(pp=2, dp=1, tmp=1, mbs=1, zero_stage=0, partition=(0, 2, 4))
+    t0 = estimate(spec, measurements=bare, **kw).iteration_time_s
+    t1 = estimate(spec, measurements=measured, **kw).iteration_time_s
+    assert t1 - t0 == pytest.approx(0.04 + (4 + 1) * 0.018 / 2, rel=0.02)
 
     # a calibration (or given coefficients) replaces them
     cal = CostParams(step_overhead_s=0.5)

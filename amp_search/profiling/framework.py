@@ -15,8 +15,11 @@ a trial: pp 1, dp = the node's devices, tmp 1, micro-batch 1, ZeRO 0, no recompu
 model's prediction from the fresh layer profile (no overheads, no calibration) is its
 residual r(gas) = step_overhead + gas * microbatch_overhead; the two residuals give both
 (least squares when there are more, each clamped at 0). They are stored in the layer profile
-(`FrameworkOverheads`) and used by the cost model as `CostParams.microbatch_overhead_s` and
-`step_overhead_s` whenever there is no calibration.
+(`FrameworkOverheads`) and used by the cost model whenever there is no calibration: the
+per-micro-batch cost spread evenly over the model's layers (`CostParams.layer_overhead_s`,
+since the engine's work per micro-batch is per module and parameter: a pipeline stage pays for
+the layers it holds; on CPU trials pp 2 stages showed about half the pp 1 cost) and
+`step_overhead_s`.
 
 What it cannot see: overheads that grow with the strategy beyond micro-batch count (a
 pipeline engine's instructions, ZeRO 1-3's partitioned buffers, more tensor-parallel calls):
@@ -141,4 +144,5 @@ def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measuremen
     microbatch, step = overheads_from_residuals([p.gas for p in probes],
                                                 [p.residual_s for p in probes])
     return FrameworkOverheads(backend="deepspeed", microbatch_overhead_s=microbatch,
-                              step_overhead_s=step, probes=tuple(probes), created=now_iso())
+                              step_overhead_s=step, layers=len(spec.model.layers),
+                              probes=tuple(probes), created=now_iso())

@@ -88,16 +88,26 @@ class FrameworkOverheads:
     running its trial program (amp_search.profiling.framework): what an iteration costs
     beyond its layers' forward/backward, its collectives and its optimizer step.
 
-    microbatch_overhead_s: per micro-batch and stage (the engine's forward/backward/step calls,
-    hooks, gradient-accumulation bookkeeping, data loading); step_overhead_s: per iteration (the
-    optimizer step's own bookkeeping, timers, loss scaling, barriers). The cost model uses them
-    as `CostParams.microbatch_overhead_s` and `step_overhead_s` when there is no calibration."""
+    microbatch_overhead_s: per micro-batch of the whole model on one stage (the engine's
+    forward/backward/step calls, its hooks per module and parameter, gradient-accumulation
+    bookkeeping, data loading); spread over the model's `layers` it is `layer_overhead_s`, so
+    that a pipeline stage pays for the layers it holds. step_overhead_s: per iteration (the
+    optimizer step's own bookkeeping, timers, loss scaling, barriers). The cost model uses
+    them as `CostParams.layer_overhead_s` and `step_overhead_s` when there is no
+    calibration."""
 
     backend: str
     microbatch_overhead_s: float
     step_overhead_s: float
+    layers: int
+    """Layers of the model the probe trials ran (embedding and head included)."""
     probes: tuple[OverheadProbe, ...] = ()
     created: str = ""
+
+    @property
+    def layer_overhead_s(self) -> float:
+        """The per-micro-batch cost per layer."""
+        return self.microbatch_overhead_s / max(self.layers, 1)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -108,7 +118,7 @@ class FrameworkOverheads:
     def from_dict(cls, d: dict) -> "FrameworkOverheads":
         return cls(backend=str(d["backend"]),
                    microbatch_overhead_s=float(d["microbatch_overhead_s"]),
-                   step_overhead_s=float(d["step_overhead_s"]),
+                   step_overhead_s=float(d["step_overhead_s"]), layers=int(d["layers"]),
                    probes=tuple(OverheadProbe(**p) for p in d.get("probes") or ()),
                    created=str(d.get("created", "")))
 
