@@ -31,7 +31,7 @@ from cost_models.params import CostParams
 
 from .errors import UsageError
 from .measurements import NO_MEASUREMENTS, Measurements, calibration_path, device_types
-from .planner import CostModel, evaluate
+from .planner import CostModel, evaluate, measured_overheads
 from .records import Strategy
 from .spec import Spec
 
@@ -293,7 +293,8 @@ def calibrate(spec: Spec, records, *, fit_on=None, initial: CostParams | None = 
 
     records: MeasuredTrial (or see `as_trials`); fit_on: indices (or one bool per record) of
     the trials to fit on; the rest are held out and scored. `initial` is the uncalibrated
-    model (default: CostParams()), which is also the starting point. `measurements`: the
+    model (default: CostParams() with the framework overheads the layer profiles measured,
+    `planner.measured_overheads`), which is also the starting point. `measurements`: the
     layer profiles and link fits to predict with (the calibration they hold is not used:
     `initial` is).
     """
@@ -315,7 +316,7 @@ def calibrate(spec: Spec, records, *, fit_on=None, initial: CostParams | None = 
         raise UsageError(f"trial {wrong[0]} does not belong to this spec ({n_dev} devices, "
                          f"global batch {spec.training.global_batch_size})")
     mask = _select(len(trials), fit_on)
-    initial = initial or CostParams()
+    initial = initial or measured_overheads(measurements)[0]
     meas = np.array([t.measured_s for t in trials])
     fit_trials = [t for t, m in zip(trials, mask) if m]
     meas_fit = meas[mask]

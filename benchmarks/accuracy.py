@@ -4,8 +4,9 @@
 
 1. at least 10 distinct strategies of the spec's small GPT on its 2 devices (pp2 / dp2 / tmp2,
    mbs 1-8, recomputation on and off, ZeRO 0-2);
-2. each is predicted by the uncalibrated cost model (CostParams(): measured CPU layer
-   profile, measured link profile) and then run as a real DeepSpeed trial
+2. each is predicted by the default, uncalibrated cost model (measured CPU layer profile,
+   measured link profile, the framework's fixed costs measured by the two probe trials
+   `amp-search profile` runs; nothing fitted) and then run as a real DeepSpeed trial
    (`amp_search.launch.run_trials`, 2 processes, gloo);
 3. Spearman's rank correlation and the mean absolute percentage error (MAPE) before
    calibration; then two-fold calibration: fitted on one half of the strategies and scored
@@ -41,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -49,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from amp_search.calibrate import MeasuredTrial, calibrate, mape  # noqa: E402
-from amp_search.planner import estimate, evaluate  # noqa: E402
+from amp_search.planner import estimate, evaluate, measured_overheads  # noqa: E402
 from amp_search.profiling.layers import OtherLoad  # noqa: E402
 from amp_search.spec import load_spec  # noqa: E402
 from cost_models.params import CostParams  # noqa: E402
@@ -208,12 +210,30 @@ def new_state(spec, args, states: list[State]) -> State:
             break
         print(f"    (other processes used {others:.2f} cores while profiling; again)",
               flush=True)
+    framework_probe(spec, pdir / "profile.json")
     st = State(index=k, reference_ms=probe(), profile_dir=pdir)
     states.append(st)
     save_states(args.out_dir, states)
     print(f"    new machine state {k}: layers profiled, speed probe {st.reference_ms:.2f} ms",
           flush=True)
     return st
+
+
+def framework_probe(spec, profile_path: Path) -> None:
+    """The framework's fixed costs in this machine state, measured as `amp-search profile`
+    does (amp_search.profiling.framework: two short real trials) into the state's profile,
+    so that the default model predicts with them."""
+    from amp_search.profiling.framework import measure_framework_overheads
+    from amp_search.profiling.store import LayerProfile
+
+    prof = LayerProfile.load(profile_path)
+    fw = measure_framework_overheads(spec, prof,
+                                     measurements=measurements_in(spec, profile_path.parent))
+    prof.framework_overheads = fw
+    prof.save(profile_path)
+    _MEASUREMENTS.pop(profile_path.parent.parent, None)
+    print(f"    framework overheads: {fw.layer_overhead_s * 1e3:.2f} ms per layer and "
+          f"micro-batch, {fw.step_overhead_s * 1e3:.1f} ms per iteration", flush=True)
 
 
 def state_for(probe_ms: float, states: list[State], max_drift: float) -> State | None:
@@ -239,7 +259,7 @@ def measure(spec, spec_tuple, args, states: list[State]) -> dict:
             st = new_state(spec, args, states)
             before = probe()
         e = estimate(spec, pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
-                     activation_checkpointing=ckpt, cost_params=CostParams(),
+                     activation_checkpointing=ckpt,
                      measurements=measurements_in(spec, st.profile_dir))
         stamp = f"{e.strategy.label()}-{datetime.now():%Y%m%d-%H%M%S}"
         db = args.out_dir / "attempts" / f"{stamp}.sqlite"
@@ -303,6 +323,7 @@ def main(argv=None) -> int:
     if args.probe_worker is not None:
         probe_worker(args.probe_worker)
         return 0
+    from amp_search.profiling.store import LayerProfile
     from amp_search.records import Strategy
 
     spec = load_spec(args.spec)
@@ -314,7 +335,13 @@ def main(argv=None) -> int:
                 f.rename(f.with_name(f"{f.stem}-{datetime.now():%Y%m%d-%H%M%S}.json"))
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
     states = load_states(args.out_dir)
-    base = CostParams()  # the uncalibrated model: measured profiles, no fitted coefficient
+    # the default model: measured profiles (layers, links, framework overheads), nothing fitted
+    base = None
+    for st in states:                       # states profiled before the framework probe
+        if LayerProfile.load(st.profile_dir / "profile.json").framework_overheads is None:
+            print(f"  state {st.index}: framework overheads measured now, after its trials",
+                  flush=True)
+            framework_probe(spec, st.profile_dir / "profile.json")
     only = set(args.only.split(",")) if args.only else None
     rows: list[Row] = []
     for t in STRATEGIES[:args.limit]:
@@ -358,9 +385,13 @@ def main(argv=None) -> int:
     trials = [MeasuredTrial(strategy=r.strategy, measured_s=r.measured_s, label=r.label,
                             measurements=measurements_in(spec, r.profile_dir)) for r in ok]
     halves = {"A": list(range(0, len(ok), 2)), "B": list(range(1, len(ok), 2))}
+    # the fit starts from the default model of the state most trials ran in (its measured
+    # framework overheads; calibrate does not fit the per-layer one)
+    common = Counter(r.profile_dir for r in ok).most_common(1)[0][0]
+    initial = measured_overheads(measurements_in(spec, common))[0]
     folds = {}
     for name, fit in halves.items():
-        cal = calibrate(spec, trials, fit_on=fit, initial=base)
+        cal = calibrate(spec, trials, fit_on=fit, initial=initial)
         folds[name] = cal
         for i, tf in enumerate(cal.rows):
             if not tf.in_fit:

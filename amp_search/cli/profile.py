@@ -193,8 +193,9 @@ def _framework(spec, profile, args) -> None:
         return
     profile.framework_overheads = fw
     profile.save(profile.path)
-    print(f"framework overheads: {fw.microbatch_overhead_s * 1e3:.1f} ms per micro-batch and "
-          f"stage, {fw.step_overhead_s * 1e3:.1f} ms per iteration -> {profile.path}")
+    print(f"framework overheads: {fw.microbatch_overhead_s * 1e3:.1f} ms per micro-batch of "
+          f"the {fw.layers} layers ({fw.layer_overhead_s * 1e3:.2f} ms per layer), "
+          f"{fw.step_overhead_s * 1e3:.1f} ms per iteration -> {profile.path}")
 
 
 def run_comm(args) -> int:
