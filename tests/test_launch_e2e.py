@@ -152,6 +152,8 @@ def test_ctrl_c_stops_the_trial_and_leaves_the_db_consistent(tmp_path):
                 return
 
     watcher = threading.Thread(target=ctrl_c_once_sleeping, daemon=True)
+    # a shell starts background jobs with SIGINT ignored; Ctrl-C is what is tested here
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     watcher.start()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -160,6 +162,7 @@ def test_ctrl_c_stops_the_trial_and_leaves_the_db_consistent(tmp_path):
     finally:
         stop.set()
         watcher.join()
+        signal.signal(signal.SIGINT, previous)
     con = sqlite3.connect(tmp_path / "amp-search-results.sqlite")
     assert con.execute("SELECT status FROM results").fetchall() == [("interrupted",)]
     _assert_no_children(before)
