@@ -21,9 +21,9 @@ and the script prints, per row, measured and predicted seconds per iteration and
 (predicted / measured - 1), whether the prediction fits in 80 GB, and per model the measured
 and predicted speed-up of selective + sequence parallel over full recomputation.
 
-Not modelled, said per row: the interleaved schedule (`virtual_stages` > 1: the paper's 175B
-and 530B runs use 3 model chunks per device, which divides the pipeline bubble by 3; the
-model charges the non-interleaved 1F1B bubble). The rows describe one data-parallel replica
+The paper's 175B and 530B runs use the interleaved schedule with 3 model chunks per device
+(`virtual_stages`), and so do their predictions (`estimate(..., virtual_stages=3)`: Megatron's
+uniform chunks, bubble divided by 3, P2P times 3). The rows describe one data-parallel replica
 group (dp 1), as the transcription does, so no data-parallel gradient reduction is charged.
 Exit status 2 when a row cannot be predicted or the data file is malformed.
 """
@@ -99,7 +99,8 @@ def predict(row: dict) -> dict:
     ckpt, sp = MODES[row["mode"]]
     e = estimate(parse_spec(spec_dict(row)), pp=row["pp"], dp=row["dp"], tmp=row["tmp"],
                  mbs=row["micro_batch"], partition="uniform", zero_stage=0,
-                 activation_checkpointing=ckpt, sequence_parallel=sp)
+                 activation_checkpointing=ckpt, sequence_parallel=sp,
+                 virtual_stages=row["virtual_stages"])
     peak = max(m.peak_bytes for m in e.memory)
     return {"predicted_s": e.iteration_time_s, "fits": e.fits, "peak_gib": peak / 2**30,
             "bubble_s": e.breakdown.pipeline_bubble_s,
@@ -125,8 +126,7 @@ def main(argv=None) -> int:
           f"{'measured s':>10} {'predicted s':>11} {'error':>7} {'peak GiB':>8}", file=out)
     for r in rows:
         note = "" if r["fits"] else "  (does not fit in 80 GB)"
-        note += "  (interleaved in the paper: bubble not divided here)" \
-            if r["virtual_stages"] > 1 else ""
+        note += "  (interleaved 1F1B, as in the paper)" if r["virtual_stages"] > 1 else ""
         print(f"{r['model']:>5} {r['mode']:>12} {r['tmp']:>2} {r['pp']:>3} "
               f"{r['virtual_stages']:>2} {r['micro_batch']:>3} {r['measured_s']:>10.2f} "
               f"{r['predicted_s']:>11.2f} {r['error']:>+7.1%} {r['peak_gib']:>8.1f}{note}",
