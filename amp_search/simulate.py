@@ -88,8 +88,9 @@ SCHEDULE = "1f1b"
 """The schedule DeepSpeed's and Megatron-LM's pipeline engines run (non-interleaved 1F1B)."""
 
 TRIAL_FRAMEWORK = "deepspeed"
-"""The framework the trials run (DeepSpeed's PipelineEngine), whose P2P both the closed form
-(the planner's `P2P_BLOCKING_SHARE[TRIAL_FRAMEWORK]`) and the simulator (`P2P_MODE`) model."""
+"""The framework amp-search's own trials run (DeepSpeed's PipelineEngine), the default
+training.backend; the closed form (`P2P_BLOCKING_SHARE[backend]`) and the simulator
+(`p2p_mode_of(backend)`) model the P2P of the spec's backend."""
 
 
 def p2p_mode_of(framework: str) -> str:
@@ -201,11 +202,12 @@ def simulatable(s: Strategy) -> str | None:
 
 def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str = SCHEDULE,
                       overlap: bool = False, bucket_elements: int | None = None,
-                      order: "DeviceOrder | None" = None, p2p_mode: str = P2P_MODE) -> dict:
+                      order: "DeviceOrder | None" = None, p2p_mode: str | None = None) -> dict:
     """The keyword arguments of `cost_models.schedule.simulate_iteration` for `strategy` (its
     partition and placement) under `model` (the module docstring says what each one is).
-    bucket_elements: default DeepSpeed's reduce_bucket_size; p2p_mode: default the trials'
-    framework's (`P2P_MODE`); order: the DeviceOrder the placement came from, whose layout
+    bucket_elements: default DeepSpeed's reduce_bucket_size; p2p_mode: default the P2P of the
+    spec's training.backend (`p2p_mode_of`: DeepSpeed's blocking sends, `P2P_MODE`, or
+    Megatron's paired ones); order: the DeviceOrder the placement came from, whose layout
     the model has cached (else the placement is costed again). Raises ValueError for a
     strategy that `simulatable` refuses."""
     from cost_models.schedule import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
@@ -215,6 +217,8 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
         raise ValueError(f"{strategy.label()}: {why}")
     if bucket_elements is None:
         bucket_elements = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    if p2p_mode is None:
+        p2p_mode = p2p_mode_of(model.spec.training.backend)
     s = strategy
     c = candidate_of(s)
     layout = model.layout(c, order) if order is not None else None
