@@ -75,6 +75,24 @@ def test_gantt_png_is_written(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))        # written through a renamed temporary
 
 
+def test_png_writer_draws_the_same_png_in_its_own_process(tmp_path):
+    """timeline's PngWriter: the helper process writes the bytes write_gantt_png writes; a bad
+    path is an OSError with the helper's message; closed without a job, it is stopped."""
+    pytest.importorskip("matplotlib")
+    from amp_search.timeline import PngWriter
+
+    sim = _sim()
+    write_gantt_png(sim, tmp_path / "here.png", title="t", stage_names=["a", "b", "c"])
+    with PngWriter() as w:
+        w.write(sim, tmp_path / "there.png", title="t", stage_names=["a", "b", "c"])
+    assert (tmp_path / "there.png").read_bytes() == (tmp_path / "here.png").read_bytes()
+    with PngWriter() as w, pytest.raises(OSError, match="No such file"):
+        w.write(sim, tmp_path / "missing" / "x.png")
+    w = PngWriter()
+    w.close()
+    assert w._proc.returncode is not None
+
+
 def test_gantt_draws_each_task_once_in_one_collection_per_kind():
     """Every task of the compute stream, the sends and the data-parallel stream that lasts is
     one rectangle at its start, of its duration, in its stage's row and lane; the receives are

@@ -110,9 +110,7 @@ def _format(sim: SimulatedIteration, e: Estimate, names: list[str], kw: dict) ->
 def run(args) -> int:
     from cost_models.schedule import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, SCHEDULES
 
-    from ..planner import CostModel
-    from ..simulate import simulatable, simulation_inputs
-    from ..timeline import write_chrome_trace, write_gantt_png
+    from ..timeline import PngWriter
 
     if args.schedule not in SCHEDULES:
         raise UsageError(f"--schedule {args.schedule}: accepted: {', '.join(SCHEDULES)}")
@@ -120,13 +118,24 @@ def run(args) -> int:
         args.bucket_elements = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
     spec = load_spec(args.spec)
     measurements = measurements_for(spec, args)
-    if args.png is not None and importlib.util.find_spec("matplotlib") is None:
+    if args.png is None:
+        return _run(args, spec, measurements, None)
+    if importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--png needs matplotlib: pip install matplotlib")
+    with PngWriter() as png:        # imports matplotlib in its own process while we plan
+        return _run(args, spec, measurements, png)
+
+
+def _run(args, spec, measurements, png) -> int:
+    from ..planner import CostModel
+    from ..simulate import simulatable, simulation_inputs
+    from ..timeline import write_chrome_trace
+
     e, where = chosen_strategy(spec, args, measurements)
     why = simulatable(e.strategy)
     if why is not None:
-        raise UsageError(f"timeline: {e.strategy.label()}: {why} (weights gathered in every "
-                         f"micro-batch); give a strategy with --zero-stage 0, 1 or 2")
+        raise UsageError(f"timeline: {e.strategy.label()}: {why}; give another strategy "
+                         f"(--rank N, or --pp --dp --tmp --mbs with --zero-stage 0, 1 or 2)")
     model = CostModel(spec, measurements=measurements)
     kw = simulation_inputs(model, e.strategy, schedule=args.schedule,
                            overlap=args.overlap_comm, bucket_elements=args.bucket_elements)
@@ -157,8 +166,8 @@ def run(args) -> int:
     for path, what, write in (
             (args.trace, "Chrome trace", lambda p: write_chrome_trace(sim, p,
                                                                       stage_names=names)),
-            (args.png, "Gantt chart", lambda p: write_gantt_png(sim, p, title=title,
-                                                                stage_names=names))):
+            (args.png, "Gantt chart", lambda p: png.write(sim, p, title=title,
+                                                          stage_names=names))):
         if path is None:
             continue
         try:
