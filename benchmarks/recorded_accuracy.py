@@ -16,8 +16,9 @@ another machine state moves every prediction by about the same factor). The pred
 
 With --accuracy-cache, the trials are those benchmarks/accuracy.py accepted (its cache of
 measurements), each predicted as that script predicts it before calibration: the layer
-profile of the machine state the trial ran in, the link profile beside it, no coefficient
-(CostParams()); measured: the trial's median iteration.
+profile of the machine state the trial ran in (with the framework overheads its probe
+measured), the link profile beside it, no fitted coefficient; measured: the trial's median
+iteration.
 
 A benchmark: it reads the command line; the library code it calls does not.
 """
@@ -78,7 +79,6 @@ def main(argv=None) -> int:
 
 
 def from_accuracy_cache(spec, cache: Path):
-    from cost_models.params import CostParams
     from amp_search.measurements import load_measurements as load
 
     loaded: dict = {}
@@ -89,8 +89,7 @@ def from_accuracy_cache(spec, cache: Path):
             continue
         root = Path(m["profile_dir"]).parent
         if root not in loaded:
-            loaded[root] = CostModel(spec, measurements=load(spec, root),
-                                     cost_params=CostParams())
+            loaded[root] = CostModel(spec, measurements=load(spec, root))
         model = loaded[root]
         s = Strategy.from_dict(m["strategy"])
         e = evaluate(spec, s, model=model)
