@@ -596,6 +596,17 @@ def _heap_push(h_t, h_s, h_k, n, t, s, k, ordered):
 
 
 @_kernel
+def _wake_stream(s, sm_in, sm_stack, n_sm):
+    """Put communication stream s on the stack of streams to serve (once); returns the new
+    stack size."""
+    if not sm_in[s]:
+        sm_in[s] = True
+        sm_stack[n_sm] = s
+        n_sm += 1
+    return n_sm
+
+
+@_kernel
 def _heap_pop(h_t, h_s, h_k, n, ordered):
     """Remove the least of the first n > 0 entries (ordered False: the top of the stack);
     returns its (t, k)."""
@@ -894,10 +905,7 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
                             f_ready[x] = f_arr_t[x]
                             f_prod[x] = f_arr_p[x]
                             s = f_stream[x]
-                            if not sm_in[s]:
-                                sm_in[s] = True
-                                sm_stack[n_sm] = s
-                                n_sm += 1
+                            n_sm = _wake_stream(s, sm_in, sm_stack, n_sm)
                     continue
                 dur = op_dur[j, k]
                 _heap_push(h_t, h_s, h_k, n_h, start + dur, seq,
@@ -909,10 +917,7 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
                     f_ready[pf] = start
                     f_prod[pf] = task
                     s = f_stream[pf]
-                    if not sm_in[s]:
-                        sm_in[s] = True
-                        sm_stack[n_sm] = s
-                        n_sm += 1
+                    n_sm = _wake_stream(s, sm_in, sm_stack, n_sm)
                 em = op_emit[j, k]
                 if em >= 0 and overlap and stage_nb[j] > 0:
                     for b in range(stage_nb[j]):
@@ -920,10 +925,7 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
                         f_ready[f] = start + dur * b_frac[f]
                         f_prod[f] = task
                     s = f_stream[stage_bptr[j]]
-                    if not sm_in[s]:
-                        sm_in[s] = True
-                        sm_stack[n_sm] = s
-                        n_sm += 1
+                    n_sm = _wake_stream(s, sm_in, sm_stack, n_sm)
 
         # ---- next event
         if n_h == 0:
@@ -945,10 +947,7 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
                 f_ready[o] = now
                 f_prod[o] = task
                 s = f_stream[o]
-                if not sm_in[s]:
-                    sm_in[s] = True
-                    sm_stack[n_sm] = s
-                    n_sm += 1
+                n_sm = _wake_stream(s, sm_in, sm_stack, n_sm)
             em = op_emit[j, k]
             if em >= 0 and not overlap and stage_nb[j] > 0:
                 for b in range(stage_nb[j]):
@@ -957,10 +956,7 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
                     f_prod[f] = task
                 block_left[j] = stage_nb[j]
                 s = f_stream[stage_bptr[j]]
-                if not sm_in[s]:
-                    sm_in[s] = True
-                    sm_stack[n_sm] = s
-                    n_sm += 1
+                n_sm = _wake_stream(s, sm_in, sm_stack, n_sm)
             if k == K - 1 and o < 0:
                 st_end[j] = now
                 st_last[j] = task
@@ -1014,10 +1010,7 @@ def _simulate_kernel(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, sta
                     n_dirty += 1
             s = f_stream[f]
             s_busy[s] = False
-            if not sm_in[s]:
-                sm_in[s] = True
-                sm_stack[n_sm] = s
-                n_sm += 1
+            n_sm = _wake_stream(s, sm_in, sm_stack, n_sm)
             kind = f_kind[f]
             j = f_wake[f]
             if kind == 0 and blocking:   # the blocked tasks end with their last flow
@@ -1973,7 +1966,8 @@ def _event_table(*, pp, makespan, comp_kind, comp_mb, comp_peer, c_start, c_end,
                   dtype=np.int32))
 
 
-_KERNEL_NAMES = ("_heap_push", "_heap_pop", "_simulate_kernel", "_exposed_kernel")
+_KERNEL_NAMES = ("_heap_push", "_heap_pop", "_wake_stream", "_simulate_kernel",
+                 "_exposed_kernel")
 """The kernels, callees before callers (the order `_Kernel` compiles them in)."""
 
 _PY = _python_twins(*(globals()[name] for name in _KERNEL_NAMES))
