@@ -147,6 +147,8 @@ class CostModel:
                                                measurements.calibration_source)
         else:
             self.params, self.params_source = measured_overheads(measurements)
+        self.p2p_blocking_share = P.P2P_BLOCKING_SHARE[spec.training.backend]
+        """How much of a stage boundary's P2P the backend's 1F1B steady state blocks on."""
         precision = spec.training.precision
         for name, profile in measurements.layer_profiles.items():
             if profile.device != name or profile.precision != precision:
@@ -533,7 +535,7 @@ class CostModel:
         # a stage waits for in every micro-batch (pipeline_1f1b_time_s). A second DP with
         # every cut weighted as if it were on the steady state's path, and Megatron's uniform
         # split, are candidates too; the one the full objective ranks first is kept.
-        heavy = costs.cut_s * (1.0 + P.P2P_BLOCKING_SHARE[self.spec.training.backend] * (gas - 1))
+        heavy = costs.cut_s * (1.0 + self.p2p_blocking_share * (gas - 1))
         other = optimal_partition(costs.layer_s, heavy, gas, memory_layer_bytes=mem_layer,
                                   memory_budget_bytes=mem_budget, **kw)
         candidates = [result.boundaries] + ([other.boundaries] if other is not None else [])
@@ -579,7 +581,7 @@ class CostModel:
         after = costs.sync_fixed_s + P.stage_totals(costs.after_pipeline_s, bounds)
         return P.iteration_time_s(P.pipeline_1f1b_time_s(
             stage_time, P.boundary_times(costs.cut_s, bounds), gas,
-            blocking_share=P.P2P_BLOCKING_SHARE[self.spec.training.backend]), after, costs.step_overhead_s)
+            blocking_share=self.p2p_blocking_share), after, costs.step_overhead_s)
 
     def _memory_arrays(self, c: Candidate, gas: int, layout: PlacedLayout, scores: bool
                        ) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -618,7 +620,7 @@ class CostModel:
         sync = costs.sync_fixed_s + P.stage_totals(costs.sync_s, bounds)
         step = P.stage_totals(costs.optimizer_s, bounds)
         pipeline = P.pipeline_1f1b_time_s(stage_time, cuts, gas,
-                                          blocking_share=P.P2P_BLOCKING_SHARE[self.spec.training.backend])
+                                          blocking_share=self.p2p_blocking_share)
         total = P.iteration_time_s(pipeline, sync + step, costs.step_overhead_s)
         b = int(np.argmax(stage_time))              # the bottleneck stage
         # P2P on the critical path: each boundary once (fill and drain, eq. 5) and what the
