@@ -335,8 +335,8 @@ def main(argv=None) -> int:
                 f.rename(f.with_name(f"{f.stem}-{datetime.now():%Y%m%d-%H%M%S}.json"))
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
     states = load_states(args.out_dir)
-    # the default model: measured profiles (layers, links, framework overheads), nothing fitted
-    base = None
+    # the default model (no cost_params): measured profiles (layers, links, framework
+    # overheads), nothing fitted
     for st in states:                       # states profiled before the framework probe
         if LayerProfile.load(st.profile_dir / "profile.json").framework_overheads is None:
             print(f"  state {st.index}: framework overheads measured now, after its trials",
@@ -356,7 +356,7 @@ def main(argv=None) -> int:
                 cache[label] = m  # only undisturbed measurements are kept for later runs
                 cache_path.write_text(json.dumps(cache, indent=1))
         strategy = Strategy.from_dict(m["strategy"])
-        e = evaluate(spec, strategy, cost_params=base,
+        e = evaluate(spec, strategy,
                      measurements=measurements_in(spec, Path(m["profile_dir"])))
         r = Row(label=label, strategy=strategy, predicted_s=e.iteration_time_s,
                 breakdown=e.breakdown.to_dict(), status=m["status"],
@@ -373,7 +373,7 @@ def main(argv=None) -> int:
               f"{'' if m.get('clean') else ', DISTURBED'}{', cached' if was_cached else ''})"
               + (f"  {m.get('error')}" if m.get("error") else ""), flush=True)
     if rows:
-        first = evaluate(spec, rows[0].strategy, cost_params=base,
+        first = evaluate(spec, rows[0].strategy,
                          measurements=measurements_in(spec, rows[0].profile_dir))
         print(f"sources: {first.timing_sources}")
     ok = [r for r in rows if r.status == "ok" and r.measured_s]
