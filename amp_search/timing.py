@@ -83,7 +83,8 @@ class LayerTimer:
         t = analytic_layer_time(layer, tmp=tmp, mbs=mbs,
                                 device=device_speed(gpu, training.precision),
                                 bytes_per_element=training.bytes_per_element,
-                                attention=self.spec.attention_for(gpu))
+                                attention=self.spec.attention_for(gpu),
+                                framework=training.backend)
         used.add("analytic")
         return t.forward_s, t.backward_s, True
 

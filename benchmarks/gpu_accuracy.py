@@ -11,7 +11,8 @@ GPUs, 18 (tp, dp, pp) layouts, hidden 1024 or 2048, 12-24 layers, fp16, full rec
 1. every row becomes a spec built in code (one node of A100-80GB from the catalog with the row's
    GPU count, 150 GB/s NVLink inside the node; GPT preset with the row's layers, hidden, heads
    and sequence, vocabulary 51,200 = GPT-2's padded to a multiple of 128; fp16, full
-   recomputation, ZeRO 0, the row's global batch); specs are built once per distinct shape;
+   recomputation, ZeRO 0, standard attention, backend megatron, the row's global batch); specs
+   are built once per distinct shape;
 2. it is predicted with the public library call only, the default model with no coefficient
    given: `estimate(spec, pp, dp, tmp, mbs, partition="uniform", zero_stage=0,
    activation_checkpointing=True)` (Megatron's uniform split: embedding on the first stage, head
@@ -36,9 +37,9 @@ GPUs, 18 (tp, dp, pp) layouts, hidden 1024 or 2048, 12-24 layers, fp16, full rec
      row); the held-out part must be within 3 points of MAPE of the fitted part.
    `--fit` also fits them on all rows and on each split's halves and prints the values, which
    profiles/gpus.yaml holds for A100-80GB (with the split they came from).
-The model is the planner's default, whose 1F1B steady state charges the P2P at a stage's
-boundaries as DeepSpeed's blocking sends do (cost_models.pipeline.P2P_BLOCKING_SHARE); the data
-is Megatron-LM's (half of that), a difference below 0.5% of any row's time over NVLink.
+The spec names the framework that ran them (training.backend: megatron): the memory traffic of
+its fused bias-GeLU and bias-dropout-add kernels and of its backward
+(cost_models.layers.elementwise_bytes_by_pass), and its paired P2P in 1F1B's steady state.
 The script exits 1 when a target is missed (each miss is printed) and 2 when a row cannot be
 predicted.
 """
@@ -78,6 +79,7 @@ INTER_NODE_BANDWIDTH = "200 Gbps"   # unused: one node
 VOCAB_SIZE = 51200                  # GPT-2's 50,257 padded to a multiple of 128
 PRECISION = "fp16"
 ATTENTION = "standard"              # Megatron-LM of 2022: unfused softmax and dropout
+BACKEND = "megatron"                # the framework that ran them (its fusions, its P2P)
 TARGET_HELD_OUT_POINTS = 0.03       # held-out MAPE within 3 points of the fitted part
 SHIPPED_SPLIT = "layers 12,16 -> 20,24"
 """The split whose fitted half gave the coefficients profiles/gpus.yaml ships (fitted on the
@@ -126,7 +128,7 @@ def spec_dict(row: dict) -> dict:
                   "vocab_size": VOCAB_SIZE},
         "training": {"global_batch_size": row["gbs"], "precision": PRECISION,
                      "activation_checkpointing": "full", "zero_stage": 0,
-                     "attention": ATTENTION},
+                     "attention": ATTENTION, "backend": BACKEND},
     }
 
 

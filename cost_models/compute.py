@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layers import (Layer, attention_core_flops, attention_score_elements, elementwise_bytes,
-                     gemm_flops, tp_collectives_by_pass)
+from .layers import (Layer, attention_core_flops, attention_score_elements,
+                     elementwise_bytes_by_pass, gemm_flops, tp_collectives_by_pass)
 
 ATTENTION_KINDS = ("flash", "standard")
 
@@ -46,6 +46,16 @@ def standard_attention_bytes(bytes_per_element: int) -> float:
     scores (g), scale-mask-softmax reads and writes them (2g), dropout reads them, writes its
     output and a 1-byte mask (2g + 1), attention x V reads them (g): 6g + 1 (13 B in fp16)."""
     return 6.0 * bytes_per_element + 1.0
+
+
+def standard_attention_backward_bytes(bytes_per_element: int) -> float:
+    """Bytes moved per score element in one backward of unfused attention: attention x V's
+    backward writes the probabilities' gradient and reads the probabilities (for V's
+    gradient) (2g), dropout's backward reads the gradient and the mask and writes (2g + 1),
+    softmax's reads its output and the gradient and writes (3g), QK^T's backward reads the
+    scores' gradient twice (for Q's and K's) (2g): 9g + 1 (19 B in fp16), 1.46x the forward's
+    `standard_attention_bytes`, not 2x."""
+    return 9.0 * bytes_per_element + 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,16 +113,26 @@ def attention_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
 
 
 def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
-                        bytes_per_element: int, attention: str = "flash") -> LayerTime:
+                        bytes_per_element: int, attention: str = "flash",
+                        framework: str = "deepspeed") -> LayerTime:
     """Forward and backward device time of one micro-batch of `mbs` samples through one tensor
     rank's shard of `layer`, its size-dependent work only (collectives: cost_models.comm;
-    fixed costs: `kernel_floor_time_s`, `host_time_s`)."""
-    work = sum(gemm_time_s(f * mbs, device) for f in gemm_flops(layer, tmp))
-    work += attention_time_s(layer, tmp=tmp, mbs=mbs, device=device,
-                             bytes_per_element=bytes_per_element, attention=attention)
-    work += elementwise_bytes(layer, tmp, bytes_per_element) * mbs \
-        / device.memory_bandwidth_bytes_per_s
-    return LayerTime(forward_s=work, backward_s=2.0 * work)
+    fixed costs: `kernel_floor_time_s`, `host_time_s`). The GEMMs and a fused attention take
+    twice their forward time in backward (input and weight gradients); the memory-bound ops
+    move what `cost_models.layers.elementwise_bytes_by_pass` counts for the framework, and
+    unfused attention under megatron what `standard_attention_backward_bytes` counts (the
+    trial layers under deepspeed: twice the forward, as before these were counted)."""
+    gemm = sum(gemm_time_s(f * mbs, device) for f in gemm_flops(layer, tmp))
+    core = attention_time_s(layer, tmp=tmp, mbs=mbs, device=device,
+                            bytes_per_element=bytes_per_element, attention=attention)
+    core_backward = 2.0 * core
+    if attention == "standard" and framework == "megatron":
+        core_backward = core * (standard_attention_backward_bytes(bytes_per_element)
+                                / standard_attention_bytes(bytes_per_element))
+    ew_forward, ew_backward = elementwise_bytes_by_pass(layer, tmp, bytes_per_element, framework)
+    bw = device.memory_bandwidth_bytes_per_s
+    return LayerTime(forward_s=gemm + core + ew_forward * mbs / bw,
+                     backward_s=2.0 * gemm + core_backward + ew_backward * mbs / bw)
 
 
 def block_passes(layer: Layer, recompute: bool) -> int:

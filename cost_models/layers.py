@@ -191,6 +191,39 @@ def elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
     return n * bytes_per_element
 
 
+def elementwise_bytes_by_pass(layer: Layer, tmp: int, bytes_per_element: int,
+                              framework: str = "deepspeed") -> tuple[float, float]:
+    """(forward, backward) bytes per sample moved by the memory-bound ops of one pass, as the
+    framework runs them.
+
+    deepspeed (the trial layers, amp_search.trial.model): `elementwise_bytes` forward, twice
+    that backward.
+
+    megatron (Megatron-LM's GPT block with its default fusions, --bias-gelu-fusion and
+    --bias-dropout-fusion; g bytes per element, masks 1 byte), counted per token:
+    forward: 2 LayerNorms (read x, write y: 2g h each), the attention context's permute to
+    [s, b, h] (.contiguous(): 2g h), 2 fused bias-dropout-adds (read the GEMM output and the
+    residual, write the sum and the 1-byte mask: (3g + 1) h each), the fused bias-GeLU on
+    the f/t shard (2g f/t): (12g + 2) h + 2g f/t;
+    backward: 2 LayerNorm backwards (read x and dy, write dx: 3g h each), 2 bias-dropout-add
+    backwards (read dy and the mask, write dx, read dy again for the bias gradient:
+    (3g + 1) h each), the 2 residual gradient sums (3g h each), the permute's (2g h), the
+    bias-GeLU backward and its bias gradient (4g f/t): (20g + 2) h + 4g f/t, 1.6-1.8x the
+    forward rather than 2x. The mlp layer has one LayerNorm, one bias-dropout-add, one
+    residual sum and the GeLU; the other layers are counted as for deepspeed."""
+    if framework not in TP_FRAMEWORKS:
+        raise ValueError(f"framework {framework!r}; known: {', '.join(TP_FRAMEWORKS)}")
+    if framework == "megatron" and layer.kind in ("transformer", "mlp"):
+        g = float(bytes_per_element)
+        sh = float(layer.seq_length * layer.hidden_size)
+        sf = float(layer.seq_length * layer.ffn_hidden_size) / tmp
+        if layer.kind == "transformer":
+            return (12 * g + 2) * sh + 2 * g * sf, (20 * g + 2) * sh + 4 * g * sf
+        return (5 * g + 1) * sh + 2 * g * sf, (9 * g + 1) * sh + 4 * g * sf
+    forward = elementwise_bytes(layer, tmp, bytes_per_element)
+    return forward, 2.0 * forward
+
+
 CROSS_ENTROPY_BYTES_PER_LOGIT = 60.0
 """Memory traffic per logit of Megatron's vocab-parallel cross-entropy, forward and backward,
 with fp16/bf16 logits: the fp32 copy (read 2, write 4), max, subtract, exp and sum (read 4 x 4,

@@ -476,3 +476,59 @@ def test_noise_aware_regret_beside_the_strict_one():
     rows[0]["measured_ms"] = 100.4
     g = G.figures(rows, noise=0.005)["groups"][0]
     assert g["regret"] == pytest.approx(0.004) and g["regret_beyond_noise"] == 0.0
+
+
+def test_megatron_memory_traffic_is_counted_for_its_fused_kernels():
+    """Under megatron a block's memory-bound ops move what its fused bias-GeLU and
+    bias-dropout-add kernels move, (12g + 2) s h + 2g s f/t forward and (20g + 2) s h + 4g s f/t
+    backward; the trial layers (deepspeed) keep their count, twice the forward backward."""
+    from cost_models.layers import elementwise_bytes, elementwise_bytes_by_pass
+    b = _block()
+    s, h, f = 1024, 1024, 4096
+    fwd, bwd = elementwise_bytes_by_pass(b, 2, 2, "megatron")
+    assert fwd == 26 * s * h + 4 * s * f / 2
+    assert bwd == 42 * s * h + 8 * s * f / 2
+    assert 1.5 < bwd / fwd < 2.0
+    assert elementwise_bytes_by_pass(b, 2, 2) == (elementwise_bytes(b, 2, 2),
+                                                  2 * elementwise_bytes(b, 2, 2))
+    with pytest.raises(ValueError, match="framework"):
+        elementwise_bytes_by_pass(b, 1, 2, "jax")
+
+
+def test_megatron_standard_attention_backward_moves_19_bytes_per_score():
+    """Unfused attention's backward moves 9g + 1 bytes per score element (19 B in fp16), not
+    twice the forward's 13; GEMMs still take twice their forward time."""
+    from cost_models.compute import (DeviceSpeed, analytic_layer_time,
+                                     standard_attention_backward_bytes)
+    from cost_models.layers import elementwise_bytes_by_pass
+    dev = DeviceSpeed(peak_flops_per_s=312e12, memory_bandwidth_bytes_per_s=2e12)
+    b = _block()
+    assert standard_attention_backward_bytes(2) == 19
+    t = analytic_layer_time(b, tmp=1, mbs=1, device=dev, bytes_per_element=2,
+                            attention="standard", framework="megatron")
+    ew_f, ew_b = elementwise_bytes_by_pass(b, 1, 2, "megatron")
+    scores = 16 * 1024 * 1024
+    gemm = t.forward_s - ew_f / 2e12 - scores * 13 / 2e12
+    assert t.backward_s == pytest.approx(2 * gemm + ew_b / 2e12 + scores * 19 / 2e12)
+    ds = analytic_layer_time(b, tmp=1, mbs=1, device=dev, bytes_per_element=2,
+                             attention="standard")
+    assert t.forward_s < ds.forward_s and t.backward_s < ds.backward_s
+
+
+def test_the_spec_backend_chooses_the_memory_traffic_of_analytic_layers():
+    """LayerTimer costs an analytic layer with the spec's framework: megatron's fused kernels
+    move fewer bytes than the trial layers, so its blocks are faster; GEMM-only layers equal."""
+    import dataclasses
+    from pathlib import Path
+
+    from amp_search.spec import load_spec
+    from amp_search.timing import LayerTimer
+    spec = load_spec(Path(__file__).resolve().parent.parent / "configs" / "a100-gpt7b.yaml")
+    mega = dataclasses.replace(spec, training=dataclasses.replace(spec.training,
+                                                                  backend="megatron"))
+    gpu = spec.cluster.nodes[0].gpu
+    ds_t = LayerTimer(spec).times(gpu, 2, 1)
+    mg_t = LayerTimer(mega).times(gpu, 2, 1)
+    blocks = [i for i, l in enumerate(spec.model.layers) if l.kind == "transformer"]
+    assert all(mg_t.forward_s[i] < ds_t.forward_s[i] for i in blocks)
+    assert all(mg_t.backward_s[i] < ds_t.backward_s[i] for i in blocks)
