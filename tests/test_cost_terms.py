@@ -532,3 +532,21 @@ def test_the_spec_backend_chooses_the_memory_traffic_of_analytic_layers():
     blocks = [i for i, l in enumerate(spec.model.layers) if l.kind == "transformer"]
     assert all(mg_t.forward_s[i] < ds_t.forward_s[i] for i in blocks)
     assert all(mg_t.backward_s[i] < ds_t.backward_s[i] for i in blocks)
+
+
+def test_best_of_the_top_k_is_what_launch_top_k_keeps():
+    """Predicted order 90 < 95 < 99: top-1 picks the 102 ms row (regret 2%), the top 2 hold the
+    measured best (0%); a group whose fastest row is predicted last needs all three."""
+    G = _gpu_accuracy()
+    rows = [_row(2, 8, 102.0, 90.0), _row(2, 8, 100.0, 95.0, mbs=2),
+            _row(2, 8, 110.0, 99.0, mbs=4),
+            _row(2, 8, 130.0, 10.0, tp=2), _row(2, 8, 120.0, 11.0, tp=2, mbs=2),
+            _row(2, 8, 100.0, 12.0, tp=2, mbs=4)]
+    for r in rows[3:]:
+        r["hidden"] = 2048                        # a second group
+    f = G.figures(rows, noise=0.0)
+    a, b = sorted(f["groups"], key=lambda g: g["group"])
+    assert a["top_k_regret"][2] == 0.0 and a["regret"] == pytest.approx(0.02)
+    assert b["top_k_regret"][2] == pytest.approx(0.2) and b["top_k_regret"][3] == 0.0
+    assert f["top_k"][2] == {"worst": pytest.approx(0.2), "groups_above_target": 1}
+    assert f["top_k"][3]["groups_above_target"] == 0
