@@ -11,10 +11,10 @@ What is timed is the layer code the trials run (`amp_search.trial.model.build_la
   and the cost model adds them), so a point holds what a rank does around them: the GEMMs
   of its shard and megatron-core's own work (its autograd functions, the vocab-parallel
   embedding's masking and cross-entropy, separate bias adds), which the shard alone does not
-  do. Measured 2026-11-22 on the 2-core VM (configs/cpu-local.yaml, main-thread CPU time):
-  the real layers took 0.9-2 ms more per transformer block pass-pair at micro-batch 1-4 than
-  the shard, about 10 ms per micro-batch of the 6-layer model at micro-batch 1, which is
-  what tmp 2 trials ran slower than predicted from shard profiles;
+  do. Measured 2026-11-22 on the 2-core VM (configs/cpu-local.yaml, tmp 2, two workers):
+  the real layers took 1.5-1.8 ms more per transformer block (forward + backward) than the
+  shard at micro-batch 1-4, 6.5-8 ms per micro-batch of the 6-layer model, most of what
+  tmp 2 trials ran slower than predicted from shard profiles at micro-batch 1 and 2;
 - otherwise (one process, or CUDA): tensor rank 0's *shard* of the layer built in this one
   process (`simulate_tp_size=k`): the same GEMM shapes as one rank of a tmp=k trial and no
   collectives; the cost model adds those from the link profile.
