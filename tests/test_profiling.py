@@ -228,6 +228,88 @@ def test_concurrent_sweep_two_processes_in_lock_step(tmp_path):
     assert len(LayerProfile.load(out).entries) == 3 * 2 * 2 + 3
 
 
+def test_tensor_parallel_points_run_as_real_groups_where_the_workers_divide(tmp_path):
+    # which points a sweep measures as real tensor groups: CPU, tmp dividing the workers
+    assert layers_mod.tp_layers_mode("cpu", 2) == "real"
+    assert layers_mod.tp_layers_mode("cpu", 1) == "shard"
+    assert layers_mod.tp_layers_mode("cuda", 2) == "shard"
+    assert layers_mod.real_tensor_group(2, 2, "real")
+    assert layers_mod.real_tensor_group(2, 4, "real")
+    assert not layers_mod.real_tensor_group(4, 2, "real")   # more ranks than workers
+    assert not layers_mod.real_tensor_group(2, 3, "real")
+    assert not layers_mod.real_tensor_group(1, 2, "real")   # tmp 1 has no group
+    assert not layers_mod.real_tensor_group(2, 2, "shard")
+    # profiles of shards (older ones carry no tp_layers) are not merged with real groups
+    assert layers_mod._method({"concurrent": 2}) != \
+        layers_mod._method({"concurrent": 2, "tp_layers": "real"})
+    assert layers_mod._method({"concurrent": 1}) == \
+        layers_mod._method({"concurrent": 1, "tp_layers": "shard"})
+    out = tmp_path / "p.json"
+    p = layers_mod.profile_layers(tiny_spec(), tmps=(2,), mbss=(1,), warmup=1, repeats=2,
+                                  out=out, concurrent=2)
+    assert _children() == []
+    assert p.settings["tp_layers"] == "real"
+    assert LayerProfile.load(out).settings["tp_layers"] == "real"
+    assert {e.tmp for e in p.entries} == {2} and len(p.entries) == 3
+    for e in p.entries:
+        assert e.forward_s > 0 and e.backward_s > 0 and e.repeats == 2 * 2
+    one = layers_mod.profile_layers(tiny_spec(), tmps=(2,), mbss=(1,), warmup=0, repeats=1,
+                                    write=False, concurrent=1)
+    assert one.settings["tp_layers"] == "shard"
+
+
+def test_time_inside_tensor_parallel_collectives_is_left_out(monkeypatch):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from cost_models.layers import Layer
+
+    class Work:
+        def wait(self):
+            time.sleep(0.05)
+            return True
+
+    def slow_all_reduce(tensor, op=None, group=None, async_op=False):
+        time.sleep(0.05)
+        return Work() if async_op else None
+
+    monkeypatch.setattr(dist, "all_reduce", slow_all_reduce)
+    clock = layers_mod._CollectiveClock()
+    monkeypatch.setattr(layers_mod, "_COLLECTIVES", clock)
+    clock.install()   # wraps the (slow) all_reduce for the rest of this test
+
+    class Block(torch.nn.Module):
+        """A layer whose forward holds one all-reduce and backward one async all-reduce."""
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            dist.all_reduce(x)
+            return _AsyncInBackward.apply(x * self.w)
+
+    class _AsyncInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            dist.all_reduce(g, async_op=True).wait()
+            return g
+
+    layer = Layer(kind="mlp", hidden_size=4, ffn_hidden_size=8, seq_length=1)
+    point = layers_mod._Point(signature="x", layer=layer, tmp=2, mbs=1)
+    x = torch.ones(4, requires_grad=True)
+    tf, tb = layers_mod._pass(Block(), point, (x,), "cpu", "wall")
+    # each pass spent 50 ms asleep inside a collective; what is left is the layer's own work
+    assert 0 <= tf < 0.04 and 0 <= tb < 0.04
+    assert clock.spent >= 0.1
+
+
 def test_concurrent_ctrl_c_keeps_what_was_measured_and_stops_workers(tmp_path, monkeypatch):
     real = layers_mod._entries
     calls = {"n": 0}

@@ -3,9 +3,20 @@
 "profiling several tensor model parallelism settings and store results in a lookup table").
 
 What is timed is the layer code the trials run (`amp_search.trial.model.build_layer`):
-- tmp = 1: the real megatron-core layer (a one-process gloo world, no communication);
-- tmp = k > 1: tensor rank 0's *shard* of the layer built in this one process
-  (`simulate_tp_size=k`): the same GEMM shapes as one rank of a tmp=k trial and no
+- tmp = 1: the real megatron-core layer (no communication);
+- tmp = k > 1 in a concurrent CPU sweep whose worker count is a multiple of k (the default
+  on CPU, see below): the real megatron-core tensor-parallel layer, k workers forming one
+  tensor group over gloo, exactly as k ranks of a tmp=k trial run it. The timer leaves out
+  the time the thread spends inside the collectives (`amp-search profile-comm` prices those
+  and the cost model adds them), so a point holds what a rank does around them: the GEMMs
+  of its shard and megatron-core's own work (its autograd functions, the vocab-parallel
+  embedding's masking and cross-entropy, separate bias adds), which the shard alone does not
+  do. Measured 2026-11-22 on the 2-core VM (configs/cpu-local.yaml, tmp 2, two workers):
+  the real layers took 1.5-1.8 ms more per transformer block (forward + backward) than the
+  shard at micro-batch 1-4, 6.5-8 ms per micro-batch of the 6-layer model, most of what
+  tmp 2 trials ran slower than predicted from shard profiles at micro-batch 1 and 2;
+- otherwise (one process, or CUDA): tensor rank 0's *shard* of the layer built in this one
+  process (`simulate_tp_size=k`): the same GEMM shapes as one rank of a tmp=k trial and no
   collectives; the cost model adds those from the link profile.
 
 Forward and backward are timed separately: forward = the module's forward (for the head, the
@@ -38,7 +49,9 @@ there is 1 (one process, CUDA events), since GPU kernels do not share a core.
 
 `settings` records how a profile was measured: `concurrent` (processes at once; absent in
 older profiles: 1), `rounds`, `timer`, `statistic`, `repeats` per process (each entry's
-`repeats` is the number of samples behind its median: processes x repeats).
+`repeats` is the number of samples behind its median: processes x repeats), `tp_layers`
+(`real`: tmp > 1 points that divide `concurrent` ran as real tensor groups; `shard`, or
+absent in older profiles: all tmp > 1 points are shards).
 """
 from __future__ import annotations
 
@@ -64,6 +77,20 @@ that each point pools samples from moments and memory layouts apart: on a shared
 machine the speed shifts for seconds at a time."""
 WORKER_START_TIMEOUT_S = 600.0
 """How long the workers of a concurrent sweep may take to import torch and build a layer."""
+TP_LAYERS = ("real", "shard")
+"""How tmp > 1 points are measured: as real tensor groups of the concurrent workers, or as one
+rank's shard in one process (see the module docstring)."""
+
+
+def tp_layers_mode(device: str, concurrent: int) -> str:
+    """'real' where the sweep can run real tensor groups (CPU, more than one worker), else
+    'shard'."""
+    return "real" if device == "cpu" and concurrent > 1 else "shard"
+
+
+def real_tensor_group(tmp: int, concurrent: int, mode: str) -> bool:
+    """Whether the points of degree `tmp` run as real tensor groups of `tmp` workers."""
+    return mode == "real" and tmp > 1 and concurrent % tmp == 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,6 +215,7 @@ def profile_layers(spec: Spec, *, device: str = "cpu", tmps=(1,), mbss=(1, 2, 4,
                               f"median over {concurrent} processes x repeats"),
                 "torch_threads": 1 if device == "cpu" else None,
                 "timer": timer,
+                "tp_layers": tp_layers_mode(device, concurrent),
                 "torch_device": (torch.cuda.get_device_name() if device == "cuda"
                                  else _cpu_model()),
                 "cpu_count": os.cpu_count()}
@@ -290,8 +318,16 @@ def _sweep_concurrent(groups, per_round, n, precision, device, warmup, timer, me
     repo = str(Path(__file__).resolve().parents[2])  # amp_search and cost_models
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
                                 else "")
+    import tempfile
+
+    mode = tp_layers_mode(device, n)
+    store_dir = None
+    if any(real_tensor_group(g[0].tmp, n, mode) for g in groups):
+        # the workers' gloo world (real tensor groups): a FileStore, no TCP port needed
+        store_dir = tempfile.TemporaryDirectory(prefix="amp-search-profile-")
     job = {"groups": groups, "per_round": per_round, "precision": precision,
-           "device": device, "warmup": warmup, "timer": timer}
+           "device": device, "warmup": warmup, "timer": timer, "tp_layers": mode,
+           "store": None if store_dir is None else str(Path(store_dir.name) / "store")}
     procs, conns = [], []
     samples: dict[tuple[int, int], list] = {}
     at_barrier: set[int] = set()
@@ -350,6 +386,8 @@ def _sweep_concurrent(groups, per_round, n, precision, device, warmup, timer, me
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if store_dir is not None:
+            store_dir.cleanup()
 
 
 class _Stopped(Exception):
@@ -368,6 +406,8 @@ def _worker_main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     # megatron-core says so on import, once per process: not N times per sweep
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    # and its real tensor-parallel layers about a CUDA setting, once per layer built
+    warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS")
     conn = Connection(int(argv[0]))
     k = int(argv[1])
     try:
@@ -379,6 +419,13 @@ def _worker_main(argv: list[str]) -> int:
             torch.set_num_threads(1)
         else:
             torch.cuda.set_device(k % torch.cuda.device_count())
+        n = int(argv[2])
+        if job.get("store"):
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo", init_method=f"file://{job['store']}", rank=k,
+                                    world_size=n)
+            _COLLECTIVES.install()
 
         def sync() -> None:
             conn.send(("sync",))
@@ -387,10 +434,13 @@ def _worker_main(argv: list[str]) -> int:
 
         for r, repeats in enumerate(job["per_round"]):
             for gi, group in enumerate(job["groups"]):
-                module = _build(group[0].layer, group[0].tmp, job["precision"], device)
+                real = bool(job.get("store")) and real_tensor_group(
+                    group[0].tmp, n, job.get("tp_layers", "shard"))
+                module = _build(group[0].layer, group[0].tmp, job["precision"], device,
+                                real_tp=real)
                 conn.send(("group", r, gi, _measure_samples(
                     module, group, job["precision"], device, job["warmup"], repeats,
-                    sync=sync, timer=job["timer"])))
+                    sync=sync, timer=job["timer"], agree=real)))
                 del module
         conn.send(("done",))
         return 0
@@ -422,9 +472,11 @@ def _default_name(profile: LayerProfile, layers: dict) -> str:
 
 
 def _method(settings: dict) -> tuple:
-    """How a profile was measured, as far as it changes the figures: processes at once and
-    timer (profiles from before concurrent profiling: one process, thread CPU time)."""
-    return (int(settings.get("concurrent", 1)), settings.get("timer", "thread_cpu_time"))
+    """How a profile was measured, as far as it changes the figures: processes at once, timer
+    and tensor-parallel layers (profiles from before concurrent profiling: one process,
+    thread CPU time; from before real tensor groups: shards)."""
+    return (int(settings.get("concurrent", 1)), settings.get("timer", "thread_cpu_time"),
+            settings.get("tp_layers", "shard"))
 
 
 def _merge_existing(profile: LayerProfile, path: Path) -> None:
@@ -465,18 +517,86 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _build(layer, tmp: int, precision: str, device: str):
+def _build(layer, tmp: int, precision: str, device: str, real_tp: bool = False):
+    """The module a point is timed on: the real layer (tmp 1; tmp > 1 with `real_tp`, in a
+    tensor group of this worker and the next tmp - 1 of a concurrent sweep's world) or the
+    shard of tensor rank 0."""
     import torch
+    import torch.distributed as dist
 
     from ..trial.model import build_layer, init_single_process_parallel
 
     torch.manual_seed(0)
-    if tmp == 1:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        _use_tensor_parallel(tmp if real_tp else 1)
+    else:
         init_single_process_parallel()  # the real megatron-core layer, world of one
-        module = build_layer(layer, tp_size=1, precision=precision)
+    if tmp == 1 or real_tp:
+        module = build_layer(layer, tp_size=tmp if real_tp else 1, precision=precision)
     else:
         module = build_layer(layer, tp_size=1, simulate_tp_size=tmp, precision=precision)
     return module.to(device).train()
+
+
+def _use_tensor_parallel(tmp: int) -> None:
+    """megatron-core's parallel_state with tensor groups of `tmp` consecutive ranks of this
+    world (re-initialized when the degree changes; every worker does it at the same point
+    of the sweep)."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        if ps.get_tensor_model_parallel_world_size() == tmp:
+            return
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tmp, 1, create_gloo_process_groups=False)
+
+
+class _CollectiveClock:
+    """Time this thread spends inside torch.distributed.all_reduce (and waiting on an async
+    one), on the sweep's clock: the tensor-parallel layers' collectives, which the profile
+    leaves out (profile-comm measures them). Installed in the workers of a sweep with real
+    tensor groups; the non-sequence-parallel layers use no other collective."""
+
+    def __init__(self):
+        self.clock = time.thread_time
+        self.spent = 0.0
+        self.installed = False
+
+    def install(self) -> None:
+        import torch.distributed as dist
+
+        if self.installed:
+            return
+        self.installed = True
+        original = dist.all_reduce
+        outer = self
+
+        class _Handle:
+            def __init__(self, work):
+                self.work = work
+
+            def wait(self, *args, **kwargs):
+                t0 = outer.clock()
+                try:
+                    return self.work.wait(*args, **kwargs)
+                finally:
+                    outer.spent += outer.clock() - t0
+
+            def __getattr__(self, name):
+                return getattr(self.work, name)
+
+        def all_reduce(*args, **kwargs):
+            t0 = outer.clock()
+            try:
+                work = original(*args, **kwargs)
+            finally:
+                outer.spent += outer.clock() - t0
+            return _Handle(work) if work is not None else None
+
+        dist.all_reduce = all_reduce
+
+
+_COLLECTIVES = _CollectiveClock()
 
 
 def _inputs(layer, mbs: int, precision: str, device: str):
@@ -527,34 +647,56 @@ def _pass(module, p: _Point, inputs, device: str, timer: str) -> tuple[float, fl
     # thread, and CPU autograd runs in the calling thread), but it leaves out the time other
     # processes on a shared machine take the core away. wall (concurrent workers): what a
     # trial's iteration pays, sharing included.
+    # With real tensor groups, the time inside their collectives is left out (c0..c2).
     clock = time.thread_time if timer == "thread_cpu_time" else time.perf_counter
+    _COLLECTIVES.clock = clock
+    c0 = _COLLECTIVES.spent
     t0 = clock()
     out, grad = _forward(module, p.layer, inputs)
     t1 = clock()
+    c1 = _COLLECTIVES.spent
     torch.autograd.backward(out, grad)
     t2 = clock()
-    return t1 - t0, t2 - t1
+    c2 = _COLLECTIVES.spent
+    return t1 - t0 - (c1 - c0), t2 - t1 - (c2 - c1)
 
 
 def _no_sync() -> None:
     pass
 
 
+def _agreed(more: bool, agree: bool) -> bool:
+    """Whether to warm up once more: this worker's wish, or (`agree`: a real tensor group,
+    whose passes hold collectives) whether any worker of the world wishes so, so that all
+    run the same number of passes."""
+    if not agree:
+        return more
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if more else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def _measure_samples(module, group: list[_Point], precision: str, device: str, warmup: int,
-                     repeats: int, *, sync=_no_sync, timer: str = "thread_cpu_time"):
+                     repeats: int, *, sync=_no_sync, timer: str = "thread_cpu_time",
+                     agree: bool = False):
     """Time one module at each micro-batch size of `group`: ([forward samples per point],
     [backward samples per point], [optimizer step samples]). Each size is warmed up (at least
     `warmup` passes and MIN_WARMUP_S seconds: the first passes of a new shape pay for
     allocator growth and kernel selection); then the timed passes go in rounds over the
     sizes, so that a passing disturbance spreads over them instead of spoiling one.
     `sync()` is called after each size's warm-up and before every timed pass and optimizer
-    step (a barrier across the workers of a concurrent sweep)."""
+    step (a barrier across the workers of a concurrent sweep). `agree`: the workers decide
+    the warm-up passes together (real tensor groups)."""
     if device == "cuda":
         timer = "cuda_events"
     inputs = [_inputs(p.layer, p.mbs, precision, device) for p in group]
     for p, x in zip(group, inputs):
         i, t_start = 0, time.perf_counter()
-        while warmup and (i < warmup or time.perf_counter() - t_start < MIN_WARMUP_S):
+        while warmup and _agreed(i < warmup or time.perf_counter() - t_start < MIN_WARMUP_S,
+                                 agree):
             _pass(module, p, x, device, timer)
             i += 1
         sync()
