@@ -446,10 +446,18 @@ def test_cli_profile_writes_and_prints(tmp_path, capsys):
     assert str(out) in text and "transformer:s16:h32:a2:f128" in text
     assert "2 processes at once" in text
     assert LayerProfile.load(out).settings["concurrent"] == 2
+    # the machine's speed right after the sweep, in as many processes as the sweep ran
+    probe = LayerProfile.load(out).speed_probe
+    assert "speed probe:" in text and probe.workers == 2 and probe.ms > 0
     assert _cli(["profile", str(spec_path), "--device", "cpu", "--tmp", "1", "--mbs", "1",
                  "--warmup", "0", "--repeats", "1", "--concurrent", "1", "--out",
                  str(tmp_path / "c.json"), "--no-progress"]) == 0
     assert "one process" in capsys.readouterr().out
     assert LayerProfile.load(tmp_path / "c.json").settings["concurrent"] == 1
+    assert _cli(["profile", str(spec_path), "--device", "cpu", "--tmp", "1", "--mbs", "1",
+                 "--warmup", "0", "--repeats", "1", "--concurrent", "1", "--out",
+                 str(tmp_path / "d.json"), "--no-progress", "--no-speed-probe",
+                 "--no-framework"]) == 0
+    assert LayerProfile.load(tmp_path / "d.json").speed_probe is None
     with pytest.raises(UsageError):
         _cli(["profile", str(spec_path), "--device", "cpu", "--tmp", "3", "--out", str(out)])

@@ -67,6 +67,11 @@ def add_parser(sub) -> None:
                         "torchrun) and the full text of every file a trial would write")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the trials and the best strategy as JSON ('-': stdout)")
+    p.add_argument("--no-speed-probe", action="store_true",
+                   help="do not time the profile's speed-probe layer before each trial (a few "
+                        "seconds); by default, where the layer profile holds the machine's "
+                        "speed when it was taken (amp-search profile on cpu), each trial's "
+                        "prediction is scaled by the machine's speed now over then")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--max-search-seconds", type=positive_float, default=120.0, metavar="S",
                    help="refuse a search estimated to take longer, before it starts "
@@ -139,6 +144,8 @@ def format_trials(records) -> str:
         busy = busy_note(r.other_processes_cores)
         if busy:
             note = (note + "; " if note else "") + busy
+        if r.machine_speed is not None:
+            note = (note + "; " if note else "") + f"speed {r.machine_speed:.2f}x"
         if len(note) > 70:
             note = note[:67] + "..."
         cells.append((str(r.index), r.label, layers_per_stage(r.strategy.partition),
@@ -187,6 +194,49 @@ def dry_run_summary(spec: Spec, rec, *, total: int, launcher: str, verbose: bool
             if not path.endswith("commands.json"):
                 lines.append(f"  --- {path} (would be written)\n{text.rstrip()}")
     return "\n".join(lines) + "\n"
+
+
+def speed_correction(spec: Spec, measurements, *, quiet: bool = False):
+    """A `run_trials(before_trial=...)` that takes the machine-speed probe of every device type
+    whose layer profile holds one (amp_search.profiling.speed) and predicts the trial again
+    with those layer times scaled by now / then (`CostParams.compute_scale` on top of the
+    plan's coefficients); None where no profile holds a probe."""
+    import dataclasses
+
+    from ..planner import CostModel, evaluate
+    from ..profiling.speed import measure_speed, probe_layer
+
+    layer = probe_layer(spec).signature
+    refs = {name: p.speed_probe for name, p in sorted(measurements.layer_profiles.items())
+            if p.speed_probe is not None and p.speed_probe.layer == layer}
+    if not refs:
+        return None
+    base = CostModel(spec, measurements=measurements).params
+    failed: list[str] = []
+
+    def before_trial(req):
+        if failed:
+            return req
+        try:
+            ratios = {name: measure_speed(spec, workers=ref.workers, seconds=ref.seconds,
+                                          mbs=ref.mbs).ms / ref.ms for name, ref in refs.items()}
+        except UsageError as exc:
+            failed.append(str(exc))
+            print(f"warning: {exc}; predictions not corrected for the machine's speed",
+                  file=sys.stderr)
+            return req
+        params = dataclasses.replace(base, compute_scale={
+            **base.compute_scale, **{n: base.compute(n) * r for n, r in ratios.items()}})
+        predicted = evaluate(spec, req.strategy, measurements=measurements,
+                             cost_params=params).iteration_time_s
+        ratio = sum(ratios.values()) / len(ratios)
+        if not quiet:
+            was = "" if req.predicted_s is None else f" {req.predicted_s:.4g} s ->"
+            print(f"{req.strategy.label()}: machine speed {ratio:.3f}x the profile's; "
+                  f"predicted{was} {predicted:.4g} s", file=sys.stderr, flush=True)
+        return dataclasses.replace(req, predicted_s=predicted, machine_speed=ratio)
+
+    return before_trial
 
 
 def _sigterm(signum, frame):
@@ -242,9 +292,12 @@ def run(args) -> int:
               + (f" - {rec.error}" if rec.error else "") + (f" ({busy})" if busy else ""),
               file=sys.stderr, flush=True)
 
+    before = None
+    if not (args.dry_run or args.no_speed_probe) and args.launcher == "local":
+        before = speed_correction(spec, measurements, quiet=quiet)
     previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        records = run_trials(spec, items, options, on_record=show)
+        records = run_trials(spec, items, options, on_record=show, before_trial=before)
     finally:
         signal.signal(signal.SIGTERM, previous)
     best = best_trial(records)

@@ -70,6 +70,11 @@ def add_parser(subparsers) -> None:
                         "this node (1 and 8 micro-batches) that measure the framework's own "
                         "fixed costs per micro-batch and per iteration, which plan then adds "
                         "when there is no calibration (about a minute on CPU)")
+    p.add_argument("--no-speed-probe", action="store_true",
+                   help="on cpu, skip timing one block layer in all of the node's processes at "
+                        "once right after the sweep (a few seconds): the machine's speed now, "
+                        "which launch measures again before each trial to carry the machine's "
+                        "drift into its prediction")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_profiles_argument(p, writes=True)
     p.set_defaults(func=run)
@@ -154,9 +159,34 @@ def run(args) -> int:
         std = 100 * (e.forward_std_s + e.backward_std_s) / max(e.forward_s + e.backward_s, 1e-12)
         print(f"{e.signature:40s} {e.tmp:3d} {e.mbs:3d} {e.forward_s * 1e3:9.3f} "
               f"{e.backward_s * 1e3:9.3f} {std:6.1f}")
+    if device == "cpu" and not args.no_speed_probe:
+        _speed(spec, profile)
     if not args.no_framework:
         _framework(spec, profile, args)
     return 0
+
+
+def _speed(spec, profile) -> None:
+    """The machine-speed reference (amp_search.profiling.speed), stored in `profile`."""
+    import sys
+
+    from ..profiling.speed import measure_speed
+
+    workers = int(profile.settings.get("concurrent", 1))    # as many as the sweep ran
+    try:
+        probe = measure_speed(spec, workers=workers)
+    except KeyboardInterrupt:
+        print("amp-search: speed probe not taken (interrupted); the layer profile stands "
+              "without it")
+        return
+    except UsageError as exc:
+        print(f"warning: {exc}; launch will not correct for the machine's speed",
+              file=sys.stderr)
+        return
+    profile.speed_probe = probe
+    profile.save(profile.path)
+    print(f"speed probe: {probe.layer} at micro-batch {probe.mbs}, {probe.workers} processes "
+          f"at once: {probe.ms:.2f} ms (launch compares the machine's speed with this)")
 
 
 def _framework(spec, profile, args) -> None:

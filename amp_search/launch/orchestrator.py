@@ -91,6 +91,9 @@ class TrialRequest:
     """Make every trial process raise this message at start-up."""
     debug_hang_s: float = 0.0
     """Make every trial process sleep this long at start-up."""
+    machine_speed: float | None = None
+    """The machine's speed probe just before the trial over the layer profile's
+    (amp_search.profiling.speed); `predicted_s` already carries it. None: not measured."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +129,10 @@ class TrialRecord:
     other_processes_cores: float | None = None
     """Cores other programs kept busy while the trial ran (local launcher only; None where it
     cannot be told): above `machine_load.BUSY_CORES` the measured time may be high."""
+    machine_speed: float | None = None
+    """The machine's speed probe before the trial over the layer profile's, by which its
+    prediction was scaled (`TrialRequest.machine_speed`); None: not measured. Not kept in the
+    results database."""
     commands: tuple[str, ...] = ()
     """The commands as they read in a terminal."""
     files: dict = field(default_factory=dict)
@@ -149,6 +156,7 @@ class TrialRecord:
             "losses": list(self.losses), "started_at": self.started_at,
             "ended_at": self.ended_at, "wall_s": self.wall_s,
             "other_processes_cores": self.other_processes_cores,
+            "machine_speed": self.machine_speed,
             "commands": list(self.commands),
             "files": dict(self.files),
         }
@@ -347,7 +355,8 @@ def _run_one(spec: Spec, req: TrialRequest, index: int, options: LaunchOptions,
              db: ResultsDB | None, runs_dir: Path, hosts: dict[int, str],
              timeout_s: float, budget_limited: bool) -> TrialRecord:
     s = req.strategy
-    base = dict(index=index, label=s.label(), strategy=s, predicted_s=req.predicted_s)
+    base = dict(index=index, label=s.label(), strategy=s, predicted_s=req.predicted_s,
+                machine_speed=req.machine_speed)
     reason = preflight(spec, s, options.backend)
     device_node = {d.id: (d.node, d.local_rank) for d in spec.cluster.devices}
     if not reason:
@@ -449,11 +458,16 @@ def _read_result(prep: _Prepared, options: LaunchOptions) -> dict | None:
 # ----------------------------------------------------------------------------- all trials
 
 def run_trials(spec: Spec, items: Iterable, options: LaunchOptions | None = None, *,
-               on_record: Callable[[TrialRecord], None] | None = None) -> list[TrialRecord]:
+               on_record: Callable[[TrialRecord], None] | None = None,
+               before_trial: Callable[[TrialRequest], TrialRequest] | None = None
+               ) -> list[TrialRecord]:
     """Run the trials one after another; returns one TrialRecord per item, in order.
 
     `items`: Estimates (predicted time from the plan), Strategies or TrialRequests.
-    `on_record` is called as each trial ends (for live output)."""
+    `on_record` is called as each trial ends (for live output). `before_trial` is called
+    just before a trial really starts (not for cached, skipped or dry-run ones) and may
+    return the request with another prediction (amp-search launch: the machine's speed
+    now)."""
     from tqdm import tqdm
 
     options = options or LaunchOptions()
@@ -487,6 +501,8 @@ def run_trials(spec: Spec, items: Iterable, options: LaunchOptions | None = None
                 else:
                     timeout = options.trial_timeout_s if left is None else \
                         min(options.trial_timeout_s, left)
+                    if before_trial is not None and not options.dry_run:
+                        req = before_trial(req)
                     rec = _run_one(spec, req, index, options, db, runs_dir, hosts, timeout,
                                    budget_limited=timeout < options.trial_timeout_s)
             records.append(rec)

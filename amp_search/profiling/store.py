@@ -12,7 +12,8 @@ Layer profile JSON (format 1):
 (optimizer_step_s: one Adam step over the layer's parameters at that tmp, the same for every
 mbs; absent in older files, read as 0.) An optional "framework_overheads" object holds the
 training framework's own fixed costs measured with real trials (`FrameworkOverheads`,
-amp_search.profiling.framework).
+amp_search.profiling.framework); an optional "speed_probe" object the machine's speed when the
+profile was taken (`SpeedProbe`, amp_search.profiling.speed).
 
 A profile is only ever used for the device name and precision it was measured with; a file
 for another device is never returned by `find_profile`.
@@ -80,6 +81,32 @@ class OverheadProbe:
     @property
     def residual_s(self) -> float:
         return self.measured_s - self.predicted_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeedProbe:
+    """The machine's speed when a layer profile was taken, as the trials see it
+    (amp_search.profiling.speed): one block layer's forward + backward timed in `workers`
+    processes at once, the mean of their medians. `amp-search launch` takes it again before
+    each trial and scales that trial's prediction by the ratio (on a shared or virtual
+    machine the speed drifts 10-20% from minute to minute)."""
+
+    ms: float
+    workers: int
+    seconds: float
+    layer: str
+    """The signature of the layer timed (tmp 1, micro-batch `mbs`)."""
+    mbs: int = 1
+    created: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SpeedProbe":
+        return cls(ms=float(d["ms"]), workers=int(d["workers"]), seconds=float(d["seconds"]),
+                   layer=str(d["layer"]), mbs=int(d.get("mbs", 1)),
+                   created=str(d.get("created", "")))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,9 +199,11 @@ class LayerProfile:
     def __init__(self, *, device: str, precision: str, entries, versions: dict | None = None,
                  created: str = "", host: str = "", settings: dict | None = None,
                  path: Path | None = None,
-                 framework_overheads: FrameworkOverheads | None = None):
+                 framework_overheads: FrameworkOverheads | None = None,
+                 speed_probe: SpeedProbe | None = None):
         self.device = device
         self.framework_overheads = framework_overheads
+        self.speed_probe = speed_probe
         self.precision = precision
         self.versions = dict(versions or {})
         self.created = created or now_iso()
@@ -247,6 +276,8 @@ class LayerProfile:
              "settings": self.settings, "entries": [e.to_dict() for e in self.entries]}
         if self.framework_overheads is not None:
             d["framework_overheads"] = self.framework_overheads.to_dict()
+        if self.speed_probe is not None:
+            d["speed_probe"] = self.speed_probe.to_dict()
         return d
 
     def save(self, path: Path) -> Path:
@@ -269,11 +300,13 @@ class LayerProfile:
                                     optimizer_step_s=float(e.get("optimizer_step_s", 0.0)))
                        for e in d["entries"]]
             fw = d.get("framework_overheads")
+            speed = d.get("speed_probe")
             return cls(device=str(d["device"]), precision=str(d["precision"]), entries=entries,
                        versions=d.get("versions") or {}, created=str(d.get("created", "")),
                        host=str(d.get("host", "")), settings=d.get("settings") or {}, path=path,
                        framework_overheads=None if fw is None
-                       else FrameworkOverheads.from_dict(fw))
+                       else FrameworkOverheads.from_dict(fw),
+                       speed_probe=None if speed is None else SpeedProbe.from_dict(speed))
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"{where}: malformed layer profile ({exc!r})") from None
 
