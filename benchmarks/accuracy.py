@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -111,38 +109,14 @@ def wait_quiet(limit_s: float, idle_needed: float = 0.9) -> float:
     return idle
 
 
-def probe_worker(seconds: float) -> None:
-    """--probe-worker: time forward+backward of the spec's transformer layer (tmp 1, mbs 2,
-    one thread) for `seconds`; print the median in ms."""
-    import torch
-
-    from amp_search.trial.model import (build_layer, example_inputs,
-                                        init_single_process_parallel)
-
-    torch.set_num_threads(1)
-    spec = load_spec(ROOT / "configs" / "cpu-local.yaml")
-    layer = next(l for l in spec.model.layers if l.kind == "transformer")
-    init_single_process_parallel()
-    module = build_layer(layer, tp_size=1)
-    (x,) = example_inputs(layer, 2)
-    times, t_end = [], time.monotonic() + seconds
-    while time.monotonic() < t_end:
-        t0 = time.perf_counter()
-        y = module(x)
-        y.backward(torch.ones_like(y))
-        times.append(time.perf_counter() - t0)
-    print(f"{1e3 * statistics.median(times[3:]):.4f}")
-
-
 def probe(seconds: float = 2.0) -> float:
-    """Machine speed as a trial sees it: the same layer timed in two processes at once (one
-    per core), mean of their medians in ms."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--probe-worker", str(seconds)]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-                              text=True) for _ in range(2)]
-    outs = [float(p.communicate()[0].split()[-1]) for p in procs]
-    return sum(outs) / len(outs)
+    """Machine speed as a trial sees it: the spec's transformer layer (tmp 1, mbs 2) timed in
+    two processes at once (one per core), mean of their medians in ms: the probe `amp-search
+    profile` keeps and `launch` compares with (amp_search.profiling.speed)."""
+    from amp_search.profiling.speed import measure_speed
+
+    return measure_speed(load_spec(ROOT / "configs" / "cpu-local.yaml"), workers=2,
+                         seconds=seconds, mbs=2).ms
 
 
 @dataclass
@@ -315,14 +289,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-drift", type=float, default=0.04,
                     help="largest change of the machine-speed probe against the one taken "
                          "after profiling (0.04)")
-    ap.add_argument("--probe-worker", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--limit", type=int, default=None, help="only the first N strategies")
     ap.add_argument("--only", default=None, help="comma-separated strategy labels")
     args = ap.parse_args(argv)
 
-    if args.probe_worker is not None:
-        probe_worker(args.probe_worker)
-        return 0
     from amp_search.profiling.store import LayerProfile
     from amp_search.records import Strategy
 
