@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,8 @@ import numpy as np
 from cost_models.comm import COLLECTIVES, bus_factor, latency_steps, sigmoid_efficiency
 
 from ..errors import UsageError
-from .store import CommProfile, CommSample, LinkFit, hostname, installed_versions, now_iso
+from .store import (CommProfile, CommSample, LinkFit, hostname, installed_versions, now_iso,
+                    worker_env)
 
 LAUNCHERS = ("local", "torchrun")
 DEFAULT_SIZES = tuple(int(round(2 ** (k / 2))) // 4 * 4 for k in range(20, 53))
@@ -320,11 +320,8 @@ def profile_comm(*, device_name: str, launcher: str = "local", nproc: int = 2,
                     f"--master_addr={master_addr}",
                     f"--master_port={master_port or 29511}"]
         cmd += ["-m", "amp_search.profiling._comm_worker", str(job_path)]
-        env = dict(os.environ)
+        env = worker_env()
         env.setdefault("OMP_NUM_THREADS", "1")
-        repo = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
-                                    else "")
         try:
             proc = subprocess.run(cmd, env=env, timeout=timeout_s,
                                   stdout=None if progress else subprocess.PIPE,

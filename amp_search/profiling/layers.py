@@ -65,7 +65,8 @@ from pathlib import Path
 from ..errors import UsageError
 from ..machine_load import BUSY_CORES, OtherLoad
 from ..spec import Spec
-from .store import LayerProfile, ProfileEntry, hostname, installed_versions, now_iso
+from .store import (LayerProfile, ProfileEntry, hostname, installed_versions, now_iso,
+                    worker_env)
 
 DEVICES = ("cpu", "cuda")
 MIN_WARMUP_S = 0.05
@@ -312,12 +313,9 @@ def _sweep_concurrent(groups, per_round, n, precision, device, warmup, timer, me
     import sys
     from multiprocessing.connection import Connection, wait
 
-    env = dict(os.environ)
+    env = worker_env()
     if device == "cpu":
         env["OMP_NUM_THREADS"] = "1"  # one thread per worker, as in the trials
-    repo = str(Path(__file__).resolve().parents[2])  # amp_search and cost_models
-    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
-                                else "")
     import tempfile
 
     mode = tp_layers_mode(device, n)

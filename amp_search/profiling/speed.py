@@ -16,7 +16,6 @@ trial, and it is a ratio of two measurements of the same work.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from dataclasses import asdict
 
 from ..errors import UsageError
 from ..spec import Spec
-from .store import SpeedProbe, now_iso
+from .store import SpeedProbe, now_iso, worker_env
 
 PROBE_SECONDS = 2.0
 """How long each process times the layer."""
@@ -55,11 +54,7 @@ def measure_speed(spec: Spec, *, workers: int, seconds: float = PROBE_SECONDS,
     layer = probe_layer(spec)
     job = json.dumps({"layer": asdict(layer), "seconds": seconds, "mbs": mbs,
                       "precision": spec.training.precision})
-    child_env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1",
-                 "PYTHONWARNINGS": "ignore"}
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    child_env["PYTHONPATH"] = repo + (os.pathsep + child_env["PYTHONPATH"]
-                                      if child_env.get("PYTHONPATH") else "")
+    child_env = {**worker_env(env), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "amp_search.profiling.speed", job]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=child_env, text=True) for _ in range(max(1, workers))]

@@ -567,3 +567,14 @@ def find_comm_profile(directory: Path, *, device: str | None = None,
 
 def hostname() -> str:
     return socket.gethostname()
+
+
+def worker_env(base=None) -> dict:
+    """The environment of a profiling worker process: `base` (default: this process's) with
+    the directory holding amp_search/ and cost_models/ first on PYTHONPATH, so that the
+    worker imports this same code."""
+    env = dict(os.environ if base is None else base)
+    repo = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
+                                else "")
+    return env
