@@ -14,6 +14,51 @@ def hetero_spec() -> dict:
     return yaml.safe_load((ROOT / "configs" / "amp-hetero-gpt2.yaml").read_text())
 
 
+TINY_CPU_SPEC = """
+cluster:
+  nodes:
+    - gpu: CPU-local
+      count: 1
+      gpus_per_node: 2
+      intra_node_bandwidth: 2 GB/s
+      inter_node_bandwidth: 10 Gbps
+model:
+  preset: gpt
+  num_layers: 2
+  hidden_size: 64
+  num_attention_heads: 2
+  seq_length: 32
+  vocab_size: 256
+training:
+  global_batch_size: 4
+  precision: fp32
+  activation_checkpointing: none
+  zero_stage: 0
+  framework_overhead: 256 MiB
+"""
+"""A 2-block GPT on one node of 2 CPU-local devices."""
+
+
+def tiny_cpu_spec(tmp_path, text: str = TINY_CPU_SPEC):
+    """`text` (default TINY_CPU_SPEC) written to tmp_path/spec.yaml and loaded."""
+    from amp_search.spec import load_spec
+
+    p = tmp_path / "spec.yaml"
+    p.write_text(text)
+    return load_spec(p)
+
+
+def uniform_profile(spec, **fields):
+    """A CPU-local fp32 layer profile of every layer of `spec` at tmp 1 and micro-batch 1, 2, 4
+    (1 ms x mbs forward, 2 ms x mbs backward); `fields`: further LayerProfile arguments
+    (framework_overheads, speed_probe)."""
+    from amp_search.profiling.store import LayerProfile, ProfileEntry
+
+    entries = [ProfileEntry(signature=x.signature, tmp=1, mbs=m, forward_s=1e-3 * m,
+                            backward_s=2e-3 * m) for x in spec.model.layers for m in (1, 2, 4)]
+    return LayerProfile(device="CPU-local", precision="fp32", entries=entries, **fields)
+
+
 @pytest.fixture
 def write_spec(tmp_path):
     def write(data: dict | str, name: str = "spec.yaml") -> Path:

@@ -3,7 +3,6 @@ use by the cost model when there is no calibration, and the real probe trials on
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -11,46 +10,16 @@ from amp_search.measurements import Measurements
 from amp_search.planner import CostModel, estimate, measured_overheads
 from amp_search.profiling.framework import (PROBE_GAS, overheads_from_residuals, probe_node,
                                             probe_strategies)
-from amp_search.profiling.store import (FrameworkOverheads, LayerProfile, OverheadProbe,
-                                        ProfileEntry)
-from amp_search.spec import load_spec
+from amp_search.profiling.store import FrameworkOverheads, LayerProfile, OverheadProbe
+from conftest import TINY_CPU_SPEC, tiny_cpu_spec, uniform_profile
 from cost_models.params import CostParams
 
-TINY = """
-cluster:
-  nodes:
-    - gpu: CPU-local
-      count: 1
-      gpus_per_node: 2
-      intra_node_bandwidth: 2 GB/s
-      inter_node_bandwidth: 10 Gbps
-model:
-  preset: gpt
-  num_layers: 2
-  hidden_size: 64
-  num_attention_heads: 2
-  seq_length: 32
-  vocab_size: 256
-training:
-  global_batch_size: 4
-  precision: fp32
-  activation_checkpointing: none
-  zero_stage: 0
-  framework_overhead: 256 MiB
-"""
-
-
-def _spec(tmp_path, text=TINY):
-    p = tmp_path / "spec.yaml"
-    p.write_text(text)
-    return load_spec(p)
+TINY = TINY_CPU_SPEC
+_spec = tiny_cpu_spec
 
 
 def _profile(spec, overheads=None):
-    entries = [ProfileEntry(signature=x.signature, tmp=1, mbs=m, forward_s=1e-3 * m,
-                            backward_s=2e-3 * m) for x in spec.model.layers for m in (1, 2, 4)]
-    return LayerProfile(device="CPU-local", precision="fp32", entries=entries,
-                        framework_overheads=overheads)
+    return uniform_profile(spec, framework_overheads=overheads)
 
 
 def test_residual_line_is_recovered_exactly():

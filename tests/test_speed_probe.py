@@ -10,43 +10,14 @@ from amp_search.launch.orchestrator import LaunchOptions, TrialRequest, run_tria
 from amp_search.measurements import Measurements
 from amp_search.planner import evaluate, plan
 from amp_search.profiling.speed import measure_speed, probe_layer
-from amp_search.profiling.store import LayerProfile, ProfileEntry, SpeedProbe
-from amp_search.spec import load_spec
+from amp_search.profiling.store import LayerProfile, SpeedProbe
+from conftest import tiny_cpu_spec, uniform_profile
 
-TINY = """
-cluster:
-  nodes:
-    - gpu: CPU-local
-      count: 1
-      gpus_per_node: 2
-      intra_node_bandwidth: 2 GB/s
-      inter_node_bandwidth: 10 Gbps
-model:
-  preset: gpt
-  num_layers: 2
-  hidden_size: 64
-  num_attention_heads: 2
-  seq_length: 32
-  vocab_size: 256
-training:
-  global_batch_size: 4
-  precision: fp32
-  activation_checkpointing: none
-  zero_stage: 0
-"""
-
-
-def _spec(tmp_path):
-    p = tmp_path / "spec.yaml"
-    p.write_text(TINY)
-    return load_spec(p)
+_spec = tiny_cpu_spec
 
 
 def _profile(spec, probe=None):
-    entries = [ProfileEntry(signature=x.signature, tmp=1, mbs=m, forward_s=1e-3 * m,
-                            backward_s=2e-3 * m) for x in spec.model.layers for m in (1, 2, 4)]
-    return LayerProfile(device="CPU-local", precision="fp32", entries=entries,
-                        speed_probe=probe)
+    return uniform_profile(spec, speed_probe=probe)
 
 
 def test_the_probe_layer_and_its_round_trip_in_the_layer_profile(tmp_path):
