@@ -126,8 +126,16 @@ def measured_overheads(measurements: Measurements) -> tuple[CostParams, str]:
              sorted(measurements.layer_profiles.items()) if p.framework_overheads is not None]
     if not found:
         return CostParams(), "uncalibrated"
+    zero: dict[str, dict[int, float]] = {"microbatch": {}, "step": {}}
+    for _, f in found:
+        for z in f.zero:
+            for kind, value in (("microbatch", z.microbatch_s_per_param),
+                                ("step", z.step_s_per_param)):
+                zero[kind][z.zero_stage] = max(zero[kind].get(z.zero_stage, 0.0), value)
     params = CostParams(layer_overhead_s=max(f.layer_overhead_s for _, f in found),
-                        step_overhead_s=max(f.step_overhead_s for _, f in found))
+                        step_overhead_s=max(f.step_overhead_s for _, f in found),
+                        zero_microbatch_s_per_param=zero["microbatch"],
+                        zero_step_s_per_param=zero["step"])
     where = ", ".join(measurements.layer_profiles[n].source for n, _ in found)
     return params, f"uncalibrated + framework overheads measured in {where}"
 
@@ -348,7 +356,8 @@ class CostModel:
                     np.maximum(row[0], device, out=row[0])
                     np.maximum(row[1], np.where(lt.analytic, issue, 0.0), out=row[1])
                     np.maximum(row[2], self.timer.optimizer_step_s(gpu, c.tmp) * scale
-                               / optimizer_share, out=row[2])
+                               / optimizer_share + self._zero_time_s("zero_step_s_per_param", c),
+                               out=row[2])
                 rows[types] = row
             compute[j], host[j], optimizer[j] = rows[types]
 
@@ -382,18 +391,27 @@ class CostModel:
         scale = self.params.compute(gpu.name)
         floor_s = self.params.fixed_cost("kernel_floor_s", gpu.name, gpu.kernel_floor_s)
         framework_s = self.params.layer_overhead_s / 2
+        zero_mb = self.params.zero_cost("zero_microbatch_s_per_param", c.zero_stage)
         key = ("passes", gpu.name, c.tmp, c.mbs, ckpt, c.selective_recompute,
-               c.sequence_parallel, scale, floor_s, framework_s)  # params may be replaced
+               c.sequence_parallel, scale, floor_s, framework_s, zero_mb)  # params may change
         hit = self._fixed_cache.get(key)
         if hit is None:
             lt = self.timer.times(gpu, c.tmp, c.mbs)
             floor, _ = self._fixed_costs(gpu, c.tmp, ckpt)
             per_pass = np.where(lt.analytic, floor / self._floor_passes[ckpt], 0.0)
             fwd = lt.forward_s * scale + per_pass + framework_s
-            bwd = (lt.backward_s + self._knob_time(gpu, c)) * scale + per_pass + framework_s
+            bwd = ((lt.backward_s + self._knob_time(gpu, c)) * scale + per_pass + framework_s
+                   + self._zero_time_s("zero_microbatch_s_per_param", c))
             hit = self._fixed_cache[key] = np.stack([fwd, bwd, fwd if ckpt
                                                      else np.zeros_like(fwd)])
         return hit
+
+    def _zero_time_s(self, name: str, c: Candidate) -> np.ndarray | float:
+        """Per layer: ZeRO stage c.zero_stage's own bookkeeping as the framework probe measured
+        it (`CostParams.zero_microbatch_s_per_param` / `zero_step_s_per_param`), for the
+        parameters of the layer a device holds; 0 where none was measured."""
+        per_param = self.params.zero_cost(name, c.zero_stage)
+        return per_param * self.params_per_layer(c.tmp) if per_param else 0.0
 
     def _knob_time(self, gpu, c: Candidate) -> np.ndarray | float:
         """Per layer: device seconds selective recomputation adds (the attention core's forward

@@ -12,6 +12,12 @@ The defaults are the uncalibrated model. Every coefficient enters the prediction
                               (engine hooks and bookkeeping per module and parameter), half in
                               the forward and half in the backward pass; measured by
                               `amp-search profile`'s probe trials (not fitted by calibrate);
+- zero_microbatch_s_per_param[stage], zero_step_s_per_param[stage]
+                              ZeRO stage 1-3's own bookkeeping beyond stage 0's (gradient
+                              buckets, partition copies, per-partition reductions), per
+                              parameter a device holds: in every micro-batch's backward, and
+                              once per iteration beside the optimizer step; measured by
+                              `amp-search profile`'s probe trials (not fitted by calibrate);
 - host_block_pass_s[device], host_tp_allreduce_per_rank_s[device], kernel_floor_s[device]
                               replace the catalog's fixed costs of the analytic layer time
                               (cost_models.compute.HostCosts / DeviceSpeed) for that device type.
@@ -41,6 +47,10 @@ class CostParams:
     """device type name -> host seconds per TP all-reduce per extra rank (missing: catalog)."""
     kernel_floor_s: dict = field(default_factory=dict)
     """device type name -> device seconds per block pass at least (missing: the catalog's)."""
+    zero_microbatch_s_per_param: dict = field(default_factory=dict)
+    """ZeRO stage (int) -> seconds per parameter a device holds, per micro-batch (missing: 0)."""
+    zero_step_s_per_param: dict = field(default_factory=dict)
+    """ZeRO stage (int) -> seconds per parameter a device holds, per iteration (missing: 0)."""
 
     def compute(self, device: str) -> float:
         return float(self.compute_scale.get(device, 1.0))
@@ -59,6 +69,14 @@ class CostParams:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def zero_cost(self, name: str, zero_stage: int) -> float:
+        """zero_microbatch_s_per_param or zero_step_s_per_param of `zero_stage` (0: none)."""
+        return float(getattr(self, name).get(int(zero_stage), 0.0))
+
     @classmethod
     def from_dict(cls, d: dict) -> "CostParams":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        out = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        for k in ("zero_microbatch_s_per_param", "zero_step_s_per_param"):
+            if k in out:        # JSON object keys are strings
+                out[k] = {int(z): float(v) for z, v in out[k].items()}
+        return cls(**out)

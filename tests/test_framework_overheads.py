@@ -146,3 +146,99 @@ def test_real_probe_trials_on_cpu(tmp_path):
     logs = sorted((tmp_path / "runs").glob("*/trial.json"))
     assert [json.loads(p.read_text())["strategy"]["global_batch_size"] for p in logs] \
         in ([2, 16], [16, 2])
+
+
+# ----------------------------------------------------------------- ZeRO stages' own costs
+
+def _probes(stage, residuals):
+    return [OverheadProbe(label=f"pp1-dp2-tmp1-mbs1-z{stage}", gas=g, measured_s=1.0 + r,
+                          predicted_s=1.0) for g, r in zip(PROBE_GAS, residuals)]
+
+
+def test_zero_stage_cost_is_its_residual_beyond_stage_0_per_parameter():
+    from amp_search.profiling.framework import zero_overheads
+
+    g1, g8 = PROBE_GAS
+    stage0 = _probes(0, [0.020 + g1 * 0.002, 0.020 + g8 * 0.002])
+    # ZeRO 2: 30 ms more per iteration and 7 ms more per micro-batch than stage 0
+    z2 = _probes(2, [p.residual_s + 0.030 + g * 0.007 for p, g in zip(stage0, PROBE_GAS)])
+    z = zero_overheads(2, stage0, z2, params_per_device=1_000_000)
+    assert z.zero_stage == 2 and z.params_per_device == 1_000_000
+    assert z.microbatch_s_per_param * 1e6 == pytest.approx(0.007)
+    assert z.step_s_per_param * 1e6 == pytest.approx(0.030)
+    assert z.probes == tuple(z2)
+    # a stage that costs less than the model says is priced at nothing, never a credit
+    cheap = _probes(1, [p.residual_s - 0.01 for p in stage0])
+    z = zero_overheads(1, stage0, cheap, params_per_device=10)
+    assert (z.microbatch_s_per_param, z.step_s_per_param) == (0.0, 0.0)
+
+
+def test_zero_costs_round_trip_and_price_each_stage(tmp_path):
+    from amp_search.profiling.store import ZeroOverheads
+
+    spec = _spec(tmp_path, TINY.replace("zero_stage: 0", "zero_stage: search"))
+    params = sum(CostModel(spec).params_per_layer(1))
+    z2 = ZeroOverheads(zero_stage=2, microbatch_s_per_param=0.007 / params,
+                       step_s_per_param=0.030 / params, params_per_device=params,
+                       probes=tuple(_probes(2, [0.05, 0.1])))
+    fw = FrameworkOverheads(backend="deepspeed", microbatch_overhead_s=0.0,
+                            step_overhead_s=0.0, layers=len(spec.model.layers), zero=(z2,))
+    path = _profile(spec, fw).save(tmp_path / "p.json")
+    assert LayerProfile.load(path).framework_overheads == fw
+    d = json.loads(path.read_text())
+    del d["framework_overheads"]["zero"]            # files from before: no ZeRO costs
+    assert LayerProfile.from_dict(d).framework_overheads.zero == ()
+
+    measured = Measurements(layer_profiles={"CPU-local": LayerProfile.load(path)})
+    cp, _ = measured_overheads(measured)
+    assert cp.zero_microbatch_s_per_param == {2: z2.microbatch_s_per_param}
+    assert cp.zero_step_s_per_param == {2: z2.step_s_per_param}
+    # a calibration file keeps them through JSON (object keys are strings there)
+    assert CostParams.from_dict(json.loads(json.dumps(cp.to_dict()))) == cp
+
+    bare = Measurements(layer_profiles={"CPU-local": _profile(spec)})
+    gas = 4 // 2
+    for stage, extra in ((0, 0.0), (1, 0.0), (2, 0.030 + gas * 0.007)):
+        kw = dict(pp=1, dp=2, tmp=1, mbs=1, zero_stage=stage)
+        t0 = estimate(spec, measurements=bare, **kw).iteration_time_s
+        t1 = estimate(spec, measurements=measured, **kw).iteration_time_s
+        assert t1 - t0 == pytest.approx(extra, rel=1e-6, abs=1e-12), stage
+
+
+def test_probe_zero_stages_follow_the_spec(tmp_path):
+    from amp_search.profiling.framework import probe_zero_stages
+
+    searched = TINY.replace("zero_stage: 0", "zero_stage: search")
+    assert probe_zero_stages(_spec(tmp_path, searched)) == (1, 2, 3)
+    assert probe_zero_stages(_spec(tmp_path)) == ()
+    assert probe_zero_stages(_spec(tmp_path, TINY.replace("zero_stage: 0", "zero_stage: 2"))) \
+        == (2,)
+    one = searched.replace("gpus_per_node: 2", "gpus_per_node: 1")
+    assert probe_zero_stages(_spec(tmp_path, one)) == ()           # nothing to partition over
+    megatron = searched.replace("zero_stage: search", "zero_stage: 1\n  backend: megatron")
+    assert probe_zero_stages(_spec(tmp_path, megatron)) == ()
+    for stage in (1, 2):
+        for _, s in probe_strategies(_spec(tmp_path, searched), stage):
+            assert (s.pp, s.dp, s.tmp, s.mbs, s.zero_stage) == (1, 2, 1, 1, stage)
+
+
+def test_real_zero_probe_trials_on_cpu(tmp_path):
+    """Stage 0's and ZeRO 1's probe trials, really run: ZeRO 1's cost is the difference of
+    their residuals, per parameter."""
+    pytest.importorskip("deepspeed")
+    import os
+
+    from amp_search.profiling.framework import measure_framework_overheads, zero_overheads
+
+    spec = _spec(tmp_path, TINY.replace("zero_stage: 0", "zero_stage: 1"))
+    seen = []
+    fw = measure_framework_overheads(spec, _profile(spec), measurements=Measurements(),
+                                     runs_dir=tmp_path / "runs", iters=3, warmup=1,
+                                     base_env=dict(os.environ), on_probe=seen.append)
+    (z1,) = fw.zero
+    assert [p.label for p in seen] == [p.label for p in fw.probes + z1.probes]
+    assert [p.label for p in z1.probes] == ["pp1-dp2-tmp1-mbs1-z1"] * len(PROBE_GAS)
+    assert z1.params_per_device == sum(CostModel(spec).params_per_layer(1))
+    assert z1 == zero_overheads(1, list(fw.probes), list(z1.probes), z1.params_per_device)
+    configs = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs").glob("*/trial.json"))]
+    assert sorted(c["strategy"]["zero_stage"] for c in configs) == [0, 0, 1, 1]

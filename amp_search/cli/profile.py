@@ -194,15 +194,19 @@ def _framework(spec, profile, args) -> None:
     import os
     import sys
 
-    from ..profiling.framework import measure_framework_overheads, probe_node
+    from ..profiling.framework import (PROBE_GAS, measure_framework_overheads, probe_node,
+                                       probe_zero_stages)
     from ._args import measurements_for
 
     why = probe_node(spec, profile.device)
     if why:
         print(f"framework overheads not measured: {why}")
         return
-    print("framework overheads: two short DeepSpeed trials of the model on this node "
-          "(Ctrl-C skips them; the layer profile is already written)", flush=True)
+    stages = probe_zero_stages(spec)
+    n = len(PROBE_GAS) * (1 + len(stages))
+    zero = f", at ZeRO 0 and {', '.join(map(str, stages))}" if stages else ""
+    print(f"framework overheads: {n} short DeepSpeed trials of the model on this node{zero} "
+          f"(Ctrl-C skips them; the layer profile is already written)", flush=True)
 
     def show(p) -> None:
         print(f"  {p.label:24s} gas {p.gas:2d}: measured {p.measured_s * 1e3:8.1f} ms, layers "
@@ -226,6 +230,16 @@ def _framework(spec, profile, args) -> None:
     print(f"framework overheads: {fw.microbatch_overhead_s * 1e3:.1f} ms per micro-batch of "
           f"the {fw.layers} layers ({fw.layer_overhead_s * 1e3:.2f} ms per layer), "
           f"{fw.step_overhead_s * 1e3:.1f} ms per iteration -> {profile.path}")
+    for z in fw.zero:
+        n = z.params_per_device
+        print(f"  ZeRO {z.zero_stage} beyond ZeRO 0: {z.microbatch_s_per_param * n * 1e3:.1f} ms "
+              f"per micro-batch, {z.step_s_per_param * n * 1e3:.1f} ms per iteration for "
+              f"{n:,} parameters per device ({z.microbatch_s_per_param * 1e9:.2f} and "
+              f"{z.step_s_per_param * 1e9:.2f} ns per parameter)")
+    missing = sorted(set(stages) - {z.zero_stage for z in fw.zero})
+    if missing:
+        print(f"  ZeRO {', '.join(map(str, missing))} not measured (interrupted): priced "
+              f"without their own bookkeeping")
 
 
 def run_comm(args) -> int:

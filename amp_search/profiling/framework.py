@@ -21,9 +21,18 @@ since the engine's work per micro-batch is per module and parameter: a pipeline 
 the layers it holds; on CPU trials pp 2 stages showed about half the pp 1 cost) and
 `step_overhead_s`.
 
+ZeRO stages 1-3 run their own bookkeeping on top (gradient buckets copied and reduced per
+partition, the partitioned step's copies, the weights' all-gather): on the CPU machine ZeRO 1
+cost ~30 ms per iteration and ZeRO 2 ~19 ms per micro-batch more than the model priced, and the
+plan ranked them too high. So where the spec searches a stage s in 1-3 and the node has two
+or more devices, the same two trials run at stage s too; r_s(gas) - r_0(gas) is that stage's
+own cost, fitted the same way and stored per parameter a device holds (`ZeroOverheads`):
+`CostParams.zero_microbatch_s_per_param` in each micro-batch's backward,
+`zero_step_s_per_param` once per iteration.
+
 What it cannot see: overheads that grow with the strategy beyond micro-batch count (a
-pipeline engine's instructions, ZeRO 1-3's partitioned buffers, more tensor-parallel calls):
-those stay in the calibration's reach (`amp-search calibrate`).
+pipeline engine's instructions, more tensor-parallel calls): those stay in the calibration's
+reach (`amp-search calibrate`).
 """
 from __future__ import annotations
 
@@ -34,9 +43,12 @@ from typing import Callable
 
 import numpy as np
 
+from cost_models.layers import param_count
+
 from ..errors import UsageError
 from ..spec import Spec
-from .store import FrameworkOverheads, LayerProfile, OverheadProbe, now_iso
+from .store import (FrameworkOverheads, LayerProfile, OverheadProbe, ZeroOverheads,
+                    now_iso)
 
 PROBE_GAS = (1, 8)
 """Micro-batches per iteration of the probe trials: one, and enough to separate the
@@ -62,6 +74,19 @@ def overheads_from_residuals(gas: list[int] | np.ndarray,
     return microbatch, step
 
 
+def zero_overheads(zero_stage: int, stage0: list[OverheadProbe], probes: list[OverheadProbe],
+                   params_per_device: int) -> ZeroOverheads:
+    """A ZeRO stage's own cost from its probes and stage 0's at the same micro-batch counts:
+    the line through r_stage(gas) - r_0(gas) (`overheads_from_residuals`, clamped at 0),
+    per parameter a device held."""
+    r0 = {p.gas: p.residual_s for p in stage0}
+    extra = [(p.gas, p.residual_s - r0[p.gas]) for p in probes if p.gas in r0]
+    microbatch, step = overheads_from_residuals([g for g, _ in extra], [r for _, r in extra])
+    n = max(int(params_per_device), 1)
+    return ZeroOverheads(zero_stage=zero_stage, microbatch_s_per_param=microbatch / n,
+                         step_s_per_param=step / n, params_per_device=n, probes=tuple(probes))
+
+
 def probe_node(spec: Spec, device_name: str) -> str:
     """'' when the probe trials can run for `spec` on this machine, else why not."""
     if len(spec.cluster.nodes) != 1:
@@ -75,8 +100,18 @@ def probe_node(spec: Spec, device_name: str) -> str:
     return ""
 
 
-def probe_strategies(spec: Spec) -> list[tuple[Spec, "Strategy"]]:
-    """The probe trials: (the spec with the probe's global batch, strategy) per gas."""
+def probe_zero_stages(spec: Spec) -> tuple[int, ...]:
+    """The ZeRO stages beyond 0 whose own cost the probe measures: those the spec searches,
+    where the node has two or more devices (ZeRO partitions over data-parallel ranks) and the
+    backend is DeepSpeed (Megatron's distributed optimizer is not what the probe runs)."""
+    if spec.training.backend != "deepspeed" or len(spec.cluster.nodes[0].devices) < 2:
+        return ()
+    return tuple(sorted(z for z in set(spec.training.zero_stage) if z > 0))
+
+
+def probe_strategies(spec: Spec, zero_stage: int = 0) -> list[tuple[Spec, "Strategy"]]:
+    """The probe trials at `zero_stage`: (the spec with the probe's global batch, strategy)
+    per gas."""
     from ..records import Strategy
 
     devices = tuple(spec.cluster.nodes[0].devices)
@@ -89,7 +124,7 @@ def probe_strategies(spec: Spec) -> list[tuple[Spec, "Strategy"]]:
         s = Strategy(pp=1, dp=n_dp, tmp=1, mbs=1, global_batch_size=gbs,
                      partition=(0, len(spec.model.layers)),
                      placement=(tuple((d,) for d in devices),), placement_order="listed",
-                     zero_stage=0, activation_checkpointing=False)
+                     zero_stage=zero_stage, activation_checkpointing=False)
         out.append((probe_spec, s))
     return out
 
@@ -104,7 +139,8 @@ def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measuremen
 
     `measurements`: the link profile etc. to predict with (amp_search.measurements); its
     calibration is ignored and `profile` replaces its layer profile for this device.
-    Ctrl-C stops the running trial (the launcher reaps it) and re-raises."""
+    Ctrl-C stops the running trial (the launcher reaps it) and re-raises; during the ZeRO
+    stages' probes it ends the probing there and returns stage 0 and the stages done."""
     from types import MappingProxyType
 
     from cost_models.params import CostParams
@@ -119,30 +155,45 @@ def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measuremen
     layers[profile.device] = profile
     meas = dataclasses.replace(measurements, layer_profiles=MappingProxyType(layers),
                                calibration=None, calibration_source="uncalibrated")
-    probes: list[OverheadProbe] = []
+    by_stage: dict[int, list[OverheadProbe]] = {}
+
+    def probe(zero: int, probe_spec: Spec, s, tmp: str) -> OverheadProbe:
+        # a database per probe: the results key is the strategy's label and the spec's
+        # text, which the probes of one stage share
+        options = LaunchOptions(backend="deepspeed", launcher="local", iters=iters,
+                                warmup=warmup, progress=progress,
+                                results_path=Path(tmp) / f"probe-z{zero}-gas{s.gas}.sqlite",
+                                runs_dir=Path(runs_dir) if runs_dir is not None else Path(tmp),
+                                base_env=dict(base_env or {}))
+        predicted = evaluate(probe_spec, s, measurements=meas,
+                             cost_params=CostParams()).iteration_time_s
+        (rec,) = run_trials(probe_spec, [s], options)
+        if rec.status != "ok" or rec.measured_s is None:
+            raise UsageError(f"the framework-overhead probe trial {rec.label} ended "
+                             f"{rec.status}: {rec.error or rec.log_tail[-300:]}")
+        return OverheadProbe(label=rec.label, gas=s.gas, measured_s=rec.measured_s,
+                             predicted_s=float(predicted),
+                             other_processes_cores=rec.other_processes_cores)
+
     with tempfile.TemporaryDirectory(prefix="amp-search-overheads-") as tmp:
-        where = Path(runs_dir) if runs_dir is not None else Path(tmp)
-        for probe_spec, s in probe_strategies(spec):
-            # a database per probe: the results key is the strategy's label and the spec's
-            # text, which the two probes share
-            options = LaunchOptions(backend="deepspeed", launcher="local", iters=iters,
-                                    warmup=warmup, progress=progress,
-                                    results_path=Path(tmp) / f"probe-gas{s.gas}.sqlite",
-                                    runs_dir=where, base_env=dict(base_env or {}))
-            predicted = evaluate(probe_spec, s, measurements=meas,
-                                 cost_params=CostParams()).iteration_time_s
-            (rec,) = run_trials(probe_spec, [s], options)
-            if rec.status != "ok" or rec.measured_s is None:
-                raise UsageError(f"the framework-overhead probe trial {rec.label} ended "
-                                 f"{rec.status}: {rec.error or rec.log_tail[-300:]}")
-            probe = OverheadProbe(label=rec.label, gas=s.gas, measured_s=rec.measured_s,
-                                  predicted_s=float(predicted),
-                                  other_processes_cores=rec.other_processes_cores)
-            probes.append(probe)
-            if on_probe is not None:
-                on_probe(probe)
+        for zero in (0, *probe_zero_stages(spec)):
+            done = []
+            try:
+                for probe_spec, s in probe_strategies(spec, zero):
+                    done.append(probe(zero, probe_spec, s, tmp))
+                    if on_probe is not None:
+                        on_probe(done[-1])
+            except KeyboardInterrupt:
+                if zero == 0:
+                    raise
+                break       # stage 0 and the stages done stand; the others are not measured
+            by_stage[zero] = done
+    probes = by_stage.pop(0)
     microbatch, step = overheads_from_residuals([p.gas for p in probes],
                                                 [p.residual_s for p in probes])
+    params = int(sum(param_count(layer, 1) for layer in spec.model.layers))
+    zero = tuple(zero_overheads(z, probes, zp, params) for z, zp in sorted(by_stage.items()))
     return FrameworkOverheads(backend="deepspeed", microbatch_overhead_s=microbatch,
                               step_overhead_s=step, layers=len(spec.model.layers),
+                              zero=zero,
                               probes=tuple(probes), created=now_iso())

@@ -110,6 +110,42 @@ class SpeedProbe:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ZeroOverheads:
+    """What one ZeRO stage's own bookkeeping costs beyond stage 0's, measured by running the
+    trial program at that stage beside stage 0 (amp_search.profiling.framework): the
+    difference of their residuals (measured - the cost model's prediction, which already
+    holds the stage's collectives and its smaller optimizer step) at each micro-batch count.
+    On the 2-core CPU machine ZeRO 1 cost ~30 ms more per iteration than the model said and
+    ZeRO 2 ~19 ms more per micro-batch (DeepSpeed's gradient buckets, partition copies and
+    per-partition reductions): the trials the plan ranked ZeRO 1/2 first ran 7-29% slower.
+
+    Per parameter a device holds, so that it follows the model's size and the tensor
+    degree: microbatch_s_per_param in every micro-batch's backward (the gradient reduction
+    ZeRO 2/3 run as gradients are produced), step_s_per_param once per iteration (the
+    boundary's reduction, the partitioned step's copies and the weights' all-gather)."""
+
+    zero_stage: int
+    microbatch_s_per_param: float
+    step_s_per_param: float
+    params_per_device: int
+    """Parameters each probe device held (pp 1, tmp 1: the whole model)."""
+    probes: tuple[OverheadProbe, ...] = ()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["probes"] = [asdict(p) for p in self.probes]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ZeroOverheads":
+        return cls(zero_stage=int(d["zero_stage"]),
+                   microbatch_s_per_param=float(d["microbatch_s_per_param"]),
+                   step_s_per_param=float(d["step_s_per_param"]),
+                   params_per_device=int(d["params_per_device"]),
+                   probes=tuple(OverheadProbe(**p) for p in d.get("probes") or ()))
+
+
+@dataclass(frozen=True, kw_only=True)
 class FrameworkOverheads:
     """The training framework's fixed costs that a layer profile cannot see, measured by
     running its trial program (amp_search.profiling.framework): what an iteration costs
@@ -130,6 +166,9 @@ class FrameworkOverheads:
     """Layers of the model the probe trials ran (embedding and head included)."""
     probes: tuple[OverheadProbe, ...] = ()
     created: str = ""
+    zero: tuple[ZeroOverheads, ...] = ()
+    """ZeRO stages 1-3 beyond stage 0, where the spec searches them (the probes above are
+    stage 0's)."""
 
     @property
     def layer_overhead_s(self) -> float:
@@ -139,6 +178,7 @@ class FrameworkOverheads:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["probes"] = [asdict(p) for p in self.probes]
+        d["zero"] = [z.to_dict() for z in self.zero]
         return d
 
     @classmethod
@@ -147,7 +187,8 @@ class FrameworkOverheads:
                    microbatch_overhead_s=float(d["microbatch_overhead_s"]),
                    step_overhead_s=float(d["step_overhead_s"]), layers=int(d["layers"]),
                    probes=tuple(OverheadProbe(**p) for p in d.get("probes") or ()),
-                   created=str(d.get("created", "")))
+                   created=str(d.get("created", "")),
+                   zero=tuple(ZeroOverheads.from_dict(z) for z in d.get("zero") or ()))
 
 
 @dataclass(frozen=True)
