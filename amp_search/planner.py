@@ -391,9 +391,10 @@ class CostModel:
         scale = self.params.compute(gpu.name)
         floor_s = self.params.fixed_cost("kernel_floor_s", gpu.name, gpu.kernel_floor_s)
         framework_s = self.params.layer_overhead_s / 2
-        zero_mb = self.params.zero_cost("zero_microbatch_s_per_param", c.zero_stage)
+        zero_mb = self._zero_time_s("zero_microbatch_s_per_param", c)
         key = ("passes", gpu.name, c.tmp, c.mbs, ckpt, c.selective_recompute,
-               c.sequence_parallel, scale, floor_s, framework_s, zero_mb)  # params may change
+               c.sequence_parallel, scale, floor_s, framework_s,
+               self.params.zero_cost("zero_microbatch_s_per_param", c.zero_stage))
         hit = self._fixed_cache.get(key)
         if hit is None:
             lt = self.timer.times(gpu, c.tmp, c.mbs)
@@ -401,7 +402,7 @@ class CostModel:
             per_pass = np.where(lt.analytic, floor / self._floor_passes[ckpt], 0.0)
             fwd = lt.forward_s * scale + per_pass + framework_s
             bwd = ((lt.backward_s + self._knob_time(gpu, c)) * scale + per_pass + framework_s
-                   + self._zero_time_s("zero_microbatch_s_per_param", c))
+                   + zero_mb)
             hit = self._fixed_cache[key] = np.stack([fwd, bwd, fwd if ckpt
                                                      else np.zeros_like(fwd)])
         return hit
@@ -409,7 +410,11 @@ class CostModel:
     def _zero_time_s(self, name: str, c: Candidate) -> np.ndarray | float:
         """Per layer: ZeRO stage c.zero_stage's own bookkeeping as the framework probe measured
         it (`CostParams.zero_microbatch_s_per_param` / `zero_step_s_per_param`), for the
-        parameters of the layer a device holds; 0 where none was measured."""
+        parameters of the layer a device holds; 0 where none was measured, and under
+        Megatron-LM (the probe measures DeepSpeed's ZeRO; Megatron's distributed optimizer is
+        priced by its collectives alone)."""
+        if self.spec.training.backend != "deepspeed":
+            return 0.0
         per_param = self.params.zero_cost(name, c.zero_stage)
         return per_param * self.params_per_layer(c.tmp) if per_param else 0.0
 

@@ -2,6 +2,7 @@
 use by the cost model when there is no calibration, and the real probe trials on CPU."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -36,7 +37,10 @@ def test_negative_fixed_costs_are_clamped():
     mb, step = overheads_from_residuals([1, 8], [0.10, 0.03])
     assert mb == 0.0 and step == pytest.approx(0.065)
     # the layer profile over-predicts everything: no overhead at all, never a credit
-    assert overheads_from_residuals([1, 8], [-0.02, -0.01]) == (pytest.approx(0.00143, abs=1e-4), 0.0)
+    assert overheads_from_residuals([1, 8], [-0.02, -0.01]) == (0.0, 0.0)
+    # a negative intercept: no per-iteration cost, the per-micro-batch one fitted through 0
+    mb, step = overheads_from_residuals([1, 8], [0.0252, 0.2267])
+    assert step == 0.0 and mb == pytest.approx((0.0252 + 8 * 0.2267) / 65)
     with pytest.raises(ValueError):
         overheads_from_residuals([8, 8], [0.1, 0.2])
 
@@ -198,11 +202,38 @@ def test_zero_costs_round_trip_and_price_each_stage(tmp_path):
 
     bare = Measurements(layer_profiles={"CPU-local": _profile(spec)})
     gas = 4 // 2
-    for stage, extra in ((0, 0.0), (1, 0.0), (2, 0.030 + gas * 0.007)):
-        kw = dict(pp=1, dp=2, tmp=1, mbs=1, zero_stage=stage)
-        t0 = estimate(spec, measurements=bare, **kw).iteration_time_s
-        t1 = estimate(spec, measurements=measured, **kw).iteration_time_s
-        assert t1 - t0 == pytest.approx(extra, rel=1e-6, abs=1e-12), stage
+    for simulate in (False, True):
+        for stage, extra in ((0, 0.0), (1, 0.0), (2, 0.030 + gas * 0.007)):
+            kw = dict(pp=1, dp=2, tmp=1, mbs=1, zero_stage=stage, simulate=simulate)
+            t0 = estimate(spec, measurements=bare, **kw).iteration_time_s
+            t1 = estimate(spec, measurements=measured, **kw).iteration_time_s
+            assert t1 - t0 == pytest.approx(extra, rel=1e-6, abs=1e-12), (stage, simulate)
+
+    # one model, the stages in turn (nothing cached across them), and again after stage 2
+    from amp_search.placement import device_orders
+    from amp_search.planner import Candidate
+
+    model, plain = CostModel(spec, measurements=measured), CostModel(spec, measurements=bare)
+    order = device_orders(spec.cluster, "fp32")[0]
+
+    def time_s(m, stage):
+        c = Candidate(pp=1, dp=2, tmp=1, mbs=1, zero_stage=stage, activation_checkpointing=False)
+        return m.evaluate(c, order).iteration_time_s
+
+    diffs = [time_s(model, z) - time_s(plain, z) for z in (2, 0, 1, 2)]
+    assert diffs == pytest.approx([0.030 + gas * 0.007, 0.0, 0.0, 0.030 + gas * 0.007],
+                                  abs=1e-12)
+
+    # DeepSpeed's ZeRO costs: a Megatron-LM plan (distributed optimizer = stage 1) never
+    # takes them, even from a profile that holds them for its stage
+    z1 = dataclasses.replace(z2, zero_stage=1)
+    fw1 = dataclasses.replace(fw, zero=(z1,))
+    megatron = _spec(tmp_path, TINY.replace("zero_stage: 0", "zero_stage: 1\n  backend: megatron"))
+    kw = dict(pp=1, dp=2, tmp=1, mbs=1, zero_stage=1)
+    assert estimate(megatron, measurements=Measurements(
+        layer_profiles={"CPU-local": _profile(megatron, fw1)}), **kw).iteration_time_s == \
+        estimate(megatron, measurements=Measurements(
+            layer_profiles={"CPU-local": _profile(megatron)}), **kw).iteration_time_s
 
 
 def test_probe_zero_stages_follow_the_spec(tmp_path):
@@ -228,7 +259,7 @@ def test_real_zero_probe_trials_on_cpu(tmp_path):
     pytest.importorskip("deepspeed")
     import os
 
-    from amp_search.profiling.framework import measure_framework_overheads, zero_overheads
+    from amp_search.profiling.framework import measure_framework_overheads
 
     spec = _spec(tmp_path, TINY.replace("zero_stage: 0", "zero_stage: 1"))
     seen = []
@@ -239,6 +270,49 @@ def test_real_zero_probe_trials_on_cpu(tmp_path):
     assert [p.label for p in seen] == [p.label for p in fw.probes + z1.probes]
     assert [p.label for p in z1.probes] == ["pp1-dp2-tmp1-mbs1-z1"] * len(PROBE_GAS)
     assert z1.params_per_device == sum(CostModel(spec).params_per_layer(1))
-    assert z1 == zero_overheads(1, list(fw.probes), list(z1.probes), z1.params_per_device)
+    assert z1.microbatch_s_per_param >= 0 and z1.step_s_per_param >= 0
+    assert all(p.measured_s > 0 and p.predicted_s > 0 for p in z1.probes)
     configs = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs").glob("*/trial.json"))]
     assert sorted(c["strategy"]["zero_stage"] for c in configs) == [0, 0, 1, 1]
+
+
+def test_a_failed_or_interrupted_zero_probe_keeps_what_was_measured(tmp_path, monkeypatch):
+    """Stage 0's probes must succeed (their failure or Ctrl-C ends the measurement); a ZeRO
+    stage whose trial fails is left out and the others still run; Ctrl-C during a ZeRO stage
+    keeps stage 0 and the stages done before it."""
+    from types import SimpleNamespace
+
+    import amp_search.launch as launch
+    from amp_search.errors import UsageError
+    from amp_search.profiling.framework import measure_framework_overheads
+
+    spec = _spec(tmp_path, TINY.replace("zero_stage: 0", "zero_stage: search"))
+    outcome = {}        # stage -> "ok" | "failed" | "interrupt"
+
+    def fake_run_trials(probe_spec, strategies, options):
+        (s,) = strategies
+        what = outcome.get(s.zero_stage, "ok")
+        if what == "interrupt":
+            raise KeyboardInterrupt
+        return [SimpleNamespace(status=what, measured_s=0.5 if what == "ok" else None,
+                                label=s.label(), other_processes_cores=0.0, error="boom",
+                                log_tail="")]
+
+    monkeypatch.setattr(launch, "run_trials", fake_run_trials)
+
+    def measure():
+        skipped = []
+        fw = measure_framework_overheads(spec, _profile(spec), measurements=Measurements(),
+                                         on_skip=lambda z, why: skipped.append((z, why)))
+        return [z.zero_stage for z in fw.zero], skipped
+
+    assert measure() == ([1, 2, 3], [])
+    outcome.update({2: "failed"})
+    stages, skipped = measure()
+    assert stages == [1, 3] and [z for z, _ in skipped] == [2] and "failed" in skipped[0][1]
+    outcome.update({2: "interrupt"})
+    assert measure() == ([1], [(2, "interrupted")])
+    for what, error in (("failed", UsageError), ("interrupt", KeyboardInterrupt)):
+        outcome.update({0: what})
+        with pytest.raises(error):
+            measure()

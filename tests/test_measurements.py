@@ -47,10 +47,15 @@ def test_shipped_measurements_are_found_and_named():
     spec = load_spec(CPU_LOCAL)
     m = load_measurements(spec, profiles_dir())
     assert set(m.layer_profiles) == {"CPU-local"}
-    assert m.calibration is not None and m.calibration_source.startswith("calibration:")
+    # the shipped CPU profile is uncalibrated: it holds the framework's fixed costs, ZeRO 1-3's
+    # included, and the machine-speed probe that launch compares against
+    (profile,) = m.layer_profiles.values()
+    assert m.calibration is None and profile.speed_probe is not None
+    assert {z.zero_stage for z in profile.framework_overheads.zero} == {1, 2, 3}
     assert m.link_source.startswith("profile:CPU-local__gloo.json")
     e = estimate(spec, pp=1, dp=2, tmp=1, mbs=4, measurements=m)
-    assert any(s.startswith("coefficients=calibration:") for s in e.timing_sources)
+    assert any(s.startswith("coefficients=uncalibrated + framework overheads measured")
+               for s in e.timing_sources), e.timing_sources
     assert "layer profiles CPU-local=" in m.describe()
     # a heterogeneous spec never takes a one-device link profile
     hetero = load_spec(ROOT / "configs" / "amp-hetero-gpt2.yaml")

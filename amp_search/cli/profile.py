@@ -213,11 +213,15 @@ def _framework(spec, profile, args) -> None:
               f"predict {p.predicted_s * 1e3:8.1f} ms, residual {p.residual_s * 1e3:+8.1f} ms",
               flush=True)
 
+    def skip(stage: int, why: str) -> None:
+        print(f"warning: ZeRO {stage}'s own cost not measured ({why}); it is priced by its "
+              f"collectives alone", file=sys.stderr, flush=True)
+
     try:
         fw = measure_framework_overheads(
             spec, profile, measurements=measurements_for(spec, args),
             progress=not args.no_progress and sys.stderr.isatty(),
-            base_env=dict(os.environ), on_probe=show)
+            base_env=dict(os.environ), on_probe=show, on_skip=skip)
     except KeyboardInterrupt:
         print("amp-search: framework overheads not measured (interrupted); the layer profile "
               "stands without them")
@@ -238,8 +242,8 @@ def _framework(spec, profile, args) -> None:
               f"{z.step_s_per_param * 1e9:.2f} ns per parameter)")
     missing = sorted(set(stages) - {z.zero_stage for z in fw.zero})
     if missing:
-        print(f"  ZeRO {', '.join(map(str, missing))} not measured (interrupted): priced "
-              f"without their own bookkeeping")
+        print(f"  ZeRO {', '.join(map(str, missing))} not measured: priced by their "
+              f"collectives alone")
 
 
 def run_comm(args) -> int:

@@ -23,12 +23,14 @@ the layers it holds; on CPU trials pp 2 stages showed about half the pp 1 cost) 
 
 ZeRO stages 1-3 run their own bookkeeping on top (gradient buckets copied and reduced per
 partition, the partitioned step's copies, the weights' all-gather): on the CPU machine ZeRO 1
-cost ~30 ms per iteration and ZeRO 2 ~19 ms per micro-batch more than the model priced, and the
+cost ~30 ms per iteration and ZeRO 2 ~29 ms per micro-batch more than the model priced, and the
 plan ranked them too high. So where the spec searches a stage s in 1-3 and the node has two
 or more devices, the same two trials run at stage s too; r_s(gas) - r_0(gas) is that stage's
 own cost, fitted the same way and stored per parameter a device holds (`ZeroOverheads`):
 `CostParams.zero_microbatch_s_per_param` in each micro-batch's backward,
-`zero_step_s_per_param` once per iteration.
+`zero_step_s_per_param` once per iteration. The probe runs pp 1 with dp = the node's
+devices; other dp, pipelines (ZeRO 1 with pp > 1) and tmp > 1 are priced by the parameters a
+device holds, an extrapolation. DeepSpeed's costs: a Megatron-LM plan does not take them.
 
 What it cannot see: overheads that grow with the strategy beyond micro-batch count (a
 pipeline engine's instructions, more tensor-parallel calls): those stay in the calibration's
@@ -61,17 +63,20 @@ PROBE_WARMUP = 8
 def overheads_from_residuals(gas: list[int] | np.ndarray,
                              residual_s: list[float] | np.ndarray) -> tuple[float, float]:
     """(microbatch_overhead_s, step_overhead_s): the least-squares line residual = step +
-    gas * microbatch through the points, each clamped at 0 (a negative fixed cost means the
-    layer profile over-predicts; the overhead is then taken as none rather than a credit).
-    Needs at least two distinct gas."""
+    gas * microbatch through the points, neither below 0 (a negative fixed cost means the
+    layer profile over-predicts; the overhead is then taken as none rather than a credit):
+    where one comes out negative it is 0 and the other is fitted again alone. Needs at least
+    two distinct gas."""
     g = np.asarray(gas, dtype=float)
     r = np.asarray(residual_s, dtype=float)
     if g.shape != r.shape or len(np.unique(g)) < 2:
         raise ValueError("need residuals at two or more distinct micro-batch counts")
     slope, intercept = np.polyfit(g, r, 1)
-    microbatch = max(0.0, float(slope))
-    step = max(0.0, float(np.mean(r - microbatch * g))) if slope < 0 else max(0.0, intercept)
-    return microbatch, step
+    if slope < 0:                           # no per-micro-batch cost: a constant
+        return 0.0, max(0.0, float(np.mean(r)))
+    if intercept < 0:                       # no per-iteration cost: a line through 0
+        return max(0.0, float(g @ r / (g @ g))), 0.0
+    return float(slope), float(intercept)
 
 
 def zero_overheads(zero_stage: int, stage0: list[OverheadProbe], probes: list[OverheadProbe],
@@ -85,6 +90,11 @@ def zero_overheads(zero_stage: int, stage0: list[OverheadProbe], probes: list[Ov
     n = max(int(params_per_device), 1)
     return ZeroOverheads(zero_stage=zero_stage, microbatch_s_per_param=microbatch / n,
                          step_s_per_param=step / n, params_per_device=n, probes=tuple(probes))
+
+
+def model_params(spec: Spec) -> int:
+    """Parameters of the whole model: what each probe device holds (pp 1, tmp 1)."""
+    return int(sum(param_count(layer, 1) for layer in spec.model.layers))
 
 
 def probe_node(spec: Spec, device_name: str) -> str:
@@ -133,14 +143,16 @@ def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measuremen
                                 runs_dir: Path | None = None, progress: bool = False,
                                 base_env: dict | None = None,
                                 on_probe: Callable[[OverheadProbe], None] | None = None,
+                                on_skip: Callable[[int, str], None] | None = None,
                                 iters: int = PROBE_ITERS,
                                 warmup: int = PROBE_WARMUP) -> FrameworkOverheads:
     """Run the probe trials (DeepSpeed, local launcher) and fit the overheads.
 
     `measurements`: the link profile etc. to predict with (amp_search.measurements); its
     calibration is ignored and `profile` replaces its layer profile for this device.
-    Ctrl-C stops the running trial (the launcher reaps it) and re-raises; during the ZeRO
-    stages' probes it ends the probing there and returns stage 0 and the stages done."""
+    Ctrl-C stops the running trial (the launcher reaps it) and re-raises; during a ZeRO
+    stage's probes it ends the probing there and returns stage 0 and the stages done, and a
+    ZeRO stage whose probe trial fails is left out; `on_skip(stage, why)` hears of either."""
     from types import MappingProxyType
 
     from cost_models.params import CostParams
@@ -183,15 +195,22 @@ def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measuremen
                     done.append(probe(zero, probe_spec, s, tmp))
                     if on_probe is not None:
                         on_probe(done[-1])
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, UsageError) as exc:
                 if zero == 0:
                     raise
-                break       # stage 0 and the stages done stand; the others are not measured
+                # stage 0 and the stages done stand; this one and the later ones are not
+                # measured (and so priced without their own bookkeeping)
+                if on_skip is not None:
+                    on_skip(zero, "interrupted" if isinstance(exc, KeyboardInterrupt)
+                            else str(exc))
+                if isinstance(exc, KeyboardInterrupt):
+                    break
+                continue
             by_stage[zero] = done
     probes = by_stage.pop(0)
     microbatch, step = overheads_from_residuals([p.gas for p in probes],
                                                 [p.residual_s for p in probes])
-    params = int(sum(param_count(layer, 1) for layer in spec.model.layers))
+    params = model_params(spec)
     zero = tuple(zero_overheads(z, probes, zp, params) for z, zp in sorted(by_stage.items()))
     return FrameworkOverheads(backend="deepspeed", microbatch_overhead_s=microbatch,
                               step_overhead_s=step, layers=len(spec.model.layers),

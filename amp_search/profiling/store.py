@@ -109,6 +109,10 @@ class SpeedProbe:
                    created=str(d.get("created", "")))
 
 
+def _probes_from(d: dict) -> tuple[OverheadProbe, ...]:
+    return tuple(OverheadProbe(**p) for p in d.get("probes") or ())
+
+
 @dataclass(frozen=True, kw_only=True)
 class ZeroOverheads:
     """What one ZeRO stage's own bookkeeping costs beyond stage 0's, measured by running the
@@ -116,8 +120,8 @@ class ZeroOverheads:
     difference of their residuals (measured - the cost model's prediction, which already
     holds the stage's collectives and its smaller optimizer step) at each micro-batch count.
     On the 2-core CPU machine ZeRO 1 cost ~30 ms more per iteration than the model said and
-    ZeRO 2 ~19 ms more per micro-batch (DeepSpeed's gradient buckets, partition copies and
-    per-partition reductions): the trials the plan ranked ZeRO 1/2 first ran 7-29% slower.
+    ZeRO 2 ~29 ms more per micro-batch (DeepSpeed's gradient buckets, partition copies and
+    per-partition reductions): the ZeRO 1/2 trials ran 4-29% slower than predicted.
 
     Per parameter a device holds, so that it follows the model's size and the tensor
     degree: microbatch_s_per_param in every micro-batch's backward (the gradient reduction
@@ -132,9 +136,7 @@ class ZeroOverheads:
     probes: tuple[OverheadProbe, ...] = ()
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["probes"] = [asdict(p) for p in self.probes]
-        return d
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ZeroOverheads":
@@ -142,7 +144,7 @@ class ZeroOverheads:
                    microbatch_s_per_param=float(d["microbatch_s_per_param"]),
                    step_s_per_param=float(d["step_s_per_param"]),
                    params_per_device=int(d["params_per_device"]),
-                   probes=tuple(OverheadProbe(**p) for p in d.get("probes") or ()))
+                   probes=_probes_from(d))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,18 +178,14 @@ class FrameworkOverheads:
         return self.microbatch_overhead_s / max(self.layers, 1)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["probes"] = [asdict(p) for p in self.probes]
-        d["zero"] = [z.to_dict() for z in self.zero]
-        return d
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "FrameworkOverheads":
         return cls(backend=str(d["backend"]),
                    microbatch_overhead_s=float(d["microbatch_overhead_s"]),
                    step_overhead_s=float(d["step_overhead_s"]), layers=int(d["layers"]),
-                   probes=tuple(OverheadProbe(**p) for p in d.get("probes") or ()),
-                   created=str(d.get("created", "")),
+                   probes=_probes_from(d), created=str(d.get("created", "")),
                    zero=tuple(ZeroOverheads.from_dict(z) for z in d.get("zero") or ()))
 
 
