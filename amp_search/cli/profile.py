@@ -68,8 +68,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-framework", action="store_true",
                    help="skip the last step: two short real DeepSpeed trials of the model on "
                         "this node (1 and 8 micro-batches) that measure the framework's own "
-                        "fixed costs per micro-batch and per iteration, which plan then adds "
-                        "when there is no calibration (about a minute on CPU)")
+                        "fixed costs per micro-batch and per iteration, and two more at each "
+                        "ZeRO stage 1-3 the spec searches for that stage's own bookkeeping; "
+                        "plan adds them when there is no calibration (about 20 s a trial on "
+                        "CPU)")
     p.add_argument("--no-speed-probe", action="store_true",
                    help="on cpu, skip timing one block layer in all of the node's processes at "
                         "once right after the sweep (a few seconds): the machine's speed now, "
