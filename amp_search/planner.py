@@ -153,6 +153,14 @@ class CostModel:
         elif measurements.calibration is not None:
             self.params, self.params_source = (measurements.calibration,
                                                measurements.calibration_source)
+            measured = measured_overheads(measurements)[0]
+            unpriced = sorted(set(measured.zero_microbatch_s_per_param)
+                              - set(self.params.zero_microbatch_s_per_param))
+            if unpriced and spec.training.backend == "deepspeed":
+                # a calibration fitted before the profile measured them: say so, do not
+                # add them on top of overheads fitted with them inside
+                self.params_source += (f" (ZeRO {', '.join(map(str, unpriced))}: own costs "
+                                       f"not in the calibration; calibrate again)")
         else:
             self.params, self.params_source = measured_overheads(measurements)
         self.p2p_blocking_share = P.P2P_BLOCKING_SHARE[spec.training.backend]

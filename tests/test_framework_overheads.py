@@ -316,3 +316,26 @@ def test_a_failed_or_interrupted_zero_probe_keeps_what_was_measured(tmp_path, mo
         outcome.update({0: what})
         with pytest.raises(error):
             measure()
+
+
+def test_a_calibration_without_zero_costs_says_so(tmp_path):
+    """A calibration fitted before the profile measured ZeRO's own costs keeps its coefficients
+    (they were fitted with those costs inside) and the plan's sources say the costs are not in
+    it; one fitted after carries them (calibrate starts from the profile's)."""
+    from amp_search.profiling.store import ZeroOverheads
+
+    spec = _spec(tmp_path, TINY.replace("zero_stage: 0", "zero_stage: search"))
+    fw = FrameworkOverheads(backend="deepspeed", microbatch_overhead_s=0.0, step_overhead_s=0.0,
+                            layers=len(spec.model.layers),
+                            zero=(ZeroOverheads(zero_stage=2, microbatch_s_per_param=1e-9,
+                                                step_s_per_param=0.0, params_per_device=1),))
+    old = CostParams(step_overhead_s=0.05)
+    m = Measurements(layer_profiles={"CPU-local": _profile(spec, fw)}, calibration=old,
+                     calibration_source="calibration:x.json")
+    model = CostModel(spec, measurements=m)
+    assert model.params == old
+    assert model.params_source == ("calibration:x.json (ZeRO 2: own costs not in the "
+                                   "calibration; calibrate again)")
+    new = dataclasses.replace(old, zero_microbatch_s_per_param={2: 1e-9})
+    assert CostModel(spec, measurements=dataclasses.replace(m, calibration=new)).params_source \
+        == "calibration:x.json"
