@@ -132,10 +132,17 @@ def measured_overheads(measurements: Measurements) -> tuple[CostParams, str]:
             for kind, value in (("microbatch", z.microbatch_s_per_param),
                                 ("step", z.step_s_per_param)):
                 zero[kind][z.zero_stage] = max(zero[kind].get(z.zero_stage, 0.0), value)
-    params = CostParams(layer_overhead_s=max(f.layer_overhead_s for _, f in found),
-                        step_overhead_s=max(f.step_overhead_s for _, f in found),
-                        zero_microbatch_s_per_param=zero["microbatch"],
-                        zero_step_s_per_param=zero["step"])
+    layer = max(f.layer_overhead_s for _, f in found)
+    step = max(f.step_overhead_s for _, f in found)
+    piped = [f for _, f in found if f.pipeline_microbatch_overhead_s is not None]
+    params = CostParams(
+        layer_overhead_s=layer, step_overhead_s=step,
+        pipeline_layer_overhead_delta_s=max(
+            f.pipeline_microbatch_overhead_s / max(f.layers, 1) for f in piped) - layer
+        if piped else 0.0,
+        pipeline_step_overhead_delta_s=max(f.pipeline_step_overhead_s for f in piped) - step
+        if piped else 0.0,
+        zero_microbatch_s_per_param=zero["microbatch"], zero_step_s_per_param=zero["step"])
     where = ", ".join(measurements.layer_profiles[n].source for n, _ in found)
     return params, f"uncalibrated + framework overheads measured in {where}"
 
@@ -387,7 +394,7 @@ class CostModel:
                           cut_s=cut,
                           sync_s=sync, sync_fixed_s=sync_fixed, optimizer_s=optimizer,
                           microbatch_overhead_s=p.microbatch_overhead_s,
-                          step_overhead_s=p.step_overhead_s)
+                          step_overhead_s=p.step_overhead(c.pp))
 
     def device_pass_times_s(self, gpu, c: Candidate) -> np.ndarray:
         """[3, L]: one micro-batch of each layer on `gpu`, per pass (forward, backward,
@@ -398,7 +405,7 @@ class CostModel:
         ckpt = c.activation_checkpointing
         scale = self.params.compute(gpu.name)
         floor_s = self.params.fixed_cost("kernel_floor_s", gpu.name, gpu.kernel_floor_s)
-        framework_s = self.params.layer_overhead_s / 2
+        framework_s = self.params.layer_overhead(c.pp) / 2
         zero_mb = self._zero_time_s("zero_microbatch_s_per_param", c)
         key = ("passes", gpu.name, c.tmp, c.mbs, ckpt, c.selective_recompute,
                c.sequence_parallel, scale, floor_s, framework_s,

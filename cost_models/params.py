@@ -12,6 +12,12 @@ The defaults are the uncalibrated model. Every coefficient enters the prediction
                               (engine hooks and bookkeeping per module and parameter), half in
                               the forward and half in the backward pass; measured by
                               `amp-search profile`'s probe trials (not fitted by calibrate);
+- pipeline_layer_overhead_delta_s, pipeline_step_overhead_delta_s
+                              what DeepSpeed's pipeline engine (pp > 1) costs beyond
+                              layer_overhead_s and step_overhead_s (negative where it costs
+                              less; the sums are taken as 0 at least); measured by
+                              `amp-search profile`'s probe trials (not fitted by calibrate, which
+                              fits step_overhead_s under both);
 - zero_microbatch_s_per_param[stage], zero_step_s_per_param[stage]
                               ZeRO stage 1-3's own bookkeeping beyond stage 0's (gradient
                               buckets, partition copies, per-partition reductions), per
@@ -47,6 +53,8 @@ class CostParams:
     """device type name -> host seconds per TP all-reduce per extra rank (missing: catalog)."""
     kernel_floor_s: dict = field(default_factory=dict)
     """device type name -> device seconds per block pass at least (missing: the catalog's)."""
+    pipeline_layer_overhead_delta_s: float = 0.0
+    pipeline_step_overhead_delta_s: float = 0.0
     zero_microbatch_s_per_param: dict = field(default_factory=dict)
     """ZeRO stage (int) -> seconds per parameter a device holds, per micro-batch (missing: 0)."""
     zero_step_s_per_param: dict = field(default_factory=dict)
@@ -68,6 +76,18 @@ class CostParams:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def layer_overhead(self, pp: int) -> float:
+        """The framework's per-layer, per-micro-batch cost under pp stages."""
+        if pp <= 1:
+            return self.layer_overhead_s
+        return max(0.0, self.layer_overhead_s + self.pipeline_layer_overhead_delta_s)
+
+    def step_overhead(self, pp: int) -> float:
+        """The per-iteration cost under pp stages."""
+        if pp <= 1:
+            return self.step_overhead_s
+        return max(0.0, self.step_overhead_s + self.pipeline_step_overhead_delta_s)
 
     def zero_cost(self, name: str, zero_stage: int) -> float:
         """zero_microbatch_s_per_param or zero_step_s_per_param of `zero_stage` (0: none)."""

@@ -309,9 +309,9 @@ def test_a_failed_or_interrupted_zero_probe_keeps_what_was_measured(tmp_path, mo
     assert measure() == ([1, 2, 3], [])
     outcome.update({2: "failed"})
     stages, skipped = measure()
-    assert stages == [1, 3] and [z for z, _ in skipped] == [2] and "failed" in skipped[0][1]
+    assert stages == [1, 3] and [z for z, _ in skipped] == ["ZeRO 2"] and "failed" in skipped[0][1]
     outcome.update({2: "interrupt"})
-    assert measure() == ([1], [(2, "interrupted")])
+    assert measure() == ([1], [("ZeRO 2", "interrupted")])
     for what, error in (("failed", UsageError), ("interrupt", KeyboardInterrupt)):
         outcome.update({0: what})
         with pytest.raises(error):

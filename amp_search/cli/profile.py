@@ -196,7 +196,8 @@ def _framework(spec, profile, args) -> None:
     import os
     import sys
 
-    from ..profiling.framework import (PROBE_GAS, measure_framework_overheads, probe_node,
+    from ..profiling.framework import (PROBE_GAS, measure_framework_overheads,
+                                       pipeline_probe_strategies, probe_node,
                                        probe_zero_stages)
     from ._args import measurements_for
 
@@ -205,19 +206,22 @@ def _framework(spec, profile, args) -> None:
         print(f"framework overheads not measured: {why}")
         return
     stages = probe_zero_stages(spec)
-    n = len(PROBE_GAS) * (1 + len(stages))
-    zero = f", at ZeRO 0 and {', '.join(map(str, stages))}" if stages else ""
-    print(f"framework overheads: {n} short DeepSpeed trials of the model on this node{zero} "
-          f"(Ctrl-C skips them; the layer profile is already written)", flush=True)
+    piped = len(pipeline_probe_strategies(spec))
+    n = len(PROBE_GAS) * (1 + len(stages)) + piped
+    what = ([f"as a pipeline of its {len(spec.cluster.nodes[0].devices)} devices"] if piped
+            else []) + ([f"at ZeRO {', '.join(map(str, stages))}"] if stages else [])
+    print(f"framework overheads: {n} short DeepSpeed trials of the model on this node"
+          f"{', also ' + ' and '.join(what) if what else ''} (Ctrl-C skips them; the layer "
+          f"profile is already written)", flush=True)
 
     def show(p) -> None:
         print(f"  {p.label:24s} gas {p.gas:2d}: measured {p.measured_s * 1e3:8.1f} ms, layers "
               f"predict {p.predicted_s * 1e3:8.1f} ms, residual {p.residual_s * 1e3:+8.1f} ms",
               flush=True)
 
-    def skip(stage: int, why: str) -> None:
-        print(f"warning: ZeRO {stage}'s own cost not measured ({why}); it is priced by its "
-              f"collectives alone", file=sys.stderr, flush=True)
+    def skip(what: str, why: str) -> None:
+        print(f"warning: {what}'s own cost not measured ({why}); it is priced with ZeRO 0's "
+              f"and pp 1's", file=sys.stderr, flush=True)
 
     try:
         fw = measure_framework_overheads(
@@ -236,6 +240,10 @@ def _framework(spec, profile, args) -> None:
     print(f"framework overheads: {fw.microbatch_overhead_s * 1e3:.1f} ms per micro-batch of "
           f"the {fw.layers} layers ({fw.layer_overhead_s * 1e3:.2f} ms per layer), "
           f"{fw.step_overhead_s * 1e3:.1f} ms per iteration -> {profile.path}")
+    if fw.pipeline_microbatch_overhead_s is not None:
+        print(f"  pipeline engine (pp {len(spec.cluster.nodes[0].devices)}, dp 1): "
+              f"{fw.pipeline_microbatch_overhead_s * 1e3:.1f} ms per micro-batch of the "
+              f"{fw.layers} layers, {fw.pipeline_step_overhead_s * 1e3:.1f} ms per iteration")
     for z in fw.zero:
         n = z.params_per_device
         print(f"  ZeRO {z.zero_stage} beyond ZeRO 0: {z.microbatch_s_per_param * n * 1e3:.1f} ms "

@@ -55,6 +55,10 @@ from .store import (FrameworkOverheads, LayerProfile, OverheadProbe, ZeroOverhea
 PROBE_GAS = (1, 8)
 """Micro-batches per iteration of the probe trials: one, and enough to separate the
 per-micro-batch cost from the per-iteration one."""
+UNIT_S = 1e-3
+"""The per-layer cost the probes' critical path is read off with (its slope)."""
+PIPELINE_PROBE_GAS = (1, 8)
+"""Micro-batches per iteration of the pipeline engine's probe trials, in multiples of pp."""
 PROBE_ITERS = 24
 PROBE_WARMUP = 8
 """Iterations per probe trial and how many lead-in ones are left out of the mean."""
@@ -139,20 +143,45 @@ def probe_strategies(spec: Spec, zero_stage: int = 0) -> list[tuple[Spec, "Strat
     return out
 
 
+def pipeline_probe_strategies(spec: Spec) -> list[tuple[Spec, "Strategy"]]:
+    """The pipeline engine's probe trials: every device of the node a stage of one replica
+    (pp = the node's devices, dp 1, tmp 1, micro-batch 1, the layers split as evenly as they
+    go), with PIPELINE_PROBE_GAS x pp micro-batches; none where the node has one device, the
+    model fewer layers than devices, or the backend is not DeepSpeed."""
+    from ..records import Strategy
+
+    devices = tuple(spec.cluster.nodes[0].devices)
+    n, layers = len(devices), len(spec.model.layers)
+    if spec.training.backend != "deepspeed" or n < 2 or layers < n:
+        return []
+    partition = tuple(round(i * layers / n) for i in range(n + 1))
+    out = []
+    for k in PIPELINE_PROBE_GAS:
+        gas = n * k
+        probe_spec = dataclasses.replace(
+            spec, training=dataclasses.replace(spec.training, global_batch_size=gas))
+        out.append((probe_spec, Strategy(
+            pp=n, dp=1, tmp=1, mbs=1, global_batch_size=gas, partition=partition,
+            placement=tuple(((d,),) for d in devices), placement_order="listed",
+            zero_stage=0, activation_checkpointing=False)))
+    return out
+
+
 def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measurements,
                                 runs_dir: Path | None = None, progress: bool = False,
                                 base_env: dict | None = None,
                                 on_probe: Callable[[OverheadProbe], None] | None = None,
-                                on_skip: Callable[[int, str], None] | None = None,
+                                on_skip: Callable[[str, str], None] | None = None,
                                 iters: int = PROBE_ITERS,
                                 warmup: int = PROBE_WARMUP) -> FrameworkOverheads:
     """Run the probe trials (DeepSpeed, local launcher) and fit the overheads.
 
     `measurements`: the link profile etc. to predict with (amp_search.measurements); its
     calibration is ignored and `profile` replaces its layer profile for this device.
-    Ctrl-C stops the running trial (the launcher reaps it) and re-raises; during a ZeRO
-    stage's probes it ends the probing there and returns stage 0 and the stages done, and a
-    ZeRO stage whose probe trial fails is left out; `on_skip(stage, why)` hears of either."""
+    Ctrl-C stops the running trial (the launcher reaps it) and re-raises while stage 0's
+    probes run; during the pipeline engine's or a ZeRO stage's probes it ends the probing there
+    and returns what is done, and one whose probe trial fails is left out; `on_skip(what,
+    why)` hears of either ("the pipeline engine", "ZeRO 2")."""
     from types import MappingProxyType
 
     from cost_models.params import CostParams
@@ -167,52 +196,71 @@ def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measuremen
     layers[profile.device] = profile
     meas = dataclasses.replace(measurements, layer_profiles=MappingProxyType(layers),
                                calibration=None, calibration_source="uncalibrated")
-    by_stage: dict[int, list[OverheadProbe]] = {}
+    n_layers = len(spec.model.layers)
 
-    def probe(zero: int, probe_spec: Spec, s, tmp: str) -> OverheadProbe:
+    def probe(name: str, probe_spec: Spec, s, tmp: str) -> OverheadProbe:
         # a database per probe: the results key is the strategy's label and the spec's
-        # text, which the probes of one stage share
+        # text, which the probes of one kind share
         options = LaunchOptions(backend="deepspeed", launcher="local", iters=iters,
                                 warmup=warmup, progress=progress,
-                                results_path=Path(tmp) / f"probe-z{zero}-gas{s.gas}.sqlite",
+                                results_path=Path(tmp) / f"probe-{name}-gas{s.gas}.sqlite",
                                 runs_dir=Path(runs_dir) if runs_dir is not None else Path(tmp),
                                 base_env=dict(base_env or {}))
-        predicted = evaluate(probe_spec, s, measurements=meas,
-                             cost_params=CostParams()).iteration_time_s
+        bare = evaluate(probe_spec, s, measurements=meas, cost_params=CostParams())
+        unit = evaluate(probe_spec, s, measurements=meas,
+                        cost_params=CostParams(layer_overhead_s=UNIT_S))
         (rec,) = run_trials(probe_spec, [s], options)
         if rec.status != "ok" or rec.measured_s is None:
             raise UsageError(f"the framework-overhead probe trial {rec.label} ended "
                              f"{rec.status}: {rec.error or rec.log_tail[-300:]}")
+        # how many whole-model micro-batches of per-layer cost the critical path holds
+        # (gas at pp 1; (gas + pp - 1) / pp in a pipeline of equal stages)
+        passes = (unit.iteration_time_s - bare.iteration_time_s) / (UNIT_S * n_layers)
         return OverheadProbe(label=rec.label, gas=s.gas, measured_s=rec.measured_s,
-                             predicted_s=float(predicted),
-                             other_processes_cores=rec.other_processes_cores)
+                             predicted_s=float(bare.iteration_time_s),
+                             other_processes_cores=rec.other_processes_cores,
+                             microbatches_on_path=float(passes))
 
+    kinds = [("z0", 0, probe_strategies(spec, 0)),
+             ("pipeline", None, pipeline_probe_strategies(spec)),
+             *((f"z{z}", z, probe_strategies(spec, z)) for z in probe_zero_stages(spec))]
+    done: dict[str, list[OverheadProbe]] = {}
     with tempfile.TemporaryDirectory(prefix="amp-search-overheads-") as tmp:
-        for zero in (0, *probe_zero_stages(spec)):
-            done = []
+        for name, zero, strategies in kinds:
+            if not strategies:
+                continue
+            got = []
             try:
-                for probe_spec, s in probe_strategies(spec, zero):
-                    done.append(probe(zero, probe_spec, s, tmp))
+                for probe_spec, s in strategies:
+                    got.append(probe(name, probe_spec, s, tmp))
                     if on_probe is not None:
-                        on_probe(done[-1])
+                        on_probe(got[-1])
             except (KeyboardInterrupt, UsageError) as exc:
-                if zero == 0:
+                if name == "z0":
                     raise
-                # stage 0 and the stages done stand; this one and the later ones are not
-                # measured (and so priced without their own bookkeeping)
+                # stage 0 and the kinds done stand; this one (and after Ctrl-C the later
+                # ones) is not measured, and priced as if it cost what stage 0 / pp 1 does
                 if on_skip is not None:
-                    on_skip(zero, "interrupted" if isinstance(exc, KeyboardInterrupt)
-                            else str(exc))
+                    on_skip("the pipeline engine" if zero is None else f"ZeRO {zero}",
+                            "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc))
                 if isinstance(exc, KeyboardInterrupt):
                     break
                 continue
-            by_stage[zero] = done
-    probes = by_stage.pop(0)
+            done[name] = got
+    probes = done.pop("z0")
     microbatch, step = overheads_from_residuals([p.gas for p in probes],
                                                 [p.residual_s for p in probes])
+    pipeline = done.pop("pipeline", None)
+    pipe_mb = pipe_step = None
+    if pipeline is not None:
+        pipe_mb, pipe_step = overheads_from_residuals(
+            [p.microbatches_on_path for p in pipeline], [p.residual_s for p in pipeline])
     params = model_params(spec)
-    zero = tuple(zero_overheads(z, probes, zp, params) for z, zp in sorted(by_stage.items()))
+    zero = tuple(zero_overheads(int(k[1:]), probes, zp, params)
+                 for k, zp in sorted(done.items()))
     return FrameworkOverheads(backend="deepspeed", microbatch_overhead_s=microbatch,
-                              step_overhead_s=step, layers=len(spec.model.layers),
-                              zero=zero,
+                              step_overhead_s=step, layers=n_layers,
+                              zero=zero, pipeline_microbatch_overhead_s=pipe_mb,
+                              pipeline_step_overhead_s=pipe_step,
+                              pipeline_probes=tuple(pipeline or ()),
                               probes=tuple(probes), created=now_iso())

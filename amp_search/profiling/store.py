@@ -77,6 +77,9 @@ class OverheadProbe:
     """The cost model's seconds per iteration from the layer profile alone (no overheads)."""
     other_processes_cores: float | None = None
     """Cores other programs used meanwhile (None: unknown)."""
+    microbatches_on_path: float | None = None
+    """Whole-model micro-batches of per-layer cost on the trial's critical path, as the cost
+    model counts them: gas at pp 1, fewer in a pipeline (None: files from before; gas)."""
 
     @property
     def residual_s(self) -> float:
@@ -109,8 +112,12 @@ class SpeedProbe:
                    created=str(d.get("created", "")))
 
 
-def _probes_from(d: dict) -> tuple[OverheadProbe, ...]:
-    return tuple(OverheadProbe(**p) for p in d.get("probes") or ())
+def _probes_from(d: dict, key: str = "probes") -> tuple[OverheadProbe, ...]:
+    return tuple(OverheadProbe(**p) for p in d.get(key) or ())
+
+
+def _float_or_none(x) -> float | None:
+    return None if x is None else float(x)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,6 +178,13 @@ class FrameworkOverheads:
     zero: tuple[ZeroOverheads, ...] = ()
     """ZeRO stages 1-3 beyond stage 0, where the spec searches them (the probes above are
     stage 0's)."""
+    pipeline_microbatch_overhead_s: float | None = None
+    pipeline_step_overhead_s: float | None = None
+    """The same two costs of DeepSpeed's pipeline engine (pp > 1), which runs its own
+    schedule and no data-parallel gradient reduction at dp 1: measured with every device of
+    the node a stage (`pipeline_probes`); None where not measured (then pp > 1 is priced with
+    the pp 1 costs)."""
+    pipeline_probes: tuple[OverheadProbe, ...] = ()
 
     @property
     def layer_overhead_s(self) -> float:
@@ -186,7 +200,11 @@ class FrameworkOverheads:
                    microbatch_overhead_s=float(d["microbatch_overhead_s"]),
                    step_overhead_s=float(d["step_overhead_s"]), layers=int(d["layers"]),
                    probes=_probes_from(d), created=str(d.get("created", "")),
-                   zero=tuple(ZeroOverheads.from_dict(z) for z in d.get("zero") or ()))
+                   zero=tuple(ZeroOverheads.from_dict(z) for z in d.get("zero") or ()),
+                   pipeline_microbatch_overhead_s=_float_or_none(
+                       d.get("pipeline_microbatch_overhead_s")),
+                   pipeline_step_overhead_s=_float_or_none(d.get("pipeline_step_overhead_s")),
+                   pipeline_probes=_probes_from(d, "pipeline_probes"))
 
 
 @dataclass(frozen=True)
