@@ -139,7 +139,8 @@ def test_real_probe_trials_on_cpu(tmp_path):
     fw = measure_framework_overheads(spec, _profile(spec), measurements=Measurements(),
                                      runs_dir=tmp_path / "runs", iters=3, warmup=1,
                                      base_env=dict(os.environ), on_probe=seen.append)
-    assert [p.gas for p in fw.probes] == list(PROBE_GAS) and list(fw.probes) == seen
+    assert [p.gas for p in fw.probes] == list(PROBE_GAS)
+    assert list(fw.probes + fw.pipeline_probes) == seen
     assert all(p.measured_s > 0 and p.predicted_s > 0 for p in fw.probes)
     # the probe trials really ran with those micro-batch counts
     assert fw.probes[1].predicted_s > fw.probes[0].predicted_s
@@ -147,9 +148,14 @@ def test_real_probe_trials_on_cpu(tmp_path):
                                         [p.residual_s for p in fw.probes])
     assert (fw.microbatch_overhead_s, fw.step_overhead_s) == (mb, step)
     assert fw.microbatch_overhead_s >= 0 and fw.step_overhead_s >= 0
-    logs = sorted((tmp_path / "runs").glob("*/trial.json"))
-    assert [json.loads(p.read_text())["strategy"]["global_batch_size"] for p in logs] \
-        in ([2, 16], [16, 2])
+    # and the pipeline engine's: both devices a stage, 2 and 16 micro-batches
+    assert [p.gas for p in fw.pipeline_probes] == [2, 16]
+    assert [p.microbatches_on_path for p in fw.probes] == pytest.approx(list(PROBE_GAS))
+    assert fw.pipeline_microbatch_overhead_s >= 0 and fw.pipeline_step_overhead_s >= 0
+    configs = [json.loads(p.read_text())["strategy"]
+               for p in (tmp_path / "runs").glob("*/trial.json")]
+    assert sorted((c["pp"], c["dp"], c["global_batch_size"]) for c in configs) == \
+        [(1, 2, 2), (1, 2, 16), (2, 1, 2), (2, 1, 16)]
 
 
 # ----------------------------------------------------------------- ZeRO stages' own costs
@@ -267,13 +273,14 @@ def test_real_zero_probe_trials_on_cpu(tmp_path):
                                      runs_dir=tmp_path / "runs", iters=3, warmup=1,
                                      base_env=dict(os.environ), on_probe=seen.append)
     (z1,) = fw.zero
-    assert [p.label for p in seen] == [p.label for p in fw.probes + z1.probes]
+    assert [p.label for p in seen] == \
+        [p.label for p in fw.probes + fw.pipeline_probes + z1.probes]
     assert [p.label for p in z1.probes] == ["pp1-dp2-tmp1-mbs1-z1"] * len(PROBE_GAS)
     assert z1.params_per_device == sum(CostModel(spec).params_per_layer(1))
     assert z1.microbatch_s_per_param >= 0 and z1.step_s_per_param >= 0
     assert all(p.measured_s > 0 and p.predicted_s > 0 for p in z1.probes)
     configs = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs").glob("*/trial.json"))]
-    assert sorted(c["strategy"]["zero_stage"] for c in configs) == [0, 0, 1, 1]
+    assert sorted(c["strategy"]["zero_stage"] for c in configs) == [0, 0, 0, 0, 1, 1]
 
 
 def test_a_failed_or_interrupted_zero_probe_keeps_what_was_measured(tmp_path, monkeypatch):
@@ -339,3 +346,61 @@ def test_a_calibration_without_zero_costs_says_so(tmp_path):
     new = dataclasses.replace(old, zero_microbatch_s_per_param={2: 1e-9})
     assert CostModel(spec, measurements=dataclasses.replace(m, calibration=new)).params_source \
         == "calibration:x.json"
+
+
+# ------------------------------------------------------------- the pipeline engine's costs
+
+def test_pipeline_probe_strategies(tmp_path):
+    from amp_search.profiling.framework import pipeline_probe_strategies
+
+    spec = _spec(tmp_path)                          # 4 layers (embedding, 2 blocks, head)
+    probes = pipeline_probe_strategies(spec)
+    assert [s.gas for _, s in probes] == [2, 16]
+    for probe_spec, s in probes:
+        assert (s.pp, s.dp, s.tmp, s.mbs, s.zero_stage) == (2, 1, 1, 1, 0)
+        assert s.partition == (0, 2, 4)
+        assert probe_spec.training.global_batch_size == s.gas
+        assert [sorted(d for r in stage for d in r) for stage in s.placement] == [[0], [1]]
+    assert pipeline_probe_strategies(_spec(tmp_path, TINY.replace("gpus_per_node: 2",
+                                                                  "gpus_per_node: 1"))) == []
+    megatron = TINY.replace("zero_stage: 0", "zero_stage: 0\n  backend: megatron")
+    assert pipeline_probe_strategies(_spec(tmp_path, megatron)) == []
+    five = TINY.replace("gpus_per_node: 2", "gpus_per_node: 5")     # more devices than layers
+    assert pipeline_probe_strategies(_spec(tmp_path, five)) == []
+
+
+def test_pipeline_costs_replace_the_pp1_ones_under_a_pipeline(tmp_path):
+    spec = _spec(tmp_path)
+    n_layers = len(spec.model.layers)
+    fw = FrameworkOverheads(backend="deepspeed", microbatch_overhead_s=0.016,
+                            step_overhead_s=0.04, layers=n_layers,
+                            pipeline_microbatch_overhead_s=0.004,
+                            pipeline_step_overhead_s=0.01)
+    path = _profile(spec, fw).save(tmp_path / "p.json")
+    assert LayerProfile.load(path).framework_overheads == fw
+    d = json.loads(path.read_text())
+    for key in ("pipeline_microbatch_overhead_s", "pipeline_step_overhead_s",
+                "pipeline_probes"):
+        del d["framework_overheads"][key]          # files from before: pp 1's costs for all
+    assert LayerProfile.from_dict(d).framework_overheads.pipeline_step_overhead_s is None
+
+    measured = Measurements(layer_profiles={"CPU-local": _profile(spec, fw)})
+    cp, _ = measured_overheads(measured)
+    assert cp.layer_overhead(1) == pytest.approx(0.016 / n_layers)
+    assert cp.layer_overhead(2) == pytest.approx(0.004 / n_layers)
+    assert (cp.step_overhead(1), cp.step_overhead(2)) == pytest.approx((0.04, 0.01))
+    # a calibration's step_overhead moves both; the sums are never below 0
+    assert dataclasses.replace(cp, step_overhead_s=0.1).step_overhead(2) == pytest.approx(0.07)
+    assert dataclasses.replace(cp, step_overhead_s=0.0).step_overhead(2) == 0.0
+
+    bare = Measurements(layer_profiles={"CPU-local": _profile(spec)})
+    old = Measurements(layer_profiles={"CPU-local": LayerProfile.from_dict(d)})
+    kw = dict(pp=1, dp=2, tmp=1, mbs=1, zero_stage=0)
+    t0, t1 = (estimate(spec, measurements=m, **kw).iteration_time_s for m in (bare, measured))
+    assert t1 - t0 == pytest.approx(0.04 + 2 * 0.016, rel=1e-6)      # pp 1: as before
+    kw = dict(pp=2, dp=1, tmp=1, mbs=1, zero_stage=0, partition=(0, 2, 4))
+    t0, t1, t_old = (estimate(spec, measurements=m, **kw).iteration_time_s
+                     for m in (bare, measured, old))
+    # 1F1B, 4 micro-batches, 2 equal stages: (4 + 1) stage passes of half the layers
+    assert t1 - t0 == pytest.approx(0.01 + (4 + 1) * 0.004 / 2, rel=0.02)
+    assert t_old - t0 == pytest.approx(0.04 + (4 + 1) * 0.016 / 2, rel=0.02)
