@@ -52,6 +52,7 @@ def test_shipped_measurements_are_found_and_named():
     (profile,) = m.layer_profiles.values()
     assert m.calibration is None and profile.speed_probe is not None
     assert {z.zero_stage for z in profile.framework_overheads.zero} == {1, 2, 3}
+    assert profile.framework_overheads.pipeline_step_overhead_s is not None
     assert m.link_source.startswith("profile:CPU-local__gloo.json")
     e = estimate(spec, pp=1, dp=2, tmp=1, mbs=4, measurements=m)
     assert any(s.startswith("coefficients=uncalibrated + framework overheads measured")
