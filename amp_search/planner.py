@@ -134,14 +134,14 @@ def measured_overheads(measurements: Measurements) -> tuple[CostParams, str]:
                 zero[kind][z.zero_stage] = max(zero[kind].get(z.zero_stage, 0.0), value)
     layer = max(f.layer_overhead_s for _, f in found)
     step = max(f.step_overhead_s for _, f in found)
-    piped = [f for _, f in found if f.pipeline_microbatch_overhead_s is not None]
+    # per device its pipeline figure where measured, else its pp 1 one; then the largest
+    pipe_layer = max(f.pipeline_layer_overhead_s for _, f in found)
+    pipe_step = max(f.step_overhead_s if f.pipeline_step_overhead_s is None
+                    else f.pipeline_step_overhead_s for _, f in found)
     params = CostParams(
         layer_overhead_s=layer, step_overhead_s=step,
-        pipeline_layer_overhead_delta_s=max(
-            f.pipeline_microbatch_overhead_s / max(f.layers, 1) for f in piped) - layer
-        if piped else 0.0,
-        pipeline_step_overhead_delta_s=max(f.pipeline_step_overhead_s for f in piped) - step
-        if piped else 0.0,
+        pipeline_layer_overhead_delta_s=pipe_layer - layer,
+        pipeline_step_overhead_delta_s=pipe_step - step,
         zero_microbatch_s_per_param=zero["microbatch"], zero_step_s_per_param=zero["step"])
     where = ", ".join(measurements.layer_profiles[n].source for n, _ in found)
     return params, f"uncalibrated + framework overheads measured in {where}"
@@ -161,13 +161,17 @@ class CostModel:
             self.params, self.params_source = (measurements.calibration,
                                                measurements.calibration_source)
             measured = measured_overheads(measurements)[0]
-            unpriced = sorted(set(measured.zero_microbatch_s_per_param)
-                              - set(self.params.zero_microbatch_s_per_param))
+            unpriced = [f"ZeRO {z}" for z in sorted(set(measured.zero_microbatch_s_per_param)
+                                                    - set(self.params.zero_microbatch_s_per_param))]
+            if (measured.pipeline_layer_overhead_delta_s, measured.pipeline_step_overhead_delta_s) \
+                    != (0.0, 0.0) and (self.params.pipeline_layer_overhead_delta_s,
+                                       self.params.pipeline_step_overhead_delta_s) == (0.0, 0.0):
+                unpriced.insert(0, "the pipeline engine")
             if unpriced and spec.training.backend == "deepspeed":
                 # a calibration fitted before the profile measured them: say so, do not
                 # add them on top of overheads fitted with them inside
-                self.params_source += (f" (ZeRO {', '.join(map(str, unpriced))}: own costs "
-                                       f"not in the calibration; calibrate again)")
+                self.params_source += (f" ({', '.join(unpriced)}: own costs not in the "
+                                       f"calibration; calibrate again)")
         else:
             self.params, self.params_source = measured_overheads(measurements)
         self.p2p_blocking_share = P.P2P_BLOCKING_SHARE[spec.training.backend]
@@ -394,7 +398,7 @@ class CostModel:
                           cut_s=cut,
                           sync_s=sync, sync_fixed_s=sync_fixed, optimizer_s=optimizer,
                           microbatch_overhead_s=p.microbatch_overhead_s,
-                          step_overhead_s=p.step_overhead(c.pp))
+                          step_overhead_s=p.step_overhead(c.pp, c.dp))
 
     def device_pass_times_s(self, gpu, c: Candidate) -> np.ndarray:
         """[3, L]: one micro-batch of each layer on `gpu`, per pass (forward, backward,

@@ -15,9 +15,9 @@ The defaults are the uncalibrated model. Every coefficient enters the prediction
 - pipeline_layer_overhead_delta_s, pipeline_step_overhead_delta_s
                               what DeepSpeed's pipeline engine (pp > 1) costs beyond
                               layer_overhead_s and step_overhead_s (negative where it costs
-                              less; the sums are taken as 0 at least); measured by
-                              `amp-search profile`'s probe trials (not fitted by calibrate, which
-                              fits step_overhead_s under both);
+                              less; the sums are taken as 0 at least; the per-iteration one
+                              only at dp 1); measured by `amp-search profile`'s probe trials
+                              (not fitted by calibrate, which fits step_overhead_s under both);
 - zero_microbatch_s_per_param[stage], zero_step_s_per_param[stage]
                               ZeRO stage 1-3's own bookkeeping beyond stage 0's (gradient
                               buckets, partition copies, per-partition reductions), per
@@ -83,9 +83,11 @@ class CostParams:
             return self.layer_overhead_s
         return max(0.0, self.layer_overhead_s + self.pipeline_layer_overhead_delta_s)
 
-    def step_overhead(self, pp: int) -> float:
-        """The per-iteration cost under pp stages."""
-        if pp <= 1:
+    def step_overhead(self, pp: int, dp: int) -> float:
+        """The per-iteration cost under pp stages and dp replicas: the pipeline engine's delta
+        only at dp 1 (it was measured without gradient reduction; with dp > 1 the pp 1
+        figure, measured with it, stands)."""
+        if pp <= 1 or dp > 1:
             return self.step_overhead_s
         return max(0.0, self.step_overhead_s + self.pipeline_step_overhead_delta_s)
 

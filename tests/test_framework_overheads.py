@@ -151,7 +151,10 @@ def test_real_probe_trials_on_cpu(tmp_path):
     # and the pipeline engine's: both devices a stage, 2 and 16 micro-batches
     assert [p.gas for p in fw.pipeline_probes] == [2, 16]
     assert [p.microbatches_on_path for p in fw.probes] == pytest.approx(list(PROBE_GAS))
-    assert fw.pipeline_microbatch_overhead_s >= 0 and fw.pipeline_step_overhead_s >= 0
+    # 2 stages of 2 layers: (gas + 1) stage passes of half the model on the critical path
+    assert [p.microbatches_on_path for p in fw.pipeline_probes] == pytest.approx([1.5, 8.5])
+    assert (fw.pipeline_microbatch_overhead_s, fw.pipeline_step_overhead_s) == \
+        overheads_from_residuals([1.5, 8.5], [p.residual_s for p in fw.pipeline_probes])
     configs = [json.loads(p.read_text())["strategy"]
                for p in (tmp_path / "runs").glob("*/trial.json")]
     assert sorted((c["pp"], c["dp"], c["global_batch_size"]) for c in configs) == \
@@ -274,7 +277,7 @@ def test_real_zero_probe_trials_on_cpu(tmp_path):
                                      base_env=dict(os.environ), on_probe=seen.append)
     (z1,) = fw.zero
     assert [p.label for p in seen] == \
-        [p.label for p in fw.probes + fw.pipeline_probes + z1.probes]
+        [p.label for p in fw.probes + z1.probes + fw.pipeline_probes]
     assert [p.label for p in z1.probes] == ["pp1-dp2-tmp1-mbs1-z1"] * len(PROBE_GAS)
     assert z1.params_per_device == sum(CostModel(spec).params_per_layer(1))
     assert z1.microbatch_s_per_param >= 0 and z1.step_s_per_param >= 0
@@ -298,7 +301,7 @@ def test_a_failed_or_interrupted_zero_probe_keeps_what_was_measured(tmp_path, mo
 
     def fake_run_trials(probe_spec, strategies, options):
         (s,) = strategies
-        what = outcome.get(s.zero_stage, "ok")
+        what = outcome.get("pipeline" if s.pp > 1 else s.zero_stage, "ok")
         if what == "interrupt":
             raise KeyboardInterrupt
         return [SimpleNamespace(status=what, measured_s=0.5 if what == "ok" else None,
@@ -319,6 +322,11 @@ def test_a_failed_or_interrupted_zero_probe_keeps_what_was_measured(tmp_path, mo
     assert stages == [1, 3] and [z for z, _ in skipped] == ["ZeRO 2"] and "failed" in skipped[0][1]
     outcome.update({2: "interrupt"})
     assert measure() == ([1], [("ZeRO 2", "interrupted")])
+    # the pipeline engine's probes run last: their failure or Ctrl-C keeps every ZeRO stage
+    outcome.update({2: "ok", "pipeline": "failed"})
+    assert measure()[0] == [1, 2, 3]
+    outcome.update({"pipeline": "interrupt"})
+    assert measure() == ([1, 2, 3], [("the pipeline engine", "interrupted")])
     for what, error in (("failed", UsageError), ("interrupt", KeyboardInterrupt)):
         outcome.update({0: what})
         with pytest.raises(error):
@@ -388,10 +396,25 @@ def test_pipeline_costs_replace_the_pp1_ones_under_a_pipeline(tmp_path):
     cp, _ = measured_overheads(measured)
     assert cp.layer_overhead(1) == pytest.approx(0.016 / n_layers)
     assert cp.layer_overhead(2) == pytest.approx(0.004 / n_layers)
-    assert (cp.step_overhead(1), cp.step_overhead(2)) == pytest.approx((0.04, 0.01))
+    assert (cp.step_overhead(1, 2), cp.step_overhead(2, 1)) == pytest.approx((0.04, 0.01))
+    # measured without gradient reduction: a pipeline with dp > 1 keeps pp 1's step cost
+    assert cp.step_overhead(2, 2) == pytest.approx(0.04)
     # a calibration's step_overhead moves both; the sums are never below 0
-    assert dataclasses.replace(cp, step_overhead_s=0.1).step_overhead(2) == pytest.approx(0.07)
-    assert dataclasses.replace(cp, step_overhead_s=0.0).step_overhead(2) == 0.0
+    assert dataclasses.replace(cp, step_overhead_s=0.1).step_overhead(2, 1) == \
+        pytest.approx(0.07)
+    assert dataclasses.replace(cp, step_overhead_s=0.0).step_overhead(2, 1) == 0.0
+    # a calibration fitted before the pipeline costs existed says so
+    old_cal = Measurements(layer_profiles={"CPU-local": _profile(spec, fw)},
+                           calibration=CostParams(), calibration_source="calibration:x.json")
+    assert CostModel(spec, measurements=old_cal).params_source == (
+        "calibration:x.json (the pipeline engine: own costs not in the calibration; "
+        "calibrate again)")
+    # files from before the probes counted the critical path: their probes still load
+    d2 = json.loads(path.read_text())
+    d2["framework_overheads"]["probes"] = [{"label": "x", "gas": 1, "measured_s": 0.2,
+                                            "predicted_s": 0.1}]
+    assert LayerProfile.from_dict(d2).framework_overheads.probes[0].microbatches_on_path \
+        is None
 
     bare = Measurements(layer_profiles={"CPU-local": _profile(spec)})
     old = Measurements(layer_profiles={"CPU-local": LayerProfile.from_dict(d)})

@@ -196,7 +196,7 @@ def _framework(spec, profile, args) -> None:
     import os
     import sys
 
-    from ..profiling.framework import (PROBE_GAS, measure_framework_overheads,
+    from ..profiling.framework import (KIND_NAMES, PROBE_GAS, measure_framework_overheads,
                                        pipeline_probe_strategies, probe_node,
                                        probe_zero_stages)
     from ._args import measurements_for
@@ -207,9 +207,10 @@ def _framework(spec, profile, args) -> None:
         return
     stages = probe_zero_stages(spec)
     piped = len(pipeline_probe_strategies(spec))
+    devices = len(spec.cluster.nodes[0].devices)
     n = len(PROBE_GAS) * (1 + len(stages)) + piped
-    what = ([f"as a pipeline of its {len(spec.cluster.nodes[0].devices)} devices"] if piped
-            else []) + ([f"at ZeRO {', '.join(map(str, stages))}"] if stages else [])
+    what = ([f"at ZeRO {', '.join(map(str, stages))}"] if stages else []) + \
+        ([f"as a pipeline of its {devices} devices"] if piped else [])
     print(f"framework overheads: {n} short DeepSpeed trials of the model on this node"
           f"{', also ' + ' and '.join(what) if what else ''} (Ctrl-C skips them; the layer "
           f"profile is already written)", flush=True)
@@ -220,8 +221,9 @@ def _framework(spec, profile, args) -> None:
               flush=True)
 
     def skip(what: str, why: str) -> None:
-        print(f"warning: {what}'s own cost not measured ({why}); it is priced with ZeRO 0's "
-              f"and pp 1's", file=sys.stderr, flush=True)
+        instead = "pp 1's costs" if what == KIND_NAMES["pipeline"] else "its collectives alone"
+        print(f"warning: {what}'s own cost not measured ({why}); it is priced with {instead}",
+              file=sys.stderr, flush=True)
 
     try:
         fw = measure_framework_overheads(
@@ -241,7 +243,7 @@ def _framework(spec, profile, args) -> None:
           f"the {fw.layers} layers ({fw.layer_overhead_s * 1e3:.2f} ms per layer), "
           f"{fw.step_overhead_s * 1e3:.1f} ms per iteration -> {profile.path}")
     if fw.pipeline_microbatch_overhead_s is not None:
-        print(f"  pipeline engine (pp {len(spec.cluster.nodes[0].devices)}, dp 1): "
+        print(f"  pipeline engine (pp {devices}, dp 1): "
               f"{fw.pipeline_microbatch_overhead_s * 1e3:.1f} ms per micro-batch of the "
               f"{fw.layers} layers, {fw.pipeline_step_overhead_s * 1e3:.1f} ms per iteration")
     for z in fw.zero:
@@ -254,6 +256,8 @@ def _framework(spec, profile, args) -> None:
     if missing:
         print(f"  ZeRO {', '.join(map(str, missing))} not measured: priced by their "
               f"collectives alone")
+    if piped and fw.pipeline_microbatch_overhead_s is None:
+        print("  pipeline engine not measured: pp > 1 priced with pp 1's costs")
 
 
 def run_comm(args) -> int:

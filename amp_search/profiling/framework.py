@@ -32,9 +32,17 @@ own cost, fitted the same way and stored per parameter a device holds (`ZeroOver
 devices; other dp, pipelines (ZeRO 1 with pp > 1) and tmp > 1 are priced by the parameters a
 device holds, an extrapolation. DeepSpeed's costs: a Megatron-LM plan does not take them.
 
-What it cannot see: overheads that grow with the strategy beyond micro-batch count (a
-pipeline engine's instructions, more tensor-parallel calls): those stay in the calibration's
-reach (`amp-search calibrate`).
+DeepSpeed's pipeline engine (pp > 1) runs its own schedule and, at dp 1, no gradient
+reduction: on the CPU machine a pp 2 pipeline cost 8.5 ms per iteration where pp 1 dp 2 cost
+19.5. So where the node has two or more devices, the model also runs as a pipeline of all of
+them (dp 1, pp and 8 pp micro-batches), last; its residuals are fitted against the
+whole-model micro-batches of per-layer cost the model puts on that pipeline's critical path
+(`OverheadProbe.microbatches_on_path`, the model's slope in `layer_overhead_s`), and pp > 1
+is priced with them (`CostParams.pipeline_*_delta_s`; the per-iteration one only at dp 1,
+where there is no gradient reduction to account for).
+
+What it cannot see: overheads that grow with the strategy beyond these (more tensor-parallel
+calls, other dp): those stay in the calibration's reach (`amp-search calibrate`).
 """
 from __future__ import annotations
 
@@ -55,10 +63,9 @@ from .store import (FrameworkOverheads, LayerProfile, OverheadProbe, ZeroOverhea
 PROBE_GAS = (1, 8)
 """Micro-batches per iteration of the probe trials: one, and enough to separate the
 per-micro-batch cost from the per-iteration one."""
-UNIT_S = 1e-3
-"""The per-layer cost the probes' critical path is read off with (its slope)."""
-PIPELINE_PROBE_GAS = (1, 8)
-"""Micro-batches per iteration of the pipeline engine's probe trials, in multiples of pp."""
+UNIT_S = 1e-4
+"""The per-layer cost the probes' critical path is read off with (its slope at no cost)."""
+KIND_NAMES = {"pipeline": "the pipeline engine"}
 PROBE_ITERS = 24
 PROBE_WARMUP = 8
 """Iterations per probe trial and how many lead-in ones are left out of the mean."""
@@ -145,18 +152,21 @@ def probe_strategies(spec: Spec, zero_stage: int = 0) -> list[tuple[Spec, "Strat
 
 def pipeline_probe_strategies(spec: Spec) -> list[tuple[Spec, "Strategy"]]:
     """The pipeline engine's probe trials: every device of the node a stage of one replica
-    (pp = the node's devices, dp 1, tmp 1, micro-batch 1, the layers split as evenly as they
-    go), with PIPELINE_PROBE_GAS x pp micro-batches; none where the node has one device, the
-    model fewer layers than devices, or the backend is not DeepSpeed."""
+    (pp = the node's devices, dp 1, tmp 1, micro-batch 1, Megatron's uniform split), with
+    PROBE_GAS x pp micro-batches; none where the node has one device, the model fewer blocks
+    than devices, or the backend is not DeepSpeed."""
+    from ..planner import _leading
+    from ..partition import uniform_partition
     from ..records import Strategy
 
     devices = tuple(spec.cluster.nodes[0].devices)
-    n, layers = len(devices), len(spec.model.layers)
-    if spec.training.backend != "deepspeed" or n < 2 or layers < n:
+    n, layers = len(devices), spec.model.layers
+    first, last = _leading(layers, "embedding"), _leading(layers[::-1], "head")
+    if spec.training.backend != "deepspeed" or n < 2 or len(layers) - first - last < n:
         return []
-    partition = tuple(round(i * layers / n) for i in range(n + 1))
+    partition = uniform_partition(len(layers), n, first=first, last=last)
     out = []
-    for k in PIPELINE_PROBE_GAS:
+    for k in PROBE_GAS:
         gas = n * k
         probe_spec = dataclasses.replace(
             spec, training=dataclasses.replace(spec.training, global_batch_size=gas))
@@ -222,8 +232,8 @@ def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measuremen
                              microbatches_on_path=float(passes))
 
     kinds = [("z0", 0, probe_strategies(spec, 0)),
-             ("pipeline", None, pipeline_probe_strategies(spec)),
-             *((f"z{z}", z, probe_strategies(spec, z)) for z in probe_zero_stages(spec))]
+             *((f"z{z}", z, probe_strategies(spec, z)) for z in probe_zero_stages(spec)),
+             ("pipeline", None, pipeline_probe_strategies(spec))]
     done: dict[str, list[OverheadProbe]] = {}
     with tempfile.TemporaryDirectory(prefix="amp-search-overheads-") as tmp:
         for name, zero, strategies in kinds:
@@ -241,7 +251,7 @@ def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measuremen
                 # stage 0 and the kinds done stand; this one (and after Ctrl-C the later
                 # ones) is not measured, and priced as if it cost what stage 0 / pp 1 does
                 if on_skip is not None:
-                    on_skip("the pipeline engine" if zero is None else f"ZeRO {zero}",
+                    on_skip(KIND_NAMES["pipeline"] if zero is None else f"ZeRO {zero}",
                             "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc))
                 if isinstance(exc, KeyboardInterrupt):
                     break
@@ -253,8 +263,14 @@ def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measuremen
     pipeline = done.pop("pipeline", None)
     pipe_mb = pipe_step = None
     if pipeline is not None:
-        pipe_mb, pipe_step = overheads_from_residuals(
-            [p.microbatches_on_path for p in pipeline], [p.residual_s for p in pipeline])
+        try:
+            pipe_mb, pipe_step = overheads_from_residuals(
+                [p.microbatches_on_path for p in pipeline], [p.residual_s for p in pipeline])
+        except ValueError:      # the model puts no per-layer cost on its path: nothing to fit
+            if on_skip is not None:
+                on_skip(KIND_NAMES["pipeline"], "its critical path holds no per-layer cost "
+                                                "in the model")
+            pipeline = None
     params = model_params(spec)
     zero = tuple(zero_overheads(int(k[1:]), probes, zp, params)
                  for k, zp in sorted(done.items()))

@@ -191,6 +191,13 @@ class FrameworkOverheads:
         """The per-micro-batch cost per layer."""
         return self.microbatch_overhead_s / max(self.layers, 1)
 
+    @property
+    def pipeline_layer_overhead_s(self) -> float:
+        """The same under the pipeline engine (pp 1's where it was not measured)."""
+        if self.pipeline_microbatch_overhead_s is None:
+            return self.layer_overhead_s
+        return self.pipeline_microbatch_overhead_s / max(self.layers, 1)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
