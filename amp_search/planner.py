@@ -410,7 +410,6 @@ class CostModel:
         scale = self.params.compute(gpu.name)
         floor_s = self.params.fixed_cost("kernel_floor_s", gpu.name, gpu.kernel_floor_s)
         framework_s = self.params.layer_overhead(c.pp) / 2
-        zero_mb = self._zero_time_s("zero_microbatch_s_per_param", c)
         key = ("passes", gpu.name, c.tmp, c.mbs, ckpt, c.selective_recompute,
                c.sequence_parallel, scale, floor_s, framework_s,
                self.params.zero_cost("zero_microbatch_s_per_param", c.zero_stage))
@@ -421,7 +420,7 @@ class CostModel:
             per_pass = np.where(lt.analytic, floor / self._floor_passes[ckpt], 0.0)
             fwd = lt.forward_s * scale + per_pass + framework_s
             bwd = ((lt.backward_s + self._knob_time(gpu, c)) * scale + per_pass + framework_s
-                   + zero_mb)
+                   + self._zero_time_s("zero_microbatch_s_per_param", c))
             hit = self._fixed_cache[key] = np.stack([fwd, bwd, fwd if ckpt
                                                      else np.zeros_like(fwd)])
         return hit

@@ -196,7 +196,7 @@ def _framework(spec, profile, args) -> None:
     import os
     import sys
 
-    from ..profiling.framework import (KIND_NAMES, PROBE_GAS, measure_framework_overheads,
+    from ..profiling.framework import (PIPELINE_KIND, PROBE_GAS, measure_framework_overheads,
                                        pipeline_probe_strategies, probe_node,
                                        probe_zero_stages)
     from ._args import measurements_for
@@ -221,7 +221,7 @@ def _framework(spec, profile, args) -> None:
               flush=True)
 
     def skip(what: str, why: str) -> None:
-        instead = "pp 1's costs" if what == KIND_NAMES["pipeline"] else "its collectives alone"
+        instead = "pp 1's costs" if what == PIPELINE_KIND else "its collectives alone"
         print(f"warning: {what}'s own cost not measured ({why}); it is priced with {instead}",
               file=sys.stderr, flush=True)
 

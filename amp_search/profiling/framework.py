@@ -65,7 +65,8 @@ PROBE_GAS = (1, 8)
 per-micro-batch cost from the per-iteration one."""
 UNIT_S = 1e-4
 """The per-layer cost the probes' critical path is read off with (its slope at no cost)."""
-KIND_NAMES = {"pipeline": "the pipeline engine"}
+PIPELINE_KIND = "the pipeline engine"
+"""How `on_skip` names the pipeline engine's probes (a ZeRO stage's: "ZeRO 2")."""
 PROBE_ITERS = 24
 PROBE_WARMUP = 8
 """Iterations per probe trial and how many lead-in ones are left out of the mean."""
@@ -208,12 +209,13 @@ def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measuremen
                                calibration=None, calibration_source="uncalibrated")
     n_layers = len(spec.model.layers)
 
-    def probe(name: str, probe_spec: Spec, s, tmp: str) -> OverheadProbe:
+    def probe(probe_spec: Spec, s, tmp: str) -> OverheadProbe:
         # a database per probe: the results key is the strategy's label and the spec's
         # text, which the probes of one kind share
         options = LaunchOptions(backend="deepspeed", launcher="local", iters=iters,
                                 warmup=warmup, progress=progress,
-                                results_path=Path(tmp) / f"probe-{name}-gas{s.gas}.sqlite",
+                                results_path=Path(tmp) / f"probe-pp{s.pp}-z{s.zero_stage}"
+                                                         f"-gas{s.gas}.sqlite",
                                 runs_dir=Path(runs_dir) if runs_dir is not None else Path(tmp),
                                 base_env=dict(base_env or {}))
         bare = evaluate(probe_spec, s, measurements=meas, cost_params=CostParams())
@@ -231,36 +233,37 @@ def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measuremen
                              other_processes_cores=rec.other_processes_cores,
                              microbatches_on_path=float(passes))
 
-    kinds = [("z0", 0, probe_strategies(spec, 0)),
-             *((f"z{z}", z, probe_strategies(spec, z)) for z in probe_zero_stages(spec)),
-             ("pipeline", None, pipeline_probe_strategies(spec))]
-    done: dict[str, list[OverheadProbe]] = {}
+    # the kinds of probe: ZeRO stage 0, the others searched, then (None) the pipeline engine
+    kinds = [(0, probe_strategies(spec, 0)),
+             *((z, probe_strategies(spec, z)) for z in probe_zero_stages(spec)),
+             (None, pipeline_probe_strategies(spec))]
+    done: dict[int | None, list[OverheadProbe]] = {}
     with tempfile.TemporaryDirectory(prefix="amp-search-overheads-") as tmp:
-        for name, zero, strategies in kinds:
+        for zero, strategies in kinds:
             if not strategies:
                 continue
             got = []
             try:
                 for probe_spec, s in strategies:
-                    got.append(probe(name, probe_spec, s, tmp))
+                    got.append(probe(probe_spec, s, tmp))
                     if on_probe is not None:
                         on_probe(got[-1])
             except (KeyboardInterrupt, UsageError) as exc:
-                if name == "z0":
+                if zero == 0:
                     raise
                 # stage 0 and the kinds done stand; this one (and after Ctrl-C the later
                 # ones) is not measured, and priced as if it cost what stage 0 / pp 1 does
                 if on_skip is not None:
-                    on_skip(KIND_NAMES["pipeline"] if zero is None else f"ZeRO {zero}",
+                    on_skip(PIPELINE_KIND if zero is None else f"ZeRO {zero}",
                             "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc))
                 if isinstance(exc, KeyboardInterrupt):
                     break
                 continue
-            done[name] = got
-    probes = done.pop("z0")
+            done[zero] = got
+    probes = done.pop(0)
     microbatch, step = overheads_from_residuals([p.gas for p in probes],
                                                 [p.residual_s for p in probes])
-    pipeline = done.pop("pipeline", None)
+    pipeline = done.pop(None, None)
     pipe_mb = pipe_step = None
     if pipeline is not None:
         try:
@@ -268,12 +271,11 @@ def measure_framework_overheads(spec: Spec, profile: LayerProfile, *, measuremen
                 [p.microbatches_on_path for p in pipeline], [p.residual_s for p in pipeline])
         except ValueError:      # the model puts no per-layer cost on its path: nothing to fit
             if on_skip is not None:
-                on_skip(KIND_NAMES["pipeline"], "its critical path holds no per-layer cost "
-                                                "in the model")
+                on_skip(PIPELINE_KIND, "its critical path holds no per-layer cost in the "
+                                       "model")
             pipeline = None
     params = model_params(spec)
-    zero = tuple(zero_overheads(int(k[1:]), probes, zp, params)
-                 for k, zp in sorted(done.items()))
+    zero = tuple(zero_overheads(z, probes, zp, params) for z, zp in sorted(done.items()))
     return FrameworkOverheads(backend="deepspeed", microbatch_overhead_s=microbatch,
                               step_overhead_s=step, layers=n_layers,
                               zero=zero, pipeline_microbatch_overhead_s=pipe_mb,
