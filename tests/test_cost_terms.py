@@ -478,6 +478,32 @@ def test_noise_aware_regret_beside_the_strict_one():
     assert g["regret"] == pytest.approx(0.004) and g["regret_beyond_noise"] == 0.0
 
 
+def test_per_shape_yardstick_learns_block_and_head_time_from_the_other_models():
+    """Measured = predicted + 0.5 ms per block micro-batch + 3 ms per head micro-batch on the
+    critical path, in the cell (1024, tp 1, mbs 1): learned on the 12-layer models, the
+    24-layer ones come out exact. A cell the fitting half lacks (mbs 2) keeps the
+    prediction."""
+    G = _gpu_accuracy()
+
+    def row(layers, pp, gbs, mbs=1, predicted=100.0):
+        r = dict(_row(1, gbs, 0.0, predicted, pp=pp, mbs=mbs), layers=layers)
+        nmb = gbs / mbs
+        r["measured_ms"] = predicted + (0.5 * layers / pp + 3.0) * (nmb + pp - 1) \
+            if mbs == 1 else predicted * 1.2
+        return r
+
+    rows = [row(12, 1, 4), row(12, 2, 8), row(12, 1, 8),
+            row(24, 1, 4), row(24, 2, 8), row(24, 2, 4),
+            row(24, 1, 4, mbs=2, predicted=50.0)]
+    out = G.per_shape_ceiling(rows)
+    learned = out["per (hidden, tp, mbs), layers 12,16 -> 20,24"]
+    assert learned["rows"] == 4 and learned["cells"] == 1
+    # 3 rows exact, the unlearned one 1/1.2 - 1 off
+    assert learned["mape"] == pytest.approx((1 - 1 / 1.2) / 4)
+    # the other way round: the 24-layer models hold 2 cells, the mbs 2 one with a single row
+    assert out["per (hidden, tp, mbs), layers 20,24 -> 12,16"]["cells"] == 1
+
+
 def test_megatron_memory_traffic_is_counted_for_its_fused_kernels():
     """Under megatron a block's memory-bound ops move what its fused bias-GeLU and
     bias-dropout-add kernels move, (12g + 2) s h + 2g s f/t forward and (20g + 2) s h + 4g s f/t
