@@ -23,8 +23,8 @@ import numpy as np
 from cost_models import comm as C
 from cost_models import memory as M
 from cost_models import pipeline as P
-from cost_models.compute import (HostCosts, block_passes, host_time_s, kernel_floor_time_s,
-                                 overlapped_time_s)
+from cost_models.compute import (HostCosts, block_passes, host_time_by_pass_s,
+                                 kernel_floor_time_s, synced_overlapped_time_s)
 from cost_models.layers import output_elements, param_count, tp_collectives_by_pass
 from cost_models.params import CostParams
 from cost_models.recompute import (RECOMPUTE_MODES, selective_recompute_time_s,
@@ -64,6 +64,8 @@ class StageCosts:
     """[pp, L] device time of one micro-batch forward + backward (+ recomputation)."""
     host_s: np.ndarray
     """[pp, L] host time to issue them (analytic times; a measured time holds it already)."""
+    host_forward_s: np.ndarray
+    """[pp, L] the forward pass's part of host_s."""
     tensor_parallel_s: np.ndarray
     """[pp, L] the layer's tensor-parallel all-reduces for one micro-batch."""
     cut_s: np.ndarray
@@ -80,12 +82,10 @@ class StageCosts:
     """Calibrated fixed cost per micro-batch per stage."""
     step_overhead_s: float
     """Calibrated fixed cost per iteration."""
-
-    @property
-    def layer_s(self) -> np.ndarray:
-        """What the pipeline's t_j sums: device compute + tensor-parallel communication, or the
-        host's time to issue them where that is longer."""
-        return overlapped_time_s(self.host_s, self.compute_s + self.tensor_parallel_s)
+    layer_s: np.ndarray
+    """[pp, L] what the pipeline's t_j sums: device compute + tensor-parallel communication,
+    or the host's time to issue them where that is longer, the forward and the backward each
+    on its own (cost_models.compute.synced_overlapped_time_s)."""
 
     @property
     def after_pipeline_s(self) -> np.ndarray:
@@ -356,6 +356,7 @@ class CostModel:
         stage_gpus = layout.stage_gpus
 
         compute, host = np.zeros((c.pp, L)), np.zeros((c.pp, L))
+        compute_forward, host_forward = np.zeros((c.pp, L)), np.zeros((c.pp, L))
         optimizer = np.zeros((c.pp, L))
         optimizer_share = M.optimizer_shards(
             framework=self.spec.training.backend, zero_stage=c.zero_stage,
@@ -365,24 +366,30 @@ class CostModel:
         for j in range(c.pp):
             types = tuple(stage_gpus[j])
             if types not in rows:
-                row = np.zeros((3, L))
+                # device, host, optimizer, and the forward pass's device and host
+                row = np.zeros((5, L))
                 for g in types:         # a stage runs at its slowest device type's pace
                     gpu = self.gpus[g]
                     scale = p.compute(gpu.name)
                     lt = self.timer.times(gpu, c.tmp, c.mbs)
-                    _, issue = self._fixed_costs(gpu, c.tmp, ckpt, c.sequence_parallel)
-                    device = self.device_pass_times_s(gpu, c).sum(axis=0)
-                    np.maximum(row[0], device, out=row[0])
+                    _, issue, issue_forward = self._fixed_costs(gpu, c.tmp, ckpt,
+                                                                c.sequence_parallel)
+                    passes = self.device_pass_times_s(gpu, c)
+                    np.maximum(row[0], passes.sum(axis=0), out=row[0])
                     np.maximum(row[1], np.where(lt.analytic, issue, 0.0), out=row[1])
                     np.maximum(row[2], self.timer.optimizer_step_s(gpu, c.tmp) * scale
                                / optimizer_share + self._zero_time_s("zero_step_s_per_param", c),
                                out=row[2])
+                    np.maximum(row[3], passes[0], out=row[3])
+                    np.maximum(row[4], np.where(lt.analytic, issue_forward, 0.0), out=row[4])
                 rows[types] = row
-            compute[j], host[j], optimizer[j] = rows[types]
+            compute[j], host[j], optimizer[j], compute_forward[j], host_forward[j] = rows[types]
 
-        tensor_parallel = np.zeros((c.pp, L))
+        tensor_parallel = tensor_parallel_forward = np.zeros((c.pp, L))
         if c.tmp > 1:       # each stage's tensor rings run on its slowest ring's links
             tensor_parallel = self.tp_time_s(c, layout)
+            if host.any():  # the forward's share matters only beside a host time
+                tensor_parallel_forward = self.tp_time_s(c, layout, part=0)
 
         cut = np.zeros((c.pp, L + 1))
         if c.pp > 1:
@@ -394,11 +401,15 @@ class CostModel:
                 self.out_bytes[None, :L - 1] * c.mbs / shard, bw[:, None], lat[:, None])
 
         sync, sync_fixed = self._dp_sync(c, layout)
-        return StageCosts(compute_s=compute, host_s=host, tensor_parallel_s=tensor_parallel,
+        return StageCosts(compute_s=compute, host_s=host, host_forward_s=host_forward,
+                          tensor_parallel_s=tensor_parallel,
                           cut_s=cut,
                           sync_s=sync, sync_fixed_s=sync_fixed, optimizer_s=optimizer,
                           microbatch_overhead_s=p.microbatch_overhead_s,
-                          step_overhead_s=p.step_overhead(c.pp, c.dp))
+                          step_overhead_s=p.step_overhead(c.pp, c.dp),
+                          layer_s=synced_overlapped_time_s(
+                              host_forward, compute_forward + tensor_parallel_forward, host,
+                              compute + tensor_parallel))
 
     def device_pass_times_s(self, gpu, c: Candidate) -> np.ndarray:
         """[3, L]: one micro-batch of each layer on `gpu`, per pass (forward, backward,
@@ -416,7 +427,7 @@ class CostModel:
         hit = self._fixed_cache.get(key)
         if hit is None:
             lt = self.timer.times(gpu, c.tmp, c.mbs)
-            floor, _ = self._fixed_costs(gpu, c.tmp, ckpt)
+            floor = self._fixed_costs(gpu, c.tmp, ckpt)[0]
             per_pass = np.where(lt.analytic, floor / self._floor_passes[ckpt], 0.0)
             fwd = lt.forward_s * scale + per_pass + framework_s
             bwd = ((lt.backward_s + self._knob_time(gpu, c)) * scale + per_pass + framework_s
@@ -465,9 +476,10 @@ class CostModel:
         return hit
 
     def _fixed_costs(self, gpu, tmp: int, recompute: bool, sequence_parallel: bool = False
-                     ) -> tuple[np.ndarray, np.ndarray]:
-        """Per layer: the kernel floor (device) and the host time of one micro-batch on `gpu`
-        (cost_models.compute), from the catalog's fixed costs or the fitted ones."""
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per layer: the kernel floor (device), the host time of one micro-batch on `gpu` and
+        its forward pass's share (cost_models.compute), from the catalog's fixed costs or the
+        fitted ones."""
         p = self.params
         floor_s = p.fixed_cost("kernel_floor_s", gpu.name, gpu.kernel_floor_s)
         costs = HostCosts(
@@ -478,13 +490,14 @@ class CostModel:
         hit = self._fixed_cache.get(key)
         if hit is None:
             layers = self.spec.model.layers
+            issue = np.array([host_time_by_pass_s(l, tmp=tmp, recompute=recompute, host=costs,
+                                                  sequence_parallel=sequence_parallel,
+                                                  framework=self.spec.training.backend)
+                              for l in layers]).reshape(len(layers), 3)
             hit = self._fixed_cache[key] = (
                 np.array([kernel_floor_time_s(l, recompute=recompute, kernel_floor_s=floor_s)
                           for l in layers]),
-                np.array([host_time_s(l, tmp=tmp, recompute=recompute, host=costs,
-                                      sequence_parallel=sequence_parallel,
-                                      framework=self.spec.training.backend)
-                          for l in layers]))
+                issue.sum(axis=1), issue[:, 0])
         return hit
 
     def _catalog_latency(self, stage_gpus) -> tuple[np.ndarray, np.ndarray]:

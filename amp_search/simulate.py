@@ -13,10 +13,11 @@ strategy on its placement and layer split, from the same cost terms as AMP eq. 5
   recomputed forward; with sequence parallelism all-gathers and reduce-scatters instead:
   `cost_models.layers.tp_collectives_by_pass` through `CostModel.tp_collectives`, the one table
   the cost model's totals come from too), on the stage's slowest device type for that layer (the one `stage_costs` keeps).
-  Where the host's time to issue a layer exceeds its device time (`overlapped_time_s`), the
-  excess is spread evenly over the layer's passes, since every block pass issues the same
-  work (one block pass and the same number of all-reduces); the calibrated per-micro-batch
-  overhead is spread evenly over the passes too. So forward + backward (+ recompute) equals
+  Where the host's time to issue a pass exceeds its device time, the pass takes the host's:
+  the forward on its own, the backward and the recomputed forward together, each micro-batch
+  starting in step with the host (`cost_models.compute.synced_overlapped_time_s`); the
+  backward's excess is shared evenly by its passes, since each issues one block pass. The
+  calibrated per-micro-batch overhead is spread evenly over the passes. So forward + backward (+ recompute) equals
   the closed form's t_j exactly: the simulation differs from eq. 5 only by the schedule;
 - P2P at boundary j: the activation of the stage's last layer x mbs, each way, on that
   boundary's link (the cost model's e_j = 2 (latency + bytes / bandwidth)), as the trials'
@@ -161,11 +162,16 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
             tp[:, k, :] = model.tp_time_s(c, layout, part=k)
 
     work = device + tp                                       # [pp, 3, L]
-    excess = np.maximum(costs.layer_s - work.sum(axis=1), 0.0)   # host-bound part
+    # host-bound parts: the forward's where its host time is longer, the rest shared evenly
+    # by the backward and the recomputed forward (each issues one block pass)
+    forward_excess = np.maximum(costs.host_forward_s - work[:, 0, :], 0.0)
+    excess = np.maximum(costs.layer_s - work.sum(axis=1) - forward_excess, 0.0)
     passes = 3 if ckpt else 2
     share = np.zeros(3)
     share[:passes] = 1.0 / passes
-    per_layer = work + excess[:, None, :] * share[None, :, None]
+    rest = np.array([0.0, 1.0, 1.0 if ckpt else 0.0]) / (passes - 1)
+    per_layer = (work + excess[:, None, :] * rest[None, :, None]
+                 + forward_excess[:, None, :] * np.array([1.0, 0.0, 0.0])[None, :, None])
     chunks = len(bounds) - 1
     if chunks != c.pp:          # interleaved: chunk k runs on stage k mod pp
         per_layer, tp = per_layer[np.arange(chunks) % c.pp], tp[np.arange(chunks) % c.pp]

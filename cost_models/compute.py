@@ -22,9 +22,12 @@ plus, per micro-batch, a fixed kernel floor for every block pass (`kernel_floor_
 
 The host that issues the kernels is a second resource (`host_time_s`): a block pass costs a
 fixed host time (Python, framework dispatch, autograd, launches), and every tensor-parallel
-all-reduce a host-side cost per extra rank. The GPU runs asynchronously behind the host, so a
-layer takes `overlapped_time_s(host, device) = max(host, device)`: small layers are
-host-bound, large ones device-bound, and the host terms vanish at scale.
+all-reduce a host-side cost per extra rank (`host_time_by_pass_s` per pass). The GPU runs
+asynchronously behind the host, so a pass takes the longer of the two
+(`overlapped_time_s`): small layers are host-bound, large ones device-bound, and the host
+terms vanish at scale. Each micro-batch starts in step with the host (its input is copied to
+the device with a blocking copy), so the forward and the backward overlap the host each on
+its own (`synced_overlapped_time_s`).
 """
 from __future__ import annotations
 
@@ -148,25 +151,57 @@ def kernel_floor_time_s(layer: Layer, *, recompute: bool, kernel_floor_s: float)
     return block_passes(layer, recompute) * kernel_floor_s
 
 
+def host_time_by_pass_s(layer: Layer, *, tmp: int, recompute: bool, host: HostCosts,
+                        sequence_parallel: bool = False, framework: str = "deepspeed"
+                        ) -> tuple[float, float, float]:
+    """Host time to issue one micro-batch of `layer`, per pass (forward, backward, recomputed
+    forward): each block pass costs `block_pass_s` and each of its tensor-parallel collectives
+    (all-reduces; with sequence parallelism the all-gathers, reduce-scatters and all-reduces of
+    `tp_collectives_by_pass`, each call costing what an all-reduce does) `tmp - 1` times
+    `tp_allreduce_per_rank_s`; the head and loss one pass's worth, half in forward and half
+    in backward; the embedding nothing (a few kernels)."""
+    if layer.kind == "head":
+        return host.block_pass_s / 2, host.block_pass_s / 2, 0.0
+    if layer.kind not in BLOCK_KINDS:
+        return 0.0, 0.0, 0.0
+    by_pass = tp_collectives_by_pass(layer, recompute, sequence_parallel, framework)
+    per_call = (tmp - 1) * host.tp_allreduce_per_rank_s if tmp > 1 else 0.0
+    ran = (True, True, recompute)
+    return tuple(host.block_pass_s + len(calls) * per_call if on else 0.0
+                 for calls, on in zip(by_pass, ran))
+
+
 def host_time_s(layer: Layer, *, tmp: int, recompute: bool, host: HostCosts,
                 sequence_parallel: bool = False, framework: str = "deepspeed") -> float:
-    """Host time to issue one micro-batch of `layer`: each block pass (forward, backward, and
-    the recomputed forward) and each of its tensor-parallel collectives (all-reduces; with
-    sequence parallelism the all-gathers, reduce-scatters and all-reduces of
-    `tp_collectives_by_pass`, each call costing what an all-reduce does); the head and loss
-    one pass's worth; the embedding nothing (a few kernels)."""
-    if layer.kind == "head":
-        return host.block_pass_s
-    calls = sum(len(p) for p in tp_collectives_by_pass(layer, recompute, sequence_parallel,
-                                                       framework)) if tmp > 1 else 0
-    return (block_passes(layer, recompute) * host.block_pass_s
-            + calls * (tmp - 1) * host.tp_allreduce_per_rank_s) if layer.kind in BLOCK_KINDS \
-        else 0.0
+    """Host time to issue one micro-batch of `layer`: the sum of `host_time_by_pass_s`."""
+    return sum(host_time_by_pass_s(layer, tmp=tmp, recompute=recompute, host=host,
+                                   sequence_parallel=sequence_parallel, framework=framework))
 
 
 def overlapped_time_s(host_s, device_s):
     """The GPU runs behind the host: a layer takes the longer of the two (arrays or floats)."""
     return np.maximum(host_s, device_s)
+
+
+def synced_overlapped_time_s(host_forward_s, device_forward_s, host_s, device_s):
+    """`overlapped_time_s` when every micro-batch starts in step: forward and backward overlap
+    the host each on its own, max(host_f, device_f) + max(host - host_f, device - device_f)
+    (arrays or floats; host_s and device_s are the totals over the passes).
+
+    The training loops copy each micro-batch's input to the device with a blocking copy,
+    which waits for the work queued before it: Megatron-LM's get_batch on every stage (its
+    broadcast_data reads the sizes back with .cpu()), DeepSpeed's pipeline engine's
+    load_micro_batch on the first and last stage, a plain loop's .to(device). Megatron-LM's
+    pipeline P2P also ends with torch.cuda.synchronize() ("to protect against race condition
+    when using batch_isend_irecv", p2p_communication._communicate). So the host cannot issue
+    the next forward while the device still runs this backward. Where the forward is
+    host-bound and the backward (with the recomputed forward) device-bound, the micro-batch
+    takes host_f + device_b, not the max of the totals. For a layer whose passes scale alike
+    (the recomputed forward and the backward do at least the forward's work and issue at
+    most twice its host work) this is the exact max-plus time of the forward-then-backward
+    sequence; with no fixed host costs it is the device time, as before."""
+    return (np.maximum(host_forward_s, device_forward_s)
+            + np.maximum(host_s - host_forward_s, device_s - device_forward_s))
 
 
 ADAM_BYTES_PER_PARAM = {"fp32": 28, "bf16": 42, "fp16": 42}

@@ -187,6 +187,37 @@ def test_host_and_device_overlap_and_fixed_costs():
                                [2.0, 5.0])
 
 
+def test_each_microbatch_starts_in_step_with_the_host():
+    """The forward and the backward overlap the host each on its own (the input's blocking
+    copy syncs every micro-batch): a host-bound forward (1 ms host, 0.8 device) before a
+    device-bound backward (2 host, 2.4 device) takes 1 + 2.4 = 3.4, not max(3, 3.2); where
+    both passes lean the same way it is the plain max. The host time splits by pass: a
+    block's passes each one block_pass_s and their own all-reduces, the head half a pass's
+    worth in forward and in backward."""
+    from cost_models.compute import (HostCosts, host_time_by_pass_s, host_time_s,
+                                     overlapped_time_s, synced_overlapped_time_s)
+    from cost_models.layers import Layer
+    assert synced_overlapped_time_s(1.0, 0.8, 3.0, 3.2) == pytest.approx(3.4)
+    assert overlapped_time_s(3.0, 3.2) == pytest.approx(3.2)
+    assert synced_overlapped_time_s(1.0, 0.5, 3.0, 1.5) == pytest.approx(3.0)
+    assert synced_overlapped_time_s(1.0, 1.2, 3.0, 3.6) == pytest.approx(3.6)
+    np.testing.assert_allclose(synced_overlapped_time_s(np.zeros(2), np.array([1.0, 2.0]),
+                                                        np.zeros(2), np.array([3.0, 5.0])),
+                               [3.0, 5.0])     # no host costs: the device time
+    b = _block()
+    host = HostCosts(block_pass_s=1e-3, tp_allreduce_per_rank_s=2e-5)
+    one = 1e-3 + 2 * 3 * 2e-5                  # a pass's 2 all-reduces over 4 ranks
+    assert host_time_by_pass_s(b, tmp=4, recompute=True, host=host) == \
+        pytest.approx((one, one, one))
+    assert host_time_by_pass_s(b, tmp=4, recompute=False, host=host) == \
+        pytest.approx((one, one, 0.0))
+    assert sum(host_time_by_pass_s(b, tmp=4, recompute=True, host=host)) == \
+        pytest.approx(host_time_s(b, tmp=4, recompute=True, host=host))
+    head = Layer(kind="head", seq_length=8, hidden_size=8, vocab_size=64)
+    assert host_time_by_pass_s(head, tmp=2, recompute=True, host=host) == \
+        pytest.approx((5e-4, 5e-4, 0.0))
+
+
 def test_recomputation_replays_the_forward_all_reduces():
     from cost_models.layers import tp_allreduce_elements
     b = _block()

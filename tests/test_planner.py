@@ -43,7 +43,8 @@ def test_enumeration_covers_every_degree(hetero):
 
 
 def test_plan_is_ranked_and_beats_megatron(hetero_plan: Plan):
-    times = [e.iteration_time_s for e in hetero_plan.strategies]
+    # ranked by the time to the 4 significant digits the table shows (planner.ranking_key)
+    times = [float(f"{e.iteration_time_s:.4g}") for e in hetero_plan.strategies]
     assert times == sorted(times)
     assert hetero_plan.baseline is not None
     # the baseline is one point of the searched space, so the best can only be as fast or faster

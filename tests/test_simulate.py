@@ -321,8 +321,9 @@ def test_plan_command_options(capsys):
 
 
 def test_host_bound_excess_is_spread_evenly_over_the_passes():
-    """A host far slower than the device: each layer takes its host time, and the passes
-    share it evenly (each block pass issues the same work), still summing to t_j."""
+    """A host far slower than the device: each pass takes its host time, and the passes
+    share it evenly (each block pass issues the same work, the head half a pass's worth in
+    each), still summing to t_j."""
     from cost_models.params import CostParams
 
     spec = _spec("amp-homo-gpt2")
@@ -332,10 +333,11 @@ def test_host_bound_excess_is_spread_evenly_over_the_passes():
     k = simulation_inputs(model, e.strategy)
     np.testing.assert_allclose(k["forward_s"] + k["backward_s"], e.stage_time_s, rtol=1e-12)
     # 12-13 blocks of 2 passes at 50 ms of host each: about 0.6 s per pass, nearly equal
-    # (the embedding and the head are not host-bound: their backward stays the longer)
+    # (the embedding is not host-bound: its backward stays the longer)
     assert np.all(k["forward_s"] > 0.5)
     np.testing.assert_allclose(k["backward_s"] / k["forward_s"], 1.0, rtol=0.05)
-    assert np.all(k["backward_s"] >= k["forward_s"])
+    assert np.all(k["backward_s"] >= k["forward_s"] * (1 - 1e-12))
+    assert k["backward_s"][0] > k["forward_s"][0]
 
 
 def test_one_framework_sets_the_p2p_of_both_models():
