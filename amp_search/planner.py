@@ -366,7 +366,9 @@ class CostModel:
         for j in range(c.pp):
             types = tuple(stage_gpus[j])
             if types not in rows:
-                # device, host, optimizer, and the forward pass's device and host
+                # device, host, optimizer, and the forward pass's device and host: per layer,
+                # the slowest device type's (its forward with it, as the simulator's
+                # pass_times takes all passes from it) and the slowest host's
                 row = np.zeros((5, L))
                 for g in types:         # a stage runs at its slowest device type's pace
                     gpu = self.gpus[g]
@@ -375,13 +377,17 @@ class CostModel:
                     _, issue, issue_forward = self._fixed_costs(gpu, c.tmp, ckpt,
                                                                 c.sequence_parallel)
                     passes = self.device_pass_times_s(gpu, c)
-                    np.maximum(row[0], passes.sum(axis=0), out=row[0])
-                    np.maximum(row[1], np.where(lt.analytic, issue, 0.0), out=row[1])
+                    total = passes.sum(axis=0)
+                    take = total > row[0]
+                    row[0], row[3] = np.where(take, total, row[0]), np.where(take, passes[0],
+                                                                             row[3])
+                    issue = np.where(lt.analytic, issue, 0.0)
+                    take = issue > row[1]
+                    row[1], row[4] = np.where(take, issue, row[1]), np.where(
+                        take, np.where(lt.analytic, issue_forward, 0.0), row[4])
                     np.maximum(row[2], self.timer.optimizer_step_s(gpu, c.tmp) * scale
                                / optimizer_share + self._zero_time_s("zero_step_s_per_param", c),
                                out=row[2])
-                    np.maximum(row[3], passes[0], out=row[3])
-                    np.maximum(row[4], np.where(lt.analytic, issue_forward, 0.0), out=row[4])
                 rows[types] = row
             compute[j], host[j], optimizer[j], compute_forward[j], host_forward[j] = rows[types]
 

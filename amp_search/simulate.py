@@ -16,8 +16,8 @@ strategy on its placement and layer split, from the same cost terms as AMP eq. 5
   Where the host's time to issue a pass exceeds its device time, the pass takes the host's:
   the forward on its own, the backward and the recomputed forward together, each micro-batch
   starting in step with the host (`cost_models.compute.synced_overlapped_time_s`); the
-  backward's excess is shared evenly by its passes, since each issues one block pass. The
-  calibrated per-micro-batch overhead is spread evenly over the passes. So forward + backward (+ recompute) equals
+  backward's excess is shared evenly by the backward and the recomputed forward, which run
+  back to back. The calibrated per-micro-batch overhead is spread evenly over the passes. So forward + backward (+ recompute) equals
   the closed form's t_j exactly: the simulation differs from eq. 5 only by the schedule;
 - P2P at boundary j: the activation of the stage's last layer x mbs, each way, on that
   boundary's link (the cost model's e_j = 2 (latency + bytes / bandwidth)), as the trials'
@@ -162,8 +162,9 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
             tp[:, k, :] = model.tp_time_s(c, layout, part=k)
 
     work = device + tp                                       # [pp, 3, L]
-    # host-bound parts: the forward's where its host time is longer, the rest shared evenly
-    # by the backward and the recomputed forward (each issues one block pass)
+    # host-bound parts: the forward's where its host time is longer; the rest shared evenly
+    # by the backward and the recomputed forward, which run back to back (together they take
+    # their host time or their device time, whichever is longer)
     forward_excess = np.maximum(costs.host_forward_s - work[:, 0, :], 0.0)
     excess = np.maximum(costs.layer_s - work.sum(axis=1) - forward_excess, 0.0)
     passes = 3 if ckpt else 2

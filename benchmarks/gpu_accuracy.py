@@ -507,7 +507,7 @@ def report(f: dict, held_out: dict | None, elapsed_s: float, ceiling: dict | Non
     print()
     print("held-out figures of the fit")
     if held_out is None:
-        print("  skipped (--no-held-out, or --simulate)")
+        print("  not run (--no-held-out, --simulate, or rows that could not be predicted)")
     else:
         for split, parts in held_out.items():
             coef = ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in parts["coefficients"].items())

@@ -199,7 +199,10 @@ def synced_overlapped_time_s(host_forward_s, device_forward_s, host_s, device_s)
     takes host_f + device_b, not the max of the totals. For a layer whose passes scale alike
     (the recomputed forward and the backward do at least the forward's work and issue at
     most twice its host work) this is the exact max-plus time of the forward-then-backward
-    sequence; with no fixed host costs it is the device time, as before."""
+    sequence; with no fixed host costs it is the device time, as before. The planner applies
+    it layer by layer (its partition DP needs costs that add up over layers), so a stage whose
+    layers lean different ways (host-bound blocks beside a device-bound head) is charged a
+    little more than its micro-batch's max-plus time, as the layer-by-layer max was before."""
     return (np.maximum(host_forward_s, device_forward_s)
             + np.maximum(host_s - host_forward_s, device_s - device_forward_s))
 

@@ -225,8 +225,11 @@ def test_recomputation_replays_the_forward_all_reduces():
 
 
 def test_small_layers_are_host_bound_large_ones_device_bound():
-    """With the catalog's fixed costs, the planner's layer time is max(host, device + TP): a
-    small model's iteration time follows the host's, a large one's the FLOPs."""
+    """With the catalog's fixed costs, each pass of a layer takes max(host, device + TP): a
+    small model's iteration time follows the host's, a large one's the FLOPs; in between
+    (hidden 2048 at micro-batch 1 on an A100) the forward is host-bound and the backward
+    device-bound, and a micro-batch takes the forward's host time plus the backward's device
+    time, more than the max of the totals."""
     from amp_search.planner import Candidate, CostModel
     from amp_search.spec import parse_spec
     from cost_models.params import CostParams
@@ -240,15 +243,25 @@ def test_small_layers_are_host_bound_large_ones_device_bound():
             "training": {"global_batch_size": 1, "precision": "fp16"}})
 
     c = Candidate(pp=1, dp=1, tmp=1, mbs=1, zero_stage=0, activation_checkpointing=False)
-    for h, host_bound in ((256, True), (8192, False)):
+    for h, host_bound in ((256, True), (2048, None), (8192, False)):
         model = CostModel(spec(h))
         placement = np.zeros((1, 1, 1), dtype=np.int64)
         costs = model.stage_costs(c, model.layout(c, placement=placement))
         blocks = slice(1, 5)
         gpu = model.gpus[0]
-        assert np.all(costs.host_s[0, blocks] == pytest.approx(2 * gpu.host_block_pass_s))
+        host = costs.host_s[0, blocks]
+        assert np.all(host == pytest.approx(2 * gpu.host_block_pass_s))
+        assert np.all(costs.host_forward_s[0, blocks] == pytest.approx(gpu.host_block_pass_s))
         device = costs.compute_s[0, blocks] + costs.tensor_parallel_s[0, blocks]
-        assert np.all((costs.host_s[0, blocks] > device) == host_bound), h
+        forward = model.device_pass_times_s(gpu, c)[0, blocks]
+        if host_bound is None:      # forward host-bound, backward device-bound
+            assert np.all(forward < host / 2) and np.all(device - forward > host / 2)
+            np.testing.assert_allclose(costs.layer_s[0, blocks],
+                                       host / 2 + device - forward)
+            assert np.all(costs.layer_s[0, blocks] > np.maximum(host, device))
+        else:
+            assert np.all((host > device) == host_bound), h
+            np.testing.assert_allclose(costs.layer_s[0, blocks], np.maximum(host, device))
         # a fitted value replaces the catalog's
         model.params = CostParams(host_block_pass_s={gpu.name: 0.0})
         costs = model.stage_costs(c, model.layout(c, placement=placement))
@@ -533,6 +546,9 @@ def test_per_shape_yardstick_learns_block_and_head_time_from_the_other_models():
     assert learned["mape"] == pytest.approx((1 - 1 / 1.2) / 4)
     # the other way round: the 24-layer models hold 2 cells, the mbs 2 one with a single row
     assert out["per (hidden, tp, mbs), layers 20,24 -> 12,16"]["cells"] == 1
+    # per pipeline degree too: (1024, 1, 1, pp 1) and (..., pp 2) each from their own rows
+    fine = out["per (hidden, tp, mbs, pp), layers 12,16 -> 20,24"]
+    assert fine["cells"] == 1 and fine["rows"] == 4   # pp 2 has a single 12-layer row
 
 
 def test_megatron_memory_traffic_is_counted_for_its_fused_kernels():
