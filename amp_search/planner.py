@@ -367,8 +367,7 @@ class CostModel:
             types = tuple(stage_gpus[j])
             if types not in rows:
                 # device, host, optimizer, and the forward pass's device and host: per layer,
-                # the slowest device type's (its forward with it, as the simulator's
-                # pass_times takes all passes from it) and the slowest host's
+                # the slowest device type's passes (stage_pass_times_s) and the slowest host's
                 row = np.zeros((5, L))
                 for g in types:         # a stage runs at its slowest device type's pace
                     gpu = self.gpus[g]
@@ -376,11 +375,6 @@ class CostModel:
                     lt = self.timer.times(gpu, c.tmp, c.mbs)
                     _, issue, issue_forward = self._fixed_costs(gpu, c.tmp, ckpt,
                                                                 c.sequence_parallel)
-                    passes = self.device_pass_times_s(gpu, c)
-                    total = passes.sum(axis=0)
-                    take = total > row[0]
-                    row[0], row[3] = np.where(take, total, row[0]), np.where(take, passes[0],
-                                                                             row[3])
                     issue = np.where(lt.analytic, issue, 0.0)
                     take = issue > row[1]
                     row[1], row[4] = np.where(take, issue, row[1]), np.where(
@@ -388,6 +382,8 @@ class CostModel:
                     np.maximum(row[2], self.timer.optimizer_step_s(gpu, c.tmp) * scale
                                / optimizer_share + self._zero_time_s("zero_step_s_per_param", c),
                                out=row[2])
+                passes = self.stage_pass_times_s(types, c)
+                row[0], row[3] = passes.sum(axis=0), passes[0]
                 rows[types] = row
             compute[j], host[j], optimizer[j], compute_forward[j], host_forward[j] = rows[types]
 
@@ -416,6 +412,21 @@ class CostModel:
                           layer_s=synced_overlapped_time_s(
                               host_forward, compute_forward + tensor_parallel_forward, host,
                               compute + tensor_parallel))
+
+    def stage_pass_times_s(self, types, c: Candidate) -> np.ndarray:
+        """[3, L]: `device_pass_times_s` of a stage holding the device types `types` (indices
+        into self.gpus): per layer, every pass from the type whose passes add up to the
+        longest (the first such), so that the passes of one layer always come from one type.
+        The one rule `stage_costs` and the simulator's pass_times share."""
+        best = np.full(self.num_layers, -1.0)
+        out = np.zeros((3, self.num_layers))
+        for g in types:
+            passes = self.device_pass_times_s(self.gpus[g], c)
+            total = passes.sum(axis=0)
+            take = total > best
+            out[:, take] = passes[:, take]
+            best = np.where(take, total, best)
+        return out
 
     def device_pass_times_s(self, gpu, c: Candidate) -> np.ndarray:
         """[3, L]: one micro-batch of each layer on `gpu`, per pass (forward, backward,

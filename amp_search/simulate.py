@@ -12,13 +12,15 @@ strategy on its placement and layer split, from the same cost terms as AMP eq. 5
   f/g operators: 2 in a transformer block's forward, 2 in its backward, 2 more in its
   recomputed forward; with sequence parallelism all-gathers and reduce-scatters instead:
   `cost_models.layers.tp_collectives_by_pass` through `CostModel.tp_collectives`, the one table
-  the cost model's totals come from too), on the stage's slowest device type for that layer (the one `stage_costs` keeps).
+  the cost model's totals come from too), on the stage's slowest device type for that layer
+  (`CostModel.stage_pass_times_s`, the one `stage_costs` takes too).
   Where the host's time to issue a pass exceeds its device time, the pass takes the host's:
   the forward on its own, the backward and the recomputed forward together, each micro-batch
   starting in step with the host (`cost_models.compute.synced_overlapped_time_s`); the
   backward's excess is shared evenly by the backward and the recomputed forward, which run
-  back to back. The calibrated per-micro-batch overhead is spread evenly over the passes. So forward + backward (+ recompute) equals
-  the closed form's t_j exactly: the simulation differs from eq. 5 only by the schedule;
+  back to back. The calibrated per-micro-batch overhead is spread evenly over the passes.
+  So forward + backward (+ recompute) equals the closed form's t_j exactly: the simulation
+  differs from eq. 5 only by the schedule;
 - P2P at boundary j: the activation of the stage's last layer x mbs, each way, on that
   boundary's link (the cost model's e_j = 2 (latency + bytes / bandwidth)), as the trials'
   framework (`TRIAL_FRAMEWORK`, DeepSpeed) moves it: blocking sends and receives in its
@@ -144,16 +146,8 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
     cache: dict = {}
     for j in range(c.pp):
         types = tuple(layout.stage_gpus[j])
-        if types not in cache:
-            best_total = np.full(L, -1.0)
-            rows = np.zeros((3, L))
-            for g in types:
-                passes = model.device_pass_times_s(model.gpus[g], c)
-                total = passes.sum(axis=0)
-                take = total > best_total        # the slowest type, as stage_costs' max
-                rows[:, take] = passes[:, take]
-                best_total = np.where(take, total, best_total)
-            cache[types] = rows
+        if types not in cache:                  # the slowest type, as stage_costs takes
+            cache[types] = model.stage_pass_times_s(types, c)
         device[j] = cache[types]
 
     tp = np.zeros((c.pp, 3, L))
@@ -171,8 +165,8 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
     share = np.zeros(3)
     share[:passes] = 1.0 / passes
     rest = np.array([0.0, 1.0, 1.0 if ckpt else 0.0]) / (passes - 1)
-    per_layer = (work + excess[:, None, :] * rest[None, :, None]
-                 + forward_excess[:, None, :] * np.array([1.0, 0.0, 0.0])[None, :, None])
+    per_layer = work + excess[:, None, :] * rest[None, :, None]
+    per_layer[:, 0, :] += forward_excess
     chunks = len(bounds) - 1
     if chunks != c.pp:          # interleaved: chunk k runs on stage k mod pp
         per_layer, tp = per_layer[np.arange(chunks) % c.pp], tp[np.arange(chunks) % c.pp]

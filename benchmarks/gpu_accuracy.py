@@ -410,24 +410,23 @@ def per_shape_ceiling(rows: list[dict]) -> dict:
     would change. They are added to the predictions of the other half, which they never saw;
     figures() of that half. A cell with fewer than 2 rows in the fitting half keeps the
     model's prediction. The rows need 'predicted_ms'."""
-    halves = {"layers 12,16 -> 20,24": lambda r: r["layers"] <= 16,
-              "layers 20,24 -> 12,16": lambda r: r["layers"] > 16}
     ok = [r for r in rows if r.get("predicted_ms") is not None]
+    shallow, deep = splits(ok)[SHIPPED_SPLIT]
+    halves = {"layers 12,16 -> 20,24": (shallow, deep), "layers 20,24 -> 12,16": (deep, shallow)}
     out = {}
     for name, keys in SHAPE_KEYS.items():
-        for direction, learn in halves.items():
+        for direction, (learn, other) in halves.items():
             x: dict[tuple, list] = defaultdict(list)
             y: dict[tuple, list] = defaultdict(list)
-            for r in ok:
-                if learn(r):
-                    cell = tuple(r[k] for k in keys)
-                    x[cell].append(_critical_path(r))
-                    y[cell].append(r["measured_ms"] - r["predicted_ms"])
+            for r in (ok[i] for i in learn):
+                cell = tuple(r[k] for k in keys)
+                x[cell].append(_critical_path(r))
+                y[cell].append(r["measured_ms"] - r["predicted_ms"])
             fix = {cell: np.linalg.lstsq(np.array(x[cell]), np.array(y[cell]), rcond=None)[0]
                    for cell in x if len(x[cell]) >= 2}
             held = [dict(r, predicted_ms=r["predicted_ms"] + float(
                         _critical_path(r) @ fix.get(tuple(r[k] for k in keys), np.zeros(2))))
-                    for r in ok if not learn(r)]
+                    for r in (ok[i] for i in other)]
             f = figures(held)
             out[f"{name}, {direction}"] = {
                 k: f[k] for k in ("rows", "mape", "spearman_median", "spearman_worst",
