@@ -359,6 +359,11 @@ def parse_yaml(text: str, shown: str):
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if "maximum nesting depth" in problem:
+            # the parser's own depth limit (LibYAML, and PyYAML from 6.0.4) can fire before
+            # ours: the user reads the same line whichever one does
+            problem = (f"nested deeper than {MAX_DEPTH} levels (counting aliases expanded); "
+                       f"accepted: at most {MAX_DEPTH}")
         raise SpecError("", f"{shown}: not valid YAML{where}: {_short(problem, 200)}") from None
     except RecursionError:
         raise SpecError("", f"{shown}: nested too deeply; accepted: at most {MAX_DEPTH} "

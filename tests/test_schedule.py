@@ -394,9 +394,10 @@ def test_malformed_input_is_rejected(bad, match):
         simulate_iteration(**kw, use_numba=False)
 
 
-def test_large_pipeline_is_fast():
-    """pp 64 x gas 1024 (0.26 million tasks, P2P on private links, overlapped buckets) in
-    well under a second once compiled (pp 128 x gas 2048: ~0.3 s, the module docstring)."""
+def test_large_pipeline_runs_every_task():
+    """pp 64 x gas 1024 (0.26 million tasks, P2P on private links, overlapped buckets) runs to
+    the end with every compute task counted once. How fast (under 1 s once compiled):
+    benchmarks/fail_fast.py."""
     pp, gas = 64, 1024
     rng = np.random.default_rng(0)
     f = rng.uniform(1e-3, 2e-3, pp)
@@ -405,12 +406,10 @@ def test_large_pipeline_is_fast():
               p2p_bandwidth_bytes_per_s=np.full(pp - 1, 1e10), dp=4,
               gradient_bytes=np.full(pp, 2e9), dp_latency_s=np.full(pp, 1e-5),
               dp_bandwidth_bytes_per_s=np.full(pp, 1e10), overlap=True)
-    simulate_iteration(**{**kw, "gas": 2})        # compile (or load the cache) first
-    t0 = time.perf_counter()
     s = simulate_iteration(**kw)
-    took = time.perf_counter() - t0
     assert s.iteration_time_s > gas * 3 * f.max()
-    assert took < 1.0, f"{took:.2f} s"
+    # each stage computes gas forwards and backwards and one optimizer step, nothing more
+    np.testing.assert_allclose(s.busy_s, gas * 3 * f + 1e-3, rtol=1e-9)
 
 
 def test_critical_path_segments_account_for_the_makespan():

@@ -78,6 +78,8 @@ BAD = [
     ("model.num_attention_heads", 15, "model.num_attention_heads: num_attention_heads (15) "
                                       "must divide hidden_size"),
     ("model.num_layers", 10**20, "model.num_layers: 100000000000000000000 is out of range"),
+    ("training.global_batch_size", 100_000_000,
+     "training.global_batch_size: 100000000 is out of range; accepted: 1 to 65536"),
     ("model.preset", "llama", "model.preset: got 'llama'; accepted: gpt, bert, layers"),
     ("training.precision", "bf16", "training.precision: V100-16GB (cluster.nodes[0]) has no "
                                    "bf16 support"),
@@ -151,7 +153,6 @@ def test_cli_bad_yaml_exit_2(write_spec):
 
 import math  # noqa: E402
 import os  # noqa: E402
-import time  # noqa: E402
 import warnings  # noqa: E402
 
 import yaml  # noqa: E402
@@ -177,10 +178,8 @@ def _write_bytes(tmp_path, data: bytes, name="spec.yaml"):
     ("1" * 10_000 + "x", "at most 64 characters"),
 ])
 def test_bandwidth_finite_and_in_range(text, message):
-    t0 = time.perf_counter()
-    with pytest.raises(SpecError, match=message):
+    with pytest.raises(SpecError, match=message):   # how fast: benchmarks/fail_fast.py
         parse_bandwidth(text, "x", NETWORK_BANDWIDTH)
-    assert time.perf_counter() - t0 < 1
     assert parse_bandwidth("1 Mbps", "x", NETWORK_BANDWIDTH) == 125e3
     assert parse_bandwidth("0.001 Gbps", "x", NETWORK_BANDWIDTH) == pytest.approx(125e3)
 
@@ -331,10 +330,22 @@ def test_duplicate_key_names_path_and_both_lines(tmp_path):
     ("a: \x07\n", "control characters are not allowed"),
 ])
 def test_yaml_limits(tmp_path, doc, message):
-    t0 = time.perf_counter()
-    with pytest.raises(SpecError, match=message) as err:
+    with pytest.raises(SpecError, match=message) as err:    # how fast: benchmarks/fail_fast.py
         load_spec(_write_bytes(tmp_path, doc.encode()))
-    assert time.perf_counter() - t0 < 5
+    assert "\n" not in str(err.value)
+
+
+def test_parser_depth_limit_reads_as_ours(tmp_path, monkeypatch):
+    """Whichever depth limit fires first, ours or the parser's own (LibYAML's, PyYAML's from
+    6.0.4), the user reads the same line, naming the file."""
+    def deep(self):
+        raise yaml.MarkedYAMLError(None, None, "exceeded maximum nesting depth",
+                                   yaml.Mark("x", 0, 0, 7, None, None))
+    monkeypatch.setattr(yaml_io.BoundedSafeLoader, "get_single_data", deep)
+    path = _write_bytes(tmp_path, b"a: 1\n")
+    with pytest.raises(SpecError, match="spec.yaml: not valid YAML at line 1, column 8: nested "
+                                        "deeper than 64 levels") as err:
+        load_spec(path)
     assert "\n" not in str(err.value)
 
 
@@ -342,10 +353,8 @@ def test_billion_laughs_fails_fast(tmp_path):
     doc = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
         f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefghi", "bcdefghij"))
     doc += "model:\n  name: *j\n"
-    t0 = time.perf_counter()
     with pytest.raises(SpecError, match="more than 100,000 values once aliases are expanded"):
         load_spec(_write_bytes(tmp_path, doc.encode()))
-    assert time.perf_counter() - t0 < 2
 
 
 def test_size_limit_and_special_files(tmp_path):
@@ -354,17 +363,13 @@ def test_size_limit_and_special_files(tmp_path):
     with pytest.raises(UsageError, match="is a directory"):
         load_spec(tmp_path)
     if os.path.exists("/dev/zero"):
-        t0 = time.perf_counter()
         with pytest.raises(SpecError, match="larger than 1,048,576 bytes"):
             load_spec("/dev/zero")
-        assert time.perf_counter() - t0 < 5
     if hasattr(os, "mkfifo"):
         fifo = tmp_path / "fifo.yaml"
         os.mkfifo(fifo)
-        t0 = time.perf_counter()
         with pytest.raises(UsageError, match="no data \\(a FIFO with no writer\\?\\)"):
             load_spec(fifo)
-        assert time.perf_counter() - t0 < 5
     with pytest.raises(UsageError, match="cannot read spec file"):
         load_spec(str(tmp_path / "a\x00b"))
 
