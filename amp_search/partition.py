@@ -104,10 +104,10 @@ import math
 import types
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
-from cost_models._jit import njit
+from cost_models import _jit
+from cost_models._jit import in_cache, njit
 
 def _kernel(fn):
     """``numba.njit(cache=True)(fn)``, or without the on-disk cache where none can be
@@ -789,7 +789,8 @@ def optimal_partition(
     mem_layer, mem_budget, has_mem = _check_pair(
         memory_layer_bytes, memory_budget_bytes, pp, L, "memory_layer_bytes",
         "memory_budget_bytes", stage_inf_ok=True)
-    solve = _solve if use_numba else _PY["_solve"]
+    solve = _jit.pick("partition", _solve, _PY["_solve"], kernels_cached) if use_numba \
+        else _PY["_solve"]
     bounds, stage_time, stage_sync, objective, _ = solve(
         times, cuts, gas, sync_layer, sync_fixed, has_sync, mem_layer, mem_budget, has_mem)
     if bounds.size == 0:
@@ -863,15 +864,5 @@ def kernels_cached() -> bool:
     the first ``optimal_partition`` call loads it instead of compiling (~15 s).
 
     Loading ``_solve`` from the cache needs none of the kernels it calls, so its index alone
-    decides.  Reads one small index file; any doubt (no cache, numba internals changed, a
-    stale or foreign entry) answers False, which at worst announces a compile that does not
-    happen."""
-    try:
-        if numba.config.DISABLE_JIT:
-            return True  # nothing is compiled
-        cache = _solve._cache
-        index = cache._cache_file._load_index()  # {} when the source file changed
-        codegen = _solve.targetctx.codegen()
-        return any(cache._index_key(key[0], codegen) == key for key in index)
-    except Exception:  # noqa: BLE001 - a guess about a cache must never fail a run
-        return False
+    decides (cost_models._jit.in_cache)."""
+    return in_cache(_solve)

@@ -1,13 +1,18 @@
 """Search time of the whole `amp-search plan` process, against AMP's Table 2 and at 2048 GPUs.
 
 AMP (NeurIPS 2022, Table 2), 24-layer GPT-2, global batch 32: 2x2 GPUs 58.0 s, 4x4 325.6 s,
-8x8 890.3 s, 16x16 1627.4 s. Targets here: 16x16 under 1 s for the whole process, 2048 mixed
+8x8 890.3 s, 16x16 1627.4 s. Targets here: 16x16 under 0.5 s for the whole process, 2048 mixed
 H100/A100 GPUs with a 128-layer GPT under 10 s.
 
+Cold start: the first `plan` of configs/amp-hetero-gpt2.yaml with an empty numba cache (a new
+NUMBA_CACHE_DIR, as on a fresh install) must answer within 5 s: it runs the kernels'
+plain-Python twins while a background process compiles them (amp_search.kernels). The
+benchmark then waits for that compile to fill the cache, reports how long it took, and every
+later process uses that cache.
+
 Each size runs the CLI in a fresh process (`python -m amp_search plan SPEC --json FILE`), once
-cold (numba's on-disk cache cleared first, so it includes compilation) and then `--repeats`
-times warm; the table reports the cold time, the median warm wall time and the in-process
-search time.
+first and then `--repeats` times warm; the table reports the first time, the median warm wall
+time and the in-process search time.
 
 Simulation (issue 11): `plan` re-ranks its best 32 strategies by simulating them (the
 default). Each warm repeat runs the same spec with `--no-simulate` and with the default back
@@ -48,7 +53,12 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 AMP_TABLE2_S = {4: 58.0, 16: 325.6, 64: 890.3, 256: 1627.4}
-TARGET_S = {256: 1.0, 2048: 10.0}
+TARGET_S = {256: 0.5, 2048: 10.0}
+TARGET_COLD_S = 5.0
+COLD_SPEC = ROOT / "configs" / "amp-hetero-gpt2.yaml"
+ENV = dict(os.environ)
+"""The plan processes' environment: NUMBA_CACHE_DIR (and TMPDIR, where the background
+compile keeps its lock) point at a folder of this run (`cold_start`)."""
 TARGET_SIMULATION_ADDS_S = {2048: 1.0}
 TARGET_TIMELINE_S = 2.0
 
@@ -97,7 +107,7 @@ def run_plan(spec_path: Path, out: Path, simulate: bool = True) -> tuple[float, 
     r = subprocess.run([sys.executable, "-m", "amp_search", "plan", str(spec_path), "--json",
                         str(out), "--no-progress", "--top-k", "3"]
                        + ([] if simulate else ["--no-simulate"]), cwd=ROOT,
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=ENV)
     wall = time.perf_counter() - t0
     cpu = child_cpu_s() - c0
     if r.returncode:
@@ -105,11 +115,30 @@ def run_plan(spec_path: Path, out: Path, simulate: bool = True) -> tuple[float, 
     return wall, json.loads(out.read_text()), cpu
 
 
-def clear_numba_cache() -> None:
-    for d in [*(ROOT / "amp_search").rglob("__pycache__"),
-              *(ROOT / "cost_models").rglob("__pycache__")]:
-        for f in list(d.glob("*.nbi")) + list(d.glob("*.nbc")):
-            f.unlink()
+def kernels_cached() -> bool:
+    r = subprocess.run([sys.executable, "-c", "from amp_search.kernels import kernels_cached; "
+                        "print(kernels_cached())"], cwd=ROOT, env=ENV, capture_output=True,
+                       text=True)
+    return r.stdout.strip() == "True"
+
+
+def cold_start(folder: Path) -> dict:
+    """The first plan of COLD_SPEC with an empty numba cache in `folder`, then the wait for
+    the background compile to fill it (polled every 0.5 s, up to 10 minutes)."""
+    ENV["NUMBA_CACHE_DIR"] = str(folder / "numba")
+    ENV["TMPDIR"] = str(folder)
+    t0 = time.perf_counter()
+    wall, result, cpu = run_plan(COLD_SPEC, folder / "cold.json")
+    while not kernels_cached():
+        if time.perf_counter() - t0 > 600:
+            raise SystemExit("the background compile did not fill the cache in 10 minutes")
+        time.sleep(0.5)
+    compiled = time.perf_counter() - t0
+    warm, _, _ = run_plan(COLD_SPEC, folder / "warm.json")
+    return {"spec": COLD_SPEC.name, "cold_process_s": round(wall, 3),
+            "cold_cpu_s": round(cpu, 3), "background_compile_done_s": round(compiled, 2),
+            "warm_process_s": round(warm, 3), "target_s": TARGET_COLD_S,
+            "passed": wall <= TARGET_COLD_S}
 
 
 def compile_bytecode() -> None:
@@ -136,13 +165,19 @@ def main() -> int:
     big = big_mixed()
     cases.append(("2048 (128 H100 + 128 A100 nodes x 8)", 2048, big))
     rows, ok = [], True
+    cache_folder = tempfile.TemporaryDirectory()   # numba's cache of this run, kept to the end
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        cold_row = cold_start(Path(cache_folder.name))
+        ok &= cold_row["passed"]
+        print(f"cold start, {cold_row['spec']}: first plan {cold_row['cold_process_s']:.2f} s "
+              f"(target <= {TARGET_COLD_S:g} s{'' if cold_row['passed'] else ' MISSED'}; "
+              f"CPU {cold_row['cold_cpu_s']:.2f} s), kernels cached by the background "
+              f"compile after {cold_row['background_compile_done_s']:.1f} s, then "
+              f"{cold_row['warm_process_s']:.2f} s warm")
         for i, (name, gpus, spec) in enumerate(cases):
             path = tmp / f"spec{i}.yaml"
             path.write_text(yaml.safe_dump(spec))
-            if i == 0:
-                clear_numba_cache()
             cold, _, _ = run_plan(path, tmp / "out.json")
             warm, warm_off, paired, cpu_on, cpu_off, cpu_paired = [], [], [], [], [], []
             for k in range(args.repeats):
@@ -188,7 +223,7 @@ def main() -> int:
                                  f"mbs{best['mbs']}",
                          "best_no_simulate": "pp{pp} dp{dp} tmp{tmp} mbs{mbs}".format(
                              **result_off["strategies"][0])})
-    head = f"{'cluster':38} {'GPUs':>5} {'cold s':>7} {'warm s':>7} {'no-sim s':>8} " \
+    head = f"{'cluster':38} {'GPUs':>5} {'first s':>7} {'warm s':>7} {'no-sim s':>8} " \
            f"{'sim adds':>8} {'search s':>8} {'cands':>6} {'costed':>6} {'AMP s':>7} " \
            f"{'target':>7}  best (simulated; closed form)"
     print(head)
@@ -228,9 +263,11 @@ def main() -> int:
                   f"{t['cpu_median_s']:>6.2f}")
         print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"plan": rows, "timeline": timeline,
+        args.json.write_text(json.dumps({"cold_start": cold_row, "plan": rows,
+                                         "timeline": timeline,
                                          "bytecode_compiled": not args.no_bytecode},
                                         indent=2))
+    cache_folder.cleanup()
     return 0 if ok else 1
 
 
@@ -249,7 +286,7 @@ def timeline_times(repeats: int) -> list[dict]:
                 t0 = time.perf_counter()
                 r = subprocess.run([sys.executable, "-m", "amp_search", "timeline", str(cfg),
                                     "--rank", "1", "--trace", str(trace), "--png", str(png)],
-                                   cwd=ROOT, capture_output=True, text=True)
+                                   cwd=ROOT, capture_output=True, text=True, env=ENV)
                 runs.append(time.perf_counter() - t0)
                 cpus.append(child_cpu_s() - c0)
                 if r.returncode or not (trace.is_file() and png.is_file()):

@@ -23,10 +23,16 @@ cached kernel, 1.02 s of CPU with numba's dispatcher, 0.49 s with this one.
 """
 from __future__ import annotations
 
+import time
 import warnings
 
 _warned: set[str] = set()
 _dispatcher_class = None
+_interim: dict[str, float | bool] | None = None
+"""While set (`python_until_cached`): per kernel group, True once its compiled kernels are in
+numba's on-disk cache, else when that was last looked at."""
+INTERIM_POLL_S = 0.5
+"""How often a group whose kernels are not cached yet looks at the cache again."""
 
 
 def _cached_dispatcher_class():
@@ -106,3 +112,49 @@ def njit(fn, *, what: str, **options):
                                f"NUMBA_CACHE_DIR to a writable folder to keep them",
                                RuntimeWarning, __file__, 0, module=__name__)
     return numba.njit(**options)(fn)
+
+
+def in_cache(dispatcher) -> bool:
+    """Whether numba's on-disk cache holds a compiled overload of `dispatcher` for this
+    machine, so that its first call loads it instead of compiling. Reads one small index
+    file; any doubt (no cache, numba internals changed, a stale or foreign entry) answers
+    False."""
+    try:
+        import numba
+
+        if numba.config.DISABLE_JIT:
+            return True  # nothing is compiled
+        cache = dispatcher._cache
+        index = cache._cache_file._load_index()  # {} when the source file changed
+        codegen = dispatcher.targetctx.codegen()
+        return any(cache._index_key(key[0], codegen) == key for key in index)
+    except Exception:  # noqa: BLE001 - a guess about a cache must never fail a run
+        return False
+
+
+def python_until_cached(on: bool = True) -> None:
+    """Process-wide: until a kernel group's compiled kernels are in numba's on-disk cache
+    (another process compiles them: amp_search.kernels), run its plain-Python twins instead
+    of compiling in this process, and switch to the compiled ones as soon as they are there
+    (`pick`). The twins run the very same code, so only the speed differs. Off (the default):
+    the kernels are compiled on first use, as numba does."""
+    global _interim
+    _interim = {} if on else None
+
+
+def pick(group: str, compiled, twin, cached):
+    """The kernel to call: `compiled`, or `twin` while `python_until_cached` is on and
+    `cached()` (the group's cache check, looked at every INTERIM_POLL_S at most) says the
+    compiled kernels are not in the cache yet."""
+    if _interim is None:
+        return compiled
+    state = _interim.get(group)
+    if state is True:
+        return compiled
+    now = time.monotonic()
+    if state is None or now - state >= INTERIM_POLL_S:
+        if cached():
+            _interim[group] = True
+            return compiled
+        _interim[group] = now
+    return twin

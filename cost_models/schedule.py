@@ -125,7 +125,8 @@ from collections.abc import Hashable, Mapping, Sequence
 import numpy as np
 
 from . import comm as C
-from ._jit import njit
+from . import _jit as _jit_module
+from ._jit import in_cache, njit
 
 SCHEDULES = ("1f1b", "gpipe")
 GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter")
@@ -566,11 +567,35 @@ class _Kernel:
         self.__doc__ = fn.__doc__
 
     def __call__(self, *args):
-        for name in _KERNEL_NAMES:
-            kernel = globals()[name]
-            if isinstance(kernel, _Kernel):
-                globals()[name] = _jit(kernel.py_func)
+        _materialize()
         return globals()[self.__name__](*args)
+
+
+def _materialize() -> None:
+    """Replace every `_Kernel` of the module by its numba dispatcher (compiled on first call,
+    or loaded from the on-disk cache), helpers first."""
+    for name in _KERNEL_NAMES:
+        kernel = globals()[name]
+        if isinstance(kernel, _Kernel):
+            globals()[name] = _jit(kernel.py_func)
+
+
+def kernels_cached() -> bool:
+    """Whether numba's on-disk cache holds the compiled simulator kernels for this machine
+    (the two that the inputs call; they load without their callees)."""
+    try:
+        _materialize()
+    except Exception:  # noqa: BLE001 - a guess about a cache must never fail a run
+        return False
+    return in_cache(globals()["_simulate_kernel"]) and in_cache(globals()["_exposed_kernel"])
+
+
+def _pick(name: str, use_numba: bool):
+    """The kernel `name` to call: compiled, or its plain-Python twin (use_numba False, or
+    while cost_models._jit.python_until_cached waits for the cache)."""
+    if not use_numba:
+        return _PY[name]
+    return _jit_module.pick("simulator", globals()[name], _PY[name], kernels_cached)
 
 
 def _kernel(fn):
@@ -1550,7 +1575,7 @@ def simulate_iteration(
         cat(f_kind, np.int64)
     if time_ordered is None:
         time_ordered = bool(np.any(alone == 0.0))
-    kernel = _simulate_kernel if use_numba else _PY["_simulate_kernel"]
+    kernel = _pick("_simulate_kernel", use_numba)
     c_start, c_end, f_start, f_end, st_end, path, complete = kernel(
         pp, op_dur, op_dep, op_out, op_emit, bool(overlap), stage_nb, stage_bptr,
         stage_buckets, f_stream_a, f_wake_a, f_kind_a, cat(f_lat, float),
@@ -1793,7 +1818,7 @@ def simulate_interleaved(*, forward_s, backward_s, optimizer_s, gas: int,
     has = degree > 0
     if np.any(has):
         alone[has] = np.minimum.reduceat(link_bw[f_link] / f_mult, f_lptr[:-1][has])
-    kernel = _simulate_kernel if use_numba else _PY["_simulate_kernel"]
+    kernel = _pick("_simulate_kernel", use_numba)
     f_wake_a = np.array(f_wake, dtype=np.int64).reshape(-1)
     f_kind_a = np.array(f_kind, dtype=np.int64).reshape(-1)
     c_start, c_end, f_start, f_end, st_end, path, complete = kernel(
@@ -1892,7 +1917,7 @@ def _summarise(*, schedule, pp, gas, kinds, micro, peer, c_start, c_end, f_start
 
     # exposed communication per stage: its flows (sent, received, dp) outside its compute
     # (a blocking send or receive holds the compute stream without computing: exposed)
-    exposed_kernel = _exposed_kernel if use_numba else _PY["_exposed_kernel"]
+    exposed_kernel = _pick("_exposed_kernel", use_numba)
     exposed = exposed_kernel(c_start, compute_end, f_start, f_end, s_ptr, s_flow)
 
     parts = dict(pp=pp, makespan=makespan, comp_kind=comp_kind, comp_mb=comp_mb,

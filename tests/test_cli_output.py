@@ -126,20 +126,44 @@ def terminal(monkeypatch):
     monkeypatch.setattr(partition, "_solve", SimpleNamespace(signatures=[]))  # not run yet
 
 
-def test_cold_start_line_only_when_not_cached(tiny, monkeypatch, terminal, capsys):
-    monkeypatch.setattr(partition, "kernels_cached", lambda: True)
-    cli_plan.cold_start_note()
-    assert COLD_LINE not in capsys.readouterr().err
-    monkeypatch.setattr(partition, "kernels_cached", lambda: False)
-    cli_plan.cold_start_note()
-    assert capsys.readouterr().err == f"{COLD_LINE} (first run only, about 15 s)\n"
+def test_cold_start_line_once_and_says_what_happens(terminal, capsys):
+    cli_plan.cold_start_note(background=True)
+    assert capsys.readouterr().err == (f"{COLD_LINE} in the background (first run only); this "
+                                       f"run uses their plain-Python versions\n")
     cli_plan.cold_start_note()  # once per process
     assert capsys.readouterr().err == ""
 
 
+def test_kernels_prepared_only_when_not_cached(monkeypatch):
+    """Cached kernels: nothing started, numba from the first call. Not cached: one background
+    compile, the Python twins meanwhile, and the one line; once per process."""
+    from amp_search import kernels
+    from cost_models import _jit
+
+    started, said = [], []
+    monkeypatch.setattr(kernels, "start_background_compile", lambda: started.append(1))
+    monkeypatch.setattr(cli_plan, "cold_start_note", lambda background: said.append(background))
+    monkeypatch.setattr(_jit, "_interim", None)
+    monkeypatch.setattr(kernels, "kernels_cached", lambda: True)
+    monkeypatch.setattr(cli_plan, "_kernels_prepared", False)
+    cli_plan.prepare_kernels()
+    assert started == [] and said == [] and _jit._interim is None
+    monkeypatch.setattr(kernels, "kernels_cached", lambda: False)
+    monkeypatch.setattr(kernels, "cache_writable", lambda: True)
+    monkeypatch.setattr(cli_plan, "_kernels_prepared", False)
+    cli_plan.prepare_kernels()
+    cli_plan.prepare_kernels()
+    assert started == [1] and said == [True] and _jit._interim == {}
+    monkeypatch.setattr(kernels, "cache_writable", lambda: False)   # no cache folder
+    monkeypatch.setattr(_jit, "_interim", None)
+    monkeypatch.setattr(cli_plan, "_kernels_prepared", False)
+    cli_plan.prepare_kernels()
+    assert started == [1] and said == [True, False] and _jit._interim is None
+
+
 def test_plan_says_it_once_the_search_starts_and_stdout_stays_json(tiny, monkeypatch, capsys):
     said = []
-    monkeypatch.setattr(cli_plan, "cold_start_note",
+    monkeypatch.setattr(cli_plan, "prepare_kernels",
                         lambda: print(f"{COLD_LINE} (test)", file=sys.stderr) or said.append(1))
     assert main(["plan", str(tiny), "--no-progress", "--json", "-"]) == 0
     cap = capsys.readouterr()
@@ -148,7 +172,6 @@ def test_plan_says_it_once_the_search_starts_and_stdout_stays_json(tiny, monkeyp
 
 
 def test_no_cold_start_line_on_errors_or_off_a_terminal(tiny, monkeypatch, capsys):
-    monkeypatch.setattr(partition, "kernels_cached", lambda: False)
     monkeypatch.setattr(cli_plan, "_cold_start_said", False)
     monkeypatch.setattr(cli_plan, "_stderr_is_terminal", lambda: False)
     cli_plan.cold_start_note()

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -116,3 +117,52 @@ def test_a_kernel_pickles_and_runs_in_another_process():
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr.decode()
     assert json.loads(done.stdout) == partition._prefix(values).tolist()
+
+
+# ----------------------------------------------------------------------------- cold start
+
+def test_pick_runs_the_twin_until_the_cache_holds_the_kernels(monkeypatch):
+    from cost_models import _jit
+
+    monkeypatch.setattr(_jit, "_interim", None)
+    assert _jit.pick("g", "compiled", "twin", lambda: False) == "compiled"   # off: numba
+    _jit.python_until_cached()
+    monkeypatch.setattr(_jit, "INTERIM_POLL_S", 0.0)
+    looks = []
+    cached = lambda: looks.append(1) or len(looks) >= 3        # noqa: E731
+    assert [_jit.pick("g", "compiled", "twin", cached) for _ in range(4)] == \
+        ["twin", "twin", "compiled", "compiled"]
+    assert len(looks) == 3                                     # not looked at once cached
+    monkeypatch.setattr(_jit, "INTERIM_POLL_S", 1e9)           # looked at once per interval
+    assert _jit.pick("h", "compiled", "twin", lambda: False) == "twin"
+    assert _jit.pick("h", "compiled", "twin", lambda: True) == "twin"
+    _jit.python_until_cached(False)
+    assert _jit._interim is None
+
+
+def test_cold_plan_runs_in_python_and_compiles_in_the_background(tmp_path):
+    """`amp-search plan` with an empty numba cache: the same answer as a warm run, from the
+    plain-Python kernels, while a detached process fills the cache, after which the kernels
+    load from it."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "TMPDIR": str(tmp_path)}
+    spec = str(ROOT / "configs" / "amp-hetero-gpt2.yaml")
+    argv = [sys.executable, "-m", "amp_search", "plan", spec, "--json", "-", "--no-progress"]
+    cold = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert cold.returncode == 0, cold.stderr
+    check = [sys.executable, "-c", "from amp_search.kernels import kernels_cached; "
+             "print(kernels_cached())"]
+    deadline = time.monotonic() + 600        # a guard against a hang, not a speed target
+    while True:
+        r = subprocess.run(check, env=env, cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        if r.stdout.strip() == "True" or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    assert r.stdout.strip() == "True", r.stderr
+    warm = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert warm.returncode == 0, warm.stderr
+
+    def ranking(out):
+        return [(s["pp"], s["dp"], s["tmp"], s["mbs"], s["partition"], s["placement"],
+                 s["iteration_time_s"]) for s in json.loads(out)["strategies"]]
+    assert ranking(cold.stdout) == ranking(warm.stdout)

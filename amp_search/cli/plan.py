@@ -209,6 +209,7 @@ def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> list[s
 
 
 _cold_start_said = False
+_kernels_prepared = False
 
 
 def _stderr_is_terminal() -> bool:
@@ -218,32 +219,45 @@ def _stderr_is_terminal() -> bool:
         return False
 
 
-def cold_start_note() -> None:
-    """One line on stderr when the partition kernels are about to be compiled (numba), which
-    takes ~15 s in silence otherwise: on the first run, or in every run where numba has no
-    cache folder. Like the progress bars, only when stderr is a terminal (so a script's or a
-    test's stderr keeps its one error line), once per process, and not when the kernels
-    already run in this process. A cheap look at numba's cache index; at worst it says so
-    once too often."""
-    global _cold_start_said
-    from .. import partition
-
-    if _cold_start_said or not _stderr_is_terminal():
+def prepare_kernels() -> None:
+    """Before a search: where numba's cache does not hold the search kernels yet (the first
+    run after an install), compile them in a background process (amp_search.kernels) and run
+    their plain-Python twins meanwhile, switching to the compiled ones once they are cached;
+    say so in one line (`cold_start_note`). Once per process; where numba has no writable
+    cache folder the kernels compile here, as before."""
+    global _kernels_prepared
+    if _kernels_prepared:
         return
-    try:
-        if partition._solve.signatures:  # compiled or loaded in this process already
-            return
-    except AttributeError:
-        pass
-    if partition.kernels_cached():
-        return
-    _cold_start_said = True
+    _kernels_prepared = True
     from cost_models import _jit
 
-    when = "numba has no cache folder, so in every run" if "partition kernels" in _jit._warned \
-        else "first run only"
-    print(f"amp-search: compiling the search kernels ({when}, about 15 s)", file=sys.stderr,
-          flush=True)
+    from .. import kernels
+
+    if kernels.kernels_cached():
+        return
+    background = kernels.cache_writable()
+    if background:
+        kernels.start_background_compile()
+        _jit.python_until_cached()
+    cold_start_note(background)
+
+
+def cold_start_note(background: bool = True) -> None:
+    """One line on stderr when the search kernels are not in numba's cache: that they are
+    compiled in the background while this run uses their plain-Python versions, or (numba
+    has no cache folder) compiled in this run, about 25 s. Like the progress bars, only when
+    stderr is a terminal (so a script's or a test's stderr keeps its one error line), and
+    once per process."""
+    global _cold_start_said
+    if _cold_start_said or not _stderr_is_terminal():
+        return
+    _cold_start_said = True
+    if background:
+        print("amp-search: compiling the search kernels in the background (first run only); "
+              "this run uses their plain-Python versions", file=sys.stderr, flush=True)
+    else:
+        print("amp-search: compiling the search kernels (numba has no cache folder, so in "
+              "every run, about 25 s)", file=sys.stderr, flush=True)
 
 
 def vocab_note(spec: Spec, tmps) -> str | None:
@@ -263,7 +277,7 @@ def announce(cost) -> None:
     """Say what a search that takes a while will cost before it starts, and that the kernels
     are compiled first if they are (called once the search is accepted, so a refused search
     or a bad spec prints only its error)."""
-    cold_start_note()
+    prepare_kernels()
     if cost.estimated_s >= 2.0 and sys.stderr.isatty():
         print(f"amp-search: searching {cost.describe()}", file=sys.stderr)
 
@@ -290,7 +304,7 @@ def chosen_strategy(spec: Spec, args, measurements) -> tuple[Estimate, str]:
         raise UsageError(f"give --rank N, or a strategy with --pp --dp --tmp --mbs "
                          f"(missing: {' '.join(missing)})")
     if args.partition == "optimal":
-        cold_start_note()
+        prepare_kernels()
     e = estimate(spec, **given, partition=args.partition, zero_stage=args.zero_stage,
                  activation_checkpointing=args.activation_checkpointing,
                  sequence_parallel=getattr(args, "sequence_parallel", None),
@@ -326,7 +340,10 @@ def run_plan(args) -> int:
         if note:
             print(note)
     if args.json is not None:
-        write_json(args.json, result.to_dict(top_k=args.top_k))
+        from .launch import FINGERPRINT_KEY, spec_fingerprint
+
+        write_json(args.json, {**result.to_dict(top_k=args.top_k),
+                               FINGERPRINT_KEY: spec_fingerprint(spec)})
     return 0
 
 
@@ -368,7 +385,7 @@ def run_estimate(args) -> int:
 
     spec = load_spec(args.spec)
     if args.partition == "optimal":
-        cold_start_note()
+        prepare_kernels()
     e = estimate(spec, pp=args.pp, dp=args.dp, tmp=args.tmp, mbs=args.mbs,
                  partition=args.partition, zero_stage=args.zero_stage,
                  activation_checkpointing=args.activation_checkpointing,
