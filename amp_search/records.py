@@ -64,7 +64,11 @@ class Strategy:
 
     @property
     def gas(self) -> int:
-        """Micro-batches per iteration per replica (gradient accumulation steps)."""
+        """Micro-batches per iteration per replica (gradient accumulation steps); 0 where dp or
+        mbs is below 1 (an invalid strategy, which validation names, never a division by
+        zero)."""
+        if self.dp < 1 or self.mbs < 1:
+            return 0
         return self.global_batch_size // (self.dp * self.mbs)
 
     @property

@@ -10,7 +10,7 @@ import pytest
 
 from amp_search.launch.launchers import Command
 from amp_search.launch.process import (ProcessOutcome, classify_failure, error_summary,
-                                       log_tail, run_commands)
+                                       failure_reason, log_tail, run_commands)
 
 # a parent that starts a child in a new session (like torchrun's workers), prints both pids,
 # then sleeps forever
@@ -100,20 +100,41 @@ def test_argv_is_not_a_shell(tmp_path):
     assert f"x; touch {marker}" in log.read_text()
 
 
-@pytest.mark.parametrize("rcs,text,status", [
-    ((1,), "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "oom"),
+_KILLED_RANK_3 = ("[rank2]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by "
+                  "peer [127.0.0.1]:43204\n"
+                  "Failures:\n[1]:\n  rank      : 0 (local_rank: 0)\n"
+                  "  exitcode  : -15 (pid: 6671)  (SIGTERM)\n"
+                  "Root Cause (first observed failure):\n[0]:\n  time      : 2026\n"
+                  "  host      : localhost\n  rank      : 3 (local_rank: 3)\n"
+                  "  exitcode  : -9 (pid: 6674)  (SIGKILL)\n  error_file: <N/A>\n")
+
+
+@pytest.mark.parametrize("rcs,text,oom_killed,status", [
+    ((1,), "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", False, "oom"),
     ((1,), "RuntimeError: [enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: can't "
            "allocate memory: you tried to allocate 1000 bytes. Error code 12 (Cannot allocate "
-           "memory)", "oom"),
-    ((137,), "", "oom"),
-    ((1,), "Root Cause (first observed failure):\n[0]:\n  exitcode  : -9 (pid: 1234)", "oom"),
-    ((1,), "[1]:\n  exitcode  : -9 (pid: 1)\nRoot Cause (first observed failure):\n[0]:\n"
-           "  exitcode  : 1 (pid: 2)", "failed"),
-    ((1,), "ValueError: partition [0, 9] does not split", "failed"),
+           "memory)", False, "oom"),
+    # a SIGKILL is an OOM only where the kernel's OOM killer acted meanwhile
+    ((137,), "", False, "failed"),
+    ((137,), "", True, "oom"),
+    ((1,), _KILLED_RANK_3, False, "failed"),
+    ((1,), _KILLED_RANK_3, True, "oom"),
+    ((1,), "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n"
+           "  exitcode  : 1 (pid: 2)", True, "failed"),
+    ((1,), "ValueError: partition [0, 9] does not split", False, "failed"),
 ])
-def test_classify(rcs, text, status):
+def test_classify(rcs, text, oom_killed, status):
     out = ProcessOutcome(returncodes=rcs, timed_out=False, wall_s=1.0)
-    assert classify_failure(out, text) == status
+    assert classify_failure(out, text, oom_killed=oom_killed) == status
+
+
+def test_a_killed_rank_is_named_not_its_peers_errors():
+    out = ProcessOutcome(returncodes=(1,), timed_out=False, wall_s=1.0)
+    assert failure_reason(out, _KILLED_RANK_3) == \
+        "rank 3 exited (signal 9: SIGKILL, pid 6674)"
+    assert "OOM killer" in failure_reason(out, _KILLED_RANK_3, oom_killed=True)
+    assert failure_reason(ProcessOutcome(returncodes=(-9,), timed_out=False, wall_s=1.0),
+                          "") == "the launcher exited (signal 9: SIGKILL)"
 
 
 def test_error_summary_picks_the_exception_line():

@@ -24,7 +24,10 @@ def add_parser(sub) -> None:
         description="Plan (or read a plan), run the top-k strategies one after another as "
                     "real training trials, record them, and report the fastest measured one. "
                     "Exits 0 when a trial ended ok (or with --dry-run), 1 when none did, "
-                    "2 on bad input, 130 on Ctrl-C.")
+                    "2 on bad input or a results database that cannot be written (the "
+                    "trial's measurement then stays in its folder for the next launch), "
+                    "130 on Ctrl-C. Launches sharing a results database take turns, one "
+                    "trial at a time.")
     p.add_argument("spec", type=Path, help="YAML cluster + model + training spec")
     p.add_argument("--top-k", type=positive_int, default=3, metavar="K",
                    help="trials to run, best predicted first (default 3)")
@@ -55,8 +58,13 @@ def add_parser(sub) -> None:
                         "the spec)")
     p.add_argument("--runs-dir", type=Path, metavar="DIR",
                    help="where trial directories go (default: runs/ beside the spec)")
-    p.add_argument("--retry-failed", action="store_true",
-                   help="run again trials recorded as oom / failed / timeout")
+    retry = p.add_mutually_exclusive_group()
+    retry.add_argument("--retry-failed", action="store_true",
+                       help="run again every trial recorded as oom / failed / timeout")
+    retry.add_argument("--no-retry", action="store_true",
+                       help="do not run again trials whose failure may not recur (a killed "
+                            "rank, a crash, a timeout), which a launch runs again by default; "
+                            "ok, a real out-of-memory and an invalid plan are never run again")
     p.add_argument("--master-port", type=port, default=29500, metavar="PORT",
                    help="rendezvous port for multi-node launchers (default 29500)")
     p.add_argument("--dry-run", action="store_true",
@@ -80,11 +88,86 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+FINGERPRINT_KEY = "spec_fingerprint"
+"""Where a plan JSON names the spec it was made for (`spec_fingerprint`)."""
+_SECTIONS = ("cluster", "model", "training")
+
+
+def spec_fingerprint(spec: Spec) -> dict:
+    """What a plan JSON carries to name the spec it was made for: the spec's sha256 and a
+    hash of each parsed section (cluster, model, training), so a plan is refused for
+    another spec but not for the same spec written differently. `amp-search plan --json`
+    writes it under FINGERPRINT_KEY."""
+    import dataclasses
+    import hashlib
+
+    out = {"spec_sha256": spec.sha256}
+    for name in _SECTIONS:
+        text = json.dumps(dataclasses.asdict(getattr(spec, name)), sort_keys=True, default=str)
+        out[name] = hashlib.sha256(text.encode()).hexdigest()
+    return out
+
+
+def check_fingerprint(path: Path, data: dict, spec: Spec) -> None:
+    """Refuse a plan whose fingerprint names another spec (a plan without one, written by
+    hand or by an older amp-search, is checked row by row only)."""
+    given = data.get(FINGERPRINT_KEY)
+    if given is None:
+        return
+    if not isinstance(given, dict) or not all(isinstance(given.get(k), str) for k in _SECTIONS):
+        raise UsageError(f"{path}: {FINGERPRINT_KEY} is malformed; write the plan again with "
+                         f"`amp-search plan {spec.path or 'SPEC'} --json FILE`")
+    ours = spec_fingerprint(spec)
+    differ = [k for k in _SECTIONS if given[k] != ours[k]]
+    if differ:
+        raise UsageError(f"{path} was made for another spec: its {' and '.join(differ)} "
+                         f"differ{'s' if len(differ) == 1 else ''} from "
+                         f"{spec.path or 'this spec'}'s; plan again with `amp-search plan "
+                         f"{spec.path or 'SPEC'} --json FILE`")
+
+
+def check_plan_row(spec: Spec, s: Strategy) -> str:
+    """The first rule a plan row breaks ('' if none): degrees of at least 1 that multiply to
+    the devices its placement uses, on the cluster's devices, each once; a layer split into
+    pp x virtual_stages non-empty parts; micro-batches that make the global batch."""
+    for name in ("pp", "dp", "tmp", "mbs", "virtual_stages"):
+        if getattr(s, name) < 1:
+            return f"{name} {getattr(s, name)}: must be at least 1"
+    if not 0 <= s.zero_stage <= 3:
+        return f"zero_stage {s.zero_stage}: must be 0, 1, 2 or 3"
+    have = len(spec.cluster.devices)
+    if s.num_devices > have:
+        return (f"pp {s.pp} x dp {s.dp} x tmp {s.tmp} = {s.num_devices} devices, but the "
+                f"cluster has {have}")
+    shape = [[len(r) for r in st] for st in s.placement]
+    if len(shape) != s.pp or any(len(st) != s.dp for st in shape) or \
+            any(n != s.tmp for st in shape for n in st):
+        return (f"placement is not pp {s.pp} stages x dp {s.dp} replicas x tmp {s.tmp} "
+                f"devices")
+    used = [d for st in s.placement for r in st for d in r]
+    bad = [d for d in used if not 0 <= d < have]
+    if bad:
+        return (f"placement names device {bad[0]}, but the cluster's devices are 0-{have - 1}")
+    if len(set(used)) != len(used):
+        twice = next(d for d in used if used.count(d) > 1)
+        return f"placement uses device {twice} more than once"
+    n, chunks, p = len(spec.model.layers), s.pp * s.virtual_stages, s.partition
+    if len(p) != chunks + 1 or p[0] != 0 or p[-1] != n or any(a >= b for a, b in zip(p, p[1:])):
+        return (f"partition {list(p)} does not split the model's {n} layers into {chunks} "
+                f"non-empty parts (from 0 to {n}, increasing)")
+    if s.gas < 1 or s.gas * s.dp * s.mbs != s.global_batch_size:
+        return (f"dp {s.dp} x mbs {s.mbs} does not divide the spec's global batch "
+                f"{s.global_batch_size}")
+    return ""
+
+
 def read_plan(path: Path, spec: Spec, measurements=None) -> list[Estimate | Strategy]:
     """Strategies (with their predicted times) from a plan JSON (`amp-search plan --json`).
 
     Each row gives pp, dp, tmp, mbs, partition, placement and optionally zero_stage,
-    activation_checkpointing, iteration_time_s; the global batch comes from the spec."""
+    activation_checkpointing, iteration_time_s; the global batch comes from the spec. The
+    plan's spec fingerprint (where it has one) must match the spec, and every row must pass
+    `check_plan_row`, before anything launches: else one line naming the row and the rule."""
     from ..launch.orchestrator import TrialRequest
 
     try:
@@ -97,21 +180,25 @@ def read_plan(path: Path, spec: Spec, measurements=None) -> list[Estimate | Stra
     if not isinstance(rows, list) or not rows:
         raise UsageError(f"{path}: expected {{\"strategies\": [...]}} as written by "
                          f"`amp-search plan --json`")
-    out = []
+    check_fingerprint(path, data, spec)
+    strategies = []
     for i, row in enumerate(rows):
         try:
+            if not isinstance(row, dict):
+                raise TypeError("not an object")
             s = Strategy.from_dict({**row, "global_batch_size": spec.training.global_batch_size})
             predicted = row.get("iteration_time_s")
-            out.append(TrialRequest(strategy=s, predicted_s=_predict(spec, s, measurements)
-                                    if predicted is None else float(predicted)))
-        except (KeyError, TypeError, ValueError) as exc:
+            predicted = None if predicted is None else float(predicted)
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise UsageError(f"{path}: strategies[{i}] is not a strategy ({exc!r} missing or "
                              f"malformed)") from None
-        if s.gas < 1 or s.gas * s.dp * s.mbs != s.global_batch_size:
-            raise UsageError(f"{path}: strategies[{i}] (dp {s.dp} x mbs {s.mbs}) does not "
-                             f"divide the spec's global batch {s.global_batch_size}; was the "
-                             f"plan made for this spec?")
-    return out
+        rule = check_plan_row(spec, s)
+        if rule:
+            raise UsageError(f"{path}: strategies[{i}] ({s.label()}): {rule}; was the plan "
+                             f"made for this spec?")
+        strategies.append((s, predicted))
+    return [TrialRequest(strategy=s, predicted_s=_predict(spec, s, measurements)
+                         if predicted is None else predicted) for s, predicted in strategies]
 
 
 def _predict(spec: Spec, strategy: Strategy, measurements=None) -> float | None:
@@ -274,7 +361,7 @@ def run(args) -> int:
         budget_s=None if args.budget_minutes is None else args.budget_minutes * 60,
         dry_run=args.dry_run, results_path=args.results, runs_dir=args.runs_dir,
         megatron_path=args.megatron_path, master_port=args.master_port,
-        retry_failed=args.retry_failed,
+        retry_failed=args.retry_failed, retry_transient=not args.no_retry,
         progress=not args.no_progress and sys.stderr.isatty(), base_env=dict(os.environ))
     quiet = args.json is not None and str(args.json) == "-"
 
@@ -287,17 +374,25 @@ def run(args) -> int:
             return
         measured = "-" if rec.measured_mean_s is None else f"{rec.measured_mean_s:.4g} s"
         busy = "" if rec.cached else busy_note(rec.other_processes_cores)
+        again = rec.status in ("oom", "failed", "timeout", "interrupted") and \
+            not rec.final and not args.no_retry
         print(f"trial {rec.index}/{len(items)} {rec.label}: {rec.status}"
               f"{' (cached)' if rec.cached else ''}, measured {measured}"
-              + (f" - {rec.error}" if rec.error else "") + (f" ({busy})" if busy else ""),
+              + (f" - {rec.error}" if rec.error else "") + (f" ({busy})" if busy else "")
+              + (" (runs again on the next launch)" if again and not rec.cached else ""),
               file=sys.stderr, flush=True)
+
+    def note(text: str) -> None:
+        if not quiet:
+            print(f"amp-search: {text}", file=sys.stderr, flush=True)
 
     before = None
     if not (args.dry_run or args.no_speed_probe) and args.launcher == "local":
         before = speed_correction(spec, measurements, quiet=quiet)
     previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        records = run_trials(spec, items, options, on_record=show, before_trial=before)
+        records = run_trials(spec, items, options, on_record=show, before_trial=before,
+                             on_note=note)
     finally:
         signal.signal(signal.SIGTERM, previous)
     best = best_trial(records)

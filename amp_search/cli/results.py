@@ -1,7 +1,12 @@
-"""`amp-search results`: the trials recorded for a spec."""
+"""`amp-search results`: the trials recorded for a spec.
+
+Before it shows them, it records what launches that died left behind (their trials'
+result.json, `recover_orphans`); otherwise it only reads. A database that cannot be written
+is shown as it is, with a note; one that cannot be read is one line, exit 2."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from ..errors import UsageError
@@ -16,6 +21,10 @@ def add_parser(sub) -> None:
     p.add_argument("--results", type=Path, metavar="DB",
                    help="SQLite results database (default: amp-search-results.sqlite beside "
                         "the spec)")
+    p.add_argument("--runs-dir", type=Path, metavar="DIR",
+                   help="where the launches put their trial folders (default: runs/ beside "
+                        "the spec): measured trials there that the database lacks are "
+                        "recorded")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the rows as JSON ('-': stdout)")
     p.add_argument("--png", type=Path, metavar="FILE.png",
@@ -94,8 +103,8 @@ def write_png(spec_path: Path, rows, path: Path) -> int:
 def run(args) -> int:
     import importlib.util
 
-    from ..launch.orchestrator import default_results_path
-    from ..launch.results_db import ResultsDB
+    from ..launch.orchestrator import default_results_path, recover_orphans
+    from ..launch.results_db import ResultsDB, ResultsDBError
 
     if args.png is not None and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--png needs matplotlib: pip install matplotlib")
@@ -104,8 +113,19 @@ def run(args) -> int:
     if not Path(path).is_file():
         raise UsageError(f"no results database at {path}; run `amp-search launch "
                          f"{args.spec}` first (or pass --results)")
-    rows = ResultsDB(path).rows(spec.sha256)
+    runs = Path(args.runs_dir or (spec.path.parent if spec.path else Path.cwd()) / "runs")
     to_stdout = args.json is not None and str(args.json) == "-"
+    try:
+        db = ResultsDB(path)
+        found = recover_orphans(db, runs_dirs=(runs.resolve(),))
+        if found and not to_stdout:
+            print(f"amp-search: {found.summary()}", file=sys.stderr)
+    except ResultsDBError as exc:
+        if exc.damaged:
+            raise
+        db = ResultsDB(path, readonly=True)  # shown as it is (one line if unreadable too)
+        print(f"amp-search: note: {exc}; shown as it is", file=sys.stderr)
+    rows = db.rows(spec.sha256)
     if not to_stdout:
         if rows:
             print(format_rows(rows))

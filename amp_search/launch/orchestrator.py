@@ -4,16 +4,31 @@ record every trial, and pick the fastest measured one.
     run_trials(spec, [Estimate | Strategy | TrialRequest, ...], LaunchOptions(...))
         -> [TrialRecord, ...]          (best_trial(records) is the winner)
 
-Per trial: a trial directory (trial.json, ds_config.json, hostfiles, log.txt, result.json),
-a `running` row in the results database, the launcher's commands run to the end or to the
-timeout, then the row's final status: ok | oom | failed | timeout (or interrupted on Ctrl-C,
-which stops the trial's processes and re-raises). Trials that finished before (same spec hash,
-strategy, partition, placement, backend) are not run again.
+Per trial: a trial directory (trial.json, ds_config.json, hostfiles, trial-record.json,
+log.txt, result.json), a `running` row in the results database, the launcher's commands run to
+the end or to the timeout, then the row's final status: ok | oom | failed | timeout (or
+interrupted on Ctrl-C, which stops the trial's processes and re-raises). Trials that finished
+for good before (same spec hash, strategy, partition, placement, backend: ok, a real
+out-of-memory, an invalid plan) are not run again; a failure that may not recur (a rank that
+was killed, a crash, a timeout) is, unless `retry_transient` is off.
+
+Nothing measured is lost:
+- launches sharing a database take turns, one trial at a time (results_db.TrialLock), so no
+  trial runs twice at once and no two trials skew each other's times;
+- each time a launch takes the turn, it recovers the rows left `running` by a launch that is
+  gone (`recover_orphans`): it ends that trial's processes still alive, and records the
+  result.json the trial left (or marks the row interrupted, to run again);
+- a database that cannot be written stops the launch with one line; the trial's measurement
+  stays in its folder, whose trial-record.json lets the next launch (or `amp-search results`)
+  record it, even into a new database at the same path.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
+import shutil
 import socket
 import sys
 import time
@@ -32,11 +47,16 @@ from .hostfile import HostSlots
 from .launchers import LAUNCHERS, BUILDERS, LaunchContext, TrialLaunch, build_launch
 from .megatron import (check_gpt_chain, megatron_args, megatron_nodes, megatron_program,
                        megatron_unsupported, parse_megatron_log)
-from .process import classify_failure, error_summary, log_tail, run_commands
-from .results_db import FINISHED, ResultsDB
+from .process import (TRIAL_DIR_VAR, classify_failure, failure_reason, log_tail,
+                      oom_kill_count, out_of_memory_in, run_commands, stop_trial_processes)
+from .results_db import (FINISHED, ResultRow, ResultsDB, ResultsDBError, TrialLock,
+                         holder_text, launch_alive, process_start_time)
 
 BACKENDS = ("deepspeed", "megatron")
 DEFAULT_RESULTS_NAME = "amp-search-results.sqlite"
+TRIAL_RECORD_NAME = "trial-record.json"
+"""In each trial folder: what its database row holds at the start (spec, strategy, launch,
+database), so the folder alone can be recorded again."""
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The directory holding amp_search/ and cost_models/ (put on the trials' PYTHONPATH)."""
 
@@ -74,6 +94,9 @@ class LaunchOptions:
     seed: int = 1234
     retry_failed: bool = False
     """Run again trials that finished as oom / failed / timeout (ok ones are always kept)."""
+    retry_transient: bool = True
+    """Run again trials whose failure may not recur (a killed rank, a crash, a timeout);
+    False keeps every finished trial (`launch --no-retry`)."""
     progress: bool = False
     """Show a tqdm progress bar on stderr."""
     base_env: dict = field(default_factory=dict)
@@ -117,6 +140,9 @@ class TrialRecord:
     """cuda_max_memory_allocated, or cpu_max_rss_approx (whole-process RSS on CPU)."""
     error: str = ""
     """Why it did not end ok: one line."""
+    final: bool = False
+    """Kept for good: the next launch does not run it again (ok, a real out-of-memory, an
+    invalid plan)."""
     log_tail: str = ""
     log_path: str | None = None
     trial_dir: str | None = None
@@ -151,7 +177,7 @@ class TrialRecord:
             "measured_mean_s": self.measured_mean_s, "measured_std_s": self.measured_std_s,
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_memory_kind": self.peak_memory_kind, "error": self.error,
-            "log_tail": self.log_tail, "log_path": self.log_path,
+            "final": self.final, "log_tail": self.log_tail, "log_path": self.log_path,
             "trial_dir": self.trial_dir, "row_id": self.row_id, "versions": self.versions,
             "losses": list(self.losses), "started_at": self.started_at,
             "ended_at": self.ended_at, "wall_s": self.wall_s,
@@ -343,7 +369,7 @@ def _from_row(index: int, req: TrialRequest, row) -> TrialRecord:
     return TrialRecord(
         index=index, label=row.label, strategy=req.strategy,
         predicted_s=req.predicted_s if req.predicted_s is not None else row.predicted_s,
-        status=row.status, cached=True, measured_mean_s=row.measured_mean_s,
+        status=row.status, cached=True, final=row.final, measured_mean_s=row.measured_mean_s,
         measured_std_s=row.measured_std_s, peak_memory_bytes=row.peak_memory_bytes,
         peak_memory_kind=row.peak_memory_kind or "", error=(row.error or "").splitlines()[0]
         if row.error else "", log_path=row.log_path, row_id=row.id, versions=row.versions,
@@ -373,9 +399,9 @@ def _run_one(spec: Spec, req: TrialRequest, index: int, options: LaunchOptions,
                        launcher=options.launcher, strategy=s.to_dict(),
                        predicted_s=req.predicted_s, iters=options.iters,
                        warmup=options.warmup, log_path="", started_at=now)
-        db.finish(row, status="failed", ended_at=now, error=reason)
-        return TrialRecord(**base, status="failed", error=reason, row_id=row, started_at=now,
-                           ended_at=now)
+        db.finish(row, status="failed", ended_at=now, error=reason, final=True)
+        return TrialRecord(**base, status="failed", error=reason, final=True, row_id=row,
+                           started_at=now, ended_at=now)
 
     prep = _prepare(spec, req, index, ranks, options, runs_dir)
     commands = tuple(c.display() for c in prep.launch.commands)
@@ -384,21 +410,45 @@ def _run_one(spec: Spec, req: TrialRequest, index: int, options: LaunchOptions,
         return TrialRecord(**base, status="dry-run", files=prep.files)
 
     started = _now()
-    row = db.start(spec_sha256=spec.sha256, spec_path=str(spec.path), label=s.label(),
-                   trial_key=trial_key(s, options.backend), backend=options.backend,
-                   launcher=options.launcher, strategy=s.to_dict(), predicted_s=req.predicted_s,
-                   iters=options.iters, warmup=options.warmup, log_path=str(prep.log_path),
-                   started_at=started)
+    pid = os.getpid()
+    record = dict(spec_sha256=spec.sha256, spec_path=str(spec.path), label=s.label(),
+                  trial_key=trial_key(s, options.backend), backend=options.backend,
+                  launcher=options.launcher, strategy=s.to_dict(), predicted_s=req.predicted_s,
+                  iters=options.iters, warmup=options.warmup, log_path=str(prep.log_path),
+                  started_at=started, trial_dir=str(prep.trial_dir), launcher_pid=pid,
+                  launcher_host=socket.gethostname(), launcher_started=process_start_time(pid))
+    try:
+        row = db.start(**record)
+    except ResultsDBError:
+        shutil.rmtree(prep.trial_dir, ignore_errors=True)  # nothing ran: leave no folder
+        raise
+    try:
+        (prep.trial_dir / TRIAL_RECORD_NAME).write_text(json.dumps(
+            {**record, "results_db": str(db.path.resolve()), "row_id": row}, indent=1))
+    except OSError as exc:
+        db.finish(row, status="interrupted", ended_at=_now(),
+                  error=f"cannot write {TRIAL_RECORD_NAME}: {exc.strerror or exc}")
+        raise UsageError(f"cannot write {prep.trial_dir / TRIAL_RECORD_NAME}: "
+                         f"{exc.strerror or exc}") from None
     base.update(row_id=row, started_at=started)
     # what other programs used meanwhile: only this machine's processes are counted, so only
     # for trials whose every process runs here
     load = OtherLoad() if options.launcher == "local" else None
+    oom_before = oom_kill_count()
     try:
-        outcome = run_commands(prep.launch.commands, base_env={**options.base_env, **prep.env},
+        outcome = run_commands(prep.launch.commands,
+                               base_env={**options.base_env, **prep.env,
+                                         TRIAL_DIR_VAR: str(prep.trial_dir)},
                                cwd=prep.trial_dir, log_path=prep.log_path, timeout_s=timeout_s)
     except KeyboardInterrupt:
-        db.finish(row, status="interrupted", ended_at=_now(), error="interrupted (Ctrl-C)")
+        try:
+            db.finish(row, status="interrupted", ended_at=_now(), error="interrupted (Ctrl-C)",
+                      final=False)
+        except ResultsDBError:
+            pass  # the row stays running; the next launch finds it interrupted
         raise
+    oom_after = oom_kill_count()
+    oom_killed = oom_before is not None and oom_after is not None and oom_after > oom_before
     ended = _now()
     others = None if load is None else load.others_cores()
     base.update(other_processes_cores=others)
@@ -420,24 +470,43 @@ def _run_one(spec: Spec, req: TrialRequest, index: int, options: LaunchOptions,
                           wall_s=outcome.wall_s,
                           error="" if outcome.ok else f"exit codes "
                           f"{list(outcome.returncodes)} after the result was written")
-        db.finish(row, status="ok", ended_at=ended, measured_mean_s=rec.measured_mean_s,
-                  measured_std_s=rec.measured_std_s, peak_memory_bytes=rec.peak_memory_bytes,
-                  peak_memory_kind=rec.peak_memory_kind, versions=rec.versions, result=result)
-        return rec
+        _finish(db, prep, row, s.label(), status="ok", ended_at=ended,
+                measured_mean_s=rec.measured_mean_s, measured_std_s=rec.measured_std_s,
+                peak_memory_bytes=rec.peak_memory_bytes, peak_memory_kind=rec.peak_memory_kind,
+                versions=rec.versions, result=result, final=True)
+        return dataclasses.replace(rec, final=True)
+    final = False
     if outcome.ok:
         status, error = "failed", "the trial exited without writing its result"
     else:
-        status = classify_failure(outcome, long_tail)
+        status = classify_failure(outcome, long_tail, oom_killed=oom_killed)
         if status == "timeout":
             error = f"stopped after {timeout_s:.0f} s" + (
                 " (the launch budget ran out)" if budget_limited else " (--trial-timeout)")
             if budget_limited:
                 status = "interrupted"  # not the trial's fault: run it again next time
         else:
-            error = error_summary(long_tail) or f"exit codes {list(outcome.returncodes)}"
-    db.finish(row, status=status, ended_at=ended, error=error + "\n" + tail)
-    return TrialRecord(**base, status=status, error=error, log_tail=tail, ended_at=ended,
-                       wall_s=outcome.wall_s)
+            error = failure_reason(outcome, long_tail, oom_killed=oom_killed)
+            # the log says memory ran out: the same strategy runs out again (an OOM kill by the
+            # kernel may have been another program's doing: tried again)
+            final = status == "oom" and out_of_memory_in(long_tail)
+    _finish(db, prep, row, s.label(), status=status, ended_at=ended, error=error + "\n" + tail,
+            final=final)
+    return TrialRecord(**base, status=status, error=error, final=final, log_tail=tail,
+                       ended_at=ended, wall_s=outcome.wall_s)
+
+
+def _finish(db: ResultsDB, prep: _Prepared, row: int, label: str, **kw) -> None:
+    """db.finish; where the database cannot be written, one line that says where the trial's
+    outcome stays and who records it."""
+    try:
+        db.finish(row, **kw)
+    except ResultsDBError as exc:
+        kept = (f"its measurement stays in {prep.result_path}" if kw["status"] == "ok"
+                else f"its log stays in {prep.log_path}")
+        raise ResultsDBError(f"{exc}; trial {label} ended {kw['status']}: {kept} and the next "
+                             f"launch or `amp-search results` records it",
+                             damaged=exc.damaged) from None
 
 
 def _read_result(prep: _Prepared, options: LaunchOptions) -> dict | None:
@@ -455,11 +524,145 @@ def _read_result(prep: _Prepared, options: LaunchOptions) -> dict | None:
         return None
 
 
+# ----------------------------------------------------------------------------- recovery
+
+@dataclass(frozen=True, kw_only=True)
+class Recovery:
+    """What `recover_orphans` did."""
+
+    recorded: tuple[str, ...] = ()
+    """Labels of trials whose result.json was recorded (their launch had died)."""
+    interrupted: tuple[str, ...] = ()
+    """Labels of trials marked interrupted (their launch died before a result)."""
+    imported: tuple[str, ...] = ()
+    """Labels of measured trials taken from folders no row named (a new database)."""
+    processes_ended: tuple[int, ...] = ()
+    """Pids of trial processes a dead launch had left running."""
+
+    def __bool__(self) -> bool:
+        return bool(self.recorded or self.interrupted or self.imported or self.processes_ended)
+
+    def summary(self) -> str:
+        """One line (for the user), '' when nothing was done."""
+        parts = []
+        if self.recorded:
+            parts.append(f"recorded the result of {len(self.recorded)} trial(s) whose launch "
+                         f"had died ({', '.join(self.recorded)})")
+        if self.interrupted:
+            parts.append(f"marked {len(self.interrupted)} trial(s) interrupted whose launch had "
+                         f"died before a result ({', '.join(self.interrupted)})")
+        if self.imported:
+            parts.append(f"took {len(self.imported)} measured trial(s) back from their folders "
+                         f"({', '.join(self.imported)})")
+        if self.processes_ended:
+            parts.append(f"ended {len(self.processes_ended)} process(es) they had left running")
+        return "; ".join(parts)
+
+
+def _result_in(folder: Path, backend: str, warmup: int | None) -> dict | None:
+    """The measured result a trial folder holds (result.json, or Megatron's log)."""
+    try:
+        res = json.loads((folder / "result.json").read_text())
+    except (OSError, ValueError):
+        res = None
+        if backend == "megatron":
+            try:
+                res = parse_megatron_log((folder / "log.txt").read_text(errors="replace"),
+                                         warmup=warmup or 0)
+            except (OSError, ValueError):
+                res = None
+    return res if isinstance(res, dict) and res.get("mean_s") is not None else None
+
+
+def _measured(res: dict) -> dict:
+    peaks = res.get("peak_memory_bytes") or []
+    return dict(measured_mean_s=res["mean_s"], measured_std_s=res.get("std_s"),
+                peak_memory_bytes=max(peaks) if peaks else None,
+                peak_memory_kind=res.get("peak_memory_kind", ""),
+                versions=res.get("versions", {}), result=res)
+
+
+def _orphaned(row: ResultRow, own_rows_orphaned: bool) -> bool:
+    if row.launcher_pid is None:  # schema 1: no launch recorded; a folder with a result only
+        return True
+    if row.launcher_host != socket.gethostname():
+        return False  # another machine's launch: cannot tell
+    if row.launcher_pid == os.getpid():
+        return own_rows_orphaned
+    return launch_alive(row) is False
+
+
+def recover_orphans(db: ResultsDB, *, runs_dirs: Iterable[Path] = (),
+                    own_rows_orphaned: bool = False) -> Recovery:
+    """Complete the rows left `running` by a launch that is gone (on this host): end the
+    trial's processes still alive, record the result.json it left (ok), else mark it
+    interrupted (it runs again). Rows of schema 1 (no launch recorded) are completed only
+    from a result. Then record the measured trials of folders under `runs_dirs` whose
+    trial-record.json names this database but no row does (the file was started afresh).
+
+    `own_rows_orphaned`: rows of this very process count as orphaned (a launch holding the
+    TrialLock runs no trial of its own at that moment)."""
+    recorded, interrupted, imported, ended = [], [], [], []
+    for row in db.running():
+        if not _orphaned(row, own_rows_orphaned):
+            continue
+        folder = row.folder
+        if row.launcher_pid is not None and folder is not None:
+            ended += stop_trial_processes(folder)
+        res = None if folder is None else _result_in(folder, row.backend, row.warmup)
+        who = ("an earlier amp-search launch" if row.launcher_pid is None else
+               f"its launch (pid {row.launcher_pid} on {row.launcher_host})")
+        if res is not None:
+            if db.finish(row.id, status="ok", ended_at=_now(), final=True, only_running=True,
+                         error=f"recorded after {who} ended", **_measured(res)):
+                recorded.append(row.label)
+        elif row.launcher_pid is not None:
+            tail = "" if folder is None else log_tail(folder / "log.txt", 20)
+            if db.finish(row.id, status="interrupted", ended_at=_now(), final=False,
+                         only_running=True,
+                         error=f"{who} ended while the trial ran" + ("\n" + tail if tail
+                                                                      else "")):
+                interrupted.append(row.label)
+    known = None
+    here = str(db.path.resolve())
+    for runs in runs_dirs:
+        for rec_path in sorted(Path(runs).glob(f"*/{TRIAL_RECORD_NAME}")):
+            try:
+                rec = json.loads(rec_path.read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(rec, dict) or rec.get("results_db") != here:
+                continue
+            folder = rec_path.parent
+            if known is None:
+                known = db.trial_dirs()
+            if str(folder) in known or rec.get("trial_dir") in known:
+                continue
+            res = _result_in(folder, rec.get("backend", "deepspeed"), rec.get("warmup"))
+            if res is None:
+                continue
+            try:
+                fields = {k: rec[k] for k in ("spec_sha256", "trial_key", "label", "backend",
+                                              "launcher", "strategy", "started_at")}
+            except KeyError:
+                continue
+            fields.update({k: rec.get(k) for k in ("spec_path", "predicted_s", "iters",
+                                                   "warmup", "log_path", "launcher_pid",
+                                                   "launcher_host", "launcher_started")})
+            if db.import_trial(trial_dir=str(folder), status="ok", final=True,
+                               ended_at=_now(), error="recorded again from its folder",
+                               **fields, **_measured(res)) is not None:
+                imported.append(str(rec["label"]))
+    return Recovery(recorded=tuple(recorded), interrupted=tuple(interrupted),
+                    imported=tuple(imported), processes_ended=tuple(ended))
+
+
 # ----------------------------------------------------------------------------- all trials
 
 def run_trials(spec: Spec, items: Iterable, options: LaunchOptions | None = None, *,
                on_record: Callable[[TrialRecord], None] | None = None,
-               before_trial: Callable[[TrialRequest], TrialRequest] | None = None
+               before_trial: Callable[[TrialRequest], TrialRequest] | None = None,
+               on_note: Callable[[str], None] | None = None
                ) -> list[TrialRecord]:
     """Run the trials one after another; returns one TrialRecord per item, in order.
 
@@ -467,7 +670,12 @@ def run_trials(spec: Spec, items: Iterable, options: LaunchOptions | None = None
     `on_record` is called as each trial ends (for live output). `before_trial` is called
     just before a trial really starts (not for cached, skipped or dry-run ones) and may
     return the request with another prediction (amp-search launch: the machine's speed
-    now)."""
+    now). `on_note` gets one-line notes: waiting for another launch's trial on the same
+    database, results recovered from launches that died.
+
+    Each trial takes the database's TrialLock first (waiting while another launch runs one),
+    recovers what dead launches left (`recover_orphans`), and is skipped when it finished
+    meanwhile. Raises ResultsDBError (one line) when the database cannot be written."""
     from tqdm import tqdm
 
     options = options or LaunchOptions()
@@ -478,33 +686,45 @@ def run_trials(spec: Spec, items: Iterable, options: LaunchOptions | None = None
                     / "runs").resolve()
     db = None if options.dry_run else ResultsDB(options.results_path
                                                 or default_results_path(spec))
-    keep = ("ok",) if options.retry_failed else FINISHED
+    if options.retry_failed:
+        keep, final_only = ("ok",), False
+    else:
+        keep, final_only = FINISHED, options.retry_transient
+    lock = None if db is None else TrialLock(db.path)
     t0 = time.monotonic()
     records: list[TrialRecord] = []
+    told: set[str] = set()
+
+    def waiting(holder: dict) -> None:
+        if on_note is not None:
+            on_note(f"waiting for {holder_text(holder)}, which runs a trial recorded in "
+                    f"{db.path} (one trial at a time per database)")
+
+    def recover() -> None:
+        found = recover_orphans(db, runs_dirs=(runs_dir,), own_rows_orphaned=True)
+        if found and on_note is not None and found.summary() not in told:
+            told.add(found.summary())
+            on_note(found.summary())
+
+    if lock is not None:
+        with lock.held("recovery", on_wait=waiting):
+            recover()
     bar = tqdm(total=len(requests), desc="trials", unit="trial", disable=not options.progress,
                file=sys.stderr, leave=False)
     try:
         for index, req in enumerate(requests, 1):
             s = req.strategy
             bar.set_postfix_str(s.label())
-            done = None if db is None else db.finished(spec.sha256,
-                                                       trial_key(s, options.backend), keep)
-            if done is not None:
-                rec = _from_row(index, req, done)
-            else:
-                left = None if options.budget_s is None else \
-                    options.budget_s - (time.monotonic() - t0)
-                if left is not None and left <= 0 and not options.dry_run:
-                    rec = TrialRecord(index=index, label=s.label(), strategy=s,
-                                      predicted_s=req.predicted_s, status="skipped",
-                                      error="the --budget-minutes budget is spent")
-                else:
-                    timeout = options.trial_timeout_s if left is None else \
-                        min(options.trial_timeout_s, left)
-                    if before_trial is not None and not options.dry_run:
-                        req = before_trial(req)
-                    rec = _run_one(spec, req, index, options, db, runs_dir, hosts, timeout,
-                                   budget_limited=timeout < options.trial_timeout_s)
+            if lock is not None:
+                lock.acquire(s.label(), on_wait=waiting)
+            try:
+                if lock is not None:
+                    recover()  # a launch that died while this one waited
+                rec = _one(spec, req, index, options, db, runs_dir, hosts, t0, keep,
+                           final_only, before_trial)
+            finally:
+                if lock is not None:
+                    lock.release()
             records.append(rec)
             bar.update(1)
             if on_record is not None:
@@ -514,6 +734,28 @@ def run_trials(spec: Spec, items: Iterable, options: LaunchOptions | None = None
     return records
 
 
-__all__ = ["BACKENDS", "LaunchOptions", "TrialRecord", "TrialRequest", "best_trial",
-           "default_results_path", "node_hosts", "preflight", "run_trials", "trial_key",
-           "trial_device", "trial_precision"]
+def _one(spec: Spec, req: TrialRequest, index: int, options: LaunchOptions,
+         db: ResultsDB | None, runs_dir: Path, hosts: dict[int, str], t0: float,
+         keep: tuple[str, ...], final_only: bool,
+         before_trial: Callable[[TrialRequest], TrialRequest] | None) -> TrialRecord:
+    """One trial of run_trials: taken from the database, skipped, or run."""
+    s = req.strategy
+    done = None if db is None else db.finished(spec.sha256, trial_key(s, options.backend), keep,
+                                               final_only=final_only)
+    if done is not None:
+        return _from_row(index, req, done)
+    left = None if options.budget_s is None else options.budget_s - (time.monotonic() - t0)
+    if left is not None and left <= 0 and not options.dry_run:
+        return TrialRecord(index=index, label=s.label(), strategy=s,
+                           predicted_s=req.predicted_s, status="skipped",
+                           error="the --budget-minutes budget is spent")
+    timeout = options.trial_timeout_s if left is None else min(options.trial_timeout_s, left)
+    if before_trial is not None and not options.dry_run:
+        req = before_trial(req)
+    return _run_one(spec, req, index, options, db, runs_dir, hosts, timeout,
+                    budget_limited=timeout < options.trial_timeout_s)
+
+
+__all__ = ["BACKENDS", "LaunchOptions", "Recovery", "TrialRecord", "TrialRequest", "best_trial",
+           "default_results_path", "node_hosts", "preflight", "recover_orphans", "run_trials",
+           "trial_key", "trial_device", "trial_precision"]

@@ -6,16 +6,29 @@ everything it forks, except what makes its own session (torchrun starts every wo
 session). Stopping a trial therefore signals the command's group *and* the group of every
 descendant found under it: SIGTERM first, SIGKILL after a grace period. The orchestrator's own
 group is never signalled.
+
+Trials die with their launch: on Linux each command gets a parent-death signal
+(prctl(PR_SET_PDEATHSIG, SIGTERM), so torchrun stops its workers when the launch is killed
+hard), and amp_search.trial.run's ranks set their own (SIGKILL) towards torchrun. Every
+process of a trial carries TRIAL_DIR_VAR in its environment, so that a later launch finds and
+ends what a launch killed before it left behind (`trial_processes`, `stop_trial_processes`).
+
+Failures are told apart truthfully: `oom` only where the log says memory ran out (or the
+kernel's OOM killer acted during the trial); a rank that was killed is `failed: rank N exited
+(signal 9: SIGKILL)`.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .launchers import Command
 
@@ -26,12 +39,16 @@ KILL_GRACE_S = 5.0
 PEER_EXIT_GRACE_S = 15.0
 """After one command of a multi-command trial fails, how long the others get to exit."""
 
+TRIAL_DIR_VAR = "AMP_SEARCH_TRIAL_DIR"
+"""Environment variable naming the trial folder in every process of a trial."""
+PR_SET_PDEATHSIG = 1
+"""prctl option (linux/prctl.h): the signal a process gets when its parent dies."""
+
 _OOM = re.compile(r"out of memory|OutOfMemoryError|Cannot allocate memory|std::bad_alloc",
                   re.IGNORECASE)
-# torchrun's report names the first failure; a worker SIGKILLed first was the kernel's OOM
-# killer (a SIGKILL to the others afterwards is torchrun's own clean-up, not an OOM)
-_ROOT_CAUSE_KILLED = re.compile(r"Root Cause \(first observed failure\):.*?exitcode\s*:\s*-9",
-                                re.DOTALL)
+# torchrun's report names the first failure: its rank and exit code (negative: a signal)
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)"
+                         r".*?exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?", re.DOTALL)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +67,26 @@ class ProcessOutcome:
     def to_dict(self) -> dict:
         return {"returncodes": list(self.returncodes), "timed_out": self.timed_out,
                 "wall_s": self.wall_s}
+
+
+def parent_death_hook(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `preexec_fn` that makes the child get `sig` when this process dies (Linux prctl);
+    None where the platform has no such call. The child exits at once if this process died
+    before the call took effect."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:  # runs in the child between fork and exec: no allocation-heavy code
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
 
 
 def _descendants(pid: int) -> list[int]:
@@ -120,13 +157,16 @@ def _exists(pid: int) -> bool:
 
 
 def run_commands(commands: tuple[Command, ...], *, base_env: dict, cwd: Path, log_path: Path,
-                 timeout_s: float, poll_s: float = 0.1) -> ProcessOutcome:
+                 timeout_s: float, poll_s: float = 0.1,
+                 die_with_parent: bool = True) -> ProcessOutcome:
     """Start all commands (argv lists, no shell), wait for them, return how they ended.
 
     All output goes to `log_path`. On timeout, or once any command has failed and the others
     have not exited within PEER_EXIT_GRACE_S, everything is stopped. KeyboardInterrupt stops
-    everything and propagates."""
+    everything and propagates. `die_with_parent`: the commands get SIGTERM when this process
+    dies (where the platform allows; see `parent_death_hook`)."""
     procs: list[subprocess.Popen] = []
+    hook = parent_death_hook() if die_with_parent else None
     t0 = time.monotonic()
     timed_out = False
     with open(log_path, "ab") as log:
@@ -137,9 +177,14 @@ def run_commands(commands: tuple[Command, ...], *, base_env: dict, cwd: Path, lo
                 procs.append(subprocess.Popen(list(c.argv), env={**base_env, **c.env},
                                               cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL,
-                                              start_new_session=True))
+                                              start_new_session=True, preexec_fn=hook))
             failed_at = None
-            while any(p.poll() is None for p in procs):
+            while True:
+                # poll every process (any() would stop at the first running one, and a
+                # later command's death would go unseen while the first runs on)
+                running = [p.poll() is None for p in procs]
+                if not any(running):
+                    break
                 now = time.monotonic()
                 if now - t0 > timeout_s:
                     timed_out = True
@@ -171,14 +216,112 @@ def log_tail(path: Path, lines: int = 20, max_bytes: int = 1 << 16) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def classify_failure(outcome: ProcessOutcome, log_text: str) -> str:
-    """timeout | oom | failed for a trial that did not end well."""
+def classify_failure(outcome: ProcessOutcome, log_text: str, *,
+                     oom_killed: bool = False) -> str:
+    """timeout | oom | failed for a trial that did not end well. `oom` only where the log
+    says memory ran out, or where a process was killed (SIGKILL) while the kernel's OOM
+    killer acted (`oom_killed`, from `oom_kill_count` before and after): a rank killed by
+    anything else, and its peers' "Connection reset by peer", are `failed`."""
     if outcome.timed_out:
         return "timeout"
-    if any(rc in (137, -signal.SIGKILL) for rc in outcome.returncodes) or \
-            _OOM.search(log_text) or _ROOT_CAUSE_KILLED.search(log_text):
+    if _OOM.search(log_text):
+        return "oom"
+    if oom_killed and (any(rc in (137, -signal.SIGKILL) for rc in outcome.returncodes)
+                       or killed_rank(log_text) is not None):
         return "oom"
     return "failed"
+
+
+def out_of_memory_in(log_text: str) -> bool:
+    """Whether a trial's log says memory ran out (CUDA, the CPU allocator, C++)."""
+    return bool(_OOM.search(log_text))
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def killed_rank(log_text: str) -> tuple[int, int, int | None] | None:
+    """(rank, signal, pid) of torchrun's first observed failure when a signal ended it; None
+    when the report is missing or the first failure exited with a code."""
+    found = _ROOT_CAUSE.findall(log_text)
+    if not found:
+        return None
+    rank, code, pid = found[-1]
+    if int(code) >= 0:
+        return None
+    return int(rank), -int(code), int(pid) if pid else None
+
+
+def failure_reason(outcome: ProcessOutcome, log_text: str, *, oom_killed: bool = False) -> str:
+    """One line that says why a trial failed: the rank a signal ended first (its peers' errors
+    follow from it), else the trial's own report or last exception line, else the commands'
+    exit codes."""
+    killed = killed_rank(log_text)
+    if killed is not None and not _OOM.search(log_text):
+        rank, sig, pid = killed
+        by = " by the kernel's OOM killer" if oom_killed and sig == signal.SIGKILL else ""
+        return (f"rank {rank} exited (signal {sig}: {_signal_name(sig)}{by}"
+                + (f", pid {pid}" if pid else "") + ")")
+    for i, rc in enumerate(outcome.returncodes):
+        if rc is not None and rc < 0 and not _OOM.search(log_text):
+            return (f"{'the launcher' if len(outcome.returncodes) == 1 else f'command {i + 1}'}"
+                    f" exited (signal {-rc}: {_signal_name(-rc)})")
+    return error_summary(log_text) or f"exit codes {list(outcome.returncodes)}"
+
+
+def oom_kill_count() -> int | None:
+    """How many processes the kernel's OOM killer has ended since boot (Linux /proc/vmstat,
+    memory cgroups included); None where it cannot be read."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def trial_processes(trial_dir: Path) -> list[int]:
+    """Pids of this machine's processes that belong to the trial in `trial_dir` (their
+    environment names it through TRIAL_DIR_VAR), this process excepted."""
+    try:
+        import psutil
+    except ImportError:
+        return []
+    want = str(trial_dir)
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == os.getpid():
+            continue
+        try:
+            if p.environ().get(TRIAL_DIR_VAR) == want and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def stop_trial_processes(trial_dir: Path, grace_s: float = KILL_GRACE_S) -> list[int]:
+    """End every process of the trial in `trial_dir` still running (left by a launch that
+    was killed hard): SIGTERM, then SIGKILL after `grace_s`. Returns the pids found."""
+    pids = trial_processes(trial_dir)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_exists(p) for p in pids):
+            time.sleep(0.1)
+        if not any(_exists(p) for p in pids):
+            break
+    return pids
 
 
 _ERROR_LINE = re.compile(r"^\W*(?:\[rank\d+\]:\s*)?(\w+(?:Error|Exception|Exit)\b.*)$")

@@ -16,18 +16,25 @@ Started by torchrun, the deepspeed launcher or srun, once per device. It
 6. with `instruction_trace` on, every rank also writes the start and end of each DeepSpeed
    instruction of the iterations after `warmup` (amp_search.trial.instructions).
 
+Every rank dies with its launcher process (torchrun, the deepspeed launcher's worker, srun's
+step daemon): SIGKILL through prctl(PR_SET_PDEATHSIG) on Linux, a watcher thread elsewhere, so
+that no rank outlives a launch that was killed hard (`die_with_parent`).
+
 A program, so it reads the launcher's environment variables; nothing else here does.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import json
 import os
 import platform
 import resource
+import signal
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -391,6 +398,35 @@ def train(cfg: TrialConfig) -> dict | None:
     return result
 
 
+_PARENT_PID = os.getppid()
+"""The launcher process that started this one (read as early as the module loads)."""
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int = _PARENT_PID, poll_s: float = 1.0) -> None:
+    """End this process as soon as its launcher process (`parent_pid`) is gone: the kernel's
+    parent-death signal on Linux, a daemon thread that watches the parent pid elsewhere (and
+    where the parent died before the signal was set)."""
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the launcher is already gone
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL),
+                                                     0, 0, 0)
+            if os.getppid() == parent_pid:
+                return
+            os._exit(1)  # the launcher died before the signal was set
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m amp_search.trial.run",
                                  description="One process of a real amp-search trial.")
@@ -426,6 +462,7 @@ interleave in the shared log."""
 
 
 if __name__ == "__main__":
+    die_with_parent()
     try:
         code = main()
     except BaseException as exc:  # report, then fail as Python would
