@@ -38,7 +38,7 @@ from pathlib import Path
 
 from .errors import UsageError
 from .launch.hostfile import HostSlots, format_hostfile
-from .launch.launchers import (LOCAL_HOSTS, LaunchContext, build_launch, torchrun_node,
+from .launch.launchers import (LaunchContext, build_launch, is_local_host, torchrun_node,
                                trial_nodes, trial_program)
 from .launch.megatron import (check_gpt_chain, megatron_args, megatron_nodes,
                               megatron_program, split_args, stage_layer_counts,
@@ -463,8 +463,11 @@ def export_strategy(spec: Spec, strategy: Strategy, *, fmt: str,
     if placeholder:
         notes = [f"hosts are placeholders ({', '.join(hosts.values())}): export again with "
                  f"--hostfile FILE or give cluster.nodes[].hosts"] + notes
-    if all(h in LOCAL_HOSTS for h in hosts.values()):
-        notes.append("all ranks run on this machine (localhost)")
+    if all(is_local_host(h) for h in hosts.values()):
+        one = len(set(hosts.values())) == 1
+        notes.append("all ranks run on this machine (localhost)" if one else
+                     f"all ranks run on this machine: the nodes are loopback addresses "
+                     f"({', '.join(hosts.values())}); run every launch-node<i>.sh here")
     title = "DeepSpeed" if fmt == "deepspeed" else "Megatron-LM"
     readme = _readme(f"{title} export", spec, strategy, predicted, files, run, ranks_md, notes,
                      placeholder)

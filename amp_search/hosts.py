@@ -5,6 +5,11 @@ Accepted: an RFC 1123 hostname (labels of letters, digits and '-', not starting 
 '-', at most 63 characters each, dots between them, 253 characters in all) whose last label is
 not all digits, a dotted-quad IPv4 address, or an IPv6 address, optionally with a zone of
 letters, digits, '_', '.' and '-' (`ipaddress` decides, so '::::' is rejected).
+
+`is_loopback_host` tells which of them name this machine without any lookup: the name
+`localhost` and the loopback addresses (all of 127.0.0.0/8, ::1, and 127.x as an IPv4-mapped
+IPv6 address). Launchers start those nodes' processes here, without ssh, which lets two
+"nodes" of one machine (127.0.0.1 and 127.0.0.2) rendezvous for real.
 """
 from __future__ import annotations
 
@@ -40,6 +45,28 @@ def is_valid_hostname(host) -> bool:
         return True
     # a name whose last label is all digits would be read as a (here invalid) IPv4 address
     return bool(_HOSTNAME.match(host)) and not host.rsplit(".", 1)[-1].isdigit()
+
+
+LOOPBACK_NAMES = ("localhost",)
+"""Host names that are this machine by definition (compared case-insensitively). Only these:
+a name such as `localhost.example.com`, or this machine's own hostname, needs a lookup to tell,
+and is treated as remote."""
+
+
+def is_loopback_host(host) -> bool:
+    """True when `host` is this machine by its spelling alone: 'localhost' (any case) or a
+    loopback IP address: 127.0.0.0/8, ::1 (with or without a zone), ::ffff:127.x.y.z. No
+    name resolution; anything else (0.0.0.0, ::, this machine's hostname or its LAN address,
+    an invalid name) is False. Only well-formed hosts qualify (`is_valid_hostname`)."""
+    if not is_valid_hostname(host):
+        return False
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    if not _is_ip(host):
+        return False
+    addr = ipaddress.ip_address(host)
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return addr.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def validate_hostname(host, path: str) -> str:

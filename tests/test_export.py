@@ -442,3 +442,33 @@ def test_hostfile_names_the_hosts(tmp_path):
     launch = next(f.text for f in ex.files if f.path == "launch.sh")
     assert "--include gpu-0.example.org:0,1,2,3@gpu-1.example.org:0,1,2,3@" in launch
     assert "--no_ssh_check" not in launch
+
+
+def test_loopback_hostfile_exports_local_per_node_scripts(tmp_path):
+    """A hostfile of loopback addresses (two "nodes" of this machine): each launch-node<i>.sh
+    is the torchrun `launch --launcher torchrun` starts here for node i, without ssh, and the
+    notes say all ranks run on this machine."""
+    from amp_search.records import Strategy
+
+    (tmp_path / "spec.yaml").write_text((ROOT / "configs" / "cpu-tiny.yaml").read_text()
+                                        .replace("count: 1\n      gpus_per_node: 4",
+                                                 "count: 2\n      gpus_per_node: 2"))
+    spec = load_spec(tmp_path / "spec.yaml")
+    (tmp_path / "hf").write_text("127.0.0.1 slots=2\n127.0.0.2 slots=2\n")
+    s = Strategy(pp=2, dp=2, tmp=1, mbs=2, global_batch_size=8, partition=(0, 3, 6),
+                 placement=(((0,), (1,)), ((2,), (3,))))
+    ex = export_strategy(spec, s, fmt="deepspeed", hostfile=parse_hostfile(tmp_path / "hf"),
+                         master_port=29611)
+    assert ex.hosts == {0: "127.0.0.1", 1: "127.0.0.2"} and not ex.placeholder_hosts
+    assert any("loopback addresses (127.0.0.1, 127.0.0.2)" in n for n in ex.notes)
+    out = tmp_path / "ds"
+    write_export(ex, out)
+    _, files = _launcher_dry_run(spec, out, tmp_path, launcher="torchrun", master_port=29611)
+    commands = json.loads(files["commands.json"])["commands"]
+    assert [c["host"] for c in commands] == ["127.0.0.1", "127.0.0.2"]
+    for i, c in enumerate(commands):
+        assert c["argv"][0] != "ssh" and "ssh" not in (out / f"launch-node{i}.sh").read_text()
+        got, _ = _exec_argv(out / f"launch-node{i}.sh")
+        assert _normalised(got) == _normalised(c["argv"])
+        assert got[got.index("--node-rank") + 1] == str(i)
+        assert got[got.index("--master-addr") + 1] == "127.0.0.1"

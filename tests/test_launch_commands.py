@@ -210,3 +210,55 @@ def test_remote_processes_get_the_trial_environment():
     ds = build_launch("deepspeed", ranks, ctx, CFG)
     assert ds.files[Path("/runs/t1/.deepspeed_env")] == "OMP_NUM_THREADS=1\nPYTHONPATH=/src dir\n"
     assert "--no_ssh_check" not in ds.commands[0].argv  # remote hosts: keep the ssh check
+
+
+def _two_loopback_nodes(hosts=("127.0.0.1", "127.0.0.2"), device="cpu"):
+    s = Strategy(pp=2, dp=1, tmp=1, mbs=1, global_batch_size=2, partition=(0, 5, 10),
+                 placement=(((0,),), ((1,),)))
+    ranks = assign_ranks(s, {0: (0, 0), 1: (1, 0)}, dict(enumerate(hosts)))
+    ctx = LaunchContext(python="py", workdir=Path("/w"), device=device, master_port=29600,
+                        trial_env={"OMP_NUM_THREADS": "1"}, node_slots={0: 1, 1: 1})
+    return ranks, ctx
+
+
+@pytest.mark.parametrize("hosts", [("127.0.0.1", "127.0.0.2"), ("localhost", "127.9.8.7"),
+                                   ("::1", "::ffff:127.0.0.3"), ("LOCALHOST", "127.0.0.1")])
+def test_torchrun_loopback_nodes_start_here_without_ssh(hosts):
+    """Every loopback address is this machine: two nodes at 127.0.0.1 and 127.0.0.2 are two
+    local torchruns (node ranks 0 and 1, rendezvous at node 0), no ssh."""
+    ranks, ctx = _two_loopback_nodes(hosts)
+    cmds = build_launch("torchrun", ranks, ctx, CFG).commands
+    assert [c.host for c in cmds] == list(hosts)
+    for i, c in enumerate(cmds):
+        assert c.argv[:3] == ("py", "-m", "torch.distributed.run") and "ssh" not in c.argv
+        assert c.argv[c.argv.index("--node-rank") + 1] == str(i)
+        assert c.argv[c.argv.index("--nnodes") + 1] == "2"
+        assert c.argv[c.argv.index("--master-addr") + 1] == hosts[0]
+        assert c.env == {}   # local: the orchestrator's environment carries trial_env
+
+
+@pytest.mark.parametrize("host", ["10.0.0.2", "vm", "localhost.example.org", "0.0.0.0",
+                                  "::", "128.0.0.1", "fe80::1%eth0", "::ffff:10.0.0.1"])
+def test_torchrun_non_loopback_node_goes_over_ssh(host):
+    """Only the spelling decides (no lookup): a LAN address, a hostname (even this machine's),
+    a name that merely starts with localhost, or the unspecified address go over ssh."""
+    ranks, ctx = _two_loopback_nodes(("127.0.0.1", host))
+    local, remote = build_launch("torchrun", ranks, ctx, CFG).commands
+    assert local.argv[0] == "py"
+    assert remote.argv[:4] == ("ssh", "-o", "BatchMode=yes", host)
+    assert "OMP_NUM_THREADS=1" in shlex.split(remote.argv[-1])
+
+
+def test_deepspeed_launcher_ssh_check_only_skipped_for_one_local_node():
+    """The deepspeed runner reaches every node of a multi-node hostfile over pdsh/ssh, loopback
+    ones too: the ssh check stays; one local node needs no ssh at all."""
+    ranks, ctx = _two_loopback_nodes()
+    (c,) = build_launch("deepspeed", ranks, ctx, CFG).commands
+    assert "--no_ssh_check" not in c.argv
+    assert c.argv[c.argv.index("--include") + 1] == "127.0.0.1:0@127.0.0.2:0"
+    for host in ("localhost", "127.0.0.2", "::1"):
+        s = Strategy(pp=1, dp=2, tmp=1, mbs=1, global_batch_size=2, partition=(0, 10),
+                     placement=(((0,), (1,)),))
+        one = assign_ranks(s, {0: (0, 0), 1: (0, 1)}, {0: host})
+        (c,) = build_launch("deepspeed", one, ctx, CFG).commands
+        assert "--no_ssh_check" in c.argv, host

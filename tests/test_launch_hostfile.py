@@ -51,3 +51,32 @@ def test_round_trip(tmp_path):
     p = tmp_path / "hf"
     p.write_text(format_hostfile(hosts))
     assert parse_hostfile(p) == hosts
+
+
+@pytest.mark.parametrize("host,local", [
+    ("localhost", True), ("LocalHost", True), ("127.0.0.1", True), ("127.0.0.2", True),
+    ("127.255.255.254", True), ("::1", True), ("0:0:0:0:0:0:0:1", True), ("::1%lo", True),
+    ("::ffff:127.0.0.2", True),
+    ("0.0.0.0", False), ("::", False), ("128.0.0.1", False), ("126.255.255.255", False),
+    ("10.0.0.1", False), ("fe80::1%lo", False), ("::ffff:10.0.0.1", False),
+    ("localhost.example.org", False), ("localhost.", False), ("mylocalhost", False),
+    ("127.1", False), ("127.0.0.01", False), ("2130706433", False), (" 127.0.0.1", False),
+    ("", False), (None, False), (2130706433, False),
+])
+def test_loopback_hosts_are_this_machine(host, local):
+    """The whole 127.0.0.0/8, ::1 and 'localhost' are this machine (launchers start them
+    without ssh); nothing else, and nothing that is not a valid host."""
+    from amp_search.hosts import is_loopback_host
+    from amp_search.launch.launchers import LOCAL_HOSTS, is_local_host
+
+    assert is_loopback_host(host) is local
+    assert is_local_host(host) is local
+    assert all(is_local_host(h) for h in LOCAL_HOSTS)
+
+
+def test_two_loopback_nodes_hostfile():
+    """Two "nodes" of one machine: distinct loopback addresses, one line each."""
+    hosts = parse_hostfile_text("127.0.0.1 slots=2\n127.0.0.2 slots=2\n")
+    assert [h.host for h in hosts] == ["127.0.0.1", "127.0.0.2"]
+    with pytest.raises(UsageError, match="listed twice"):
+        parse_hostfile_text("127.0.0.1 slots=1\n127.0.0.1 slots=1\n")
