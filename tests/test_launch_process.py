@@ -44,11 +44,10 @@ def _child_pid(log) -> int:
 
 def test_timeout_kills_the_whole_tree(tmp_path):
     log = tmp_path / "log.txt"
-    t0 = time.monotonic()
     out = run_commands((Command(argv=(sys.executable, "-c", _TREE)),), base_env=dict(os.environ),
                        cwd=tmp_path, log_path=log, timeout_s=2.0)
     assert out.timed_out and not out.ok
-    assert time.monotonic() - t0 < 15
+    assert out.returncodes[0] is not None and out.returncodes[0] < 0   # stopped by a signal
     child = _child_pid(log)
     deadline = time.monotonic() + 5
     while _alive(child) and time.monotonic() < deadline:
@@ -86,8 +85,8 @@ def test_failure_stops_peers(tmp_path, monkeypatch):
     out = run_commands((Command(argv=(sys.executable, "-c", "raise SystemExit(3)")),
                         Command(argv=(sys.executable, "-c", "import time; time.sleep(600)"))),
                        base_env=dict(os.environ), cwd=tmp_path, log_path=log, timeout_s=60)
-    assert out.returncodes[0] == 3 and out.returncodes[1] != 0 and not out.timed_out
-    assert out.wall_s < 20
+    assert out.returncodes[0] == 3 and not out.timed_out
+    assert out.returncodes[1] is not None and out.returncodes[1] < 0   # stopped, not slept out
 
 
 def test_argv_is_not_a_shell(tmp_path):
