@@ -144,6 +144,9 @@ def _check_result(result: dict, tag: str):
     assert result["stage_layers"] == [LAYER_NAMES[:3], LAYER_NAMES[3:]], tag
     assert len(result["peak_memory_bytes"]) == 2 and min(result["peak_memory_bytes"]) > 0
     assert result["mean_s"] > 0 and len(result["iteration_times_s"]) == 4
+    # the record says where each rank ran: global rank i under node i's torchrun
+    assert [(w["rank"], w["node_rank"]) for w in result["rank_nodes"]] == [(0, 0), (1, 1)], tag
+    assert len({w["pid"] for w in result["rank_nodes"]}) == 2, tag
 
 
 def _check_node_ranks(workers: _Workers, tag: str):

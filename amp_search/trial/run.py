@@ -373,7 +373,8 @@ def train(cfg: TrialConfig) -> dict | None:
     else:
         local = (0, len(cfg.layers))
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, {"rank": rank, "peak": peak, "layers": local})
+    dist.all_gather_object(gathered, {"rank": rank, "peak": peak, "layers": local,
+                                      "where": _where(rank)})
     result = None
     if rank == 0:
         timed = times[cfg.warmup:]
@@ -388,6 +389,7 @@ def train(cfg: TrialConfig) -> dict | None:
             "peak_memory_bytes": [g["peak"][0] for g in gathered],
             "peak_memory_kind": peak[1],
             "rank_layers": [list(g["layers"]) for g in gathered],
+            "rank_nodes": [g["where"] for g in gathered],
             "stage_layers": [[cfg.layers[i].name for i in range(*gathered[a.rank]["layers"])]
                              for a in cfg.ranks if a.replica == 0 and a.tensor == 0],
             "versions": _versions(),
@@ -396,6 +398,17 @@ def train(cfg: TrialConfig) -> dict | None:
         }
     dist.barrier()
     return result
+
+
+def _where(rank: int) -> dict:
+    """Where this rank ran: its host, the launcher's node rank (torchrun's GROUP_RANK, the
+    deepspeed launcher's CROSS_RANK, srun's SLURM_NODEID; -1 where none is set) and pid."""
+    import socket
+
+    node = next((os.environ[k] for k in ("GROUP_RANK", "CROSS_RANK", "SLURM_NODEID")
+                 if os.environ.get(k, "").isdigit()), "-1")
+    return {"rank": rank, "hostname": socket.gethostname(), "node_rank": int(node),
+            "pid": os.getpid()}
 
 
 _PARENT_PID = os.getppid()
