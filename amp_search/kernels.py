@@ -40,10 +40,10 @@ def cache_writable() -> bool:
     from cost_models import _jit
     from cost_models import schedule
 
-    from . import partition  # noqa: F401  (creating its dispatchers is what warns)
+    from . import partition  # (creating its dispatchers is what warns)
 
     schedule._materialize()
-    return not _jit._warned & {"partition kernels", "schedule simulator kernels"}
+    return not _jit._warned & {partition.KERNELS_WHAT, schedule.KERNELS_WHAT}
 
 
 def lock_path() -> Path:
@@ -63,8 +63,6 @@ def start_background_compile(python: str = sys.executable) -> subprocess.Popen:
 def compile_kernels() -> bool:
     """Compile (or load) every kernel the planner calls, by planning the shipped example with
     the compiled kernels; returns False if another process holds the lock (it compiles)."""
-    from cost_models import _jit
-
     from .planner import plan
     from .resources import example_path
     from .spec import load_spec
@@ -74,7 +72,6 @@ def compile_kernels() -> bool:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return False
-        _jit.python_until_cached(False)
         plan(load_spec(example_path(EXAMPLE)))
         return True
 

@@ -107,12 +107,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models import _jit
-from cost_models._jit import in_cache, njit
+
+KERNELS_WHAT = "partition kernels"
+"""The name of this module's kernels in cost_models._jit's warnings."""
+
 
 def _kernel(fn):
     """``numba.njit(cache=True)(fn)``, or without the on-disk cache where none can be
     written (cost_models._jit)."""
-    return njit(fn, what="partition kernels")
+    return _jit.njit(fn, what=KERNELS_WHAT)
 
 
 # Shared array conventions, for a chain of L layers cut into pp stages:
@@ -865,4 +868,4 @@ def kernels_cached() -> bool:
 
     Loading ``_solve`` from the cache needs none of the kernels it calls, so its index alone
     decides (cost_models._jit.in_cache)."""
-    return in_cache(_solve)
+    return _jit.in_cache(_solve)

@@ -128,6 +128,8 @@ from . import comm as C
 from . import _jit as _jit_module
 from ._jit import in_cache, njit
 
+KERNELS_WHAT = "schedule simulator kernels"
+"""The name of this module's kernels in cost_models._jit's warnings."""
 SCHEDULES = ("1f1b", "gpipe")
 GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter")
 
@@ -552,7 +554,7 @@ _NUM_EV = 3
 def _jit(fn):
     """``numba.njit(cache=True, error_model="numpy")(fn)`` (every division is guarded), or
     without the on-disk cache where none can be written (cost_models._jit)."""
-    return njit(fn, what="schedule simulator kernels", error_model="numpy")
+    return njit(fn, what=KERNELS_WHAT, error_model="numpy")
 
 
 class _Kernel:

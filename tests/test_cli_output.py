@@ -123,7 +123,6 @@ def terminal(monkeypatch):
     """stderr is a terminal, and no cold-start line was printed yet in this process."""
     monkeypatch.setattr(cli_plan, "_stderr_is_terminal", lambda: True)
     monkeypatch.setattr(cli_plan, "_cold_start_said", False)
-    monkeypatch.setattr(partition, "_solve", SimpleNamespace(signatures=[]))  # not run yet
 
 
 def test_cold_start_line_once_and_says_what_happens(terminal, capsys):
@@ -189,7 +188,7 @@ def test_kernels_cached_reads_the_cache_and_never_raises(monkeypatch):
 
     partition.optimal_partition(np.ones((2, 4)), np.zeros((2, 5)), 2)  # compiled or loaded
     from cost_models import _jit
-    if "partition kernels" not in _jit._warned:  # a writable cache: the index holds _solve
+    if partition.KERNELS_WHAT not in _jit._warned:  # a writable cache: the index holds _solve
         assert partition.kernels_cached() is True
     monkeypatch.setattr(partition, "_solve", object())  # numba internals not as expected
     assert partition.kernels_cached() is False
