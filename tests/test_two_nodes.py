@@ -314,6 +314,8 @@ def test_killing_one_node_fails_the_trial_and_the_next_one_runs(two_nodes):
                                *(c.pid for c in torchruns["0"].children(recursive=True))]
             killed["node1"] = [torchruns["1"].pid,
                                *(c.pid for c in torchruns["1"].children(recursive=True))]
+            killed["processes"] = {c.pid: " ".join(c.cmdline())[:120] for n in ("0", "1")
+                                   for c in torchruns[n].children(recursive=True)}
         except (psutil.Error, KeyError) as exc:
             killed["error"] = repr(exc)
             return

@@ -151,8 +151,10 @@ def check_plan_row(spec: Spec, s: Strategy) -> str:
     if len(set(used)) != len(used):
         twice = next(d for d in used if used.count(d) > 1)
         return f"placement uses device {twice} more than once"
+    from ..launch.orchestrator import splits_layers
+
     n, chunks, p = len(spec.model.layers), s.pp * s.virtual_stages, s.partition
-    if len(p) != chunks + 1 or p[0] != 0 or p[-1] != n or any(a >= b for a, b in zip(p, p[1:])):
+    if not splits_layers(p, n, chunks):
         return (f"partition {list(p)} does not split the model's {n} layers into {chunks} "
                 f"non-empty parts (from 0 to {n}, increasing)")
     if s.gas < 1 or s.gas * s.dp * s.mbs != s.global_batch_size:

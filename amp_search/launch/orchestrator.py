@@ -24,7 +24,6 @@ Nothing measured is lost:
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -50,7 +49,7 @@ from .megatron import (check_gpt_chain, megatron_args, megatron_nodes, megatron_
 from .process import (TRIAL_DIR_VAR, classify_failure, failure_reason, log_tail,
                       oom_kill_count, out_of_memory_in, run_commands, stop_trial_processes)
 from .results_db import (FINISHED, ResultRow, ResultsDB, ResultsDBError, TrialLock,
-                         holder_text, launch_alive, process_start_time)
+                         holder_text, launch_alive, this_launch)
 
 BACKENDS = ("deepspeed", "megatron")
 DEFAULT_RESULTS_NAME = "amp-search-results.sqlite"
@@ -247,13 +246,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def splits_layers(partition, num_layers: int, parts: int) -> bool:
+    """Whether `partition` (boundaries) splits num_layers layers into `parts` non-empty,
+    consecutive parts: 0 = b_0 < b_1 < ... < b_parts = num_layers."""
+    p = list(partition)
+    return len(p) == parts + 1 and p[0] == 0 and p[-1] == num_layers and \
+        all(a < b for a, b in zip(p, p[1:]))
+
+
 def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
     """Why the strategy cannot run as a trial ('' if it can)."""
     s = strategy
     n = len(spec.model.layers)
     p = s.partition
     chunks = s.pp * s.virtual_stages
-    if len(p) != chunks + 1 or p[0] != 0 or p[-1] != n or any(a >= b for a, b in zip(p, p[1:])):
+    if not splits_layers(p, n, chunks):
         return (f"partition {list(p)} does not split {n} layers into {chunks} non-empty "
                 f"{'stages' if s.virtual_stages == 1 else 'model chunks'}")
     if s.virtual_stages > 1 and backend == "deepspeed":
@@ -410,13 +417,11 @@ def _run_one(spec: Spec, req: TrialRequest, index: int, options: LaunchOptions,
         return TrialRecord(**base, status="dry-run", files=prep.files)
 
     started = _now()
-    pid = os.getpid()
     record = dict(spec_sha256=spec.sha256, spec_path=str(spec.path), label=s.label(),
                   trial_key=trial_key(s, options.backend), backend=options.backend,
                   launcher=options.launcher, strategy=s.to_dict(), predicted_s=req.predicted_s,
                   iters=options.iters, warmup=options.warmup, log_path=str(prep.log_path),
-                  started_at=started, trial_dir=str(prep.trial_dir), launcher_pid=pid,
-                  launcher_host=socket.gethostname(), launcher_started=process_start_time(pid))
+                  started_at=started, trial_dir=str(prep.trial_dir), **this_launch())
     try:
         row = db.start(**record)
     except ResultsDBError:
@@ -460,21 +465,14 @@ def _run_one(spec: Spec, req: TrialRequest, index: int, options: LaunchOptions,
     if result is not None and result.get("mean_s") is not None:
         if others is not None:
             result = {**result, "other_processes_cores": others}
-        peaks = result.get("peak_memory_bytes") or []
-        rec = TrialRecord(**base, status="ok", measured_mean_s=result["mean_s"],
-                          measured_std_s=result.get("std_s"),
-                          peak_memory_bytes=max(peaks) if peaks else None,
-                          peak_memory_kind=result.get("peak_memory_kind", ""),
-                          versions=result.get("versions", {}),
-                          losses=tuple(result.get("losses", ())), ended_at=ended,
-                          wall_s=outcome.wall_s,
-                          error="" if outcome.ok else f"exit codes "
-                          f"{list(outcome.returncodes)} after the result was written")
-        _finish(db, prep, row, s.label(), status="ok", ended_at=ended,
-                measured_mean_s=rec.measured_mean_s, measured_std_s=rec.measured_std_s,
-                peak_memory_bytes=rec.peak_memory_bytes, peak_memory_kind=rec.peak_memory_kind,
-                versions=rec.versions, result=result, final=True)
-        return dataclasses.replace(rec, final=True)
+        measured = _measured(result)
+        _finish(db, prep, row, s.label(), status="ok", ended_at=ended, final=True, **measured)
+        del measured["result"]
+        return TrialRecord(**base, status="ok", final=True, **measured,
+                           losses=tuple(result.get("losses", ())), ended_at=ended,
+                           wall_s=outcome.wall_s,
+                           error="" if outcome.ok else f"exit codes "
+                           f"{list(outcome.returncodes)} after the result was written")
     final = False
     if outcome.ok:
         status, error = "failed", "the trial exited without writing its result"
@@ -575,6 +573,7 @@ def _result_in(folder: Path, backend: str, warmup: int | None) -> dict | None:
 
 
 def _measured(res: dict) -> dict:
+    """What a trial's result gives its row (and its TrialRecord, less `result`)."""
     peaks = res.get("peak_memory_bytes") or []
     return dict(measured_mean_s=res["mean_s"], measured_std_s=res.get("std_s"),
                 peak_memory_bytes=max(peaks) if peaks else None,
@@ -700,15 +699,15 @@ def run_trials(spec: Spec, items: Iterable, options: LaunchOptions | None = None
             on_note(f"waiting for {holder_text(holder)}, which runs a trial recorded in "
                     f"{db.path} (one trial at a time per database)")
 
-    def recover() -> None:
-        found = recover_orphans(db, runs_dirs=(runs_dir,), own_rows_orphaned=True)
+    def recover(runs_dirs: tuple[Path, ...] = ()) -> None:
+        found = recover_orphans(db, runs_dirs=runs_dirs, own_rows_orphaned=True)
         if found and on_note is not None and found.summary() not in told:
             told.add(found.summary())
             on_note(found.summary())
 
     if lock is not None:
         with lock.held("recovery", on_wait=waiting):
-            recover()
+            recover((runs_dir,))  # folders no row names are taken back once, here
     bar = tqdm(total=len(requests), desc="trials", unit="trial", disable=not options.progress,
                file=sys.stderr, leave=False)
     try:
@@ -719,7 +718,7 @@ def run_trials(spec: Spec, items: Iterable, options: LaunchOptions | None = None
                 lock.acquire(s.label(), on_wait=waiting)
             try:
                 if lock is not None:
-                    recover()  # a launch that died while this one waited
+                    recover()  # the rows of a launch that died while this one waited
                 rec = _one(spec, req, index, options, db, runs_dir, hosts, t0, keep,
                            final_only, before_trial)
             finally:

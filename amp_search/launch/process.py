@@ -19,12 +19,10 @@ kernel's OOM killer acted during the trial); a rank that was killed is `failed: 
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +30,7 @@ from typing import Callable
 
 from .launchers import Command
 
-from ..trial.run import ERROR_MARKER
+from ..trial.run import ERROR_MARKER, PR_SET_PDEATHSIG, prctl_function
 
 KILL_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL."""
@@ -41,8 +39,6 @@ PEER_EXIT_GRACE_S = 15.0
 
 TRIAL_DIR_VAR = "AMP_SEARCH_TRIAL_DIR"
 """Environment variable naming the trial folder in every process of a trial."""
-PR_SET_PDEATHSIG = 1
-"""prctl option (linux/prctl.h): the signal a process gets when its parent dies."""
 
 _OOM = re.compile(r"out of memory|OutOfMemoryError|Cannot allocate memory|std::bad_alloc",
                   re.IGNORECASE)
@@ -73,11 +69,8 @@ def parent_death_hook(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A `preexec_fn` that makes the child get `sig` when this process dies (Linux prctl);
     None where the platform has no such call. The child exits at once if this process died
     before the call took effect."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = prctl_function()
+    if prctl is None:
         return None
     parent = os.getpid()
 

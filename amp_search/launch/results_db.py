@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import sqlite3
 import time
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import UsageError
+from .process import out_of_memory_in
 
 SCHEMA_VERSION = 2
 FINISHED = ("ok", "oom", "failed", "timeout")
@@ -87,9 +87,6 @@ CREATE INDEX IF NOT EXISTS results_key ON results (spec_sha256, trial_key);
 _V2_COLUMNS = (("final", "INTEGER"), ("launcher_host", "TEXT"), ("launcher_pid", "INTEGER"),
                ("launcher_started", "REAL"), ("trial_dir", "TEXT"))
 """Columns version 2 added to version 1's results table."""
-
-_MEMORY = re.compile(r"out of memory|OutOfMemoryError|Cannot allocate memory|std::bad_alloc",
-                     re.IGNORECASE)
 
 
 class ResultsDBError(UsageError):
@@ -157,7 +154,7 @@ class ResultRow:
 def default_final(status: str, error: str | None = None) -> bool:
     """Whether an attempt that ended with `status` is kept for good when the caller does not
     say: ok, and out of memory where the error says so."""
-    return status == "ok" or (status == "oom" and bool(_MEMORY.search(error or "")))
+    return status == "ok" or (status == "oom" and out_of_memory_in(error or ""))
 
 
 def describe_error(path: Path, exc: BaseException, action: str) -> str:
@@ -320,8 +317,9 @@ class ResultsDB:
               launcher_started: float | None = None) -> int:
         """Insert a `running` row; returns its id. The launch is this process unless given."""
         if launcher_pid is None:
-            launcher_pid, launcher_host = os.getpid(), socket.gethostname()
-            launcher_started = process_start_time(launcher_pid)
+            me = this_launch()
+            launcher_pid, launcher_host = me["launcher_pid"], me["launcher_host"]
+            launcher_started = me["launcher_started"]
         with self._write(f"record the start of trial {label}") as con:
             cur = con.execute(
                 "INSERT INTO results (spec_sha256, spec_path, trial_key, label, backend, "
@@ -474,6 +472,13 @@ def process_start_time(pid: int) -> float | None:
         return float(psutil.Process(pid).create_time())
     except Exception:  # noqa: BLE001 - psutil missing, or the process is gone
         return None
+
+
+def this_launch() -> dict:
+    """The row columns that name this process as the launch (host, pid, start time)."""
+    pid = os.getpid()
+    return {"launcher_pid": pid, "launcher_host": socket.gethostname(),
+            "launcher_started": process_start_time(pid)}
 
 
 def launch_alive(row: ResultRow) -> bool | None:

@@ -414,6 +414,17 @@ def _where(rank: int) -> dict:
 _PARENT_PID = os.getppid()
 """The launcher process that started this one (read as early as the module loads)."""
 PR_SET_PDEATHSIG = 1
+"""prctl option (linux/prctl.h): the signal a process gets when its parent dies."""
+
+
+def prctl_function():
+    """Linux's prctl(2) through ctypes, looked up once; None where the platform has none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
 
 def die_with_parent(parent_pid: int = _PARENT_PID, poll_s: float = 1.0) -> None:
@@ -422,15 +433,12 @@ def die_with_parent(parent_pid: int = _PARENT_PID, poll_s: float = 1.0) -> None:
     where the parent died before the signal was set)."""
     if os.getppid() != parent_pid:
         os._exit(1)  # the launcher is already gone
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL),
-                                                     0, 0, 0)
-            if os.getppid() == parent_pid:
-                return
-            os._exit(1)  # the launcher died before the signal was set
-        except (OSError, AttributeError):
-            pass
+    prctl = prctl_function()
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() == parent_pid:
+            return
+        os._exit(1)  # the launcher died before the signal was set
 
     def watch() -> None:
         while os.getppid() == parent_pid:
