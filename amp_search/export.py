@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UsageError
+from .hosts import is_loopback_host
 from .launch.hostfile import HostSlots, format_hostfile
-from .launch.launchers import (LaunchContext, build_launch, is_local_host, torchrun_node,
-                               trial_nodes, trial_program)
+from .launch.launchers import (LaunchContext, build_launch, torchrun_node, trial_nodes,
+                               trial_program)
 from .launch.megatron import (check_gpt_chain, megatron_args, megatron_nodes,
                               megatron_program, split_args, stage_layer_counts,
                               virtual_stage_args)
@@ -463,7 +464,7 @@ def export_strategy(spec: Spec, strategy: Strategy, *, fmt: str,
     if placeholder:
         notes = [f"hosts are placeholders ({', '.join(hosts.values())}): export again with "
                  f"--hostfile FILE or give cluster.nodes[].hosts"] + notes
-    if all(is_local_host(h) for h in hosts.values()):
+    if all(is_loopback_host(h) for h in hosts.values()):
         one = len(set(hosts.values())) == 1
         notes.append("all ranks run on this machine (localhost)" if one else
                      f"all ranks run on this machine: the nodes are loopback addresses "

@@ -15,7 +15,7 @@ placement, heterogeneous or interleaved, runs as planned:
 - torchrun   one `torchrun --nnodes K --node-rank i --nproc-per-node n_i` per node, through
              `ssh host -- ...` for remote hosts. ssh hands the remote side one command string:
              every element is quoted with shlex.quote, and hosts are validated names. A node
-             whose host is this machine by its spelling (`is_local_host`: localhost or any
+             whose host is this machine by its spelling (`hosts.is_loopback_host`: localhost or any
              loopback address, 127.0.0.0/8 and ::1) starts here without ssh, so a hostfile of
              127.0.0.1 and 127.0.0.2 runs two real nodes on one machine;
 - slurm      `srun --distribution=arbitrary` with SLURM_HOSTFILE naming the host of every
@@ -36,18 +36,6 @@ from ..trial.ranks import RankAssignment, launch_nodes, node_devices
 from .hostfile import HostSlots, format_hostfile
 
 LAUNCHERS = ("local", "deepspeed", "torchrun", "slurm")
-LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
-"""The usual spellings of this machine; `is_local_host` accepts every loopback address."""
-
-
-def is_local_host(host: str) -> bool:
-    """True when `host` is this machine by its spelling alone (no lookup): 'localhost' or a
-    loopback address (127.0.0.0/8, ::1, ::ffff:127.x.y.z). Its processes start here, without
-    ssh. This machine's own hostname or LAN address is not recognised (it would need a lookup)
-    and goes over ssh like any other host."""
-    return is_loopback_host(host)
-
-
 TRIAL_MODULE = "amp_search.trial.run"
 
 
@@ -160,7 +148,7 @@ def deepspeed_launch(nodes: tuple[NodeLaunch, ...], ctx: LaunchContext, *, rank0
             # one local host: nothing to reach over ssh (the runner would insist on it);
             # with several nodes the runner reaches every one, loopback ones too, over
             # pdsh/ssh, so the check stays
-            *(("--no_ssh_check",) if len(nodes) == 1 and is_local_host(nodes[0].host)
+            *(("--no_ssh_check",) if len(nodes) == 1 and is_loopback_host(nodes[0].host)
               else ()),
             *program)
     files = {hostfile: format_hostfile(hosts)}
@@ -191,7 +179,7 @@ def torchrun_launch(nodes: tuple[NodeLaunch, ...], ctx: LaunchContext, *, rank0_
         host = n.host
         node = torchrun_node(nodes, i, ctx, program=program)
         inner, env = node.argv, node.env
-        if is_local_host(host):
+        if is_loopback_host(host):
             commands.append(Command(argv=inner, env=env, host=host))
             continue
         remote = ["cd", str(ctx.workdir), "&&", "env",
