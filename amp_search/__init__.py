@@ -20,6 +20,7 @@ _EXPORTS = {
     "Breakdown": "records", "Estimate": "records", "Plan": "records", "StageMemory": "records",
     "Strategy": "records",
     "Spec": "spec", "load_spec": "spec",
+    "LaunchOptions": "tuner", "TuneResult": "tuner", "tune": "tuner",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -31,7 +31,8 @@ from cost_models.params import CostParams
 
 from .errors import UsageError
 from .measurements import NO_MEASUREMENTS, Measurements, calibration_path, device_types
-from .planner import CostModel, evaluate, measured_overheads
+from .costing import CostModel, measured_overheads
+from .planner import evaluate
 from .records import Strategy
 from .spec import Spec
 
@@ -294,7 +295,7 @@ def calibrate(spec: Spec, records, *, fit_on=None, initial: CostParams | None = 
     records: MeasuredTrial (or see `as_trials`); fit_on: indices (or one bool per record) of
     the trials to fit on; the rest are held out and scored. `initial` is the uncalibrated
     model (default: CostParams() with the framework overheads the layer profiles measured,
-    `planner.measured_overheads`), which is also the starting point. `measurements`: the
+    `costing.measured_overheads`), which is also the starting point. `measurements`: the
     layer profiles and link fits to predict with (the calibration they hold is not used:
     `initial` is).
     """

@@ -44,7 +44,7 @@ from .launch.launchers import (LaunchContext, build_launch, torchrun_node, trial
 from .launch.megatron import (check_gpt_chain, megatron_args, megatron_nodes,
                               megatron_program, split_args, stage_layer_counts,
                               virtual_stage_args)
-from .launch.orchestrator import LaunchOptions, _check, node_hosts, preflight
+from .launch.orchestrator import LaunchOptions, check_options, node_hosts, preflight
 from .records import Estimate, Strategy
 from .spec import Spec
 from .trial.config import trial_config, trial_env
@@ -140,8 +140,9 @@ def check_exportable(spec: Spec, s: Strategy, fmt: str, estimate: Estimate | Non
     launcher's own checks (custom layers, Megatron's GPT chain, preflight) and memory."""
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}; accepted: {', '.join(FORMATS)}")
-    _check(spec, LaunchOptions(backend=fmt, launcher="torchrun" if fmt == "megatron"
-                               else "deepspeed", dry_run=True, megatron_path=Path(_MEGATRON)))
+    check_options(spec, LaunchOptions(backend=fmt, launcher="torchrun" if fmt == "megatron"
+                                      else "deepspeed", dry_run=True,
+                                      megatron_path=Path(_MEGATRON)))
     reason = preflight(spec, s, fmt)
     if reason:
         raise UsageError(f"{s.label()} cannot run: {reason}")

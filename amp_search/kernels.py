@@ -27,23 +27,23 @@ EXAMPLE = "amp-hetero-gpt2"
 
 def kernels_cached() -> bool:
     """Whether numba's cache holds both groups of kernels for this machine."""
-    from cost_models import schedule
+    from cost_models import simulator_kernels
 
     from . import partition
 
-    return partition.kernels_cached() and schedule.kernels_cached()
+    return partition.kernels_cached() and simulator_kernels.kernels_cached()
 
 
 def cache_writable() -> bool:
     """False where numba finds no writable cache folder (the kernels then compile in every
     process, and a background compile would be lost)."""
     from cost_models import _jit
-    from cost_models import schedule
+    from cost_models import simulator_kernels
 
     from . import partition  # (creating its dispatchers is what warns)
 
-    schedule._materialize()
-    return not _jit._warned & {partition.KERNELS_WHAT, schedule.KERNELS_WHAT}
+    simulator_kernels.materialize()
+    return not _jit._warned & {partition.KERNELS_WHAT, simulator_kernels.KERNELS_WHAT}
 
 
 def lock_path() -> Path:

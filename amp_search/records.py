@@ -10,6 +10,12 @@ Placement = tuple[tuple[tuple[int, ...], ...], ...]
 """placement[stage][replica][tensor_rank] -> device id (devices numbered in spec order)."""
 
 
+def micro_batches(global_batch_size: int, dp: int, mbs: int) -> int:
+    """gas: the micro-batches each pipeline replica runs per iteration (gradient accumulation
+    steps); the one place it is derived (the search's rules make dp * mbs divide the batch)."""
+    return global_batch_size // (dp * mbs)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Strategy:
     """One 3D-parallel training configuration (AMP eq. 2, plus ZeRO and recomputation)."""
@@ -69,7 +75,7 @@ class Strategy:
         zero)."""
         if self.dp < 1 or self.mbs < 1:
             return 0
-        return self.global_batch_size // (self.dp * self.mbs)
+        return micro_batches(self.global_batch_size, self.dp, self.mbs)
 
     @property
     def num_devices(self) -> int:

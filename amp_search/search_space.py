@@ -67,6 +67,7 @@ from typing import Callable
 from cost_models.memory import zero_allowed
 
 from .errors import Infeasible, SpecError
+from .records import micro_batches
 from .spec import Spec
 
 
@@ -115,8 +116,18 @@ class Candidate:
     """Model chunks per pipeline stage (> 1: the interleaved 1F1B schedule)."""
 
     @classmethod
-    def of(cls, *, pp: int, dp: int, tmp: int, mbs: int, zero_stage: int, recompute: str,
-           sequence_parallel: bool = False, virtual_stages: int = 1) -> "Candidate":
+    def of(cls, strategy) -> "Candidate":
+        """The candidate a placed and partitioned strategy (records.Strategy) was made of."""
+        return cls(pp=strategy.pp, dp=strategy.dp, tmp=strategy.tmp, mbs=strategy.mbs,
+                   zero_stage=strategy.zero_stage,
+                   activation_checkpointing=strategy.activation_checkpointing,
+                   selective_recompute=strategy.selective_recompute,
+                   sequence_parallel=strategy.sequence_parallel,
+                   virtual_stages=strategy.virtual_stages)
+
+    @classmethod
+    def make(cls, *, pp: int, dp: int, tmp: int, mbs: int, zero_stage: int, recompute: str,
+             sequence_parallel: bool = False, virtual_stages: int = 1) -> "Candidate":
         """A candidate from a recomputation mode: none | selective | full."""
         return cls(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero_stage,
                    activation_checkpointing=recompute == "full",
@@ -283,7 +294,7 @@ def virtual_stages_need_pipeline(s: SearchSpace, c: Candidate) -> Violation | No
 
 
 def interleaved_microbatches(s: SearchSpace, c: Candidate) -> Violation | None:
-    gas = s.global_batch_size // (c.dp * c.mbs)
+    gas = micro_batches(s.global_batch_size, c.dp, c.mbs)
     if c.virtual_stages > 1 and gas % c.pp:
         return Violation(Reason.MICROBATCHES_NOT_MULTIPLE_OF_PP,
                          f"virtual_pipeline_stages = {c.virtual_stages}: {gas} micro-batches "
@@ -369,7 +380,7 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
         * len(space.virtual_stages)
     out = []
     for pp, dp, tmp in degrees(space.num_devices):
-        probe = Candidate.of(pp=pp, dp=dp, tmp=tmp, mbs=1, zero_stage=space.zero_stages[0],
+        probe = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=1, zero_stage=space.zero_stages[0],
                              recompute=space.recompute[0])
         v = first_violation(space, probe, LAYOUT_RULES)
         if v is not None:
@@ -380,7 +391,7 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
                 for ck in space.recompute:
                     for sp, vs in ((sp, vs) for sp in space.sequence_parallel
                                    for vs in space.virtual_stages):
-                        c = Candidate.of(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=z,
+                        c = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=z,
                                          recompute=ck, sequence_parallel=sp,
                                          virtual_stages=vs)
                         v = first_violation(space, c, FEASIBILITY_RULES[len(LAYOUT_RULES):]

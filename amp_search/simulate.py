@@ -1,5 +1,5 @@
-"""The event-level simulator (cost_models.schedule) fed by the planner's cost model, and the
-re-ranking of the search's best strategies by it (issue 11).
+"""The event-level simulator (cost_models.simulator) fed by the planner's cost model, and the
+re-ranking of the search's best strategies by it.
 
 `simulation_inputs(model, strategy)` gives `simulate_iteration`'s keyword arguments for one
 strategy on its placement and layer split, from the same cost terms as AMP eq. 5 and 4
@@ -56,7 +56,7 @@ strategy on its placement and layer split, from the same cost terms as AMP eq. 5
   paper's, Rajbhandari et al. 2020 section 7) 1.5x volume.
 
 Each flow has its own link at the bandwidth the cost model gives it; the cost model already
-divides a NIC among the flows that cross it at once (static sharing, amp_search.topology).
+divides a NIC among the flows that cross it at once (static sharing, amp_search.costing.links).
 """
 from __future__ import annotations
 
@@ -65,19 +65,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cost_models import comm as C
-from cost_models import memory as M
-from cost_models import pipeline as P
+from cost_models import comm
+from cost_models import memory as memory_model
+from cost_models import pipeline
 from cost_models.layers import tp_allreduce_elements_by_pass
 
 from .records import CriticalSegment, Estimate, SimulationBreakdown, Strategy
 from .search_space import Candidate
 
 if TYPE_CHECKING:
-    from cost_models.schedule import SimulatedIteration
+    from cost_models.simulator import SimulatedIteration
 
     from .placement import DeviceOrder
-    from .planner import CostModel, PlacedLayout, StageCosts
+    from .costing import CostModel, PlacedLayout, StageCosts
 
 DEFAULT_SIMULATE_TOP = 32
 """Strategies of the exact DP's ranking that `plan` simulates and re-orders by default.
@@ -100,7 +100,7 @@ def p2p_mode_of(framework: str) -> str:
     """The schedule simulator's p2p_mode for a key of `cost_models.pipeline.P2P_BLOCKING_SHARE`
     ("deepspeed": "blocking", "megatron": "paired", "async": "async"); ValueError for
     another."""
-    from cost_models.schedule import P2P_MODE_OF_FRAMEWORK
+    from cost_models.simulator import P2P_MODE_OF_FRAMEWORK
 
     if framework not in P2P_MODE_OF_FRAMEWORK:
         raise ValueError(f"framework {framework!r}: the simulator models the P2P of "
@@ -170,7 +170,7 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
     chunks = len(bounds) - 1
     if chunks != c.pp:          # interleaved: chunk k runs on stage k mod pp
         per_layer, tp = per_layer[np.arange(chunks) % c.pp], tp[np.arange(chunks) % c.pp]
-    totals = np.stack([P.stage_totals(per_layer[:, k, :], bounds) for k in range(3)])
+    totals = np.stack([pipeline.stage_totals(per_layer[:, k, :], bounds) for k in range(3)])
     totals += costs.microbatch_overhead_s * share[:, None] * (c.pp / chunks)
     # each stage's (chunk's) pass totals spread over its layers in proportion to their time
     own = np.zeros((chunks, L), dtype=bool)
@@ -183,15 +183,8 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
                        own[:, None, :] / np.maximum(counts, 1))
     return PassTimes(forward_s=totals[0], backward_s=totals[1],
                      recompute_s=totals[2] if ckpt else None,
-                     tensor_parallel_s=P.stage_totals(tp.sum(axis=1), bounds),
+                     tensor_parallel_s=pipeline.stage_totals(tp.sum(axis=1), bounds),
                      layer_s=weights * totals.T[:, :, None])
-
-
-def candidate_of(s: Strategy) -> Candidate:
-    return Candidate(pp=s.pp, dp=s.dp, tmp=s.tmp, mbs=s.mbs, zero_stage=s.zero_stage,
-                     activation_checkpointing=s.activation_checkpointing,
-                     selective_recompute=s.selective_recompute,
-                     sequence_parallel=s.sequence_parallel, virtual_stages=s.virtual_stages)
 
 
 def simulatable(s: Strategy) -> str | None:
@@ -204,14 +197,14 @@ def simulatable(s: Strategy) -> str | None:
 def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str = SCHEDULE,
                       overlap: bool = False, bucket_elements: int | None = None,
                       order: "DeviceOrder | None" = None, p2p_mode: str | None = None) -> dict:
-    """The keyword arguments of `cost_models.schedule.simulate_iteration` for `strategy` (its
+    """The keyword arguments of `cost_models.simulator.simulate_iteration` for `strategy` (its
     partition and placement) under `model` (the module docstring says what each one is).
     bucket_elements: default DeepSpeed's reduce_bucket_size; p2p_mode: default the P2P of the
     spec's training.backend (`p2p_mode_of`: DeepSpeed's blocking sends, `P2P_MODE`, or
     Megatron's paired ones); order: the DeviceOrder the placement came from, whose layout
     the model has cached (else the placement is costed again). Raises ValueError for a
     strategy that `simulatable` refuses."""
-    from cost_models.schedule import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    from cost_models.simulator import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 
     why = simulatable(strategy)
     if why is not None:
@@ -221,7 +214,7 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     if p2p_mode is None:
         p2p_mode = p2p_mode_of(model.spec.training.backend)
     s = strategy
-    c = candidate_of(s)
+    c = Candidate.of(s)
     layout = model.layout(c, order) if order is not None else None
     if layout is None or layout.placement_tuple != s.placement:
         layout = model.layout(c, placement=np.array(s.placement, dtype=np.int64))
@@ -232,7 +225,7 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
         return _interleaved_inputs(model, s, layout, costs, t, bucket_elements)
     bpe = model.spec.training.bytes_per_element
     kw: dict = dict(forward_s=t.forward_s, backward_s=t.backward_s, recompute_s=t.recompute_s,
-                    optimizer_s=P.stage_totals(costs.optimizer_s, bounds), gas=s.gas,
+                    optimizer_s=pipeline.stage_totals(costs.optimizer_s, bounds), gas=s.gas,
                     schedule=schedule, step_overhead_s=costs.step_overhead_s,
                     p2p_mode=p2p_mode)
     if s.pp > 1:
@@ -246,7 +239,7 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     if s.dp > 1 and s.zero_stage == 3:          # pp = 1: per-layer gathers, reduce-scatters
         bw, crosses = layout.dp_links
         params = model.params_per_layer(s.tmp).astype(float)
-        grad_bpe = C.gradient_reduce_bytes_per_element(model.spec.training.precision)
+        grad_bpe = comm.gradient_reduce_bytes_per_element(model.spec.training.precision)
         layer = t.layer_s[0]
         kw.update(dp=s.dp, dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(bw, dtype=float),
@@ -255,17 +248,17 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
                   zero3_param_bytes=params * bpe, zero3_grad_bytes=params * grad_bpe)
     elif s.dp > 1:
         bw, crosses = layout.dp_links
-        grad = P.stage_totals(model.params_per_layer(s.tmp)[None, :].repeat(s.pp, axis=0),
-                              bounds) * bpe
+        grad = pipeline.stage_totals(
+            model.params_per_layer(s.tmp)[None, :].repeat(s.pp, axis=0), bounds) * bpe
         precision = model.spec.training.precision
         if model.spec.training.backend == "megatron":
             # Megatron-LM reduces its gradient buffer's dtype (fp32 with bf16); only its
             # distributed optimizer (zero_stage 1) all-gathers the updated weights
             gather, weights = s.zero_stage == 1, grad
-            grad = grad * C.gradient_reduce_bytes_per_element(precision,
+            grad = grad * comm.gradient_reduce_bytes_per_element(precision,
                                                               framework="megatron") / bpe
         else:
-            engine = M.deepspeed_engine(zero_stage=s.zero_stage, precision=precision)
+            engine = memory_model.deepspeed_engine(zero_stage=s.zero_stage, precision=precision)
             gather, weights = s.zero_stage in (1, 2) or engine == "bf16_optimizer", grad
         kw.update(dp=s.dp, gradient_bytes=grad,
                   dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
@@ -279,7 +272,7 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
 
 def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
                         costs: "StageCosts", t: PassTimes, bucket_elements: int) -> dict:
-    """`cost_models.schedule.simulate_interleaved`'s keyword arguments for v > 1 model chunks
+    """`cost_models.simulator.simulate_interleaved`'s keyword arguments for v > 1 model chunks
     per stage: per chunk the passes of `pass_times` (recomputation folded into the backward),
     P2P over each of the v*pp - 1 chunk boundaries (the activation of the chunk's last layer)
     on the stage boundary's link (the wrap-around from the last stage to the first on the
@@ -289,7 +282,7 @@ def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
     per_chunk = (lambda x: np.asarray(x, dtype=float).reshape(v, pp).T)   # noqa: E731
     back = t.backward_s + (0.0 if t.recompute_s is None else t.recompute_s)
     kw: dict = dict(forward_s=per_chunk(t.forward_s), backward_s=per_chunk(back),
-                    optimizer_s=P.chunk_device_totals(costs.optimizer_s, bounds, pp),
+                    optimizer_s=pipeline.chunk_device_totals(costs.optimizer_s, bounds, pp),
                     gas=s.gas, step_overhead_s=costs.step_overhead_s)
     bw, crosses = layout.p2p_links
     lat = np.asarray(model.link_latencies_s("p2p", crosses, layout, boundaries=True), float)
@@ -303,7 +296,7 @@ def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
     if s.dp > 1:
         bpe = model.spec.training.bytes_per_element
         dbw, dcross = layout.dp_links
-        kw.update(dp=s.dp, gradient_bytes=P.chunk_device_totals(
+        kw.update(dp=s.dp, gradient_bytes=pipeline.chunk_device_totals(
                       model.params_per_layer(s.tmp)[None, :].repeat(pp, axis=0), bounds, pp)
                   * bpe, dp_latency_s=model.link_latencies_s("all_reduce", dcross, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(dbw, dtype=float),
@@ -327,7 +320,7 @@ def breakdown_of(sim: "SimulatedIteration") -> SimulationBreakdown:
 def simulate(model: "CostModel", strategy: Strategy, *, order: "DeviceOrder | None" = None,
              **kw) -> "SimulatedIteration":
     """Simulate one iteration of `strategy` (keyword arguments: `simulation_inputs`'s)."""
-    from cost_models.schedule import simulate_interleaved, simulate_iteration
+    from cost_models.simulator import simulate_interleaved, simulate_iteration
 
     use_numba = kw.pop("use_numba", True)
     run = simulate_interleaved if strategy.virtual_stages > 1 else simulate_iteration

@@ -719,6 +719,25 @@ def _content_hash(data) -> str:
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+FINGERPRINT_KEY = "spec_fingerprint"
+"""Where a plan JSON names the spec it was made for (`spec_fingerprint`)."""
+FINGERPRINT_SECTIONS = ("cluster", "model", "training")
+
+
+def spec_fingerprint(spec: Spec) -> dict:
+    """What a plan JSON carries to name the spec it was made for: the spec's sha256 and a
+    hash of each parsed section (cluster, model, training), so a plan is refused for
+    another spec but not for the same spec written differently. `amp-search plan --json`
+    writes it under FINGERPRINT_KEY; `launch --plan` checks it."""
+    import dataclasses
+
+    out = {"spec_sha256": spec.sha256}
+    for name in FINGERPRINT_SECTIONS:
+        text = json.dumps(dataclasses.asdict(getattr(spec, name)), sort_keys=True, default=str)
+        out[name] = hashlib.sha256(text.encode()).hexdigest()
+    return out
+
+
 def load_spec(path: str | os.PathLike) -> Spec:
     """Read and validate a YAML spec file. Raises SpecError / UsageError with one clear line.
 

@@ -1,4 +1,4 @@
-"""Pictures of a simulated iteration (cost_models.schedule.SimulatedIteration).
+"""Pictures of a simulated iteration (cost_models.simulator.SimulatedIteration).
 
 - `write_chrome_trace`: the Chrome trace event format (JSON), which Perfetto
   (ui.perfetto.dev) and chrome://tracing open, the convention of the profilers of this
@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cost_models.schedule import KINDS, STREAMS, SimulatedIteration
+from cost_models.simulator import KINDS, STREAMS, SimulatedIteration
 
 COLOURS = {
     "forward": "#4c72b0",

@@ -49,7 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from amp_search.calibrate import MeasuredTrial, calibrate, mape  # noqa: E402
-from amp_search.planner import estimate, evaluate, measured_overheads  # noqa: E402
+from amp_search.costing import measured_overheads  # noqa: E402
+from amp_search.planner import estimate, evaluate  # noqa: E402
 from amp_search.profiling.layers import OtherLoad  # noqa: E402
 from amp_search.spec import load_spec  # noqa: E402
 from cost_models.params import CostParams  # noqa: E402

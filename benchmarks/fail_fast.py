@@ -73,7 +73,7 @@ def refused(fn, *errors):
 def large_pipeline():
     import numpy as np
 
-    from cost_models.schedule import simulate_iteration
+    from cost_models.simulator import simulate_iteration
 
     pp, gas = 64, 1024
     f = np.random.default_rng(0).uniform(1e-3, 2e-3, pp)

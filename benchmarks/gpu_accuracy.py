@@ -17,7 +17,7 @@ GPUs, 18 (tp, dp, pp) layouts, hidden 1024 or 2048, 12-24 layers, fp16, full rec
    given: `estimate(spec, pp, dp, tmp, mbs, partition="uniform", zero_stage=0,
    activation_checkpointing=True)` (Megatron's uniform split: embedding on the first stage, head
    on the last);
-3. figures, against the targets of issue 10 (the constants below):
+3. figures, against the targets (the constants below):
    - MAPE over all rows;
    - mean signed error (predicted / measured - 1) per (tp, dp, pp) layout;
    - Spearman's rank correlation of predicted against measured time within each group of rows
@@ -66,7 +66,7 @@ from amp_search.spec import parse_spec  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "vtrain-single-node-a100.csv"
 
-# targets (issue 10, default model, no flags)
+# targets (default model, no flags)
 TARGET_MAPE = 0.10                  # MAPE <= 10%
 TARGET_LAYOUT_SIGNED_ERROR = 0.15   # every layout's mean signed error within +-15%
 TARGET_SPEARMAN_MEDIAN = 0.9        # within-group Spearman, median >= 0.9
@@ -283,7 +283,8 @@ class Evaluator:
 
     def __init__(self, rows: list[dict]):
         from amp_search.placement import device_orders
-        from amp_search.planner import Candidate, CostModel
+        from amp_search.costing import CostModel
+        from amp_search.search_space import Candidate
 
         self.rows = rows
         models: dict[tuple, CostModel] = {}

@@ -1,4 +1,4 @@
-"""The event simulator against DeepSpeed's own instruction timings (issue 11, item 4).
+"""The event simulator against DeepSpeed's own instruction timings.
 
     python benchmarks/instruction_timing.py [configs/cpu-local.yaml] [--out DIR]
         [--iters 10] [--warmup 4] [--cases pp2-gas4,pp2-gas8,pp2-uneven,pp1-dp2]
@@ -214,8 +214,8 @@ def _uncovered(start, end, cover_start, cover_end) -> float:
 
 
 def simulated_stage_times(sim) -> dict:
-    """The same quantities of a simulated iteration (cost_models.schedule.SimulatedIteration)."""
-    from cost_models.schedule import KINDS, STREAMS
+    """The same quantities of a simulated iteration (cost_models.simulator.SimulatedIteration)."""
+    from cost_models.simulator import KINDS, STREAMS
 
     t = sim.table
     dur = t.end_s - t.start_s
@@ -249,7 +249,8 @@ def simulate_case(spec, strategy: Strategy, calibrated: bool):
     from cost_models.params import CostParams
 
     from amp_search.measurements import load_measurements
-    from amp_search.planner import CostModel, evaluate
+    from amp_search.costing import CostModel
+    from amp_search.planner import evaluate
     from amp_search.resources import profiles_dir
     from amp_search.simulate import simulate
 

@@ -1,5 +1,5 @@
-"""Predicted vs measured memory of the real trial model (issue 3: "nothing it proposes runs out
-of memory").
+"""Predicted vs measured memory of the real trial model (the requirement: "nothing it proposes
+runs out of memory").
 
     python benchmarks/memory_accuracy.py            # larger model; exits 1 if a part is off > 5 %
     python benchmarks/memory_accuracy.py --quick    # the small model tests/test_memory.py uses
@@ -70,7 +70,7 @@ from cost_models import memory as MEM  # noqa: E402
 from cost_models.layers import Layer  # noqa: E402
 
 TOLERANCE = 0.05
-"""Largest relative error accepted for any part (issue 3)."""
+"""Largest relative error accepted for any part (the memory model's accuracy requirement)."""
 PARTS = ("parameter_bytes", "gradient_bytes", "optimizer_bytes", "buffer_bytes",
          "activation_bytes_per_microbatch", "activation_peak_bytes", "pipeline_buffer_bytes")
 

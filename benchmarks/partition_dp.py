@@ -11,7 +11,7 @@ Reported per (N, pp):
   * median per-call time with gas = 1, and the median / 90th percentile / max per-call
     time over gas in {2, 4, 8, 16, 32, 64, 128} and several speed draws, each timed warm
     as the median of --repeats calls;
-  * the median and max number of f(cap) solves of the branch and bound (see partition.py).
+  * the median and max number of f(cap) solves of the branch and bound (see partition_kernels.py).
 The first call in a fresh process, with an empty numba cache (JIT compile) and then with
 the on-disk cache, is timed in subprocesses. Then AMP's own O(pp * L^4) DP (paper §3.5,
 eq. 6-8, dp[i][j][m] over every stage time m; compiled with numba here) runs on the N = 24
@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere; PYTHONPATH still wins
     sys.path.append(str(ROOT))
 
-from amp_search import partition  # noqa: E402
+from amp_search import partition_kernels  # noqa: E402
 from amp_search.partition import optimal_partition, pipeline_objective  # noqa: E402
 
 SPEEDS = (1.0, 1.8, 3.2)  # time factor per device type (H100-, A100-, V100-like)
@@ -105,9 +105,9 @@ def gpt_chain_full(blocks: int, pp: int, rng, gas: int, tightness, *, jitter: fl
     mem = np.round(params[None, :] * 0.8e9 + activations[None, :] * in_flight[:, None])
     device = np.array(DEVICE_GB)[kind] * 1e9
     # the least kappa for which some split has every mem_j <= kappa * device_j
-    share = partition._prefix(mem / device[:, None])
-    kappa = partition._min_bottleneck(share, np.zeros(pp), share, np.zeros(pp), False, np.inf,
-                                      np.empty((pp, L + 1)))
+    share = partition_kernels._prefix(mem / device[:, None])
+    kappa = partition_kernels._min_bottleneck(share, np.zeros(pp), share, np.zeros(pp), False,
+                                              np.inf, np.empty((pp, L + 1)))
     args.update(memory_layer_bytes=mem, memory_budget_bytes=np.floor(device * kappa * tightness))
     return args
 
@@ -193,7 +193,7 @@ def solves(times, cuts, gas, sync_layer_s=None, sync_fixed_s=None, memory_layer_
     pp = times.shape[0]
     none2, zero = np.zeros((0, 0)), np.zeros(pp)
     has_sync, has_mem = sync_layer_s is not None, memory_layer_bytes is not None
-    return int(partition._solve(
+    return int(partition_kernels.solve(
         np.ascontiguousarray(times), cuts, gas,
         sync_layer_s if has_sync else none2, sync_fixed_s if has_sync else zero, has_sync,
         memory_layer_bytes if has_mem else none2, memory_budget_bytes if has_mem else zero,

@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 from amp_search.launch.orchestrator import default_results_path  # noqa: E402
 from amp_search.launch.results_db import ResultsDB  # noqa: E402
 from amp_search.measurements import load_measurements  # noqa: E402
-from amp_search.planner import CostModel, evaluate  # noqa: E402
+from amp_search.costing import CostModel  # noqa: E402
+from amp_search.planner import evaluate  # noqa: E402
 from amp_search.records import Strategy  # noqa: E402
 from amp_search.resources import profiles_dir  # noqa: E402
 from amp_search.simulate import with_simulation  # noqa: E402

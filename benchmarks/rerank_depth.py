@@ -1,5 +1,5 @@
 """How deep into the closed form's ranking must the simulator look? (the default of
-`plan --simulate-top`, issue 11)
+`plan --simulate-top`)
 
     python benchmarks/rerank_depth.py [--limit 400] [--json out.json]
 
@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from amp_search.measurements import load_measurements  # noqa: E402
 from amp_search.placement import device_orders  # noqa: E402
-from amp_search.planner import CostModel, plan, ranking_key  # noqa: E402
+from amp_search.costing import CostModel  # noqa: E402
+from amp_search.planner import plan, ranking_key  # noqa: E402
 from amp_search.resources import profiles_dir  # noqa: E402
 from amp_search.simulate import DEFAULT_SIMULATE_TOP, with_simulation  # noqa: E402
 from amp_search.spec import load_spec, parse_spec  # noqa: E402

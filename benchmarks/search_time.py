@@ -14,7 +14,7 @@ Each size runs the CLI in a fresh process (`python -m amp_search plan SPEC --jso
 first and then `--repeats` times warm; the table reports the first time, the median warm wall
 time and the in-process search time.
 
-Simulation (issue 11): `plan` re-ranks its best 32 strategies by simulating them (the
+Simulation: `plan` re-ranks its best 32 strategies by simulating them (the
 default). Each warm repeat runs the same spec with `--no-simulate` and with the default back
 to back (alternating which goes first, as the machine is shared), and the table gives both
 medians and the median of the paired differences. Targets: the default (simulating) run of

@@ -6,7 +6,7 @@ writable cache folder (the package's ``__pycache__`` and the user-wide cache bot
 numba raises ``RuntimeError: cannot cache function ...: no locator available``) it is
 ``numba.njit(**options)(fn)`` instead, which compiles on first use in every process, and one
 warning per process and `what` says so. Used by amp_search.partition (the layer-assignment DP)
-and cost_models.schedule (the simulator).
+and cost_models.simulator_kernels (the simulator).
 
 Loading from the cache. numba's dispatcher, on the first call of any cached function in a
 process, calls ``target_context.refresh()`` before it reads the cache: that imports and

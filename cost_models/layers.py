@@ -351,3 +351,15 @@ def tp_allreduce_elements(layer: Layer, recompute: bool = False) -> tuple[float,
     backward pass (and the recomputed forward), all passes of
     `tp_allreduce_elements_by_pass` together."""
     return tuple(x for part in tp_allreduce_elements_by_pass(layer, recompute) for x in part)
+
+
+def leading_layers(layers, kind: str) -> int:
+    """How many layers of `kind` open the chain (the embedding's layers at the front; on the
+    reversed chain, the head's at the back): the pipeline split keeps them with the first or
+    last stage."""
+    n = 0
+    for layer in layers:
+        if layer.kind != kind:
+            break
+        n += 1
+    return n

@@ -14,6 +14,8 @@ numba kernels.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 
@@ -165,7 +167,7 @@ def interleaved_1f1b_time_s(stage_time_s, cut_time_s, gas: int, virtual_stages: 
     `interleaved_steady_state_period_s` (max_j t_j with free P2P). The fill and drain run
     chunk by chunk, so each other device's share of them is t_j / v instead of eq. 5's t_j:
     on uniform devices T_pp = (gas + (pp - 1) / v) t, the bubble (pp - 1) t / v of the paper
-    (`interleaved_bubble_fraction`); the simulator (cost_models.schedule.simulate_interleaved)
+    (`interleaved_bubble_fraction`); the simulator (cost_models.simulator.simulate_interleaved)
     plays exactly this with free links and uniform chunks, for gas a multiple of pp (Megatron's
     condition). The fill and drain pay each of the pp - 1 boundaries once, as eq. 5.
     virtual_stages = 1 is `pipeline_1f1b_time_s`."""
@@ -209,3 +211,107 @@ def chunk_boundary_times(cut_s, boundaries, pp: int) -> tuple[np.ndarray, float]
         elif pp > 1:
             wrap = max(wrap, float(cut[1:, b[k]].max()))
     return e, wrap
+
+
+@dataclass(frozen=True)
+class StageCostArrays:
+    """What the closed form needs of one strategy on its placement, before the layers are
+    split: entry [j, l] is layer l run by stage j's devices (amp_search.costing builds them)."""
+
+    layer_s: np.ndarray
+    """[pp, L] what t_j sums: compute + tensor-parallel communication (or the host's time)."""
+    tensor_parallel_s: np.ndarray
+    """[pp, L] the tensor-parallel part of layer_s."""
+    cut_s: np.ndarray
+    """[pp, L + 1] P2P into stage j when it starts at layer i."""
+    sync_s: np.ndarray
+    """[pp, L] exposed data-parallel sync of the layer's parameters."""
+    sync_fixed_s: np.ndarray
+    """[pp] the sync's per-stage latency part."""
+    optimizer_s: np.ndarray
+    """[pp, L] one optimizer step over the layer's parameters."""
+    microbatch_overhead_s: float
+    step_overhead_s: float
+
+
+@dataclass(frozen=True)
+class IterationTerms:
+    """One strategy's iteration by the closed form (eq. 5 then eq. 4) and where its time goes:
+    the bottleneck stage's compute and tensor-parallel time, the bubble, the P2P on the
+    critical path, and the data-parallel sync and optimizer step of the stage finishing last."""
+
+    iteration_s: float
+    stage_time_s: np.ndarray
+    """[pp] t_j, the per-micro-batch time of each (device) stage."""
+    compute_s: float
+    pipeline_bubble_s: float
+    p2p_s: float
+    tensor_parallel_s: float
+    data_parallel_s: float
+    optimizer_s: float
+
+
+def one_f_one_b_iteration_s(costs: StageCostArrays, boundaries, gas: int, *,
+                            blocking_share: float) -> float:
+    """The non-interleaved 1F1B iteration time on the split `boundaries`:
+    t_j = stage_totals(layer_s) + overhead, T_pp = pipeline_1f1b_time_s (eq. 5 with the
+    steady state's P2P), T = iteration_time_s (eq. 4) over sync_j + step_j. What the
+    partition's candidate splits are compared by; `one_f_one_b_iteration` gives the same time
+    (up to rounding: it sums the sync and the step per stage separately) with its terms."""
+    stage_time = stage_totals(costs.layer_s, boundaries) + costs.microbatch_overhead_s
+    after = costs.sync_fixed_s + stage_totals(costs.sync_s + costs.optimizer_s, boundaries)
+    return iteration_time_s(pipeline_1f1b_time_s(
+        stage_time, boundary_times(costs.cut_s, boundaries), gas,
+        blocking_share=blocking_share), after, costs.step_overhead_s)
+
+
+def one_f_one_b_iteration(costs: StageCostArrays, boundaries, gas: int, *,
+                          blocking_share: float) -> IterationTerms:
+    """`one_f_one_b_iteration_s` with where the time goes."""
+    stage_time = stage_totals(costs.layer_s, boundaries) + costs.microbatch_overhead_s
+    stage_tp = stage_totals(costs.tensor_parallel_s, boundaries)
+    stage_compute = stage_time - stage_tp       # device compute, or the host where longer
+    cuts = boundary_times(costs.cut_s, boundaries)
+    sync = costs.sync_fixed_s + stage_totals(costs.sync_s, boundaries)
+    step = stage_totals(costs.optimizer_s, boundaries)
+    pipeline = pipeline_1f1b_time_s(stage_time, cuts, gas, blocking_share=blocking_share)
+    total = iteration_time_s(pipeline, sync + step, costs.step_overhead_s)
+    b = int(np.argmax(stage_time))              # the bottleneck stage
+    # P2P on the critical path: each boundary once (fill and drain, eq. 5) and what the
+    # steady state's gas - 1 micro-batches wait for beyond the bottleneck's compute
+    steady_p2p = pipeline - pipeline_time_s(stage_time, cuts, gas)
+    last = int(np.argmax(sync + step))          # the stage the iteration waits for last
+    return IterationTerms(
+        iteration_s=total, stage_time_s=stage_time,
+        compute_s=float(gas * stage_compute[b] + costs.step_overhead_s),
+        pipeline_bubble_s=float(stage_time.sum() - stage_time[b]),
+        p2p_s=float(cuts.sum() + steady_p2p), tensor_parallel_s=float(gas * stage_tp[b]),
+        data_parallel_s=float(sync[last]), optimizer_s=float(step[last]))
+
+
+def interleaved_iteration(costs: StageCostArrays, boundaries, gas: int, pp: int,
+                          virtual_stages: int, *, blocking_share: float) -> IterationTerms:
+    """The same for v > 1 model chunks per stage (`boundaries`: v * pp + 1 of them, chunk k on
+    stage k mod pp): per device stage, the chunks' totals (`chunk_device_totals`, with the
+    per-micro-batch overhead once), the slowest P2P into each stage and the wrap-around from
+    the last stage to the first (`chunk_boundary_times`), then interleaved_1f1b_time_s and
+    eq. 4; the bubble is the non-interleaved one divided by v."""
+    v = virtual_stages
+    stage_time = chunk_device_totals(costs.layer_s, boundaries, pp) + costs.microbatch_overhead_s
+    stage_tp = chunk_device_totals(costs.tensor_parallel_s, boundaries, pp)
+    cuts, wrap = chunk_boundary_times(costs.cut_s, boundaries, pp)
+    sync = costs.sync_fixed_s + chunk_device_totals(costs.sync_s, boundaries, pp)
+    step = chunk_device_totals(costs.optimizer_s, boundaries, pp)
+    pipeline = interleaved_1f1b_time_s(stage_time, cuts, gas, v, blocking_share=blocking_share,
+                                       wrap_time_s=wrap)
+    total = iteration_time_s(pipeline, sync + step, costs.step_overhead_s)
+    b = int(np.argmax(stage_time))
+    bubble = float((stage_time.sum() - stage_time[b]) / v)
+    steady_p2p = pipeline - (gas * stage_time[b] + bubble + cuts.sum())
+    last = int(np.argmax(sync + step))
+    return IterationTerms(
+        iteration_s=total, stage_time_s=stage_time,
+        compute_s=float(gas * (stage_time[b] - stage_tp[b]) + costs.step_overhead_s),
+        pipeline_bubble_s=bubble, p2p_s=float(cuts.sum() + steady_p2p),
+        tensor_parallel_s=float(gas * stage_tp[b]), data_parallel_s=float(sync[last]),
+        optimizer_s=float(step[last]))

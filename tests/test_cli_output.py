@@ -1,6 +1,6 @@
-"""What the command line prints for a new user (issue 13, "Output a new user misreads"): the
-placement column, the table's legend, the cold-start line, ties, the compact dry run, paths in
-`results`, calibrate's options, --version and help texts. Behaviour only, no timing."""
+"""What the command line prints for a new user (the requirement: no output a new user
+misreads): the placement column, the table's legend, the cold-start line, ties, the compact dry
+run, paths in `results`, calibrate's options, --version and help texts. Behaviour only, no timing."""
 from __future__ import annotations
 
 import argparse
@@ -187,10 +187,11 @@ def test_kernels_cached_reads_the_cache_and_never_raises(monkeypatch):
     import numpy as np
 
     partition.optimal_partition(np.ones((2, 4)), np.zeros((2, 5)), 2)  # compiled or loaded
+    from amp_search import partition_kernels
     from cost_models import _jit
-    if partition.KERNELS_WHAT not in _jit._warned:  # a writable cache: the index holds _solve
+    if partition.KERNELS_WHAT not in _jit._warned:  # a writable cache: the index holds solve
         assert partition.kernels_cached() is True
-    monkeypatch.setattr(partition, "_solve", object())  # numba internals not as expected
+    monkeypatch.setattr(partition_kernels, "solve", object())  # numba internals not as expected
     assert partition.kernels_cached() is False
 
 
@@ -388,9 +389,9 @@ from amp_search.cli import main
 code = main(sys.argv[1:])
 watched = ("torch", "deepspeed", "matplotlib", "amp_search.launch", "amp_search.export",
            "tqdm", "scipy.linalg")
-from amp_search import partition
+from amp_search import partition_kernels
 print(json.dumps({"code": code, "imported": [m for m in watched if m in sys.modules],
-                  "kernels_from_cache": sum(partition._solve._cache_hits.values()) > 0}))
+                  "kernels_from_cache": sum(partition_kernels.solve._cache_hits.values()) > 0}))
 """
 
 

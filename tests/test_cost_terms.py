@@ -8,39 +8,39 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cost_models import comm as C
-from cost_models import pipeline as P
+from cost_models import comm
+from cost_models import pipeline
 from cost_models.compute import microbatch_time_s
 from conftest import ROOT
 
 
-@pytest.mark.parametrize("collective", C.COLLECTIVES)
+@pytest.mark.parametrize("collective", comm.COLLECTIVES)
 @pytest.mark.parametrize("n", [1, 2, 3, 8])
 def test_collective_arrays_equal_scalars(collective, n):
     sizes = np.array([[1e3, 1e6], [5e7, 3e9]])
     bw = np.array([[1e9], [2.5e10]])
     lat = np.array([[1e-5], [3e-6]])
-    vec = C.collective_time_s(collective, sizes, n, bw, lat, messages=3)
+    vec = comm.collective_time_s(collective, sizes, n, bw, lat, messages=3)
     for i in range(2):
         for k in range(2):
-            one = C.collective_time_s(collective, float(sizes[i, k]), n, float(bw[i, 0]),
+            one = comm.collective_time_s(collective, float(sizes[i, k]), n, float(bw[i, 0]),
                                       float(lat[i, 0]), messages=3)
             assert vec[i, k] == pytest.approx(one)
 
 
 def test_ring_factors_once():
     # AMP eq. 3: 2(n-1)M/(nB); all-gather and reduce-scatter half of it; p2p M/B
-    assert C.allreduce_time_s(8e9, 4, 1e9) == pytest.approx(2 * 3 * 8 / 4)
-    assert C.allgather_time_s(8e9, 4, 1e9) == pytest.approx(3 * 8 / 4)
-    assert C.reduce_scatter_time_s(8e9, 4, 1e9, 1e-3) == pytest.approx(3 * 8 / 4 + 3e-3)
-    assert C.p2p_time_s(1e9, 1e9, 1e-3) == pytest.approx(1.001)
-    assert C.stage_boundary_time_s(1e9, 1e9, 1e-3) == pytest.approx(2.002)
-    assert C.allreduce_time_s(8e9, 1, 1e9, 1.0) == 0
-    assert C.allreduce_time_s(0.0, 4, 1e9, 1e-3, messages=2) == pytest.approx(2 * 6e-3)
+    assert comm.allreduce_time_s(8e9, 4, 1e9) == pytest.approx(2 * 3 * 8 / 4)
+    assert comm.allgather_time_s(8e9, 4, 1e9) == pytest.approx(3 * 8 / 4)
+    assert comm.reduce_scatter_time_s(8e9, 4, 1e9, 1e-3) == pytest.approx(3 * 8 / 4 + 3e-3)
+    assert comm.p2p_time_s(1e9, 1e9, 1e-3) == pytest.approx(1.001)
+    assert comm.stage_boundary_time_s(1e9, 1e9, 1e-3) == pytest.approx(2.002)
+    assert comm.allreduce_time_s(8e9, 1, 1e9, 1.0) == 0
+    assert comm.allreduce_time_s(0.0, 4, 1e9, 1e-3, messages=2) == pytest.approx(2 * 6e-3)
     # the link fits of measured profiles use the same factors
     from amp_search.profiling.store import LinkFit
     fit = LinkFit(collective="all_gather", link="intra", alpha_s=2e-5, bandwidth_bytes_per_s=5e9)
-    assert fit.time_s(1e6, 4) == pytest.approx(C.allgather_time_s(1e6, 4, 5e9, 2e-5))
+    assert fit.time_s(1e6, 4) == pytest.approx(comm.allgather_time_s(1e6, 4, 5e9, 2e-5))
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
@@ -49,18 +49,18 @@ def test_data_parallel_sync_vectorised_and_linear(zero, bf16):
     bw = np.array([1e9, 5e9, 2e10])
     lat = np.array([1e-5, 0.0, 2e-4])
     kw = dict(n=4, zero_stage=zero, gas=3, gather_weights_after_step=bf16)
-    vec = C.data_parallel_sync_time_s(param_bytes=2e8, grad_bytes=2e8,
+    vec = comm.data_parallel_sync_time_s(param_bytes=2e8, grad_bytes=2e8,
                                       bandwidth_bytes_per_s=bw, latency_s=lat, **kw)
     for j in range(3):
-        one = C.data_parallel_sync_time_s(param_bytes=2e8, grad_bytes=2e8,
+        one = comm.data_parallel_sync_time_s(param_bytes=2e8, grad_bytes=2e8,
                                           bandwidth_bytes_per_s=float(bw[j]),
                                           latency_s=float(lat[j]), **kw)
         assert vec[j] == pytest.approx(one)
     # linear in the bytes: what the planner's per-layer form relies on
-    f = lambda b: C.data_parallel_sync_time_s(  # noqa: E731
+    f = lambda b: comm.data_parallel_sync_time_s(  # noqa: E731
         param_bytes=b, grad_bytes=b, bandwidth_bytes_per_s=bw, latency_s=lat, **kw)
     np.testing.assert_allclose(f(3e8) - f(0.0), 3 * (f(1e8) - f(0.0)), rtol=1e-9)
-    assert np.all(C.data_parallel_sync_time_s(param_bytes=1.0, grad_bytes=1.0, n=1,
+    assert np.all(comm.data_parallel_sync_time_s(param_bytes=1.0, grad_bytes=1.0, n=1,
                                               bandwidth_bytes_per_s=bw, latency_s=lat,
                                               zero_stage=zero, gas=3) == 0)
 
@@ -68,23 +68,24 @@ def test_data_parallel_sync_vectorised_and_linear(zero, bf16):
 def test_pipeline_composition_equals_eq5_by_hand():
     per_layer = np.array([[1.0, 2.0, 3.0, 4.0], [2.0, 2.0, 2.0, 2.0]])
     bounds = (0, 1, 4)
-    t = P.stage_totals(per_layer, bounds)
+    t = pipeline.stage_totals(per_layer, bounds)
     np.testing.assert_allclose(t, [1.0, 6.0])
     cut = np.zeros((2, 5))
     cut[1, 1] = 0.5
-    e = P.boundary_times(cut, bounds)
+    e = pipeline.boundary_times(cut, bounds)
     np.testing.assert_allclose(e, [0.5])
     # eq. 5: (gas-1) max t + sum e + sum t
-    assert P.pipeline_time_s(t, e, gas=4) == pytest.approx(3 * 6 + 0.5 + 7)
+    assert pipeline.pipeline_time_s(t, e, gas=4) == pytest.approx(3 * 6 + 0.5 + 7)
     # eq. 4: plus the slowest stage's sync + step, plus a fixed step overhead
-    assert P.iteration_time_s(25.5, np.array([0.2, 0.7]), 0.1) == pytest.approx(26.3)
+    assert pipeline.iteration_time_s(25.5, np.array([0.2, 0.7]), 0.1) == pytest.approx(26.3)
     assert microbatch_time_s(1.0, 2.0, True) == 4.0 and microbatch_time_s(1.0, 2.0, False) == 3
 
 
 def test_planner_breakdown_is_the_composition_of_the_terms():
     """The estimate's parts are the cost_models terms on the chosen split."""
     from amp_search import estimate, load_spec
-    from amp_search.planner import Candidate, CostModel
+    from amp_search.costing import CostModel
+    from amp_search.search_space import Candidate
 
     spec = load_spec(ROOT / "configs" / "amp-hetero-gpt2.yaml")
     e = estimate(spec, pp=4, dp=2, tmp=2, mbs=2, placement_order="listed")
@@ -94,16 +95,16 @@ def test_planner_breakdown_is_the_composition_of_the_terms():
                   activation_checkpointing=s.activation_checkpointing)
     placement = np.array(s.placement)
     costs = model.stage_costs(c, model.layout(c, placement=placement))
-    t = P.stage_totals(costs.layer_s, s.partition)
+    t = pipeline.stage_totals(costs.layer_s, s.partition)
     np.testing.assert_allclose(t, e.stage_time_s)
-    after = costs.sync_fixed_s + P.stage_totals(costs.after_pipeline_s, s.partition)
-    cuts = P.boundary_times(costs.cut_s, s.partition)
-    expect = P.pipeline_1f1b_time_s(t, cuts, s.gas) + after.max()
+    after = costs.sync_fixed_s + pipeline.stage_totals(costs.after_pipeline_s, s.partition)
+    cuts = pipeline.boundary_times(costs.cut_s, s.partition)
+    expect = pipeline.pipeline_1f1b_time_s(t, cuts, s.gas) + after.max()
     assert e.iteration_time_s == pytest.approx(expect)
     b = e.breakdown
     assert b.data_parallel_s + b.optimizer_s == pytest.approx(after.max())
     # the steady state's P2P is in the breakdown's p2p, and the parts add up to the total
-    eq5 = P.pipeline_time_s(t, cuts, s.gas)
+    eq5 = pipeline.pipeline_time_s(t, cuts, s.gas)
     assert b.p2p_s == pytest.approx(cuts.sum() + (expect - after.max() - eq5))
     assert b.p2p_s > cuts.sum() > 0          # 10 Gbps between stages: it shows
     parts = b.compute_s + b.pipeline_bubble_s + b.p2p_s + b.tensor_parallel_s \
@@ -230,7 +231,8 @@ def test_small_layers_are_host_bound_large_ones_device_bound():
     (hidden 2048 at micro-batch 1 on an A100) the forward is host-bound and the backward
     device-bound, and a micro-batch takes the forward's host time plus the backward's device
     time, more than the max of the totals."""
-    from amp_search.planner import Candidate, CostModel
+    from amp_search.costing import CostModel
+    from amp_search.search_space import Candidate
     from amp_search.spec import parse_spec
     from cost_models.params import CostParams
 
@@ -353,14 +355,14 @@ def test_steady_state_period_hand_worked():
     """t = (3, 5, 4), e = (1, 2): stage 1 (the middle) waits for both boundaries."""
     t, e = [3.0, 5.0, 4.0], [1.0, 2.0]
     # DeepSpeed, blocking share 1: stage terms 3+1, 5+1+2, 4+2 -> 8
-    assert P.steady_state_period_s(t, e, blocking_share=1.0) == pytest.approx(8.0)
+    assert pipeline.steady_state_period_s(t, e, blocking_share=1.0) == pytest.approx(8.0)
     # Megatron, share 0.5: 3.5, 6.5, 5 -> 6.5
-    assert P.steady_state_period_s(t, e, blocking_share=0.5) == pytest.approx(6.5)
+    assert pipeline.steady_state_period_s(t, e, blocking_share=0.5) == pytest.approx(6.5)
     # async: the cycle bounds, stage 0 (3+5+4+1+2)/3 = 5, stage 1 (5+4+2)/2 = 5.5, stage 2
     # 4/1: the round trip behind stage 1 beats the bottleneck's 5 -> 5.5
-    assert P.steady_state_period_s(t, e, blocking_share=0.0) == pytest.approx(5.5)
+    assert pipeline.steady_state_period_s(t, e, blocking_share=0.0) == pytest.approx(5.5)
     # T = (gas - 1) * period + sum e + sum t: gas 4, share 1 -> 3*8 + 3 + 12 = 39
-    assert P.pipeline_1f1b_time_s(t, e, 4, blocking_share=1.0) == pytest.approx(39.0)
+    assert pipeline.pipeline_1f1b_time_s(t, e, 4, blocking_share=1.0) == pytest.approx(39.0)
 
 
 def test_steady_state_reduces_to_eq5_without_p2p_or_with_one_microbatch():
@@ -370,26 +372,26 @@ def test_steady_state_reduces_to_eq5_without_p2p_or_with_one_microbatch():
         t = rng.uniform(0.1, 2.0, pp)
         e = rng.uniform(0.0, 1.0, pp - 1)
         gas = int(rng.integers(1, 40))
-        for share in P.P2P_BLOCKING_SHARE.values():
-            assert P.pipeline_1f1b_time_s(t, np.zeros(pp - 1), gas, blocking_share=share) \
-                == pytest.approx(P.pipeline_time_s(t, np.zeros(pp - 1), gas))
-            assert P.pipeline_1f1b_time_s(t, e, 1, blocking_share=share) \
-                == pytest.approx(P.pipeline_time_s(t, e, 1))
-            assert P.pipeline_1f1b_time_s(t, e, gas, blocking_share=share) \
-                >= P.pipeline_time_s(t, e, gas) - 1e-12
+        for share in pipeline.P2P_BLOCKING_SHARE.values():
+            assert pipeline.pipeline_1f1b_time_s(t, np.zeros(pp - 1), gas, blocking_share=share) \
+                == pytest.approx(pipeline.pipeline_time_s(t, np.zeros(pp - 1), gas))
+            assert pipeline.pipeline_1f1b_time_s(t, e, 1, blocking_share=share) \
+                == pytest.approx(pipeline.pipeline_time_s(t, e, 1))
+            assert pipeline.pipeline_1f1b_time_s(t, e, gas, blocking_share=share) \
+                >= pipeline.pipeline_time_s(t, e, gas) - 1e-12
 
 
 def test_steady_state_async_matches_the_simulator_on_uniform_stages():
     """Free-running sends (the simulator's model): 2d (pp-1)/pp per micro-batch beyond eq. 5,
     the 1F1B cycle bound; within 2% of the event simulation once gas >= pp, and above it."""
-    from cost_models.schedule import simulate_iteration
+    from cost_models.simulator import simulate_iteration
 
     for pp, gas, d in ((2, 16, 1.0), (4, 16, 0.5), (4, 64, 0.1), (8, 16, 1.0), (8, 32, 2.0)):
         sim = simulate_iteration(forward_s=[1.0] * pp, backward_s=[2.0] * pp,
                                  optimizer_s=[0.0] * pp, gas=gas, p2p_bytes=[d] * (pp - 1),
                                  p2p_bandwidth_bytes_per_s=[1.0] * (pp - 1),
                                  p2p_latency_s=[0.0] * (pp - 1), use_numba=False)
-        closed = P.pipeline_1f1b_time_s([3.0] * pp, [2 * d] * (pp - 1), gas,
+        closed = pipeline.pipeline_1f1b_time_s([3.0] * pp, [2 * d] * (pp - 1), gas,
                                         blocking_share=0.0)
         assert closed == pytest.approx(sim.iteration_time_s, rel=0.02), (pp, gas, d)
         assert closed >= sim.iteration_time_s - 1e-9
@@ -397,7 +399,7 @@ def test_steady_state_async_matches_the_simulator_on_uniform_stages():
 
 def test_steady_state_rejects_mismatched_boundaries():
     with pytest.raises(ValueError, match="boundary"):
-        P.steady_state_period_s([1.0, 2.0], [0.1, 0.2], blocking_share=1.0)
+        pipeline.steady_state_period_s([1.0, 2.0], [0.1, 0.2], blocking_share=1.0)
 
 
 # ------------------------------------------------------------- link latency and gradients
@@ -406,22 +408,23 @@ def test_link_latency_by_link_kind_from_the_catalog():
     from amp_search.spec import load_catalog
 
     cat = load_catalog()
-    nccl = C.NCCL_RING_STEP_LATENCY_S
+    nccl = comm.NCCL_RING_STEP_LATENCY_S
     assert cat["A100-80GB"].link_latency_intra_s == pytest.approx(nccl["nvlink"])
     assert cat["T4-16GB"].link_latency_intra_s == pytest.approx(nccl["pcie"])
     assert cat["T4-16GB"].link_latency_inter_s == pytest.approx(nccl["network"])
     assert cat["CPU-local"].link_latency_intra_s == 0.0
-    lat = C.link_latency_s(np.array([True, False]), 3.4e-6, 9.6e-6)
+    lat = comm.link_latency_s(np.array([True, False]), 3.4e-6, 9.6e-6)
     np.testing.assert_allclose(lat, [9.6e-6, 3.4e-6])
     # tp 8 all-reduce of 8 MB on NVLink at 150 GB/s: 14 steps x 3.4 us + 1.75 x 8e6 / 150e9
-    t = C.allreduce_time_s(8e6, 8, 150e9, nccl["nvlink"])
+    t = comm.allreduce_time_s(8e6, 8, 150e9, nccl["nvlink"])
     assert t == pytest.approx(14 * 3.4e-6 + 1.75 * 8e6 / 150e9)
 
 
 def test_planner_charges_the_catalog_latency_on_tensor_parallel_rings():
     """One A100 node, tp 8: each of a block's 6 all-reduces (recomputation replays 2) pays
     2(8-1) ring steps of 3.4 us over the bandwidth term."""
-    from amp_search.planner import Candidate, CostModel
+    from amp_search.costing import CostModel
+    from amp_search.search_space import Candidate
     from amp_search.spec import parse_spec
 
     spec = parse_spec({
@@ -443,14 +446,14 @@ def test_planner_charges_the_catalog_latency_on_tensor_parallel_rings():
 
 
 def test_gradient_reduce_precision_and_overlap_by_framework():
-    g = C.gradient_reduce_bytes_per_element
+    g = comm.gradient_reduce_bytes_per_element
     assert g("fp16") == 2 and g("bf16") == 2 and g("fp32") == 4
     assert g("fp16", fp32_allreduce=True) == 4
     assert g("bf16", framework="megatron") == 4          # Megatron forces fp32 grads with bf16
     assert g("fp16", framework="megatron") == 2
     with pytest.raises(ValueError):
         g("fp16", framework="horovod")
-    o = C.gradient_reduce_overlaps_backward
+    o = comm.gradient_reduce_overlaps_backward
     assert o() is False                                  # DeepSpeed ZeRO 0: after backward
     assert o(zero_stage=0, overlap_comm=True) is False   # ZeRO 0 never overlaps
     assert o(zero_stage=2) is False and o(zero_stage=2, overlap_comm=True) is True
@@ -595,7 +598,7 @@ def test_the_spec_backend_chooses_the_memory_traffic_of_analytic_layers():
     from pathlib import Path
 
     from amp_search.spec import load_spec
-    from amp_search.timing import LayerTimer
+    from amp_search.costing.layer_times import LayerTimer
     spec = load_spec(Path(__file__).resolve().parent.parent / "configs" / "a100-gpt7b.yaml")
     mega = dataclasses.replace(spec, training=dataclasses.replace(spec.training,
                                                                   backend="megatron"))

@@ -1,5 +1,5 @@
 """Megatron-LM's distributed optimizer (training.backend: megatron, zero_stage 1) and the
-sequence-parallel collectives (issue 12, item 4 and the sequence-parallel time term), with
+sequence-parallel collectives and the sequence-parallel time term, with
 hand-computed bytes and seconds."""
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 from amp_search import Infeasible, estimate, plan
 from amp_search.launch.megatron import megatron_args, megatron_unsupported
 from amp_search.launch.orchestrator import preflight
-from amp_search.planner import CostModel
+from amp_search.costing import CostModel
 from amp_search.records import Strategy
-from amp_search.search_space import Reason
-from amp_search.simulate import candidate_of, pass_times
+from amp_search.search_space import Candidate, Reason
+from amp_search.simulate import pass_times
 from amp_search.spec import SpecError, parse_spec
-from cost_models import comm as C
-from cost_models import memory as M
-from cost_models import pipeline as P
+from cost_models import comm
+from cost_models import memory as memory_model
+from cost_models import pipeline
 from cost_models.compute import HostCosts, host_time_s
 from cost_models.layers import Layer, TpCollective, param_count, tp_collectives_by_pass
 
@@ -44,8 +44,8 @@ def spec(*, backend="megatron", zero=1, precision="fp16", sp=False, per=4, layer
 def test_megatron_bytes_per_parameter_are_the_documented_table(precision, plain,
                                                               weights_and_grads, sharded):
     P, d = 1000, 4
-    zero0 = M.megatron_model_state_bytes(P, precision=precision, zero_stage=0, dp=d)
-    zero1 = M.megatron_model_state_bytes(P, precision=precision, zero_stage=1, dp=d)
+    zero0 = memory_model.megatron_model_state_bytes(P, precision=precision, zero_stage=0, dp=d)
+    zero1 = memory_model.megatron_model_state_bytes(P, precision=precision, zero_stage=1, dp=d)
     total = lambda s: s.parameter_bytes + s.gradient_bytes + s.optimizer_bytes  # noqa: E731
     assert total(zero0) == plain * P
     assert total(zero1) == weights_and_grads * P + sharded * P // d   # 4 + 16/4 = 8 B (fp16)
@@ -53,10 +53,10 @@ def test_megatron_bytes_per_parameter_are_the_documented_table(precision, plain,
     assert zero1.gradient_bytes == zero0.gradient_bytes                 # nor the grad buffer
     assert zero0.buffer_bytes == zero1.buffer_bytes == 0                # no DeepSpeed bucket
     # a partition is ceil(P / d): 1001 parameters over 4 ranks hold 251 each
-    assert M.megatron_model_state_bytes(1001, precision=precision, zero_stage=1,
+    assert memory_model.megatron_model_state_bytes(1001, precision=precision, zero_stage=1,
                                         dp=4).optimizer_bytes == sharded * 251
     with pytest.raises(ValueError, match="no ZeRO stage 2"):
-        M.megatron_model_state_bytes(P, precision=precision, zero_stage=2, dp=d)
+        memory_model.megatron_model_state_bytes(P, precision=precision, zero_stage=2, dp=d)
 
 
 def test_estimate_holds_the_distributed_optimizers_bytes():
@@ -81,18 +81,18 @@ def test_distributed_optimizer_moves_the_all_reduces_volume():
     """Reduce-scatter of the gradients + all-gather of the weights: (n-1)/n each, so with
     equal dtypes the same seconds as one all-reduce 2(n-1)/n; bf16 reduces fp32 gradients."""
     kw = dict(n=4, bandwidth_bytes_per_s=1e9, latency_s=0.0, gas=1, framework="megatron")
-    dist = C.data_parallel_sync_time_s(param_bytes=2e9, grad_bytes=4e9, zero_stage=1, **kw)
+    dist = comm.data_parallel_sync_time_s(param_bytes=2e9, grad_bytes=4e9, zero_stage=1, **kw)
     assert dist == pytest.approx(0.75 * 4 + 0.75 * 2)                 # 4.5 s
-    assert C.data_parallel_sync_time_s(param_bytes=2e9, grad_bytes=4e9, zero_stage=0,
+    assert comm.data_parallel_sync_time_s(param_bytes=2e9, grad_bytes=4e9, zero_stage=0,
                                        **kw) == pytest.approx(2 * 0.75 * 4)
-    assert C.data_parallel_sync_time_s(param_bytes=2e9, grad_bytes=2e9, zero_stage=1, **kw) \
-        == pytest.approx(C.allreduce_time_s(2e9, 4, 1e9))
+    assert comm.data_parallel_sync_time_s(param_bytes=2e9, grad_bytes=2e9, zero_stage=1, **kw) \
+        == pytest.approx(comm.allreduce_time_s(2e9, 4, 1e9))
     # latency: n-1 steps each, 2(n-1) in all, as the all-reduce
     lat = dict(kw, bandwidth_bytes_per_s=1e30, latency_s=1e-3)
-    assert C.data_parallel_sync_time_s(param_bytes=1.0, grad_bytes=1.0, zero_stage=1, **lat) \
+    assert comm.data_parallel_sync_time_s(param_bytes=1.0, grad_bytes=1.0, zero_stage=1, **lat) \
         == pytest.approx(6e-3)
     with pytest.raises(ValueError, match="no ZeRO stage 3"):
-        C.data_parallel_sync_time_s(param_bytes=1.0, grad_bytes=1.0, zero_stage=3, **kw)
+        comm.data_parallel_sync_time_s(param_bytes=1.0, grad_bytes=1.0, zero_stage=3, **kw)
 
 
 def test_distributed_optimizer_divides_the_step_not_the_sync():
@@ -169,13 +169,13 @@ def test_sequence_parallel_collectives_of_a_block_by_hand():
     assert tp_collectives_by_pass(b, True, True, "megatron")[2] == fwd
     # seconds at n = 2, 1 B/s, no latency, 1 byte per element: forward the same volume as
     # tensor parallelism's 2 all-reduces (2 sh), backward 1.5x (3 sh)
-    t = lambda part: C.collectives_time_s(C.collectives_by_kind(part), 2, 1.0)  # noqa: E731
+    t = lambda part: comm.collectives_time_s(comm.collectives_by_kind(part), 2, 1.0)  # noqa: E731
     plain = tp_collectives_by_pass(b)
     assert t(plain[0]) == t(plain[1]) == pytest.approx(2 * sh)
     assert t(fwd) == pytest.approx(2 * sh) and t(bwd) == pytest.approx(3 * sh)
     # latency at n = 2: an all-reduce is 2 ring steps, an all-gather or reduce-scatter 1;
     # backward: tensor parallelism 2 x 2 = 4 steps, sequence parallel 6 (+ 6 x 2 in the trials)
-    steps = lambda part: C.collectives_time_s(C.collectives_by_kind(part), 2, 1e30,  # noqa
+    steps = lambda part: comm.collectives_time_s(comm.collectives_by_kind(part), 2, 1e30,  # noqa
                                               latency_s=1.0)
     assert steps(plain[1]) == pytest.approx(4) and steps(bwd) == pytest.approx(6)
     assert steps(bwd_trial) == pytest.approx(18)
@@ -214,12 +214,12 @@ def test_planner_and_simulator_charge_the_same_sequence_parallel_collectives(bac
     s = spec(backend=backend, sp=True, zero=0)
     e = estimate(s, pp=2, dp=1, tmp=2, mbs=2, partition="uniform")
     model = CostModel(s)
-    c = candidate_of(e.strategy)
+    c = Candidate.of(e.strategy)
     layout = model.layout(c, placement=np.array(e.strategy.placement))
     costs = model.stage_costs(c, layout)
     t = pass_times(model, c, layout, costs, e.strategy.partition)
     np.testing.assert_allclose(t.tensor_parallel_s,
-                               P.stage_totals(costs.tensor_parallel_s, e.strategy.partition),
+                               pipeline.stage_totals(costs.tensor_parallel_s, e.strategy.partition),
                                rtol=1e-12)
     plain = estimate(spec(backend=backend, sp=False, zero=0), pp=2, dp=1, tmp=2, mbs=2,
                      partition="uniform")

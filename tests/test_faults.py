@@ -1,4 +1,4 @@
-"""Nothing measured is lost (issue 28): faults injected into real launches of the tiny model
+"""Nothing measured is lost (the requirement): faults injected into real launches of the tiny model
 (configs/cpu-tiny.yaml, 2 ranks, a few iterations) each end with one line and no traceback,
 leave no trial process behind, and lose no measurement.
 
@@ -33,7 +33,7 @@ pytest.importorskip("megatron.core")
 psutil = pytest.importorskip("psutil")
 
 from amp_search.cli import main  # noqa: E402
-from amp_search.cli.launch import spec_fingerprint  # noqa: E402
+from amp_search.spec import spec_fingerprint  # noqa: E402
 from amp_search.launch.orchestrator import TRIAL_RECORD_NAME, trial_key  # noqa: E402
 from amp_search.launch.process import TRIAL_DIR_VAR, trial_processes  # noqa: E402
 from amp_search.launch.results_db import ResultsDB, TrialLock  # noqa: E402

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from amp_search.measurements import Measurements
-from amp_search.planner import CostModel, estimate, measured_overheads
+from amp_search.costing import CostModel, measured_overheads
+from amp_search.planner import estimate
 from amp_search.profiling.framework import (PROBE_GAS, overheads_from_residuals, probe_node,
                                             probe_strategies)
 from amp_search.profiling.store import FrameworkOverheads, LayerProfile, OverheadProbe
@@ -220,7 +221,7 @@ def test_zero_costs_round_trip_and_price_each_stage(tmp_path):
 
     # one model, the stages in turn (nothing cached across them), and again after stage 2
     from amp_search.placement import device_orders
-    from amp_search.planner import Candidate
+    from amp_search.search_space import Candidate
 
     model, plain = CostModel(spec, measurements=measured), CostModel(spec, measurements=bare)
     order = device_orders(spec.cluster, "fp32")[0]

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from amp_search.records import Strategy
 from amp_search.spec import load_spec
 from amp_search.trial.config import TrialConfig
 from amp_search.trial.instructions import (InstructionRecorder, PIPELINE_INSTRUCTIONS,
                                            chrome_trace, read_trace, train_order)
-from cost_models.schedule import KINDS, deepspeed_train_order
+from cost_models.schedule import deepspeed_train_order
+from cost_models.simulator import KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 

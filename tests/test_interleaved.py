@@ -18,21 +18,21 @@ from amp_search.planner import estimate, plan
 from amp_search.records import Strategy
 from amp_search.search_space import Candidate, Reason, SearchSpace, first_violation
 from amp_search.spec import VIRTUAL_STAGES_SEARCH, parse_spec
-from cost_models import memory as M
-from cost_models import pipeline as P
-from cost_models.schedule import (interleaved_in_flight, interleaved_order, schedule_order,
-                                  simulate_interleaved)
+from cost_models import memory as memory_model
+from cost_models import pipeline
+from cost_models.schedule import interleaved_in_flight, interleaved_order
+from cost_models.simulator import simulate_interleaved
 
 
 # ----------------------------------------------------------------------------- closed form
 
 def test_bubble_fraction_by_hand():
     """(p - 1) / (v m): p = 4, m = 8 is 3/8 plain, 3/16 with v = 2, 3/32 with v = 4."""
-    assert P.interleaved_bubble_fraction(4, 8, 1) == pytest.approx(3 / 8)
-    assert P.interleaved_bubble_fraction(4, 8, 2) == pytest.approx(3 / 16)
-    assert P.interleaved_bubble_fraction(4, 8, 4) == pytest.approx(3 / 32)
+    assert pipeline.interleaved_bubble_fraction(4, 8, 1) == pytest.approx(3 / 8)
+    assert pipeline.interleaved_bubble_fraction(4, 8, 2) == pytest.approx(3 / 16)
+    assert pipeline.interleaved_bubble_fraction(4, 8, 4) == pytest.approx(3 / 32)
     with pytest.raises(ValueError):
-        P.interleaved_bubble_fraction(4, 8, 0)
+        pipeline.interleaved_bubble_fraction(4, 8, 0)
 
 
 def test_closed_form_by_hand():
@@ -40,9 +40,9 @@ def test_closed_form_by_hand():
     backward), free P2P: ideal 8 x 6 = 48 s, bubble 3 x 6 / 2 = 9 s (3/16 of 48): 57 s,
     against plain 1F1B's (8 + 3) x 6 = 66 s."""
     t = np.full(4, 6.0)
-    assert P.interleaved_1f1b_time_s(t, np.zeros(3), 8, 2) == pytest.approx(57.0)
-    assert P.interleaved_1f1b_time_s(t, np.zeros(3), 8, 1) == pytest.approx(66.0)
-    assert (57.0 - 48.0) / 48.0 == pytest.approx(P.interleaved_bubble_fraction(4, 8, 2))
+    assert pipeline.interleaved_1f1b_time_s(t, np.zeros(3), 8, 2) == pytest.approx(57.0)
+    assert pipeline.interleaved_1f1b_time_s(t, np.zeros(3), 8, 1) == pytest.approx(66.0)
+    assert (57.0 - 48.0) / 48.0 == pytest.approx(pipeline.interleaved_bubble_fraction(4, 8, 2))
 
 
 def test_closed_form_p2p_by_hand():
@@ -51,9 +51,9 @@ def test_closed_form_p2p_by_hand():
     end devices 0.5 (2 e + (v - 1) e) = 1.5 (the wrap is crossed v - 1 times): period 8;
     T = 7 x 8 + 6 + 18 / 2 + 3 = 74."""
     t, e = np.full(4, 6.0), np.ones(3)
-    assert P.interleaved_steady_state_period_s(t, e, 2, blocking_share=0.5,
+    assert pipeline.interleaved_steady_state_period_s(t, e, 2, blocking_share=0.5,
                                                wrap_time_s=1.0) == pytest.approx(8.0)
-    assert P.interleaved_1f1b_time_s(t, e, 8, 2, blocking_share=0.5,
+    assert pipeline.interleaved_1f1b_time_s(t, e, 8, 2, blocking_share=0.5,
                                      wrap_time_s=1.0) == pytest.approx(74.0)
 
 
@@ -64,19 +64,19 @@ def test_v1_is_plain_1f1b():
         t, e = rng.uniform(0.1, 2.0, pp), rng.uniform(0, 0.3, pp - 1)
         gas = int(rng.integers(1, 20))
         for share in (0.0, 0.5, 1.0):
-            assert P.interleaved_1f1b_time_s(t, e, gas, 1, blocking_share=share) == \
-                P.pipeline_1f1b_time_s(t, e, gas, blocking_share=share)
+            assert pipeline.interleaved_1f1b_time_s(t, e, gas, 1, blocking_share=share) == \
+                pipeline.pipeline_1f1b_time_s(t, e, gas, blocking_share=share)
 
 
 def test_chunk_totals_and_boundaries():
     """Chunk k on stage k mod pp: pp = 2, v = 2, 6 layers in chunks [0,2) [2,3) [3,5) [5,6)."""
     per_layer = np.array([[1.0, 2, 3, 4, 5, 6], [10, 20, 30, 40, 50, 60]])
     b = (0, 2, 3, 5, 6)
-    assert P.chunk_device_totals(per_layer, b, 2).tolist() == [1 + 2 + 4 + 5, 30 + 60]
-    assert P.chunk_device_totals(per_layer, (0, 3, 6), 2).tolist() == \
-        P.stage_totals(per_layer, (0, 3, 6)).tolist()
+    assert pipeline.chunk_device_totals(per_layer, b, 2).tolist() == [1 + 2 + 4 + 5, 30 + 60]
+    assert pipeline.chunk_device_totals(per_layer, (0, 3, 6), 2).tolist() == \
+        pipeline.stage_totals(per_layer, (0, 3, 6)).tolist()
     cut = np.arange(14, dtype=float).reshape(2, 7)      # cut[j, i]
-    e, wrap = P.chunk_boundary_times(cut, b, 2)
+    e, wrap = pipeline.chunk_boundary_times(cut, b, 2)
     assert e.tolist() == [max(cut[1, 2], cut[1, 5])]     # chunks 1 and 3 start on stage 1
     assert wrap == cut[1, 3]                             # chunk 2 starts on stage 0
 
@@ -134,7 +134,7 @@ def test_simulation_equals_closed_form_with_free_links(pp, v, gas, f, b):
     """Uniform chunks, free P2P: the simulated makespan is (m + (p-1)/v) v (f + b) exactly."""
     sim = simulate_interleaved(forward_s=np.full((pp, v), f), backward_s=np.full((pp, v), b),
                                optimizer_s=np.zeros(pp), gas=gas)
-    closed = P.interleaved_1f1b_time_s(np.full(pp, v * (f + b)), np.zeros(pp - 1), gas, v)
+    closed = pipeline.interleaved_1f1b_time_s(np.full(pp, v * (f + b)), np.zeros(pp - 1), gas, v)
     assert sim.makespan_s == pytest.approx(closed, rel=1e-12)
     assert closed == pytest.approx((gas + (pp - 1) / v) * v * (f + b), rel=1e-12)
 
@@ -174,7 +174,7 @@ def test_in_flight_count_matches_the_schedule_and_the_simulation(pp, v, gas):
                                gas=gas)
     t = sim.table
     for j in range(pp):
-        expect = M.interleaved_in_flight_chunks(j, pp, v, gas)
+        expect = memory_model.interleaved_in_flight_chunks(j, pp, v, gas)
         assert held[j].sum() == expect
         # from the simulated timeline: forwards started minus backwards ended, at its peak
         mine = t.stage == j
@@ -183,15 +183,15 @@ def test_in_flight_count_matches_the_schedule_and_the_simulation(pp, v, gas):
         peak = max(int((fs <= x).sum() - (be <= x).sum()) for x in fs)
         assert peak == expect
     if gas > pp:   # Korthikanti et al.: the first stage holds p (1 + (p-1)/(p v)) micro-batches
-        assert M.interleaved_in_flight_chunks(0, pp, v, gas) / v == \
+        assert memory_model.interleaved_in_flight_chunks(0, pp, v, gas) / v == \
             pytest.approx(pp * (1 + (pp - 1) / (pp * v)))
 
 
 def test_saved_activations_per_chunk():
     """Equal chunks: the count times one chunk's bytes; device 0 of p = 4, v = 2, m = 8 holds
     7 micro-batches of chunk 0 and 4 of chunk 1 at its peak."""
-    assert M.interleaved_saved_activation_bytes([100, 100], stage=0, pp=4, gas=8) == 1100
-    assert M.interleaved_saved_activation_bytes([10, 1000], stage=0, pp=4, gas=8) == \
+    assert memory_model.interleaved_saved_activation_bytes([100, 100], stage=0, pp=4, gas=8) == 1100
+    assert memory_model.interleaved_saved_activation_bytes([10, 1000], stage=0, pp=4, gas=8) == \
         7 * 10 + 4 * 1000
 
 
@@ -226,7 +226,7 @@ def test_spec_key():
 
 def _violation(space, **kw):
     base = dict(pp=4, dp=1, tmp=1, mbs=1, zero_stage=0, recompute="none")
-    v = first_violation(space, Candidate.of(**{**base, **kw}))
+    v = first_violation(space, Candidate.make(**{**base, **kw}))
     return None if v is None else v.reason
 
 

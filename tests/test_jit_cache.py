@@ -107,16 +107,16 @@ def test_a_kernel_pickles_and_runs_in_another_process():
     """As numba's own dispatchers: pickled by reference to its class (cost_models._jit)."""
     import pickle
 
-    from amp_search import partition
+    from amp_search import partition_kernels
 
     values = np.arange(6.0).reshape(2, 3)
-    data = pickle.dumps(partition._prefix)
+    data = pickle.dumps(partition_kernels._prefix)
     code = ("import pickle, sys, numpy as np; f = pickle.loads(sys.stdin.buffer.read()); "
             "print(f(np.arange(6.0).reshape(2, 3)).tolist())")
     done = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr.decode()
-    assert json.loads(done.stdout) == partition._prefix(values).tolist()
+    assert json.loads(done.stdout) == partition_kernels._prefix(values).tolist()
 
 
 # ----------------------------------------------------------------------------- cold start

@@ -1,4 +1,4 @@
-"""Sequence parallelism and selective recomputation (issue 12, items 1, 2 and 5): the terms of
+"""Sequence parallelism and selective recomputation: the terms of
 Korthikanti et al. 2022 with hand-computed values, the trial layers' counts against their
 Table 2, the spec keys and flags, the search rules, and searches that pick each knob where
 only it fits."""
@@ -12,7 +12,7 @@ from amp_search import Infeasible, estimate, plan
 from amp_search.planner import NoFeasibleStrategy
 from amp_search.search_space import Reason
 from amp_search.spec import SpecError, parse_spec
-from cost_models import memory as M
+from cost_models import memory as memory_model
 from cost_models.compute import DeviceSpeed, attention_time_s, gemm_time_s
 from cost_models.layers import Layer
 from cost_models.recompute import (paper_activation_bytes_per_layer,
@@ -66,7 +66,7 @@ def test_trial_layer_counts_are_table2_without_dropout(t, sp, selective):
     by selective recomputation)."""
     s, h, a = 2048, 12288, 96
     sp = sp and t > 1
-    got = M.layer_saved_bytes(block(), mbs=1, tmp=t, bytes_per_element=2,
+    got = memory_model.layer_saved_bytes(block(), mbs=1, tmp=t, bytes_per_element=2,
                               attention_scores=True, sequence_parallel=sp, selective=selective)
     paper = paper_activation_bytes_per_layer(s=s, b=1, h=h, a=a, t=t, sequence_parallel=sp,
                                              recompute="selective" if selective else "none")
@@ -82,19 +82,19 @@ def test_trial_layer_counts_by_hand():
               ffn_hidden_size=256)
     kw = dict(mbs=1, tmp=2, bytes_per_element=4)
     # replicated 4(4*64 + 4) = 1040, split 4(128 + 256) + 4*4/2 = 1544, per token
-    assert M.layer_saved_bytes(x, **kw) == (1040 + 1544) * 32 == 82688
-    assert M.layer_saved_bytes(x, sequence_parallel=True, **kw) == 1040 * 16 + 1544 * 32
-    assert M.layer_saved_bytes(x, selective=True, **kw) == 82688 - 8 * 32
+    assert memory_model.layer_saved_bytes(x, **kw) == (1040 + 1544) * 32 == 82688
+    assert memory_model.layer_saved_bytes(x, sequence_parallel=True, **kw) == 1040 * 16 + 1544 * 32
+    assert memory_model.layer_saved_bytes(x, selective=True, **kw) == 82688 - 8 * 32
     # sp is a no-op at t = 1; the checkpointed input and a pipeline buffer are the s/t shard
-    assert M.layer_saved_bytes(x, mbs=1, tmp=1, bytes_per_element=4, sequence_parallel=True) \
-        == M.layer_saved_bytes(x, mbs=1, tmp=1, bytes_per_element=4)
-    assert M.checkpoint_input_bytes(x, mbs=1, bytes_per_element=4, tmp=2,
+    assert memory_model.layer_saved_bytes(x, mbs=1, tmp=1, bytes_per_element=4, sequence_parallel=True) \
+        == memory_model.layer_saved_bytes(x, mbs=1, tmp=1, bytes_per_element=4)
+    assert memory_model.checkpoint_input_bytes(x, mbs=1, bytes_per_element=4, tmp=2,
                                     sequence_parallel=True) == 4 * 32 * 64 // 2
     # a pipeline buffer holds 1/t of the output on each tensor rank (SP shard, or DeepSpeed's
     # partitioning of the replicated output)
-    assert M.stage_output_buffer_bytes(x, mbs=1, tmp=2, bytes_per_element=4) == 4 * 32 * 64 / 2
+    assert memory_model.stage_output_buffer_bytes(x, mbs=1, tmp=2, bytes_per_element=4) == 4 * 32 * 64 / 2
     # selective's backward working set: one core's output (g h/t) and log-sum-exp per token
-    assert M.selective_working_set_bytes(x, **kw) == (4 * 32 + 8) * 32
+    assert memory_model.selective_working_set_bytes(x, **kw) == (4 * 32 + 8) * 32
 
 
 # ----------------------------------------------------------------------------- time
@@ -258,16 +258,17 @@ def test_simulator_costs_the_knobs_like_the_closed_form():
     shard."""
     import numpy as np
 
-    from amp_search.planner import CostModel
-    from amp_search.simulate import candidate_of, pass_times, simulation_inputs
+    from amp_search.costing import CostModel
+    from amp_search.search_space import Candidate
+    from amp_search.simulate import pass_times, simulation_inputs
 
     spec = gpt_spec(gpu="V100-32GB", per=4, seq=2048)
     model = CostModel(spec)
     kw = dict(pp=2, dp=1, tmp=2, mbs=1, partition="uniform")
     e = estimate(spec, **kw, sequence_parallel=True, activation_checkpointing="selective")
     s = e.strategy
-    assert candidate_of(s).sequence_parallel and candidate_of(s).selective_recompute
-    c = candidate_of(s)
+    assert Candidate.of(s).sequence_parallel and Candidate.of(s).selective_recompute
+    c = Candidate.of(s)
     layout = model.layout(c, placement=np.array(s.placement))
     t = pass_times(model, c, layout, model.stage_costs(c, layout), s.partition)
     np.testing.assert_allclose(t.forward_s + t.backward_s, e.stage_time_s, rtol=1e-9)

@@ -1,6 +1,7 @@
-"""The memory model (issue 3): formulas, the per-stage record the planner uses, and the proof
-that it holds: every part predicted within 5 % of what the real trial engine holds, measured on
-this machine (small model, tmp 1/2, pp 1/2, dp 2, recomputation on/off, ZeRO 0-3)."""
+"""The memory model (the requirement: nothing it proposes runs out of memory): formulas, the
+per-stage record the planner uses, and the proof that it holds: every part predicted within
+5 % of what the real trial engine holds, measured on this machine (small model, tmp 1/2, pp 1/2,
+dp 2, recomputation on/off, ZeRO 0-3)."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cost_models import memory as M
+from cost_models import memory as memory_model
 from cost_models.layers import Layer, param_count
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,12 +42,12 @@ def _layers(n_blocks=2, s=S, h=H, a=A, v=V):
           custom_output_elements=99),
 ], ids=lambda x: getattr(x, "kind", x))
 def test_parameter_tensors_sum_to_param_count(layer, tmp):
-    assert sum(M.param_tensor_numels(layer, tmp)) == param_count(layer, tmp)
+    assert sum(memory_model.param_tensor_numels(layer, tmp)) == param_count(layer, tmp)
 
 
 def test_mixed_precision_adam_is_16_bytes_per_parameter_without_zero():
     P = 1_000_000
-    states = M.model_state_bytes((P,), precision="fp32", zero_stage=0, dp=4, gas=8)
+    states = memory_model.model_state_bytes((P,), precision="fp32", zero_stage=0, dp=4, gas=8)
     assert (states.parameter_bytes, states.gradient_bytes, states.optimizer_bytes) == \
         (4 * P, 4 * P, 8 * P)
     assert states.buffer_bytes == 0
@@ -55,8 +56,8 @@ def test_mixed_precision_adam_is_16_bytes_per_parameter_without_zero():
 def test_zero_stages_divide_what_they_partition():
     P, d = 1 << 24, 8
     tensors = (P // 1024,) * 1024                 # slices end on tensor boundaries
-    z = {k: M.model_state_bytes(tensors, precision="bf16", zero_stage=k, dp=d, gas=4,
-                                buckets=M.ZeroBuckets(reduce_bucket_elements=P,
+    z = {k: memory_model.model_state_bytes(tensors, precision="bf16", zero_stage=k, dp=d, gas=4,
+                                buckets=memory_model.ZeroBuckets(reduce_bucket_elements=P,
                                                       stage3_persistence_threshold=0,
                                                       stage3_max_live_parameters=0))
          for k in (1, 2, 3)}
@@ -69,44 +70,44 @@ def test_zero_stages_divide_what_they_partition():
 
 
 def test_zero_bucket_is_counted_with_zero_only():
-    b = M.ZeroBuckets(reduce_bucket_elements=1000)
-    assert M.zero_bucket_bytes(precision="bf16", zero_stage=0, buckets=b) == 0
-    assert M.zero_bucket_bytes(precision="bf16", zero_stage=2, buckets=b) == 2000
-    assert M.zero_bucket_bytes(precision="fp32", zero_stage=1) == 4 * 500_000_000
+    b = memory_model.ZeroBuckets(reduce_bucket_elements=1000)
+    assert memory_model.zero_bucket_bytes(precision="bf16", zero_stage=0, buckets=b) == 0
+    assert memory_model.zero_bucket_bytes(precision="bf16", zero_stage=2, buckets=b) == 2000
+    assert memory_model.zero_bucket_bytes(precision="fp32", zero_stage=1) == 4 * 500_000_000
 
 
 def test_straddling_partition_takes_whole_parameters():
     # 3 tensors of 10 over 2 ranks: slices [0, 15) and [15, 30); rank 0 holds tensors 0-1,
     # rank 1 tensors 1-2: 20 elements each
-    assert M.straddling_partition_numel((10, 10, 10), 2) == 20
-    assert M.straddling_partition_numel((10, 10, 10), 1) == 30
+    assert memory_model.straddling_partition_numel((10, 10, 10), 2) == 20
+    assert memory_model.straddling_partition_numel((10, 10, 10), 1) == 30
 
 
 def test_zero_2_and_3_need_pp_1():
-    assert M.zero_allowed(1, 3) and M.zero_allowed(4, 1)
-    assert not M.zero_allowed(2, 2) and not M.zero_allowed(2, 3)
+    assert memory_model.zero_allowed(1, 3) and memory_model.zero_allowed(4, 1)
+    assert not memory_model.zero_allowed(2, 2) and not memory_model.zero_allowed(2, 3)
 
 
 def test_first_stage_holds_the_most_micro_batches():
-    assert [M.in_flight_microbatches(j, 4, 8) for j in range(4)] == [4, 3, 2, 1]
-    assert M.in_flight_microbatches(0, 4, 2) == 2
+    assert [memory_model.in_flight_microbatches(j, 4, 8) for j in range(4)] == [4, 3, 2, 1]
+    assert memory_model.in_flight_microbatches(0, 4, 2) == 2
 
 
 def test_tensor_parallelism_divides_what_it_splits():
     block = _layers()[1]
-    one = M.layer_saved_bytes(block, mbs=1, tmp=1, bytes_per_element=2)
-    two = M.layer_saved_bytes(block, mbs=1, tmp=2, bytes_per_element=2)
+    one = memory_model.layer_saved_bytes(block, mbs=1, tmp=1, bytes_per_element=2)
+    two = memory_model.layer_saved_bytes(block, mbs=1, tmp=2, bytes_per_element=2)
     replicated = 2 * S * (4 * H + 4)                       # LayerNorm inputs/outputs and stats
     assert two - replicated == pytest.approx((one - replicated) / 2, rel=1e-9)
     head = _layers()[-1]
-    assert M.layer_saved_bytes(head, mbs=1, tmp=2, bytes_per_element=2) < \
-        M.layer_saved_bytes(head, mbs=1, tmp=1, bytes_per_element=2)
+    assert memory_model.layer_saved_bytes(head, mbs=1, tmp=2, bytes_per_element=2) < \
+        memory_model.layer_saved_bytes(head, mbs=1, tmp=1, bytes_per_element=2)
 
 
 def test_attention_scores_are_optional_and_quadratic():
     block = _layers(s=128)[1]
-    flash = M.layer_saved_bytes(block, mbs=1, tmp=1, bytes_per_element=2)
-    classic = M.layer_saved_bytes(block, mbs=1, tmp=1, bytes_per_element=2,
+    flash = memory_model.layer_saved_bytes(block, mbs=1, tmp=1, bytes_per_element=2)
+    classic = memory_model.layer_saved_bytes(block, mbs=1, tmp=1, bytes_per_element=2,
                                   attention_scores=True)
     assert classic - flash == 5 * A * 128 * 128       # Korthikanti et al.: 5 a s^2 b in fp16
 
@@ -114,20 +115,20 @@ def test_attention_scores_are_optional_and_quadratic():
 def test_recomputation_keeps_block_inputs_plus_one_working_set():
     layers = _layers(n_blocks=8)
     kw = dict(stage=0, pp=1, gas=4, mbs=2, tmp=1, bytes_per_element=2)
-    full = M.stage_saved_activation_bytes(layers, recompute=False, **kw)
-    ckpt = M.stage_saved_activation_bytes(layers, recompute=True, **kw)
+    full = memory_model.stage_saved_activation_bytes(layers, recompute=False, **kw)
+    ckpt = memory_model.stage_saved_activation_bytes(layers, recompute=True, **kw)
     inputs = 8 * 2 * S * H * 2
     assert ckpt < full
-    assert ckpt >= inputs + M.layer_saved_bytes(layers[0], mbs=2, tmp=1, bytes_per_element=2)
+    assert ckpt >= inputs + memory_model.layer_saved_bytes(layers[0], mbs=2, tmp=1, bytes_per_element=2)
 
 
 def test_pipeline_buffers_hold_the_logits_on_the_last_stage():
     layers = _layers()
     head_stage = layers[2:]
-    bf16 = M.pipeline_buffer_bytes(head_stage, stage=1, pp=2, gas=4, mbs=2, tmp=1,
+    bf16 = memory_model.pipeline_buffer_bytes(head_stage, stage=1, pp=2, gas=4, mbs=2, tmp=1,
                                    bytes_per_element=2, pipelined=True)
     assert bf16 == 2 * (2 * S * V * 2)                     # two buffers of bf16 logits
-    assert M.pipeline_buffer_bytes(head_stage, stage=1, pp=2, gas=4, mbs=2, tmp=1,
+    assert memory_model.pipeline_buffer_bytes(head_stage, stage=1, pp=2, gas=4, mbs=2, tmp=1,
                                    bytes_per_element=2, pipelined=False) == 0
 
 
@@ -142,14 +143,14 @@ def test_linear_stage_memory_tracks_the_exact_stage_bytes(precision, zero, ckpt)
     layers = _spec(layers=6).model.layers
     pp, dp, tmp, mbs, gas = 3, 2, 1, 2, 4
     bounds = (0, 3, 5, len(layers))
-    g = M.BYTES_PER_ELEMENT[precision]
-    lin = M.linear_stage_memory(layers, dp=dp, tmp=tmp, mbs=mbs, gas=gas, zero_stage=zero,
+    g = memory_model.BYTES_PER_ELEMENT[precision]
+    lin = memory_model.linear_stage_memory(layers, dp=dp, tmp=tmp, mbs=mbs, gas=gas, zero_stage=zero,
                                 recompute=ckpt, precision=precision,
                                 framework_overhead_bytes=0)
     layer_bytes, reserved = lin.stage_arrays(pp, gas)
     for j in range(pp):
         part = layers[bounds[j]:bounds[j + 1]]
-        exact = M.stage_bytes(part, stage=j, pp=pp, dp=dp, tmp=tmp, mbs=mbs, gas=gas,
+        exact = memory_model.stage_bytes(part, stage=j, pp=pp, dp=dp, tmp=tmp, mbs=mbs, gas=gas,
                               zero_stage=zero, recompute=ckpt, precision=precision)
         approx = layer_bytes[j, bounds[j]:bounds[j + 1]].sum() + reserved[j]
         total = (exact.parameter_bytes + exact.gradient_bytes + exact.optimizer_bytes
@@ -157,9 +158,9 @@ def test_linear_stage_memory_tracks_the_exact_stage_bytes(precision, zero, ckpt)
         assert 0.99 * total <= approx <= 1.07 * total, j
     last = layers[-1]
     logits = g * last.seq_length * last.vocab_size * mbs
-    buffers = M.pipe_buffer_count(pp - 1, pp, gas) - (1 if precision == "fp32" else 0)
+    buffers = memory_model.pipe_buffer_count(pp - 1, pp, gas) - (1 if precision == "fp32" else 0)
     out = g * last.seq_length * last.hidden_size * mbs                # a block's output
-    fixed = reserved[0] - M.pipe_buffer_count(0, pp, gas) * out
+    fixed = reserved[0] - memory_model.pipe_buffer_count(0, pp, gas) * out
     assert reserved[-1] == pytest.approx(fixed + buffers * logits)
 
 
@@ -190,7 +191,7 @@ def _strategy(pp, dp, tmp, mbs, n_layers, zero=0, ckpt=False):
 
 
 def test_stage_memory_record():
-    from amp_search.memory import stage_memory
+    from amp_search.costing.stage_memory import stage_memory
     spec = _spec()
     L = spec.model.num_layers
     mem = stage_memory(spec, _strategy(4, 2, 1, 1, L))
@@ -207,7 +208,7 @@ def test_stage_memory_record():
 
 
 def test_what_does_not_fit_is_flagged_and_knobs_make_it_fit():
-    from amp_search.memory import stage_memory
+    from amp_search.costing.stage_memory import stage_memory
     spec = _spec(memory="24 GiB", layers=24, hidden=2048)
     L = spec.model.num_layers
     plain = stage_memory(spec, _strategy(1, 8, 1, 8, L))            # 1.3B params on each GPU
@@ -220,7 +221,7 @@ def test_what_does_not_fit_is_flagged_and_knobs_make_it_fit():
 
 
 def test_capacity_is_the_smallest_device_of_the_stage_minus_headroom():
-    from amp_search.memory import stage_memory
+    from amp_search.costing.stage_memory import stage_memory
     spec = _spec(headroom="10%")
     mem = stage_memory(spec, _strategy(2, 1, 4, 1, spec.model.num_layers))
     assert all(m.capacity_bytes == int(16 * 2 ** 30 * 0.9) for m in mem)

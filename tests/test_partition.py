@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from amp_search import partition
+from amp_search import partition_kernels
 from amp_search.partition import (
     PartitionResult,
     optimal_partition,
@@ -108,11 +108,12 @@ def test_numba_and_python_agree(kind):
 
 def test_python_mode_is_plain_python():
     # use_numba=False must not call back into compiled kernels
-    for name in ("_solve", "_search", "_inner", "_f", "_capped_min_sum", "_suffix_bound",
+    for name in ("solve", "_optimal_boundaries", "_min_inner_objective",
+                 "_capped_min_sum_by_axis", "_capped_min_sum", "_suffix_bound",
                  "_min_bottleneck", "_trace"):
-        fn = partition._PY[name]
+        fn = partition_kernels.PYTHON_TWINS[name]
         assert isinstance(fn, types.FunctionType)
-        assert fn.__globals__ is partition._PY
+        assert fn.__globals__ is partition_kernels.PYTHON_TWINS
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,10 @@ import pytest
 
 from amp_search import Plan, estimate, load_spec, plan
 from amp_search.placement import device_orders, megatron_placement
-from amp_search.planner import CostModel, Candidate
+from amp_search.costing import CostModel
+from amp_search.search_space import Candidate
 from amp_search.search_space import SearchSpace, divisors, enumerate_candidates
-from amp_search.topology import ClusterArrays, p2p_links, ring_links
+from amp_search.costing.links import ClusterArrays, p2p_links, ring_links
 from cost_models import comm
 from cost_models.pipeline import pipeline_time_s
 from conftest import ROOT

@@ -1,4 +1,4 @@
-"""The event-level simulator of one iteration (cost_models.schedule) against the closed form
+"""The event-level simulator of one iteration (cost_models.simulator) against the closed form
 (cost_models.pipeline, AMP eq. 5 and 4) where its assumptions hold, and against hand-worked
 timelines where overlap and bandwidth sharing matter.
 
@@ -6,18 +6,17 @@ Most cases run the plain-Python twin of the kernel (use_numba=False: the same co
 compilation); a few run the compiled kernel and compare the two."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cost_models import comm as C
-from cost_models import pipeline as P
-from cost_models.schedule import (DEEPSPEED_REDUCE_BUCKET_ELEMENTS, KINDS, P2P_MODES, STREAMS,
-                                  LinkUse, deepspeed_bucket_bytes, deepspeed_train_order,
-                                  megatron_order, schedule_order, simulate_iteration)
+from cost_models import comm
+from cost_models import pipeline
+from cost_models.schedule import deepspeed_train_order, megatron_order, schedule_order
+from cost_models.simulator import (DEEPSPEED_REDUCE_BUCKET_ELEMENTS, KINDS, P2P_MODES, STREAMS,
+                                   deepspeed_bucket_bytes, simulate_iteration)
+from cost_models.simulator_inputs import LinkUse
 
 PY = dict(use_numba=False)
 FAST = settings(max_examples=60, deadline=None,
@@ -69,10 +68,10 @@ def test_uniform_free_links_equal_eq5_plus_sync_and_step(schedule, pp, gas):
     s = sim(forward_s=[f] * pp, backward_s=[b] * pp, optimizer_s=[step] * pp, gas=gas,
             schedule=schedule, dp=dp, gradient_bytes=[grad] * pp, dp_latency_s=[lat] * pp,
             dp_bandwidth_bytes_per_s=[bw] * pp, bucket_bytes=1e9, step_overhead_s=overhead)
-    sync = C.data_parallel_sync_time_s(param_bytes=grad, grad_bytes=grad, n=dp,
+    sync = comm.data_parallel_sync_time_s(param_bytes=grad, grad_bytes=grad, n=dp,
                                        bandwidth_bytes_per_s=bw, latency_s=lat, zero_stage=0,
                                        gas=gas)
-    closed = P.iteration_time_s(P.pipeline_time_s([f + b] * pp, np.zeros(pp - 1), gas),
+    closed = pipeline.iteration_time_s(pipeline.pipeline_time_s([f + b] * pp, np.zeros(pp - 1), gas),
                                 np.full(pp, sync + step), overhead)
     assert rel(s.iteration_time_s, closed) < 1e-12
     assert rel(s.iteration_time_s, (gas + pp - 1) * (f + b) + sync + step + overhead) < 1e-12
@@ -90,10 +89,10 @@ def test_zero_1_and_2_traffic_equals_the_analytic_sync(zero, every):
             gradient_bytes=[G], dp_latency_s=[lat], dp_bandwidth_bytes_per_s=[bw],
             bucket_bytes=1e9, gradient_collective="reduce_scatter",
             reduce_every_microbatch=every, gather_bytes_after_step=[G])
-    sync = C.data_parallel_sync_time_s(param_bytes=G, grad_bytes=G, n=dp,
+    sync = comm.data_parallel_sync_time_s(param_bytes=G, grad_bytes=G, n=dp,
                                        bandwidth_bytes_per_s=bw, latency_s=lat,
                                        zero_stage=zero, gas=gas)
-    closed = P.iteration_time_s(P.pipeline_time_s([0.03], [], gas), [sync + 0.003])
+    closed = pipeline.iteration_time_s(pipeline.pipeline_time_s([0.03], [], gas), [sync + 0.003])
     assert rel(s.iteration_time_s, closed) < 1e-12
 
 
@@ -105,7 +104,7 @@ def test_buckets_pay_their_latency_each():
             dp_latency_s=[lat], dp_bandwidth_bytes_per_s=[bw],
             bucket_bytes=deepspeed_bucket_bytes(2))
     assert deepspeed_bucket_bytes(2) == 2 * DEEPSPEED_REDUCE_BUCKET_ELEMENTS == 1e9
-    assert s.iteration_time_s == pytest.approx(C.allreduce_time_s(G, dp, bw, lat, messages=2),
+    assert s.iteration_time_s == pytest.approx(comm.allreduce_time_s(G, dp, bw, lat, messages=2),
                                                rel=1e-12)
     kinds = [e.kind for e in s.events if e.stream == "dp"]
     assert kinds == ["allreduce", "allreduce"]
@@ -121,7 +120,7 @@ def test_1f1b_eq5_upper_bound_when_stages_share_one_backward_ratio(pp, gas, rati
     gas micro-batches back to back after a fill of at most sum_{j<b} f_j."""
     fwd = np.array(f[:pp])
     s = sim(forward_s=fwd, backward_s=ratio * fwd, gas=gas)
-    closed = P.pipeline_time_s(fwd * (1 + ratio), np.zeros(pp - 1), gas)
+    closed = pipeline.pipeline_time_s(fwd * (1 + ratio), np.zeros(pp - 1), gas)
     assert s.iteration_time_s <= closed * (1 + 1e-12)
     b = int(np.argmax(fwd))
     assert s.iteration_time_s >= gas * fwd[b] * (1 + ratio) * (1 - 1e-12)   # b's own work
@@ -133,10 +132,10 @@ def test_1f1b_eq5_is_no_bound_when_backward_ratios_differ():
     slower forward of stage 1 has delivered it, and idles 1 s (1F1B puts F1 before B0)."""
     s = sim(forward_s=[0, 5, 4, 0], backward_s=[0, 10, 12, 0], gas=2)
     assert s.iteration_time_s == 48.0
-    assert P.pipeline_time_s([0, 15, 16, 0], np.zeros(3), 2) == 47.0
+    assert pipeline.pipeline_time_s([0, 15, 16, 0], np.zeros(3), 2) == 47.0
     # ... and it can be far below it: the fill of fast stages overlaps the slow one
     s = sim(forward_s=[0, 3, 2], backward_s=[0, 6, 6], gas=2)
-    assert s.iteration_time_s == 25.0 < P.pipeline_time_s([0, 9, 8], np.zeros(2), 2) == 26.0
+    assert s.iteration_time_s == 25.0 < pipeline.pipeline_time_s([0, 9, 8], np.zeros(2), 2) == 26.0
 
 
 @FAST
@@ -154,7 +153,7 @@ def test_gpipe_is_two_flow_shops(pp, gas, f, b, d):
     top = lambda x: max(np.max(x), np.max(dd, initial=0.0))  # noqa: E731
     expect = fwd.sum() + bwd.sum() + 2 * dd.sum() + (gas - 1) * (top(fwd) + top(bwd))
     assert s.iteration_time_s == pytest.approx(expect, rel=1e-12)
-    assert s.iteration_time_s >= P.pipeline_time_s(fwd + bwd, 2 * dd, gas) * (1 - 1e-12)
+    assert s.iteration_time_s >= pipeline.pipeline_time_s(fwd + bwd, 2 * dd, gas) * (1 - 1e-12)
 
 
 @pytest.mark.parametrize("pp,gas", [(2, 4), (3, 7), (4, 8), (4, 2), (6, 12)])
@@ -164,7 +163,7 @@ def test_uniform_p2p_gpipe_equals_eq5_1f1b_pays_more(pp, gas):
     f, b, d = 1.0, 2.0, 0.25
     kw = dict(forward_s=[f] * pp, backward_s=[b] * pp, gas=gas, p2p_bytes=[d] * (pp - 1),
               p2p_bandwidth_bytes_per_s=[1.0] * (pp - 1))
-    closed = P.pipeline_time_s([f + b] * pp, [2 * d] * (pp - 1), gas)
+    closed = pipeline.pipeline_time_s([f + b] * pp, [2 * d] * (pp - 1), gas)
     assert rel(sim(schedule="gpipe", **kw).iteration_time_s, closed) < 1e-12
     one = sim(schedule="1f1b", **kw).iteration_time_s
     assert one >= closed * (1 - 1e-12)
@@ -178,7 +177,7 @@ def test_uniform_p2p_gpipe_equals_eq5_1f1b_pays_more(pp, gas):
 def test_1f1b_uniform_with_p2p_at_or_above_eq5(pp, gas, f, ratio, d):
     s = sim(forward_s=[f] * pp, backward_s=[f * ratio] * pp, gas=gas,
             p2p_bytes=[d] * (pp - 1), p2p_bandwidth_bytes_per_s=[1.0] * (pp - 1))
-    closed = P.pipeline_time_s([f * (1 + ratio)] * pp, [2 * d] * (pp - 1), gas)
+    closed = pipeline.pipeline_time_s([f * (1 + ratio)] * pp, [2 * d] * (pp - 1), gas)
     assert s.iteration_time_s >= closed * (1 - 1e-12)
 
 
@@ -368,9 +367,9 @@ def test_p2p_alone_takes_the_comm_formula():
     s = sim(forward_s=[0.0, 0.0], backward_s=[0.0, 0.0], gas=1, p2p_bytes=[3e7],
             p2p_latency_s=[4e-5], p2p_bandwidth_bytes_per_s=[2.5e10])
     sends = [e for e in s.events if e.kind == "send"]
-    assert [e.duration_s for e in sends] == pytest.approx([C.p2p_time_s(3e7, 2.5e10, 4e-5)] * 2,
+    assert [e.duration_s for e in sends] == pytest.approx([comm.p2p_time_s(3e7, 2.5e10, 4e-5)] * 2,
                                                           rel=1e-12)
-    assert s.iteration_time_s == pytest.approx(C.stage_boundary_time_s(3e7, 2.5e10, 4e-5),
+    assert s.iteration_time_s == pytest.approx(comm.stage_boundary_time_s(3e7, 2.5e10, 4e-5),
                                                rel=1e-12)
 
 
@@ -487,7 +486,7 @@ def test_blocking_two_stages_by_hand():
     assert _starts(s, 1, "forward") == pytest.approx([1.5, 5.5, 9.5, 13.5], abs=1e-12)
     assert _starts(s, 0, "backward") == pytest.approx([5.5, 9.5, 13.5, 17.0], abs=1e-12)
     assert _starts(s, 0, "forward") == pytest.approx([0.0, 1.5, 7.5, 11.5], abs=1e-12)
-    assert P.pipeline_1f1b_time_s([3.0, 3.0], [1.0], 4, blocking_share=1.0) == 19.0
+    assert pipeline.pipeline_1f1b_time_s([3.0, 3.0], [1.0], 4, blocking_share=1.0) == 19.0
     # a blocking call holds the compute stream from its issue to the transfer's end: stage 0
     # computes 12 and is blocked 7 (RG0 from 2.5, RG3 from 15.5: waiting for the peer)
     assert s.busy_s == pytest.approx((12.0, 12.0), abs=1e-12)
@@ -518,8 +517,8 @@ def test_blocking_three_stages_by_hand():
     assert _starts(s, 1, "forward") == pytest.approx([1.5, 3.5, 10.0, 15.0], abs=1e-12)
     assert _starts(s, 1, "backward") == pytest.approx([7.0, 12.0, 17.0, 20.5], abs=1e-12)
     assert _starts(s, 2, "forward") == pytest.approx([3.0, 7.0, 12.0, 17.0], abs=1e-12)
-    assert P.pipeline_1f1b_time_s([3.0] * 3, [1.0, 1.0], 4, blocking_share=1.0) == 26.0
-    assert P.steady_state_period_s([3.0] * 3, [1.0, 1.0], blocking_share=1.0) == 5.0
+    assert pipeline.pipeline_1f1b_time_s([3.0] * 3, [1.0, 1.0], 4, blocking_share=1.0) == 26.0
+    assert pipeline.steady_state_period_s([3.0] * 3, [1.0, 1.0], blocking_share=1.0) == 5.0
     assert _uniform(3, 4, 1.0, 2.0, 0.5).iteration_time_s == pytest.approx(22.0, abs=1e-12)
 
 
@@ -535,9 +534,9 @@ def test_blocking_uniform_follows_the_closed_form(pp, gas, f, b, d):
     t, e = f + b, [2 * d] * (pp - 1)
     one, more = (_uniform(pp, g, f, b, d, p2p_mode="blocking").iteration_time_s
                  for g in (gas, gas + 1))
-    period = P.steady_state_period_s([t] * pp, e, blocking_share=1.0)
+    period = pipeline.steady_state_period_s([t] * pp, e, blocking_share=1.0)
     assert more - one == pytest.approx(period, rel=1e-9, abs=1e-9)
-    closed = P.pipeline_1f1b_time_s([t] * pp, e, gas, blocking_share=1.0)
+    closed = pipeline.pipeline_1f1b_time_s([t] * pp, e, gas, blocking_share=1.0)
     assert one <= closed + 1e-9 and closed - one <= 2 * d + 1e-9
     if pp == 2:
         assert one == pytest.approx(closed, rel=1e-12, abs=1e-12)
@@ -556,9 +555,9 @@ def test_blocking_with_free_p2p_equals_eq5(pp, gas):
     a = sim(**kw, p2p_mode="async")
     s = sim(**kw, p2p_mode="blocking")
     assert s.iteration_time_s == pytest.approx(a.iteration_time_s, rel=1e-12)
-    sync = C.allreduce_time_s(1e8, 2, 1e10, 0.0)
+    sync = comm.allreduce_time_s(1e8, 2, 1e10, 0.0)
     assert s.iteration_time_s == pytest.approx(
-        P.iteration_time_s(P.pipeline_time_s([f + b] * pp, np.zeros(pp - 1), gas),
+        pipeline.iteration_time_s(pipeline.pipeline_time_s([f + b] * pp, np.zeros(pp - 1), gas),
                            np.full(pp, sync + step)), rel=1e-12)
 
 
@@ -682,8 +681,8 @@ def test_paired_two_stages_by_hand():
     assert s.iteration_time_s == pytest.approx(17.5, abs=1e-12)
     assert _starts(s, 1, "forward") == pytest.approx([1.5, 5.0, 8.5, 12.0], abs=1e-12)
     assert _starts(s, 0, "backward") == pytest.approx([5.0, 8.5, 12.0, 15.5], abs=1e-12)
-    assert P.pipeline_1f1b_time_s([3.0, 3.0], [1.0], 4,
-                                  blocking_share=P.P2P_BLOCKING_SHARE["megatron"]) == 17.5
+    assert pipeline.pipeline_1f1b_time_s([3.0, 3.0], [1.0], 4,
+                                  blocking_share=pipeline.P2P_BLOCKING_SHARE["megatron"]) == 17.5
     held = [(e.start_s, e.end_s) for e in s.events
             if e.stage == 0 and e.stream == "compute" and e.kind in ("send", "recv")]
     assert held == [(1.0, 1.5), (2.5, 5.0), (8.0, 8.5), (11.5, 12.0), (14.0, 15.5)]
@@ -699,13 +698,13 @@ def test_paired_uniform_follows_the_closed_form_with_megatrons_share(pp, gas, f,
     drain; above or below: with d > t the cycle bound rules and the pairs' fill costs more);
     it lies between free-running and DeepSpeed's blocking P2P. Random cases, not proven."""
     t, e = f + b, [2 * d] * (pp - 1)
-    share = P.P2P_BLOCKING_SHARE["megatron"]
+    share = pipeline.P2P_BLOCKING_SHARE["megatron"]
     one, more = (_uniform(pp, g, f, b, d, p2p_mode="paired").iteration_time_s
                  for g in (gas, gas + 1))
-    assert more - one == pytest.approx(P.steady_state_period_s([t] * pp, e,
+    assert more - one == pytest.approx(pipeline.steady_state_period_s([t] * pp, e,
                                                                blocking_share=share),
                                        rel=1e-9, abs=1e-9)
-    closed = P.pipeline_1f1b_time_s([t] * pp, e, gas, blocking_share=share)
+    closed = pipeline.pipeline_1f1b_time_s([t] * pp, e, gas, blocking_share=share)
     assert abs(closed - one) <= d + 1e-9
     assert _uniform(pp, gas, f, b, d).iteration_time_s - 1e-9 <= one \
         <= _uniform(pp, gas, f, b, d, p2p_mode="blocking").iteration_time_s + 1e-9

@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 
 from amp_search import estimate, load_spec, plan
-from amp_search.planner import CostModel, ranking_key
+from amp_search.costing import CostModel
+from amp_search.planner import ranking_key
+from amp_search.search_space import Candidate
 from amp_search.simulate import (P2P_MODE, TRIAL_FRAMEWORK, p2p_mode_of, pass_times, simulate,
                                  simulation_inputs, tp_pass_elements, with_simulation)
-from cost_models import comm as C
-from cost_models import pipeline as P
-from cost_models.schedule import P2P_MODE_OF_FRAMEWORK, P2P_MODES, simulate_iteration
+from cost_models import comm
+from cost_models import pipeline
+from cost_models.simulator import P2P_MODE_OF_FRAMEWORK, P2P_MODES, simulate_iteration
 from cost_models.layers import Layer, tp_allreduce_elements
 from conftest import ROOT
 
@@ -68,18 +70,16 @@ def test_recompute_is_the_forward_again_without_tensor_parallelism():
 
 def test_tensor_parallel_time_is_split_not_lost():
     """The all-reduces of the three passes sum to the cost model's tensor-parallel term."""
-    from cost_models import pipeline as P
-
     spec = _spec("amp-hetero-gpt2")
     model = CostModel(spec)
     e = estimate(spec, pp=4, dp=2, tmp=2, mbs=2, activation_checkpointing=True)
     s = e.strategy
-    c = __import__("amp_search.simulate", fromlist=["candidate_of"]).candidate_of(s)
+    c = Candidate.of(s)
     layout = model.layout(c, placement=np.array(s.placement))
     costs = model.stage_costs(c, layout)
     t = pass_times(model, c, layout, costs, s.partition)
     np.testing.assert_allclose(t.tensor_parallel_s,
-                               P.stage_totals(costs.tensor_parallel_s, s.partition),
+                               pipeline.stage_totals(costs.tensor_parallel_s, s.partition),
                                rtol=1e-12)
     assert np.all(t.tensor_parallel_s > 0)
 
@@ -88,10 +88,10 @@ def test_p2p_and_dp_inputs_are_the_cost_models():
     spec = _spec("amp-homo-gpt2")
     e = estimate(spec, pp=2, dp=8, tmp=1, mbs=1, partition="uniform")
     k = simulation_inputs(CostModel(spec), e.strategy)
-    e_j = 2 * C.p2p_time_s(k["p2p_bytes"], k["p2p_bandwidth_bytes_per_s"], k["p2p_latency_s"])
-    from cost_models import pipeline as P  # p2p_s: e_j once, and 1F1B's steady state
-    steady = P.pipeline_1f1b_time_s(e.stage_time_s, e_j, e.strategy.gas) \
-        - P.pipeline_time_s(e.stage_time_s, e_j, e.strategy.gas)
+    e_j = 2 * comm.p2p_time_s(k["p2p_bytes"], k["p2p_bandwidth_bytes_per_s"], k["p2p_latency_s"])
+    # p2p_s: e_j once, and 1F1B's steady state
+    steady = pipeline.pipeline_1f1b_time_s(e.stage_time_s, e_j, e.strategy.gas) \
+        - pipeline.pipeline_time_s(e.stage_time_s, e_j, e.strategy.gas)
     assert e.breakdown.p2p_s == pytest.approx(float(e_j.sum()) + steady, rel=1e-12)
     assert k["gradient_collective"] == "all_reduce" and k["dp"] == 8
     assert k["overlap"] is False
@@ -130,9 +130,9 @@ def test_simulated_estimate_records_both_times_and_the_breakdown():
     sim = e.simulation
     assert len(sim.busy_s) == len(sim.idle_s) == len(sim.exposed_comm_s) == 4
     makespan = max(sim.stage_end_s)
-    for busy, idle, comm in zip(sim.busy_s, sim.idle_s, sim.exposed_comm_s):
+    for busy, idle, exposed in zip(sim.busy_s, sim.idle_s, sim.exposed_comm_s):
         assert busy + idle == pytest.approx(makespan, rel=1e-12)
-        assert 0.0 <= comm <= idle * (1 + 1e-12)
+        assert 0.0 <= exposed <= idle * (1 + 1e-12)
     assert sum(c.time_s for c in sim.critical_path) == pytest.approx(
         max(sim.stage_end_s), rel=1e-9)
     d = json.loads(json.dumps(e.to_dict()))
@@ -147,8 +147,8 @@ def _zero3(bandwidth, latency=0.0, **kw):
     """pp = 1, dp = 2, two layers: forward 1 s each, backward 2 s each, step 0.5 s; each
     layer's parameters all-gather in 3 s and its gradients reduce-scatter in 1 s alone
     (cost_models.comm's ring times at `bandwidth`)."""
-    params = 3.0 / C.allgather_time_s(1.0, 2, 1.0)          # bytes that gather in 3 s at 1 B/s
-    grads = 1.0 / C.reduce_scatter_time_s(1.0, 2, 1.0)
+    params = 3.0 / comm.allgather_time_s(1.0, 2, 1.0)          # bytes that gather in 3 s at 1 B/s
+    grads = 1.0 / comm.reduce_scatter_time_s(1.0, 2, 1.0)
     args = dict(forward_s=[2.0], backward_s=[4.0], optimizer_s=[0.5], dp=2,
                 dp_bandwidth_bytes_per_s=[bandwidth], dp_latency_s=[latency],
                 zero3_layer_forward_s=[1.0, 1.0], zero3_layer_backward_s=[2.0, 2.0],
@@ -192,8 +192,8 @@ def test_zero_3_exposed_gathers_by_hand(use_numba):
     assert sim.critical_path[-2:] == ("stage 0 reduce_scatter", "stage 0 optimizer")
     assert sum(1 for k in sim.critical_path_kinds if k == "allgather") == 4
     # the volume of the closed form: gas (2 all-gathers + 1 reduce-scatter) of the stage
-    alone = C.data_parallel_sync_time_s(param_bytes=2 * (3.0 / C.allgather_time_s(1.0, 2, 1.0)),
-                                        grad_bytes=2 * (1.0 / C.reduce_scatter_time_s(1.0, 2,
+    alone = comm.data_parallel_sync_time_s(param_bytes=2 * (3.0 / comm.allgather_time_s(1.0, 2, 1.0)),
+                                        grad_bytes=2 * (1.0 / comm.reduce_scatter_time_s(1.0, 2,
                                                                                       1.0)),
                                         n=2, bandwidth_bytes_per_s=1.0, latency_s=0.0,
                                         zero_stage=3, gas=1)
@@ -344,11 +344,11 @@ def test_one_framework_sets_the_p2p_of_both_models():
     constant: DeepSpeed, blocking share 1 and the blocking simulation; the modes the
     simulator has match the closed form's shares (blocking 1, paired 0.5, free-running 0)."""
     assert TRIAL_FRAMEWORK == "deepspeed" and P2P_MODE == p2p_mode_of(TRIAL_FRAMEWORK)
-    assert set(P2P_MODE_OF_FRAMEWORK) <= set(P.P2P_BLOCKING_SHARE)
+    assert set(P2P_MODE_OF_FRAMEWORK) <= set(pipeline.P2P_BLOCKING_SHARE)
     assert set(P2P_MODE_OF_FRAMEWORK.values()) == set(P2P_MODES)
     share = {"blocking": 1.0, "paired": 0.5, "async": 0.0}
     for framework, mode in P2P_MODE_OF_FRAMEWORK.items():
-        assert P.P2P_BLOCKING_SHARE[framework] == share[mode]
+        assert pipeline.P2P_BLOCKING_SHARE[framework] == share[mode]
     with pytest.raises(ValueError, match="'nccl'"):
         p2p_mode_of("nccl")
     # the planner's estimate is the closed form with that share
@@ -356,11 +356,11 @@ def test_one_framework_sets_the_p2p_of_both_models():
     e = estimate(spec, pp=4, dp=2, tmp=2, mbs=2)
     model = CostModel(spec)
     kw = simulation_inputs(model, e.strategy)
-    e_j = 2 * C.p2p_time_s(kw["p2p_bytes"], kw["p2p_bandwidth_bytes_per_s"],
+    e_j = 2 * comm.p2p_time_s(kw["p2p_bytes"], kw["p2p_bandwidth_bytes_per_s"],
                            kw["p2p_latency_s"])
-    pipe = P.pipeline_1f1b_time_s(e.stage_time_s, e_j, e.strategy.gas,
-                                  blocking_share=P.P2P_BLOCKING_SHARE[TRIAL_FRAMEWORK])
-    steady = pipe - P.pipeline_time_s(e.stage_time_s, e_j, e.strategy.gas)
+    pipe = pipeline.pipeline_1f1b_time_s(e.stage_time_s, e_j, e.strategy.gas,
+                                  blocking_share=pipeline.P2P_BLOCKING_SHARE[TRIAL_FRAMEWORK])
+    steady = pipe - pipeline.pipeline_time_s(e.stage_time_s, e_j, e.strategy.gas)
     assert steady > 0 and e.breakdown.p2p_s == pytest.approx(float(e_j.sum()) + steady,
                                                              rel=1e-12)
 
@@ -376,12 +376,12 @@ def test_each_micro_batch_costs_the_closed_forms_steady_state_period(name):
     e = estimate(spec, pp=16, dp=1, tmp=1, mbs=2)
     kw = simulation_inputs(CostModel(spec), e.strategy)
     t = kw["forward_s"] + kw["backward_s"]
-    e_j = 2 * C.p2p_time_s(kw["p2p_bytes"], kw["p2p_bandwidth_bytes_per_s"],
+    e_j = 2 * comm.p2p_time_s(kw["p2p_bytes"], kw["p2p_bandwidth_bytes_per_s"],
                            kw["p2p_latency_s"])
     np.testing.assert_allclose(t, e.stage_time_s, rtol=1e-9)
     gas = kw["gas"]
     one, more = (simulate_iteration(**{**kw, "gas": g}).iteration_time_s for g in (gas, gas + 1))
-    period = P.steady_state_period_s(t, e_j, blocking_share=P.P2P_BLOCKING_SHARE[TRIAL_FRAMEWORK])
+    period = pipeline.steady_state_period_s(t, e_j, blocking_share=pipeline.P2P_BLOCKING_SHARE[TRIAL_FRAMEWORK])
     assert period > t.max() * 1.05               # the slow boundaries are paid per micro-batch
     assert more - one == pytest.approx(period, rel=1e-9)
     assert one <= e.iteration_time_s

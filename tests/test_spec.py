@@ -149,7 +149,7 @@ def test_cli_bad_yaml_exit_2(write_spec):
     assert "Traceback" not in r.stderr
 
 
-# ----------------------------------------------------------------------------- issue 13: hardening
+# ------------------------------------------------------------------------------------- hardening
 
 import math  # noqa: E402
 import os  # noqa: E402
@@ -394,18 +394,18 @@ def test_numba_cache_falls_back_without_a_locator(monkeypatch):
     import numba.core.caching
     import numpy as np
 
-    from amp_search import partition
+    from amp_search import partition_kernels
     from cost_models import _jit
 
     monkeypatch.setattr(numba.core.caching.CacheImpl, "_locator_classes", [])
     with pytest.raises(RuntimeError, match="no locator available"):
-        numba.njit(cache=True)(partition._prefix.py_func)
+        numba.njit(cache=True)(partition_kernels._prefix.py_func)
     monkeypatch.setattr(_jit, "_warned", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        prefix = partition._kernel(partition._prefix.py_func)
-        partition._kernel(partition._bottleneck.py_func)
+        prefix = partition_kernels._kernel(partition_kernels._prefix.py_func)
+        partition_kernels._kernel(partition_kernels._bottleneck.py_func)
     assert len(caught) == 1 and "NUMBA_CACHE_DIR" in str(caught[0].message)
     assert "\n" not in str(caught[0].message)
     values = np.arange(6.0).reshape(2, 3)
-    assert np.array_equal(prefix(values), partition._prefix(values))
+    assert np.array_equal(prefix(values), partition_kernels._prefix(values))

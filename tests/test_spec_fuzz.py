@@ -1,4 +1,4 @@
-"""Property-based tests of reading a spec (issue 13): for any bytes in a spec file, `load_spec`
+"""Property-based tests of reading a spec (hardening): for any bytes in a spec file, `load_spec`
 returns a Spec whose every number is finite and in range, or raises SpecError / UsageError
 with one line that names a key or the file; nothing else, ever, and within a time bound
 (hypothesis' deadline, 20 s per case: a bound, not a benchmark). A small end-to-end part runs

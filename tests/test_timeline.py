@@ -14,7 +14,7 @@ import pytest
 
 from amp_search.cli import timeline as cli
 from amp_search.timeline import chrome_trace, write_chrome_trace, write_gantt_png
-from cost_models.schedule import STREAMS, simulate_iteration
+from cost_models.simulator import STREAMS, simulate_iteration
 from conftest import ROOT
 
 
@@ -101,7 +101,7 @@ def test_gantt_draws_each_task_once_in_one_collection_per_kind():
     from matplotlib.colors import to_rgb
 
     from amp_search.timeline import COLOURS, gantt_figure
-    from cost_models.schedule import KINDS
+    from cost_models.simulator import KINDS
 
     sim = _sim(gas=12)
     ax = gantt_figure(sim, title="test").axes[0]
@@ -181,7 +181,7 @@ def test_registering_the_command_imports_no_numpy():
     not pull in numpy, numba or the simulator."""
     code = ("import sys, argparse, amp_search.cli.timeline as t; "
             "t.add_parser(argparse.ArgumentParser().add_subparsers()); "
-            "bad = [m for m in ('numpy', 'numba', 'cost_models.schedule') if m in sys.modules]; "
+            "bad = [m for m in ('numpy', 'numba', 'cost_models.simulator') if m in sys.modules]; "
             "sys.exit(str(bad) if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT)

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from cost_models.layers import Layer, param_count  # noqa: E402
-from amp_search.trial import model as M  # noqa: E402
+from amp_search.trial import model as trial_model  # noqa: E402
 
 S, H, A, F_, V = 16, 64, 4, 256, 128
 LAYERS = [
@@ -41,10 +41,10 @@ def _tp2_worker(rank: int, store: str, out_dir: str) -> None:
     parallel_state.initialize_model_parallel(2, 1)
     rows = []
     for layer in LAYERS:
-        m = M.build_layer(layer, tp_size=2)
-        x = M.example_inputs(layer, 2)
-        M.forward_backward(m, layer, x)  # the real collectives run
-        rows.append({"count": M.parameter_count(m), "shapes": _shapes(m)})
+        m = trial_model.build_layer(layer, tp_size=2)
+        x = trial_model.example_inputs(layer, 2)
+        trial_model.forward_backward(m, layer, x)  # the real collectives run
+        rows.append({"count": trial_model.parameter_count(m), "shapes": _shapes(m)})
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(rows, f)
     dist.barrier()
@@ -65,14 +65,14 @@ def tp2_rows():
 
 @pytest.fixture(scope="module")
 def single():
-    M.init_single_process_parallel()
+    trial_model.init_single_process_parallel()
 
 
 @pytest.mark.parametrize("layer", LAYERS, ids=lambda l: l.name)
 def test_param_count_tmp1(single, layer):
-    m = M.build_layer(layer, tp_size=1)
-    assert M.parameter_count(m) == param_count(layer, 1)
-    out = M.forward_backward(m, layer, M.example_inputs(layer, 2))
+    m = trial_model.build_layer(layer, tp_size=1)
+    assert trial_model.parameter_count(m) == param_count(layer, 1)
+    out = trial_model.forward_backward(m, layer, trial_model.example_inputs(layer, 2))
     assert torch.isfinite(out)
 
 
@@ -85,22 +85,22 @@ def test_param_count_tmp2(tp2_rows):
 @pytest.mark.parametrize("k", [2, 4])
 @pytest.mark.parametrize("layer", LAYERS, ids=lambda l: l.name)
 def test_simulated_shard_counts(layer, k):
-    m = M.build_layer(layer, simulate_tp_size=k)
-    assert M.parameter_count(m) == param_count(layer, k)
-    out = M.forward_backward(m, layer, M.example_inputs(layer, 2))
+    m = trial_model.build_layer(layer, simulate_tp_size=k)
+    assert trial_model.parameter_count(m) == param_count(layer, k)
+    out = trial_model.forward_backward(m, layer, trial_model.example_inputs(layer, 2))
     assert torch.isfinite(out)
 
 
 def test_simulated_shapes_equal_real_tp2_shapes(tp2_rows):
     for layer, row in zip(LAYERS, tp2_rows[0]):
-        sim = {n: list(s) for n, s in _shapes(M.build_layer(layer, simulate_tp_size=2)).items()}
+        sim = {n: list(s) for n, s in _shapes(trial_model.build_layer(layer, simulate_tp_size=2)).items()}
         assert sorted(sim.values()) == sorted(row["shapes"].values()), layer.name
 
 
 def test_activation_shapes_batch_first(single):
     for layer in LAYERS:
-        m = M.build_layer(layer)
-        inputs = M.example_inputs(layer, 3)
+        m = trial_model.build_layer(layer)
+        inputs = trial_model.example_inputs(layer, 3)
         out = m(inputs[0])
         if layer.kind == "head":
             assert tuple(out.shape) == (3, S, V)
@@ -111,18 +111,18 @@ def test_activation_shapes_batch_first(single):
 def test_custom_layer_rejected():
     layer = Layer(kind="custom", seq_length=S, custom_forward_flops=1e6, custom_params=10,
                   custom_output_elements=S * H, name="odd")
-    with pytest.raises(M.UnsupportedLayer, match="custom"):
-        M.build_layer(layer, simulate_tp_size=1)
+    with pytest.raises(trial_model.UnsupportedLayer, match="custom"):
+        trial_model.build_layer(layer, simulate_tp_size=1)
 
 
 def test_bf16_precision_dtype():
-    m = M.build_layer(LAYERS[1], simulate_tp_size=2, precision="bf16")
+    m = trial_model.build_layer(LAYERS[1], simulate_tp_size=2, precision="bf16")
     assert all(p.dtype == torch.bfloat16 for p in m.parameters())
 
 
 def test_tp_size_must_match_group(single):
     with pytest.raises(ValueError, match="tensor-parallel group has 1"):
-        M.build_layer(LAYERS[1], tp_size=2)
+        trial_model.build_layer(LAYERS[1], tp_size=2)
 
 
 # ----------------------------------------------------------------------------- SP, selective
@@ -148,13 +148,13 @@ def _chain_loss_and_grads(rank, tp, *, sequence_parallel, selective):
     mods = []
     for i, layer in enumerate(CHAIN):
         torch.manual_seed(100 + i)      # megatron draws the master weight: same on any tp
-        mods.append(M.build_layer(layer, tp_size=tp, sequence_parallel=sequence_parallel,
+        mods.append(trial_model.build_layer(layer, tp_size=tp, sequence_parallel=sequence_parallel,
                                   selective_recompute=selective))
     x, shapes = ids, []
     for m in mods:
         x = m(x)
         shapes.append(tuple(x.shape))
-    loss = M.lm_loss(x, labels)
+    loss = trial_model.lm_loss(x, labels)
     loss.backward()
     grads = {f"{i}.{n}": p.grad.clone() for i, m in enumerate(mods)
              for n, p in m.named_parameters()}

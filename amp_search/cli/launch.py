@@ -12,7 +12,8 @@ from ._args import (add_profiles_argument, port, layers_per_stage, measurements_
 from ..errors import UsageError
 from ..machine_load import BUSY_CORES, busy_note
 from ..records import Estimate, Strategy
-from ..spec import Spec, load_spec
+from ..spec import (FINGERPRINT_KEY, FINGERPRINT_SECTIONS, Spec, load_spec,
+                    spec_fingerprint)
 
 
 def add_parser(sub) -> None:
@@ -88,37 +89,17 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-FINGERPRINT_KEY = "spec_fingerprint"
-"""Where a plan JSON names the spec it was made for (`spec_fingerprint`)."""
-_SECTIONS = ("cluster", "model", "training")
-
-
-def spec_fingerprint(spec: Spec) -> dict:
-    """What a plan JSON carries to name the spec it was made for: the spec's sha256 and a
-    hash of each parsed section (cluster, model, training), so a plan is refused for
-    another spec but not for the same spec written differently. `amp-search plan --json`
-    writes it under FINGERPRINT_KEY."""
-    import dataclasses
-    import hashlib
-
-    out = {"spec_sha256": spec.sha256}
-    for name in _SECTIONS:
-        text = json.dumps(dataclasses.asdict(getattr(spec, name)), sort_keys=True, default=str)
-        out[name] = hashlib.sha256(text.encode()).hexdigest()
-    return out
-
-
 def check_fingerprint(path: Path, data: dict, spec: Spec) -> None:
     """Refuse a plan whose fingerprint names another spec (a plan without one, written by
     hand or by an older amp-search, is checked row by row only)."""
     given = data.get(FINGERPRINT_KEY)
     if given is None:
         return
-    if not isinstance(given, dict) or not all(isinstance(given.get(k), str) for k in _SECTIONS):
+    if not isinstance(given, dict) or not all(isinstance(given.get(k), str) for k in FINGERPRINT_SECTIONS):
         raise UsageError(f"{path}: {FINGERPRINT_KEY} is malformed; write the plan again with "
                          f"`amp-search plan {spec.path or 'SPEC'} --json FILE`")
     ours = spec_fingerprint(spec)
-    differ = [k for k in _SECTIONS if given[k] != ours[k]]
+    differ = [k for k in FINGERPRINT_SECTIONS if given[k] != ours[k]]
     if differ:
         raise UsageError(f"{path} was made for another spec: its {' and '.join(differ)} "
                          f"differ{'s' if len(differ) == 1 else ''} from "
@@ -292,7 +273,8 @@ def speed_correction(spec: Spec, measurements, *, quiet: bool = False):
     plan's coefficients); None where no profile holds a probe."""
     import dataclasses
 
-    from ..planner import CostModel, evaluate
+    from ..costing import CostModel
+    from ..planner import evaluate
     from ..profiling.speed import measure_speed, probe_layer
 
     layer = probe_layer(spec).signature
@@ -334,8 +316,10 @@ def _sigterm(signum, frame):
 
 def run(args) -> int:
     from ..launch.hostfile import parse_hostfile
-    from ..launch.orchestrator import (LaunchOptions, best_trial, default_results_path,
-                                       run_trials)
+    from ..launch.orchestrator import LaunchOptions, default_results_path
+    from ..tuner import tune
+
+    from .plan import announce
 
     spec = load_spec(args.spec)
     if args.warmup >= args.iters:
@@ -345,18 +329,7 @@ def run(args) -> int:
     measurements = measurements_for(spec, args)
     if args.backend is None:
         args.backend = spec.training.backend
-    if args.plan is not None:
-        items = read_plan(args.plan, spec, measurements)[:args.top_k]
-    else:
-        from ..planner import plan
-
-        from .plan import announce
-
-        items = list(plan(spec, measurements=measurements,
-                          progress=not args.no_progress and sys.stderr.isatty(),
-                          max_search_s=args.max_search_seconds, on_start=announce,
-                          backend=args.backend)
-                     .strategies[:args.top_k])
+    given = None if args.plan is None else read_plan(args.plan, spec, measurements)
     options = LaunchOptions(
         backend=args.backend, launcher=args.launcher, hostfile=hostfile, iters=args.iters,
         warmup=args.warmup, trial_timeout_s=args.trial_timeout,
@@ -366,19 +339,24 @@ def run(args) -> int:
         retry_failed=args.retry_failed, retry_transient=not args.no_retry,
         progress=not args.no_progress and sys.stderr.isatty(), base_env=dict(os.environ))
     quiet = args.json is not None and str(args.json) == "-"
+    total = 0  # trials to run: known once tune() has planned (or read --plan)
+
+    def trials(strategies) -> None:
+        nonlocal total
+        total = len(strategies)
 
     def show(rec) -> None:
         if quiet:
             return
         if args.dry_run:
-            print(dry_run_summary(spec, rec, total=len(items), launcher=args.launcher,
+            print(dry_run_summary(spec, rec, total=total, launcher=args.launcher,
                                   verbose=args.verbose))
             return
         measured = "-" if rec.measured_mean_s is None else f"{rec.measured_mean_s:.4g} s"
         busy = "" if rec.cached else busy_note(rec.other_processes_cores)
         again = rec.status in ("oom", "failed", "timeout", "interrupted") and \
             not rec.final and not args.no_retry
-        print(f"trial {rec.index}/{len(items)} {rec.label}: {rec.status}"
+        print(f"trial {rec.index}/{total} {rec.label}: {rec.status}"
               f"{' (cached)' if rec.cached else ''}, measured {measured}"
               + (f" - {rec.error}" if rec.error else "") + (f" ({busy})" if busy else "")
               + (" (runs again on the next launch)" if again and not rec.cached else ""),
@@ -393,11 +371,13 @@ def run(args) -> int:
         before = speed_correction(spec, measurements, quiet=quiet)
     previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        records = run_trials(spec, items, options, on_record=show, before_trial=before,
-                             on_note=note)
+        result = tune(spec, top_k=args.top_k, options=options, measurements=measurements,
+                      plan=given, on_trials=trials, on_record=show, on_note=note,
+                      before_trial=before, progress=options.progress,
+                      max_search_s=args.max_search_seconds, on_start=announce)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    best = best_trial(records)
+    records, best = result.records, result.best
     db_path = None if args.dry_run else str(args.results or default_results_path(spec))
     if not quiet and args.dry_run:
         runs = Path(args.runs_dir or (spec.path.parent if spec.path else Path.cwd())

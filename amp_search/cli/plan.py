@@ -11,7 +11,7 @@ from ._args import (STRATEGY_DEGREES, add_profiles_argument, add_strategy_knobs,
                     positive_int, render_table, write_json)
 from ..errors import UsageError
 from ..records import Estimate, Plan
-from ..spec import Spec, load_spec
+from ..spec import FINGERPRINT_KEY, Spec, load_spec, spec_fingerprint
 
 
 def add_parser(sub) -> None:
@@ -340,8 +340,6 @@ def run_plan(args) -> int:
         if note:
             print(note)
     if args.json is not None:
-        from .launch import FINGERPRINT_KEY, spec_fingerprint
-
         write_json(args.json, {**result.to_dict(top_k=args.top_k),
                                FINGERPRINT_KEY: spec_fingerprint(spec)})
     return 0

@@ -1,5 +1,5 @@
 """`amp-search timeline`: simulate one iteration of a planned (or given) strategy with the
-event-level simulator (cost_models.schedule) and draw it: a Chrome trace (Perfetto,
+event-level simulator (cost_models.simulator) and draw it: a Chrome trace (Perfetto,
 chrome://tracing) and a PNG Gantt chart.
 
 The simulator's input comes from the same cost model as the plan
@@ -21,7 +21,7 @@ from ._args import (add_profiles_argument, add_strategy_choice, add_strategy_kno
 from .plan import chosen_strategy, stage_devices
 
 if TYPE_CHECKING:
-    from cost_models.schedule import SimulatedIteration
+    from cost_models.simulator import SimulatedIteration
 
     from ..records import Estimate
 
@@ -31,8 +31,8 @@ _BUCKET_ELEMENTS_DEFAULT = "DeepSpeed's reduce_bucket_size, 5e8"
 
 
 def simulate_iteration(**kw) -> "SimulatedIteration":
-    """cost_models.schedule.simulate_iteration, imported on first use."""
-    from cost_models.schedule import simulate_iteration as simulate
+    """cost_models.simulator.simulate_iteration, imported on first use."""
+    from cost_models.simulator import simulate_iteration as simulate
 
     return simulate(**kw)
 
@@ -108,7 +108,8 @@ def _format(sim: SimulatedIteration, e: Estimate, names: list[str], kw: dict) ->
 
 
 def run(args) -> int:
-    from cost_models.schedule import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, SCHEDULES
+    from cost_models.schedule import SCHEDULES
+    from cost_models.simulator import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 
     from ..timeline import PngWriter
 
@@ -127,7 +128,7 @@ def run(args) -> int:
 
 
 def _run(args, spec, measurements, png) -> int:
-    from ..planner import CostModel
+    from ..costing import CostModel
     from ..simulate import simulatable, simulation_inputs
     from ..timeline import write_chrome_trace
 
@@ -140,7 +141,7 @@ def _run(args, spec, measurements, png) -> int:
     kw = simulation_inputs(model, e.strategy, schedule=args.schedule,
                            overlap=args.overlap_comm, bucket_elements=args.bucket_elements)
     if e.strategy.virtual_stages > 1:       # Megatron-LM's interleaved 1F1B
-        from cost_models.schedule import simulate_interleaved
+        from cost_models.simulator import simulate_interleaved
 
         if args.schedule != "1f1b":
             raise UsageError(f"--schedule {args.schedule} with {e.strategy.virtual_stages} "

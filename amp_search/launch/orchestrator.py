@@ -286,7 +286,10 @@ def best_trial(records: list[TrialRecord]) -> TrialRecord | None:
     return min(ok, key=lambda r: r.measured_mean_s) if ok else None
 
 
-def _check(spec: Spec, options: LaunchOptions) -> None:
+def check_options(spec: Spec, options: LaunchOptions) -> None:
+    """Refuse options that cannot launch (UsageError naming the flag and what is accepted):
+    backend, launcher, iterations and warm-up, the trial timeout, layers a trial can run, and
+    Megatron-LM's own needs."""
     if options.backend not in BACKENDS:
         raise UsageError(f"--backend {options.backend!r}; accepted: {', '.join(BACKENDS)}")
     if options.launcher not in LAUNCHERS:
@@ -678,7 +681,7 @@ def run_trials(spec: Spec, items: Iterable, options: LaunchOptions | None = None
     from tqdm import tqdm
 
     options = options or LaunchOptions()
-    _check(spec, options)
+    check_options(spec, options)
     requests = _requests(items)
     hosts = node_hosts(spec, options)
     runs_dir = Path(options.runs_dir or (spec.path.parent if spec.path else Path.cwd())

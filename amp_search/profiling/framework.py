@@ -5,7 +5,7 @@ runs the engine's own work: per micro-batch its forward/backward/step calls, hoo
 gradient-accumulation bookkeeping and the data loader; per iteration the optimizer step's
 bookkeeping (timers, loss scaling, ZeRO's flat buffers, barriers). On the 2-core CPU machine
 this was 15-80 ms per iteration: the difference between a plan that ranks the trials and
-one that does not (issue 10). Lin et al. 2024 (seed 003) show the same fixed costs dominate
+one that does not. Lin et al. 2024 (seed 003) show the same fixed costs dominate
 GPU iterations at small micro-batches.
 
 So `amp-search profile` ends by running the trial program (amp_search.trial.run, the one
@@ -156,13 +156,14 @@ def pipeline_probe_strategies(spec: Spec) -> list[tuple[Spec, "Strategy"]]:
     (pp = the node's devices, dp 1, tmp 1, micro-batch 1, Megatron's uniform split), with
     PROBE_GAS x pp micro-batches; none where the node has one device, the model fewer blocks
     than devices, or the backend is not DeepSpeed."""
-    from ..planner import _leading
+    from cost_models.layers import leading_layers
+
     from ..partition import uniform_partition
     from ..records import Strategy
 
     devices = tuple(spec.cluster.nodes[0].devices)
     n, layers = len(devices), spec.model.layers
-    first, last = _leading(layers, "embedding"), _leading(layers[::-1], "head")
+    first, last = leading_layers(layers, "embedding"), leading_layers(layers[::-1], "head")
     if spec.training.backend != "deepspeed" or n < 2 or len(layers) - first - last < n:
         return []
     partition = uniform_partition(len(layers), n, first=first, last=last)

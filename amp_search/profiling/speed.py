@@ -2,7 +2,7 @@
 trial, so that a prediction carries the machine's speed at the time its trial runs.
 
 On a shared or virtual machine the speed drifts: on the 2-core development VM the same trial
-took 0.44 s in one launch and 0.56 s in the next (issue 10; `benchmarks/accuracy.py` keeps its
+took 0.44 s in one launch and 0.56 s in the next (`benchmarks/accuracy.py` keeps its
 trials within 4% of a profile's speed for this reason). A user does not re-profile before
 every launch. So `amp-search profile` ends by timing one block layer of the spec's model
 (the first transformer or mlp layer; tmp 1, micro-batch `PROBE_MBS`, forward + backward) in as

@@ -228,7 +228,7 @@ def read_traces(trial_dir: str | Path) -> list[RankTrace]:
 
 def train_order(trace: RankTrace, iteration: int = 0) -> list[tuple[str, int, int]]:
     """The iteration's forward, backward, send and receive instructions as (kind,
-    micro-batch, peer stage) with the kinds of `cost_models.schedule.KINDS` ("forward",
+    micro-batch, peer stage) with the kinds of `cost_models.simulator.KINDS` ("forward",
     "backward", "send", "recv"; peer -1 for a pass), the vocabulary of
     `deepspeed_train_order`. LoadMicroBatch and the per-batch instructions are left out."""
     out = []
@@ -248,7 +248,7 @@ KIND_OF = {"ForwardPass": "forward", "BackwardPass": "backward", "OptimizerStep"
            "SendActivation": "send", "SendGrad": "send", "RecvActivation": "recv",
            "RecvGrad": "recv", "ReduceGrads": "allreduce", "ReduceTiedGrads": "allreduce",
            "LoadMicroBatch": "load"}
-"""The simulator's kind (`cost_models.schedule.KINDS`) each instruction's time counts as;
+"""The simulator's kind (`cost_models.simulator.KINDS`) each instruction's time counts as;
 LoadMicroBatch (host-side batch copy) has none: "load"."""
 
 _TRACE_COLOURS = {"forward": "thread_state_running", "backward": "thread_state_iowait",

@@ -136,20 +136,20 @@ def _layer_specs(cfg: TrialConfig):
     """One DeepSpeed LayerSpec per layer; only the local stage's layers get built."""
     from deepspeed.pipe import LayerSpec
 
-    from . import model as M
+    from . import model as trial_model
 
-    classes = {"embedding": M.EmbeddingLayer, "transformer": M.TransformerLayer,
-               "mlp": M.MLPLayer, "head": M.HeadLayer}
+    classes = {"embedding": trial_model.EmbeddingLayer, "transformer": trial_model.TransformerLayer,
+               "mlp": trial_model.MLPLayer, "head": trial_model.HeadLayer}
 
     class Spec(LayerSpec):
         def __init__(self, layer):  # (no super().__init__: we build through build_layer)
             if layer.kind not in classes:
-                M.build_layer(layer)  # raises UnsupportedLayer with the reason
+                trial_model.build_layer(layer)  # raises UnsupportedLayer with the reason
             self.typename, self.module_args, self.module_kwargs = classes[layer.kind], (), {}
             self.layer, self.global_rank = layer, -1
 
         def build(self, log=False):
-            return M.build_layer(self.layer, tp_size=cfg.strategy.tmp, precision="fp32",
+            return trial_model.build_layer(self.layer, tp_size=cfg.strategy.tmp, precision="fp32",
                                  causal=cfg.causal, **_knobs(cfg))
 
         def __repr__(self):
@@ -162,7 +162,7 @@ def _pipeline_module(cfg: TrialConfig):
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-    from . import model as M
+    from . import model as trial_model
 
     class PlannedPipelineModule(PipelineModule):
         """PipelineModule split at given layer boundaries (DeepSpeed offers only uniform,
@@ -185,10 +185,10 @@ def _pipeline_module(cfg: TrialConfig):
     s = cfg.strategy
     topo = PipeModelDataParallelTopology(num_pp=s.pp, num_mp=s.tmp, num_dp=s.dp)
     return PlannedPipelineModule(
-        _layer_specs(cfg), boundaries=s.partition, topology=topo, loss_fn=M.lm_loss,
+        _layer_specs(cfg), boundaries=s.partition, topology=topo, loss_fn=trial_model.lm_loss,
         seed_layers=True, base_seed=cfg.seed, partition_method="planned",
         activation_checkpoint_interval=1 if s.activation_checkpointing else 0,
-        checkpointable_layers=M.CHECKPOINTABLE_LAYERS)
+        checkpointable_layers=trial_model.CHECKPOINTABLE_LAYERS)
 
 
 def _check_groups(module, rank: int) -> None:
@@ -213,7 +213,7 @@ class _Sequential:
         import torch
         from deepspeed.runtime.utils import set_random_seed
 
-        from . import model as M
+        from . import model as trial_model
 
         class Chain(torch.nn.Module):
             def __init__(self):
@@ -221,7 +221,7 @@ class _Sequential:
                 mods = []
                 for i, layer in enumerate(cfg.layers):
                     set_random_seed(cfg.seed + i)  # as PipelineModule(seed_layers=True)
-                    mods.append(M.build_layer(layer, tp_size=cfg.strategy.tmp,
+                    mods.append(trial_model.build_layer(layer, tp_size=cfg.strategy.tmp,
                                               precision="fp32", causal=cfg.causal,
                                               **_knobs(cfg)))
                 self.layers = torch.nn.ModuleList(mods)
@@ -232,12 +232,12 @@ class _Sequential:
                 x = ids
                 for layer, m in zip(cfg.layers, self.layers):
                     if cfg.strategy.activation_checkpointing and \
-                            type(m).__name__ in M.CHECKPOINTABLE_LAYERS:
+                            type(m).__name__ in trial_model.CHECKPOINTABLE_LAYERS:
                         # full recomputation: keep the block's input, replay it in backward
                         x = checkpoint(m, x, use_reentrant=False)
                     else:
                         x = m(x)
-                return M.lm_loss(x, labels)
+                return trial_model.lm_loss(x, labels)
 
         return Chain()
 

@@ -17,7 +17,7 @@ import numpy as np
 from cost_models.compute import DeviceSpeed, analytic_layer_time, optimizer_step_time_s
 from cost_models.layers import Layer, param_count
 
-from .spec import GPU, Spec
+from ..spec import GPU, Spec
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 
 from cost_models.comm import shared_bandwidth
 
-from .spec import Cluster
+from ..spec import Cluster
 
 
 @dataclass(frozen=True)

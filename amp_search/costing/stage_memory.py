@@ -1,4 +1,4 @@
-"""Peak memory of every device of a strategy (issue 3): the planner's out-of-memory check.
+"""Peak memory of every device of a strategy: the planner's out-of-memory check.
 
     stage_memory(spec, strategy) -> (StageMemory per pipeline stage)
 
@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from cost_models import memory as M
+from cost_models import memory as memory_model
 from cost_models.layers import Layer
 
-from .records import StageMemory, Strategy
-from .spec import Spec
+from ..records import StageMemory, Strategy
+from ..spec import Spec
 
 __all__ = ["stage_memory"]
 
@@ -74,7 +74,7 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
 
 
 def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
-                             attention_scores: bool) -> M.StageBytes:
+                             attention_scores: bool) -> memory_model.StageBytes:
     """Stage j's parts under the interleaved schedule (v > 1, Megatron-LM): the model states
     of all its chunks' layers; the saved activations of the chunk micro-batches it holds at
     once (cost_models.memory.interleaved_saved_activation_bytes: pp + (pp-1)/v micro-batches'
@@ -91,27 +91,28 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
     kw = dict(mbs=s.mbs, tmp=s.tmp, bytes_per_element=g, attention_scores=attention_scores,
               sequence_parallel=s.sequence_parallel)
     selective = s.selective_recompute and not s.activation_checkpointing
-    per_chunk = [sum(M.layer_activation_bytes(x, recompute=s.activation_checkpointing,
+    per_chunk = [sum(memory_model.layer_activation_bytes(x, recompute=s.activation_checkpointing,
                                               selective=selective, **kw) for x in c)
                  for c in chunks]
     # one micro-batch in flight (the last stage's count): per-micro-batch bytes + working set
-    one = M.stage_saved_activation_bytes(device, stage=s.pp - 1, pp=s.pp, gas=s.gas,
+    one = memory_model.stage_saved_activation_bytes(device, stage=s.pp - 1, pp=s.pp, gas=s.gas,
                                          recompute=s.activation_checkpointing,
                                          selective=s.selective_recompute, **kw)
-    act = M.interleaved_saved_activation_bytes(per_chunk, stage=j, pp=s.pp, gas=s.gas) \
-        + one - sum(per_chunk)
-    return M.StageBytes(parameter_bytes=st.parameter_bytes, gradient_bytes=st.gradient_bytes,
-                        optimizer_bytes=st.optimizer_bytes, buffer_bytes=st.buffer_bytes,
-                        activation_bytes=int(act))
+    act = memory_model.interleaved_saved_activation_bytes(per_chunk, stage=j, pp=s.pp,
+                                                          gas=s.gas) + one - sum(per_chunk)
+    return memory_model.StageBytes(parameter_bytes=st.parameter_bytes,
+                                   gradient_bytes=st.gradient_bytes,
+                                   optimizer_bytes=st.optimizer_bytes,
+                                   buffer_bytes=st.buffer_bytes, activation_bytes=int(act))
 
 
 @lru_cache(maxsize=65536)
 def _stage_bytes(layers: tuple[Layer, ...], stage: int, pp: int, dp: int, tmp: int, mbs: int,
                  gas: int, zero_stage: int, recompute: bool, precision: str,
                  attention_scores: bool, sequence_parallel: bool = False,
-                 selective: bool = False, backend: str = "deepspeed") -> M.StageBytes:
+                 selective: bool = False, backend: str = "deepspeed") -> memory_model.StageBytes:
     """One stage's parts, cached: the search asks for the same stage many times."""
-    return M.stage_bytes(layers, stage=stage, pp=pp, dp=dp, tmp=tmp, mbs=mbs, gas=gas,
+    return memory_model.stage_bytes(layers, stage=stage, pp=pp, dp=dp, tmp=tmp, mbs=mbs, gas=gas,
                          zero_stage=zero_stage, recompute=recompute, precision=precision,
                          attention_scores=attention_scores,
                          sequence_parallel=sequence_parallel, selective=selective,

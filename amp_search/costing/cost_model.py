@@ -1,0 +1,649 @@
+"""The cost model: everything about a spec that does not depend on the strategy, computed
+once (`CostModel`), then one strategy costed in well under a millisecond plus its layer
+assignment:
+
+    placement      -> PlacedLayout   (each stage's devices and slowest links; costing.links)
+    layer times    -> StageCosts     (cost_models' compute, TP/P2P/DP collective and optimizer
+                                      terms per [stage, layer]; costing.layer_times)
+    partition      -> boundaries     (the exact DP, amp_search.partition, with the memory
+                                      budget of costing.stage_memory)
+    closed form    -> Estimate       (cost_models.pipeline: AMP eq. 5 and 4)
+
+Used by the planner (amp_search.planner) and the simulator's input builder
+(amp_search.simulate) alike; it imports neither.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from cost_models import comm
+from cost_models import memory as memory_model
+from cost_models import pipeline
+from cost_models.compute import (HostCosts, block_passes, host_time_by_pass_s,
+                                 kernel_floor_time_s, synced_overlapped_time_s)
+from cost_models.layers import (leading_layers, output_elements, param_count,
+                                 tp_collectives_by_pass)
+from cost_models.params import CostParams
+from cost_models.recompute import selective_recompute_time_s, sequence_parallel_time_s
+
+from ..errors import UsageError
+from ..measurements import NO_MEASUREMENTS, Measurements
+from ..partition import optimal_partition, uniform_partition
+from ..placement import DeviceOrder, as_tuple, megatron_placement
+from ..records import Breakdown, Estimate, Strategy, micro_batches
+from ..search_space import Candidate
+from ..spec import Spec
+from .layer_times import LayerTimer, device_speed
+from .links import ClusterArrays, p2p_links, ring_links
+from .stage_memory import stage_memory
+
+__all__ = ["CostModel", "PlacedLayout", "StageCosts", "measured_overheads"]
+
+
+@dataclass(frozen=True)
+class StageCosts(pipeline.StageCostArrays):
+    """The costs of one strategy on its placement, before the layers are split: entry [j, l]
+    is layer l run by pipeline stage j's devices (the slowest device type of the stage). The
+    closed form's arrays (cost_models.pipeline.StageCostArrays: layer_s, tensor_parallel_s,
+    cut_s, sync_s, sync_fixed_s, optimizer_s and the calibrated overheads), with the device
+    and host times they were made of, which the simulator plays pass by pass.
+
+    layer_s is what t_j sums: device compute + tensor-parallel communication, or the host's
+    time to issue them where that is longer, the forward and the backward each on its own
+    (cost_models.compute.synced_overlapped_time_s). cut_s[j, i] is e, the P2P into stage j
+    when it starts at layer i (activation + gradient), paid once by the fill and drain and
+    again by each steady-state micro-batch as far as the stage waits for it
+    (cost_models.pipeline.pipeline_1f1b_time_s)."""
+
+    compute_s: np.ndarray
+    """[pp, L] device time of one micro-batch forward + backward (+ recomputation)."""
+    host_s: np.ndarray
+    """[pp, L] host time to issue them (analytic times; a measured time holds it already)."""
+    host_forward_s: np.ndarray
+    """[pp, L] the forward pass's part of host_s."""
+
+    @property
+    def after_pipeline_s(self) -> np.ndarray:
+        """What eq. 4's second term sums per stage: DP sync + optimizer step."""
+        return self.sync_s + self.optimizer_s
+
+
+@dataclass(frozen=True)
+class PlacedLayout:
+    """A (pp, dp, tmp) placement and what mbs, ZeRO and recomputation do not change: the
+    devices of each stage and, per stage, the slowest link of each traffic kind (computed over
+    every device once, then cached: on a million devices that is what costs)."""
+
+    placement: np.ndarray
+    """[stage, replica, tensor rank] -> device id."""
+    placement_tuple: tuple
+    stage_gpus: list
+    """Per stage: the indices (into CostModel.gpus) of its device types."""
+    capacity_bytes: np.ndarray
+    """[pp] memory of each stage's smallest device."""
+    tp_links: tuple | None
+    """(bandwidth [pp], crosses nodes [pp]) of each stage's slowest tensor ring; None: tmp 1."""
+    dp_links: tuple | None
+    """The same for the data-parallel rings; None: dp 1."""
+    p2p_links: tuple | None
+    """(bandwidth [pp-1], crosses nodes [pp-1]) of each stage boundary; None: pp 1."""
+    tp_kind_links: dict | None = None
+    """The tensor rings' links for the collectives with their own measured fit (all-gather,
+    reduce-scatter: profile-comm measures each), as tp_links; the others use tp_links."""
+
+
+def measured_overheads(measurements: Measurements) -> tuple[CostParams, str]:
+    """The uncalibrated coefficients: none, except the framework's fixed costs where `amp-search
+    profile` measured them with real trials (amp_search.profiling.framework); with several
+    device types, the largest of each (the slowest host sets the pace of a synchronous
+    step)."""
+    found = [(name, p.framework_overheads) for name, p in
+             sorted(measurements.layer_profiles.items()) if p.framework_overheads is not None]
+    if not found:
+        return CostParams(), "uncalibrated"
+    zero: dict[str, dict[int, float]] = {"microbatch": {}, "step": {}}
+    for _, f in found:
+        for z in f.zero:
+            for kind, value in (("microbatch", z.microbatch_s_per_param),
+                                ("step", z.step_s_per_param)):
+                zero[kind][z.zero_stage] = max(zero[kind].get(z.zero_stage, 0.0), value)
+    layer = max(f.layer_overhead_s for _, f in found)
+    step = max(f.step_overhead_s for _, f in found)
+    # per device its pipeline figure where measured, else its pp 1 one; then the largest
+    pipe_layer = max(f.pipeline_layer_overhead_s for _, f in found)
+    pipe_step = max(f.step_overhead_s if f.pipeline_step_overhead_s is None
+                    else f.pipeline_step_overhead_s for _, f in found)
+    params = CostParams(
+        layer_overhead_s=layer, step_overhead_s=step,
+        pipeline_layer_overhead_delta_s=pipe_layer - layer,
+        pipeline_step_overhead_delta_s=pipe_step - step,
+        zero_microbatch_s_per_param=zero["microbatch"], zero_step_s_per_param=zero["step"])
+    where = ", ".join(measurements.layer_profiles[n].source for n, _ in found)
+    return params, f"uncalibrated + framework overheads measured in {where}"
+
+
+class CostModel:
+    """Everything about a spec that does not depend on the strategy, computed once; then
+    `evaluate()` costs one strategy in well under a millisecond plus its DP."""
+
+    def __init__(self, spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
+                 cost_params: CostParams | None = None):
+        self.spec = spec
+        self.measurements = measurements
+        if cost_params is not None:
+            self.params, self.params_source = cost_params, "given"
+        elif measurements.calibration is not None:
+            self.params, self.params_source = (measurements.calibration,
+                                               measurements.calibration_source)
+            measured = measured_overheads(measurements)[0]
+            unpriced = [f"ZeRO {z}" for z in sorted(set(measured.zero_microbatch_s_per_param)
+                                                    - set(self.params.zero_microbatch_s_per_param))]
+            if (measured.pipeline_layer_overhead_delta_s, measured.pipeline_step_overhead_delta_s) \
+                    != (0.0, 0.0) and (self.params.pipeline_layer_overhead_delta_s,
+                                       self.params.pipeline_step_overhead_delta_s) == (0.0, 0.0):
+                unpriced.insert(0, "the pipeline engine")
+            if unpriced and spec.training.backend == "deepspeed":
+                # a calibration fitted before the profile measured them: say so, do not
+                # add them on top of overheads fitted with them inside
+                self.params_source += (f" ({', '.join(unpriced)}: own costs not in the "
+                                       f"calibration; calibrate again)")
+        else:
+            self.params, self.params_source = measured_overheads(measurements)
+        self.p2p_blocking_share = pipeline.P2P_BLOCKING_SHARE[spec.training.backend]
+        """How much of a stage boundary's P2P the backend's 1F1B steady state blocks on."""
+        precision = spec.training.precision
+        for name, profile in measurements.layer_profiles.items():
+            if profile.device != name or profile.precision != precision:
+                raise UsageError(f"the layer profile given for {name} ({precision}) was "
+                                 f"measured on {profile.device} in {profile.precision}")
+        self.timer = LayerTimer(spec, measurements.layer_profiles)
+        self.cluster = ClusterArrays.of(spec.cluster)
+        fits = measurements.link_fits
+        self.cluster_for = {k: self.cluster.with_links(fits.get((k, "intra")),
+                                                       fits.get((k, "inter")))
+                            for k in ("all_reduce", "p2p", "all_gather", "reduce_scatter")}
+        layers = spec.model.layers
+        self.num_layers = len(layers)
+        bpe = spec.training.bytes_per_element
+        self.gpus = sorted({d.gpu.name: d.gpu for d in spec.cluster.devices}.values(),
+                           key=lambda g: g.name)
+        index = {g.name: i for i, g in enumerate(self.gpus)}
+        self.standard_attention = [spec.attention_for(g) == "standard" for g in self.gpus]
+        self.gpu_of_device = np.array([index[d.gpu.name] for d in spec.cluster.devices])
+        # per sample: P2P bytes leaving layer l, TP all-reduce bytes and message count of layer l
+        self.out_bytes = np.array([output_elements(l) * bpe for l in layers], dtype=float)
+        self._tp_collectives: dict = {}
+        self._params: dict[int, np.ndarray] = {}
+        self._fixed_cache: dict = {}
+        self._latency_cache: dict = {}
+        # block passes per layer (1 for the others, whose kernel floor is 0), per recompute
+        self._floor_passes = {ck: np.array([max(block_passes(l, ck), 1) for l in layers],
+                                           dtype=float) for ck in (False, True)}
+        self._mem_cache: dict = {}
+        self._placement_cache: dict = {}
+        self.capacity_bytes = np.array([d.gpu.memory_bytes for d in spec.cluster.devices],
+                                       dtype=float)
+        self.first_fixed = leading_layers(layers, "embedding")
+        self.last_fixed = leading_layers(layers[::-1], "head")
+
+    def tp_collectives(self, recompute: bool, sequence_parallel: bool, part: int | None = None
+                       ) -> dict:
+        """{kind: (elements [L], calls [L])} of each layer's tensor-parallel collectives per
+        sample (cost_models.layers.tp_collectives_by_pass, the backend's layers), all passes
+        or pass `part` (0 forward, 1 backward, 2 recomputed forward); cached."""
+        key = (recompute, sequence_parallel, part)
+        hit = self._tp_collectives.get(key)
+        if hit is None:
+            framework = self.spec.training.backend
+            per_layer = []
+            for layer in self.spec.model.layers:
+                passes = tp_collectives_by_pass(layer, recompute, sequence_parallel, framework)
+                per_layer.append(comm.collectives_by_kind(
+                    x for k, p in enumerate(passes) if part in (None, k) for x in p))
+            kinds = sorted({k for d in per_layer for k in d})
+            hit = self._tp_collectives[key] = {
+                k: (np.array([d.get(k, (0.0, 0))[0] for d in per_layer]),
+                    np.array([d.get(k, (0.0, 0))[1] for d in per_layer], dtype=float))
+                for k in kinds}
+        return hit
+
+    def tp_time_s(self, c: Candidate, layout: PlacedLayout, part: int | None = None
+                  ) -> np.ndarray:
+        """[pp, L]: each layer's tensor-parallel collectives of one micro-batch (all passes, or
+        pass `part`) on each stage's slowest tensor ring: per kind, its link fit's bandwidth
+        and latency where profile-comm measured the kind (all-gather and reduce-scatter have
+        their own on gloo), else the all-reduce's."""
+        out = np.zeros((c.pp, self.num_layers))
+        bpe = self.spec.training.bytes_per_element
+        for kind, (elements, calls) in self.tp_collectives(
+                c.activation_checkpointing, c.sequence_parallel, part).items():
+            bw, crosses = (layout.tp_kind_links or {}).get(kind, layout.tp_links)
+            measured = (kind, "intra") in self.measurements.link_fits or \
+                (kind, "inter") in self.measurements.link_fits
+            lat = self.link_latencies_s(kind if measured else "all_reduce", crosses, layout)
+            out = out + comm.collective_time_s(kind, elements[None, :] * bpe * c.mbs, c.tmp,
+                                            bw[:, None], lat[:, None],
+                                            messages=calls[None, :])
+        return out
+
+    def latency(self, collective: str, link: str, catalog_s=None):
+        """Calibrated latency plus the per-message latency of the link: the measured one
+        (profile-comm's fit) if any, else `catalog_s` (the devices' catalog `link_latency`;
+        None: the largest of the cluster's device types)."""
+        fit = self.measurements.link_fits.get((collective, link))
+        if fit is not None:
+            return self.params.latency(link) + fit.alpha_s
+        if catalog_s is None:
+            catalog_s = max(getattr(g, f"link_latency_{link}_s") for g in self.gpus)
+        return self.params.latency(link) + catalog_s
+
+    def params_per_layer(self, tmp: int) -> np.ndarray:
+        if tmp not in self._params:
+            self._params[tmp] = np.array([param_count(l, tmp) for l in self.spec.model.layers],
+                                         dtype=float)
+        return self._params[tmp]
+
+    def sources(self) -> tuple[str, ...]:
+        """Where the numbers came from: layer times per device type, links, coefficients."""
+        return tuple(f"{k}={v}" for k, v in sorted(self.timer.sources().items())) + (
+            f"links={self.measurements.link_source}", f"coefficients={self.params_source}")
+
+    # ------------------------------------------------------------------ one strategy
+    def evaluate(self, c: Candidate, order: DeviceOrder | None = None, *,
+                 placement: np.ndarray | None = None,
+                 partition: str | tuple[int, ...] = "optimal",
+                 with_memory: bool = True) -> Estimate:
+        """Cost one strategy: placement from `order` (Megatron's mapping) or given; partition
+        'optimal' (exact DP), 'uniform' (Megatron) or explicit boundaries. with_memory=False:
+        without the per-stage peak memory (`memory` empty, so `fits` says nothing), for a
+        caller that keeps one of several placements by time and adds it (`add_memory`)."""
+        layout = self.layout(c, order, placement)
+        costs = self.stage_costs(c, layout)
+        scores = self._attention_scores(layout)
+        bounds = self._partition(c, costs, layout, partition, any(scores))
+        strategy = Strategy(pp=c.pp, dp=c.dp, tmp=c.tmp, mbs=c.mbs,
+                            global_batch_size=self.spec.training.global_batch_size,
+                            partition=tuple(int(x) for x in bounds),
+                            placement=layout.placement_tuple,
+                            placement_order=order.name if order is not None else "given",
+                            zero_stage=c.zero_stage,
+                            activation_checkpointing=c.activation_checkpointing,
+                            selective_recompute=c.selective_recompute,
+                            sequence_parallel=c.sequence_parallel,
+                            virtual_stages=c.virtual_stages)
+        return self._assemble(strategy, costs, layout.capacity_bytes,
+                              scores if with_memory else None)
+
+    def _attention_scores(self, layout: PlacedLayout) -> list[bool]:
+        """Per stage: whether any of its device types runs standard attention (stores the
+        attention scores)."""
+        return [any(self.standard_attention[g] for g in gs) for gs in layout.stage_gpus]
+
+    def add_memory(self, c: Candidate, order: DeviceOrder, e: Estimate) -> Estimate:
+        """`e`, evaluated over `order` with with_memory=False, with the memory `evaluate`
+        gives it (the same layout, from the cache)."""
+        layout = self.layout(c, order)
+        return replace(e, memory=stage_memory(
+            self.spec, e.strategy, capacity_bytes=layout.capacity_bytes,
+            attention_scores=self._attention_scores(layout)))
+
+    def layout(self, c: Candidate, order: DeviceOrder | None = None,
+               placement: np.ndarray | None = None) -> PlacedLayout:
+        """The placement of (pp, dp, tmp): Megatron's over `order` (cached) or the one given."""
+        p = self.params
+        scale = dict(intra_scale=p.bandwidth("intra"), inter_scale=p.bandwidth("inter"))
+        key = None if placement is not None else (order.name, c.pp, c.dp, c.tmp,
+                                                  tuple(scale.values()))
+        hit = self._placement_cache.get(key) if key is not None else None
+        if hit is not None:
+            return hit
+        if placement is None:
+            placement = megatron_placement(order, c.pp, c.dp, c.tmp)
+        tp = dp = p2p = None
+        tp_kind = {}
+        if c.tmp > 1:
+            r = ring_links(self.cluster_for["all_reduce"], placement, **scale)
+            tp = (r.bandwidth_bytes_per_s.min(axis=1), r.crosses_nodes.any(axis=1))
+            for kind in ("all_gather", "reduce_scatter"):
+                if self.cluster_for[kind] is not self.cluster:     # measured: its own links
+                    r = ring_links(self.cluster_for[kind], placement, **scale)
+                    tp_kind[kind] = (r.bandwidth_bytes_per_s.min(axis=1),
+                                     r.crosses_nodes.any(axis=1))
+        if c.dp > 1:
+            r = ring_links(self.cluster_for["all_reduce"], placement.transpose(0, 2, 1), **scale)
+            dp = (r.bandwidth_bytes_per_s.min(axis=1), r.crosses_nodes.any(axis=1))
+        if c.pp > 1:
+            r = p2p_links(self.cluster_for["p2p"], placement, **scale)
+            p2p = (r.bandwidth_bytes_per_s, r.crosses_nodes)
+        hit = PlacedLayout(
+            placement=placement, placement_tuple=as_tuple(placement),
+            stage_gpus=[np.unique(self.gpu_of_device[placement[j]]) for j in range(c.pp)],
+            capacity_bytes=self.capacity_bytes[placement.reshape(c.pp, -1)].min(axis=1),
+            tp_links=tp, dp_links=dp, p2p_links=p2p, tp_kind_links=tp_kind)
+        if key is not None:
+            self._placement_cache[key] = hit
+        return hit
+
+    def stage_costs(self, c: Candidate, layout: PlacedLayout) -> StageCosts:
+        """Every per-layer cost array of the strategy (cost_models' terms, vectorised)."""
+        p = self.params
+        L = self.num_layers
+        stage_gpus = layout.stage_gpus
+
+        compute, host = np.zeros((c.pp, L)), np.zeros((c.pp, L))
+        compute_forward, host_forward = np.zeros((c.pp, L)), np.zeros((c.pp, L))
+        optimizer = np.zeros((c.pp, L))
+        optimizer_share = memory_model.optimizer_shards(
+            framework=self.spec.training.backend, zero_stage=c.zero_stage,
+            precision=self.spec.training.precision, dp=c.dp)
+        ckpt = c.activation_checkpointing
+        rows: dict = {}                 # stages holding the same device types cost the same
+        for j in range(c.pp):
+            types = tuple(stage_gpus[j])
+            if types not in rows:
+                # device, host, optimizer, and the forward pass's device and host: per layer,
+                # the slowest device type's passes (stage_pass_times_s) and the slowest host's
+                row = np.zeros((5, L))
+                for g in types:         # a stage runs at its slowest device type's pace
+                    gpu = self.gpus[g]
+                    scale = p.compute(gpu.name)
+                    lt = self.timer.times(gpu, c.tmp, c.mbs)
+                    _, issue, issue_forward = self._fixed_costs(gpu, c.tmp, ckpt,
+                                                                c.sequence_parallel)
+                    issue = np.where(lt.analytic, issue, 0.0)
+                    take = issue > row[1]
+                    row[1], row[4] = np.where(take, issue, row[1]), np.where(
+                        take, np.where(lt.analytic, issue_forward, 0.0), row[4])
+                    np.maximum(row[2], self.timer.optimizer_step_s(gpu, c.tmp) * scale
+                               / optimizer_share + self._zero_time_s("zero_step_s_per_param", c),
+                               out=row[2])
+                passes = self.stage_pass_times_s(types, c)
+                row[0], row[3] = passes.sum(axis=0), passes[0]
+                rows[types] = row
+            compute[j], host[j], optimizer[j], compute_forward[j], host_forward[j] = rows[types]
+
+        tensor_parallel = tensor_parallel_forward = np.zeros((c.pp, L))
+        if c.tmp > 1:       # each stage's tensor rings run on its slowest ring's links
+            tensor_parallel = self.tp_time_s(c, layout)
+            if host.any():  # the forward's share matters only beside a host time
+                tensor_parallel_forward = self.tp_time_s(c, layout, part=0)
+
+        cut = np.zeros((c.pp, L + 1))
+        if c.pp > 1:
+            bw, crosses = layout.p2p_links
+            lat = self.link_latencies_s("p2p", crosses, layout, boundaries=True)
+            # sequence parallelism hands each tensor rank's s/t shard to the next stage
+            shard = c.tmp if c.sequence_parallel else 1
+            cut[1:, 1:L] = comm.stage_boundary_time_s(
+                self.out_bytes[None, :L - 1] * c.mbs / shard, bw[:, None], lat[:, None])
+
+        sync, sync_fixed = self._dp_sync(c, layout)
+        return StageCosts(compute_s=compute, host_s=host, host_forward_s=host_forward,
+                          tensor_parallel_s=tensor_parallel,
+                          cut_s=cut,
+                          sync_s=sync, sync_fixed_s=sync_fixed, optimizer_s=optimizer,
+                          microbatch_overhead_s=p.microbatch_overhead_s,
+                          step_overhead_s=p.step_overhead(c.pp, c.dp),
+                          layer_s=synced_overlapped_time_s(
+                              host_forward, compute_forward + tensor_parallel_forward, host,
+                              compute + tensor_parallel))
+
+    def stage_pass_times_s(self, types, c: Candidate) -> np.ndarray:
+        """[3, L]: `device_pass_times_s` of a stage holding the device types `types` (indices
+        into self.gpus): per layer, every pass from the type whose passes add up to the
+        longest (the first such), so that the passes of one layer always come from one type.
+        The one rule `stage_costs` and the simulator's pass_times share."""
+        best = np.full(self.num_layers, -1.0)
+        out = np.zeros((3, self.num_layers))
+        for g in types:
+            passes = self.device_pass_times_s(self.gpus[g], c)
+            total = passes.sum(axis=0)
+            take = total > best
+            out[:, take] = passes[:, take]
+            best = np.where(take, total, best)
+        return out
+
+    def device_pass_times_s(self, gpu, c: Candidate) -> np.ndarray:
+        """[3, L]: one micro-batch of each layer on `gpu`, per pass (forward, backward,
+        recomputed forward; zeros without full recomputation): the layer timer's times x the
+        calibrated compute scale, the knobs' time (`_knob_time`) in the backward, and, where
+        the times are analytic, the kernel floor split evenly over the block passes. Their sum
+        is the device time `stage_costs` charges; the simulator plays them one by one."""
+        ckpt = c.activation_checkpointing
+        scale = self.params.compute(gpu.name)
+        floor_s = self.params.fixed_cost("kernel_floor_s", gpu.name, gpu.kernel_floor_s)
+        # the framework's fixed cost per layer and micro-batch (CostParams.layer_overhead, one
+        # figure per micro-batch) is charged half to the forward and half to the backward, so
+        # that the simulator, which plays the passes one by one, pays it where it is spent
+        framework_s = self.params.layer_overhead(c.pp) / 2
+        key = ("passes", gpu.name, c.tmp, c.mbs, ckpt, c.selective_recompute,
+               c.sequence_parallel, scale, floor_s, framework_s,
+               self.params.zero_cost("zero_microbatch_s_per_param", c.zero_stage))
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            lt = self.timer.times(gpu, c.tmp, c.mbs)
+            floor = self._fixed_costs(gpu, c.tmp, ckpt)[0]
+            per_pass = np.where(lt.analytic, floor / self._floor_passes[ckpt], 0.0)
+            fwd = lt.forward_s * scale + per_pass + framework_s
+            bwd = ((lt.backward_s + self._knob_time(gpu, c)) * scale + per_pass + framework_s
+                   + self._zero_time_s("zero_microbatch_s_per_param", c))
+            hit = self._fixed_cache[key] = np.stack([fwd, bwd, fwd if ckpt
+                                                     else np.zeros_like(fwd)])
+        return hit
+
+    def _zero_time_s(self, name: str, c: Candidate) -> np.ndarray | float:
+        """Per layer: ZeRO stage c.zero_stage's own bookkeeping as the framework probe measured
+        it (`CostParams.zero_microbatch_s_per_param` / `zero_step_s_per_param`), for the
+        parameters of the layer a device holds; 0 where none was measured, and under
+        Megatron-LM (the probe measures DeepSpeed's ZeRO; Megatron's distributed optimizer is
+        priced by its collectives alone)."""
+        if self.spec.training.backend != "deepspeed":
+            return 0.0
+        per_param = self.params.zero_cost(name, c.zero_stage)
+        return per_param * self.params_per_layer(c.tmp) if per_param else 0.0
+
+    def _knob_time(self, gpu, c: Candidate) -> np.ndarray | float:
+        """Per layer: device seconds selective recomputation adds (the attention core's forward
+        again in backward) and sequence parallelism saves (the replicated elementwise work
+        split over tmp), cost_models.recompute; analytic, also beside measured layer times
+        (the profiles are measured without these knobs)."""
+        sel = c.selective_recompute and not c.activation_checkpointing
+        sp = c.sequence_parallel and c.tmp > 1
+        if not sel and not sp:
+            return 0.0
+        key = ("knobs", gpu.name, c.tmp, c.mbs, sel, sp, c.activation_checkpointing)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            t = self.spec.training
+            kw = dict(tmp=c.tmp, mbs=c.mbs, device=device_speed(gpu, t.precision),
+                      bytes_per_element=t.bytes_per_element)
+            out = []
+            for layer in self.spec.model.layers:
+                x = 0.0
+                if sel:
+                    x += selective_recompute_time_s(
+                        layer, attention=self.spec.attention_for(gpu), **kw).total_s
+                if sp:
+                    x += sequence_parallel_time_s(
+                        layer, recompute=c.activation_checkpointing, **kw).total_s
+                out.append(x)
+            hit = self._fixed_cache[key] = np.array(out)
+        return hit
+
+    def _fixed_costs(self, gpu, tmp: int, recompute: bool, sequence_parallel: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per layer: the kernel floor (device), the host time of one micro-batch on `gpu` and
+        its forward pass's share (cost_models.compute), from the catalog's fixed costs or the
+        fitted ones."""
+        p = self.params
+        floor_s = p.fixed_cost("kernel_floor_s", gpu.name, gpu.kernel_floor_s)
+        costs = HostCosts(
+            block_pass_s=p.fixed_cost("host_block_pass_s", gpu.name, gpu.host_block_pass_s),
+            tp_allreduce_per_rank_s=p.fixed_cost("host_tp_allreduce_per_rank_s", gpu.name,
+                                                 gpu.host_tp_allreduce_per_rank_s))
+        key = (tmp, recompute, floor_s, costs, sequence_parallel)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            layers = self.spec.model.layers
+            issue = np.array([host_time_by_pass_s(l, tmp=tmp, recompute=recompute, host=costs,
+                                                  sequence_parallel=sequence_parallel,
+                                                  framework=self.spec.training.backend)
+                              for l in layers]).reshape(len(layers), 3)
+            hit = self._fixed_cache[key] = (
+                np.array([kernel_floor_time_s(l, recompute=recompute, kernel_floor_s=floor_s)
+                          for l in layers]),
+                issue.sum(axis=1), issue[:, 0])
+        return hit
+
+    def _catalog_latency(self, stage_gpus) -> tuple[np.ndarray, np.ndarray]:
+        """Per stage: the catalog's per-message latency (intra, inter) of its slowest device
+        type's links (cost_models.comm.NCCL_RING_STEP_LATENCY_S)."""
+        return (np.array([max(self.gpus[g].link_latency_intra_s for g in gs)
+                          for gs in stage_gpus]),
+                np.array([max(self.gpus[g].link_latency_inter_s for g in gs)
+                          for gs in stage_gpus]))
+
+    def link_latencies_s(self, collective: str, crosses_nodes, layout: "PlacedLayout", *,
+                         boundaries: bool = False) -> np.ndarray:
+        """Per stage (or, with `boundaries`, per stage boundary: the slower of its two
+        stages): the per-message latency of `collective` on each ring's link, intra- or
+        inter-node as `crosses_nodes` says, from the stage's slowest device type (see
+        `latency`). The one source for the cost model and the simulator's input."""
+        # per layout (the layouts are cached, and held here so that an id is never reused)
+        hit = self._latency_cache.get(id(layout))
+        if hit is None or hit[0] is not layout:
+            hit = self._latency_cache[id(layout)] = (layout,
+                                                     self._catalog_latency(layout.stage_gpus))
+        per_stage = hit[1]
+        if boundaries:
+            per_stage = tuple(np.maximum(a[:-1], a[1:]) for a in per_stage)
+        return self._link_latency(collective, np.asarray(crosses_nodes), per_stage)
+
+    def _link_latency(self, collective: str, crosses_nodes: np.ndarray,
+                      catalog: tuple = (0.0, 0.0)) -> np.ndarray:
+        intra, inter = catalog
+        return comm.link_latency_s(crosses_nodes, self.latency(collective, "intra", intra),
+                                   self.latency(collective, "inter", inter))
+
+    def _dp_sync(self, c: Candidate, layout: PlacedLayout) -> tuple[np.ndarray, np.ndarray]:
+        """The data-parallel sync of stage j is linear in the parameters it holds
+        (cost_models.comm.data_parallel_sync_time_s on the stage's slowest dp ring):
+        sync_j = fixed[j] + sum over its layers of per_layer[j, l], less what overlap hides."""
+        if c.dp == 1:
+            return np.zeros((c.pp, self.num_layers)), np.zeros(c.pp)
+        bw, crosses = layout.dp_links
+        bpe = self.spec.training.bytes_per_element
+        # DeepSpeed (the trial backend) reduces gradients in the training precision unless
+        # fp32_allreduce is set, and overlaps them with the backward only where
+        # gradient_reduce_overlaps_backward says so (not by default); dp_overlap is calibrated
+        # (Megatron-LM: its gradient buffer's dtype, fp32 with bf16)
+        framework = self.spec.training.backend
+        grad_scale = comm.gradient_reduce_bytes_per_element(self.spec.training.precision,
+                                                            framework=framework) / bpe
+        lat = self.link_latencies_s("all_reduce", crosses, layout)
+        gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
+        gather_weights = framework == "deepspeed" and memory_model.deepspeed_engine(
+            zero_stage=c.zero_stage, precision=self.spec.training.precision) == "bf16_optimizer"
+
+        def sync(element_bytes: float) -> np.ndarray:      # [pp]: one parameter's bytes
+            return pipeline.exposed_time_s(comm.data_parallel_sync_time_s(
+                param_bytes=element_bytes, grad_bytes=element_bytes * grad_scale, n=c.dp,
+                bandwidth_bytes_per_s=bw, latency_s=lat,
+                zero_stage=c.zero_stage, gas=gas, gather_weights_after_step=gather_weights,
+                framework=framework), self.params.dp_overlap)
+
+        fixed = sync(0.0)
+        per_param = sync(float(bpe)) - fixed
+        return per_param[:, None] * self.params_per_layer(c.tmp)[None, :], fixed
+
+    def _partition(self, c: Candidate, costs: StageCosts, layout: PlacedLayout,
+                   partition: str | tuple[int, ...], scores: bool) -> tuple[int, ...]:
+        if isinstance(partition, tuple):
+            return partition
+        if c.virtual_stages > 1:
+            # The interleaved schedule's chunks: Megatron-LM's uniform split of the blocks
+            # into v*pp chunks (--num-layers-per-virtual-pipeline-stage), chunk k on stage
+            # k mod pp, the embedding with chunk 0 and the head with the last; the only
+            # assignment Megatron runs, so the DP does not move layers between chunks.
+            return uniform_partition(self.num_layers, c.virtual_stages * c.pp,
+                                     first=self.first_fixed, last=self.last_fixed)
+        if partition == "uniform":
+            return uniform_partition(self.num_layers, c.pp, first=self.first_fixed,
+                                     last=self.last_fixed)
+        gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
+        mem_layer, mem_budget = self._memory_arrays(c, gas, layout, scores)
+        kw = dict(sync_layer_s=costs.after_pipeline_s, sync_fixed_s=costs.sync_fixed_s)
+        result = optimal_partition(costs.layer_s, costs.cut_s, gas, memory_layer_bytes=mem_layer,
+                                   memory_budget_bytes=mem_budget, **kw)
+        if result is None:      # no split fits: report the fastest one, which won't fit
+            result = optimal_partition(costs.layer_s, costs.cut_s, gas, **kw)
+            return result.boundaries
+        if c.pp == 1 or gas == 1 or not costs.cut_s.any():
+            return result.boundaries
+        # The DP minimises eq. 5, which pays each cut once; 1F1B's steady state pays the cuts
+        # a stage waits for in every micro-batch (pipeline_1f1b_time_s). A second DP with
+        # every cut weighted as if it were on the steady state's path, and Megatron's uniform
+        # split, are candidates too; the one the full objective ranks first is kept.
+        heavy = costs.cut_s * (1.0 + self.p2p_blocking_share * (gas - 1))
+        other = optimal_partition(costs.layer_s, heavy, gas, memory_layer_bytes=mem_layer,
+                                  memory_budget_bytes=mem_budget, **kw)
+        candidates = [result.boundaries] + ([other.boundaries] if other is not None else [])
+        try:
+            uniform = uniform_partition(self.num_layers, c.pp, first=self.first_fixed,
+                                        last=self.last_fixed)
+        except ValueError:
+            uniform = None
+        if uniform is not None and (mem_layer is None or np.all(
+                pipeline.stage_totals(mem_layer, uniform) <= mem_budget)):
+            candidates.append(uniform)
+        # the DPs and the uniform split often agree: each distinct split is costed once
+        return min(dict.fromkeys(candidates), key=lambda b: pipeline.one_f_one_b_iteration_s(
+            costs, b, gas, blocking_share=self.p2p_blocking_share))
+
+    def _memory_arrays(self, c: Candidate, gas: int, layout: PlacedLayout, scores: bool
+                       ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Memory as the partition DP needs it (cost_models.memory.linear_stage_memory),
+        against each stage's smallest device's usable capacity; with the attention scores
+        stored when any stage runs standard attention (the exact check is per stage)."""
+        if c.pp == 1:
+            return None, None
+        key = (c.tmp, c.dp, c.mbs, gas, c.zero_stage, c.activation_checkpointing, scores,
+               c.selective_recompute, c.sequence_parallel)
+        lin = self._mem_cache.get(key)
+        if lin is None:
+            t = self.spec.training
+            lin = memory_model.linear_stage_memory(
+                self.spec.model.layers, dp=c.dp, tmp=c.tmp, mbs=c.mbs, gas=gas,
+                zero_stage=c.zero_stage, recompute=c.activation_checkpointing,
+                precision=t.precision, framework_overhead_bytes=t.framework_overhead_bytes,
+                attention_scores=scores, sequence_parallel=c.sequence_parallel,
+                selective=c.selective_recompute, framework=t.backend)
+            self._mem_cache[key] = lin
+        layer_bytes, reserved = lin.stage_arrays(c.pp, gas)
+        usable = layout.capacity_bytes * (1.0 - self.spec.training.memory_headroom)
+        return layer_bytes, usable - reserved
+
+    def _assemble(self, strategy: Strategy, costs: StageCosts, capacity: np.ndarray,
+                  scores: list[bool] | None) -> Estimate:
+        """The closed form on the chosen split (cost_models.pipeline: AMP eq. 5 and 4, or the
+        interleaved schedule's with Megatron-LM's P2P, the only framework that runs it), with
+        the breakdown and the memory check (scores None: without the memory)."""
+        s = strategy
+        if s.virtual_stages > 1:
+            terms = pipeline.interleaved_iteration(
+                costs, s.partition, s.gas, s.pp, s.virtual_stages,
+                blocking_share=pipeline.P2P_BLOCKING_SHARE["megatron"])
+        else:
+            terms = pipeline.one_f_one_b_iteration(costs, s.partition, s.gas,
+                                                   blocking_share=self.p2p_blocking_share)
+        breakdown = Breakdown(
+            compute_s=terms.compute_s, pipeline_bubble_s=terms.pipeline_bubble_s,
+            p2p_s=terms.p2p_s, tensor_parallel_s=terms.tensor_parallel_s,
+            data_parallel_s=terms.data_parallel_s, optimizer_s=terms.optimizer_s)
+        return Estimate(strategy=s, iteration_time_s=terms.iteration_s, breakdown=breakdown,
+                        stage_time_s=tuple(float(x) for x in terms.stage_time_s),
+                        memory=() if scores is None else stage_memory(
+                            self.spec, s, capacity_bytes=capacity, attention_scores=scores),
+                        timing_sources=self.sources())

@@ -1,0 +1,641 @@
+"""The input arrays of the simulator's event loop (`cost_models.simulator_kernels.event_loop`),
+built from `cost_models.simulator`'s arguments: the links and the routes that flows take over
+them (`LinkUse`, `LinksAndRoutes`), the flows (P2P transfers, gradient buckets, weight
+all-gathers, ZeRO 3's per-layer collectives: `Flows`) and each stage's compute tasks
+(`ComputeOps`).
+
+Ids: compute task (j, k) of K per stage is j*K + k (the last one the optimizer step); flows
+are numbered as they are added, P2P activations (boundary b, micro-batch m) b*gas + m, then
+their gradients (pp-1)*gas + b*gas + m, then each stage's buckets and weight all-gather.
+Stage j's streams are 3j (activations sent to j+1), 3j+1 (gradients sent to j-1) and 3j+2
+(data-parallel collectives); each is first-in first-out, in flow id order."""
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import comm
+from .schedule import (BACKWARD, FORWARD, IDLE, RECOMPUTE, blocking_order, megatron_order,
+                       schedule_order)
+from .simulator_kernels import FLOW_BUCKET, FLOW_GATHER, FLOW_P2P, FLOW_PREFETCH
+
+MAX_BUCKETS_PER_STAGE = 1_000_000
+"""A bound on the gradient buckets of one stage and iteration (a guard against a bucket size
+given in the wrong unit)."""
+
+
+def nonnegative_floats(name: str, values, n: int, *, default: float | None = None
+                       ) -> np.ndarray:
+    """`values` as n finite floats >= 0 (None: n times `default`, if any); else ValueError."""
+    if values is None:
+        if default is None:
+            raise ValueError(f"{name} is required")
+        return np.full(n, float(default))
+    a = np.asarray(values, dtype=float).reshape(-1)
+    if a.shape[0] != n:
+        raise ValueError(f"{name} needs {n} values, got {a.shape[0]}")
+    if not (np.all(np.isfinite(a)) and np.all(a >= 0.0)):
+        raise ValueError(f"{name} must be finite and >= 0, got {a.tolist()}")
+    return a
+
+
+# ----------------------------------------------------------------------------- links
+
+@dataclass(frozen=True)
+class LinkUse:
+    """A route entry: `copies` identical parallel flows of the simulated one cross `link`
+    (e.g. the tmp rings of one stage that all cross one NIC); each takes a fair share."""
+
+    link: Hashable
+    copies: int = 1
+
+
+Route = Sequence[Hashable]
+"""Links a flow crosses: link ids (keys of `links`), or LinkUse(link id, copies)."""
+
+
+class LinksAndRoutes:
+    """Link ids -> dense indices, with bandwidths, and flow routes as CSR arrays."""
+
+    def __init__(self, bandwidth: Mapping[Hashable, float]):
+        self.index: dict = {}
+        self.bw: list[float] = []
+        for link, b in bandwidth.items():
+            self.add(link, b)
+        self.parts: list[tuple[np.ndarray, np.ndarray, int]] = []
+        self.streams: dict[int, set] = {}
+
+    def add(self, link, bandwidth: float) -> None:
+        b = float(bandwidth)
+        if not b > 0.0:                  # +inf allowed: a link that never limits
+            raise ValueError(f"link {link!r}: bandwidth must be > 0 bytes/s, got {bandwidth}")
+        if link in self.index:
+            raise ValueError(f"link {link!r} is given twice")
+        self.index[link] = len(self.bw)
+        self.bw.append(b)
+
+    def route(self, route: Route, stream: int, count: int = 1) -> None:
+        """`count` consecutive flows of `stream`, each over `route`."""
+        merged: dict[int, float] = {}
+        if isinstance(route, (str, bytes, LinkUse)):
+            raise ValueError(f"a route is a sequence of link ids, got {route!r}")
+        for item in route:
+            link, copies = (item.link, item.copies) if isinstance(item, LinkUse) else (item, 1)
+            if link not in self.index:
+                raise ValueError(f"link {link!r} of a route has no bandwidth")
+            if isinstance(copies, bool) or not isinstance(copies, (int, np.integer)) \
+                    or copies < 1:
+                raise ValueError(f"link {link!r}: copies must be >= 1, got {copies}")
+            li = self.index[link]
+            merged[li] = merged.get(li, 0.0) + float(copies)
+        for li in merged:
+            self.streams.setdefault(li, set()).add(stream)
+        self.parts.append((np.fromiter(merged.keys(), dtype=np.int64, count=len(merged)),
+                           np.fromiter(merged.values(), dtype=float, count=len(merged)),
+                           int(count)))
+
+    def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ptr [flows + 1], link [entries], copies [entries]) in the order routed."""
+        degree = np.concatenate([np.full(c, len(li), dtype=np.int64)
+                                 for li, _, c in self.parts] or [np.zeros(0, np.int64)])
+        ptr = np.concatenate([[0], np.cumsum(degree)]).astype(np.int64)
+        link = np.concatenate([np.tile(li, c) for li, _, c in self.parts]
+                              or [np.zeros(0, np.int64)]).astype(np.int64)
+        mult = np.concatenate([np.tile(m, c) for _, m, c in self.parts]
+                              or [np.zeros(0)]).astype(float)
+        return ptr, link, mult
+
+    def slot_ptr(self) -> np.ndarray:
+        """Slots per link: at most one flow per stream that uses it is in flight at once."""
+        counts = [len(self.streams.get(i, ())) for i in range(len(self.bw))]
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def kernel_arrays(self, nf: int) -> tuple[np.ndarray, ...]:
+        """The event loop's link arrays for the nf flows routed: (flow ptr, link, copies,
+        link bandwidth, link slot ptr, fixed rate). A flow whose every link carries only its
+        own stream never shares: its fixed rate is its slowest link's share (+inf without
+        links); 0 for a flow that may share a link (the loop computes its fair rate)."""
+        f_lptr, f_link, f_mult = self.csr()
+        link_bw = np.asarray(self.bw, dtype=float)
+        slot_ptr = self.slot_ptr()
+        shared_entry = (slot_ptr[1:] - slot_ptr[:-1])[f_link] > 1
+        degree = f_lptr[1:] - f_lptr[:-1]
+        alone = np.full(nf, np.inf)
+        has = degree > 0
+        if np.any(has):
+            alone[has] = np.minimum.reduceat(link_bw[f_link] / f_mult, f_lptr[:-1][has])
+        flow_of_entry = np.repeat(np.arange(nf), degree)
+        alone[np.bincount(flow_of_entry[shared_entry], minlength=nf) > 0] = 0.0
+        return f_lptr, f_link, f_mult, link_bw, slot_ptr, alone
+
+
+# ----------------------------------------------------------------------------- flows
+
+@dataclass(frozen=True, eq=False)
+class Flows:
+    """Every flow's columns, by flow id: its stream (3j, 3j+1, 3j+2 for stage j), the stage
+    that sends or runs it (owner) and the one whose task its end wakes (wake), its kind
+    (simulator_kernels.FLOW_*), latency, wire bytes, the fraction of its backward after
+    which a bucket is complete (bucket_frac), micro-batch, peer (a transfer's other stage, a
+    bucket's index, a ZeRO 3 collective's layer) and count (a bucket's stage's buckets per
+    backward)."""
+
+    stream: np.ndarray
+    owner: np.ndarray
+    wake: np.ndarray
+    kind: np.ndarray
+    latency_s: np.ndarray
+    wire_bytes: np.ndarray
+    bucket_frac: np.ndarray
+    microbatch: np.ndarray
+    peer: np.ndarray
+    count: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.stream.shape[0])
+
+    def stream_queues(self, num_streams: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ptr [num_streams + 1], flow ids): each stream's flows, in id order (the order
+        they are produced in)."""
+        order = np.argsort(self.stream, kind="stable").astype(np.int64)
+        s_ptr = np.concatenate([[0], np.cumsum(np.bincount(self.stream, minlength=num_streams))]
+                               ).astype(np.int64)
+        return s_ptr, order
+
+
+class FlowColumns:
+    """`Flows` in the making: blocks of flows appended in id order (`add`), then `flows`."""
+
+    _INT = ("stream", "owner", "wake", "kind", "microbatch", "peer", "count")
+    _FLOAT = ("latency_s", "wire_bytes", "bucket_frac")
+
+    def __init__(self):
+        self.parts: dict[str, list] = {name: [] for name in self._INT + self._FLOAT}
+
+    def __len__(self) -> int:
+        return sum(len(a) for a in self.parts["stream"])
+
+    def add(self, **columns) -> None:
+        """One block of flows: an array of its values for each column of `Flows`."""
+        for name, parts in self.parts.items():
+            parts.append(columns[name])
+
+    def flows(self) -> Flows:
+        def cat(parts, dtype):
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+
+        return Flows(**{name: cat(self.parts[name], np.int64) for name in self._INT},
+                     **{name: cat(self.parts[name], float) for name in self._FLOAT})
+
+
+def add_p2p_flows(columns: FlowColumns, links: LinksAndRoutes, *, pp: int, gas: int,
+                  p2p_bytes, latency_s, bandwidth, routes, grad_routes) -> None:
+    """Every boundary's activation of every micro-batch, then every gradient, each over a
+    private link per boundary and direction of `bandwidth`, or over `routes` (activations)
+    and `grad_routes` (gradients, default the same)."""
+    p2p_b = nonnegative_floats("p2p_bytes", p2p_bytes, pp - 1, default=0.0)
+    p2p_l = nonnegative_floats("p2p_latency_s", latency_s, pp - 1, default=0.0)
+    if routes is not None and bandwidth is not None:
+        raise ValueError("give p2p_bandwidth_bytes_per_s (private links) or p2p_routes, not both")
+    if grad_routes is not None and routes is None:
+        raise ValueError("p2p_grad_routes needs p2p_routes")
+    if pp == 1:
+        return
+    if routes is None:
+        if bandwidth is None:
+            if np.any(p2p_b > 0):
+                raise ValueError("p2p_bytes needs p2p_bandwidth_bytes_per_s or p2p_routes")
+            bw = np.full(pp - 1, np.inf)
+        else:
+            bw = np.asarray(bandwidth, dtype=float).reshape(-1)
+            if bw.shape[0] != pp - 1:
+                raise ValueError(f"p2p_bandwidth_bytes_per_s needs {pp - 1} values")
+        fwd_routes = []
+        bwd_routes = []
+        for j in range(pp - 1):
+            links.add(("p2p", j, "activation"), bw[j])
+            links.add(("p2p", j, "gradient"), bw[j])
+            fwd_routes.append([("p2p", j, "activation")])
+            bwd_routes.append([("p2p", j, "gradient")])
+    else:
+        fwd_routes = list(routes)
+        bwd_routes = list(grad_routes) if grad_routes is not None else fwd_routes
+        if len(fwd_routes) != pp - 1 or len(bwd_routes) != pp - 1:
+            raise ValueError(f"p2p routes need {pp - 1} entries (one per boundary)")
+    for direction in (0, 1):
+        for j in range(pp - 1):
+            sender = j if direction == 0 else j + 1
+            stream = 3 * sender + (0 if direction == 0 else 1)
+            links.route(fwd_routes[j] if direction == 0 else bwd_routes[j], stream, gas)
+            columns.add(stream=np.full(gas, stream), owner=np.full(gas, sender),
+                        wake=np.full(gas, j + 1 if direction == 0 else j),
+                        kind=np.full(gas, FLOW_P2P), latency_s=np.full(gas, p2p_l[j]),
+                        wire_bytes=np.full(gas, p2p_b[j]), bucket_frac=np.zeros(gas),
+                        microbatch=np.arange(gas),
+                        peer=np.full(gas, j + 1 if direction == 0 else j),
+                        count=np.zeros(gas))
+
+
+@dataclass(frozen=True, eq=False)
+class DataParallelFlows:
+    """Per stage: its buckets per emitting backward (nb), its first bucket's flow id
+    (bptr), the buckets its optimizer step waits for (buckets), its weight all-gather's flow
+    id (gather_flow, -1: none); the backwards that emit buckets (emitters: the last one, or
+    all gas); the dp latency per ring step and the routes (None for dp = 1)."""
+
+    nb: np.ndarray
+    bptr: np.ndarray
+    buckets: np.ndarray
+    gather_flow: np.ndarray
+    emitters: int
+    latency_s: np.ndarray
+    routes: list | None
+
+
+def add_data_parallel_flows(columns: FlowColumns, links: LinksAndRoutes, *, pp: int,
+                            gas: int, dp: int, gradient_bytes, gather_bytes_after_step,
+                            latency_s, bandwidth, routes, bucket_bytes: float,
+                            gradient_collective: str, reduce_every_microbatch: bool
+                            ) -> DataParallelFlows:
+    """Each stage's gradient buckets (of the last backward, or of every backward with
+    reduce_every_microbatch), then its weight all-gather after the step, over a private
+    link of `bandwidth` per stage or over `routes`. dp = 1: none."""
+    if routes is not None and bandwidth is not None:
+        raise ValueError("give dp_bandwidth_bytes_per_s (private links) or dp_routes, not both")
+    grad = nonnegative_floats("gradient_bytes", gradient_bytes, pp, default=0.0)
+    gather = nonnegative_floats("gather_bytes_after_step", gather_bytes_after_step, pp,
+                                default=0.0)
+    dp_l = nonnegative_floats("dp_latency_s", latency_s, pp, default=0.0)
+    stage_nb = np.zeros(pp, dtype=np.int64)
+    stage_bptr = np.zeros(pp, dtype=np.int64)
+    stage_buckets = np.zeros(pp, dtype=np.int64)
+    gather_flow = np.full(pp, -1, dtype=np.int64)
+    emitters = gas if reduce_every_microbatch else 1
+    if dp > 1:
+        if routes is None:
+            if bandwidth is None:
+                raise ValueError("dp > 1 needs dp_bandwidth_bytes_per_s or dp_routes")
+            bw = np.asarray(bandwidth, dtype=float).reshape(-1)
+            if bw.shape[0] != pp:
+                raise ValueError(f"dp_bandwidth_bytes_per_s needs {pp} values")
+            for j in range(pp):
+                links.add(("dp", j), bw[j])
+            routes = [[("dp", j)] for j in range(pp)]
+        else:
+            routes = list(routes)
+            if len(routes) != pp:
+                raise ValueError(f"dp_routes needs {pp} entries (one per stage)")
+        n_flows = len(columns)
+        for j in range(pp):
+            stream = 3 * j + 2
+            nb = int(math.ceil(grad[j] / bucket_bytes)) if grad[j] > 0 else 0
+            if nb * emitters > MAX_BUCKETS_PER_STAGE:
+                raise ValueError(f"stage {j}: {grad[j]:.3g} gradient bytes in buckets of "
+                                 f"{bucket_bytes:.3g} bytes make {nb * emitters} buckets; at "
+                                 f"most {MAX_BUCKETS_PER_STAGE} are simulated")
+            stage_nb[j] = nb
+            stage_bptr[j] = n_flows
+            stage_buckets[j] = nb * emitters
+            if nb:
+                sizes, frac = _bucket_sizes(grad[j], bucket_bytes, nb)
+                n = nb * emitters
+                columns.add(
+                    stream=np.full(n, stream), owner=np.full(n, j), wake=np.full(n, j),
+                    kind=np.full(n, FLOW_BUCKET),
+                    latency_s=np.full(n, comm.latency_steps(gradient_collective, dp) * dp_l[j]),
+                    wire_bytes=np.tile(comm.bus_factor(gradient_collective, dp) * sizes,
+                                       emitters),
+                    bucket_frac=np.tile(frac, emitters),
+                    microbatch=np.repeat(np.arange(gas - emitters, gas), nb),
+                    peer=np.tile(np.arange(nb), emitters), count=np.full(n, nb))
+                links.route(routes[j], stream, n)
+                n_flows += n
+            if gather[j] > 0:
+                gather_flow[j] = n_flows
+                columns.add(
+                    stream=np.array([stream]), owner=np.array([j]), wake=np.array([j]),
+                    kind=np.array([FLOW_GATHER]),
+                    latency_s=np.array([comm.latency_steps("all_gather", dp) * dp_l[j]]),
+                    wire_bytes=np.array([comm.bus_factor("all_gather", dp) * gather[j]]),
+                    bucket_frac=np.zeros(1), microbatch=np.array([-1]), peer=np.array([-1]),
+                    count=np.zeros(1))
+                links.route(routes[j], stream)
+                n_flows += 1
+    return DataParallelFlows(nb=stage_nb, bptr=stage_bptr, buckets=stage_buckets,
+                             gather_flow=gather_flow, emitters=emitters, latency_s=dp_l,
+                             routes=routes if dp > 1 else None)
+
+
+def _bucket_sizes(grad: float, bucket_bytes: float, nb: int) -> tuple[np.ndarray, np.ndarray]:
+    """The nb buckets of `grad` bytes (the last one partial), and the fraction of the
+    gradients complete at the end of each."""
+    sizes = np.full(nb, float(bucket_bytes))
+    sizes[-1] = grad - bucket_bytes * (nb - 1)
+    frac = np.minimum(np.cumsum(sizes) / grad, 1.0)
+    frac[-1] = 1.0
+    return sizes, frac
+
+
+# ----------------------------------------------------------------------------- ZeRO 3
+
+def zero3_inputs(layer_f, layer_b, param, grad, *, fwd, bwd, rec, pp, dp, other):
+    """The checked ZeRO 3 arrays of `simulate_iteration` (forward, backward, parameter and
+    gradient bytes per layer), or None where none is given."""
+    given = [x is not None for x in (layer_f, layer_b, param, grad)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError("ZeRO 3 needs zero3_layer_forward_s, zero3_layer_backward_s, "
+                         "zero3_param_bytes and zero3_grad_bytes together")
+    if pp != 1 or dp < 2:
+        raise ValueError(f"ZeRO 3 is simulated for pp = 1 and dp > 1 (DeepSpeed's pipeline "
+                         f"engine rejects ZeRO 3), got pp = {pp}, dp = {dp}")
+    gradient_bytes, gather_bytes_after_step, reduce_every_microbatch = other
+    if gradient_bytes is not None or gather_bytes_after_step is not None \
+            or reduce_every_microbatch:
+        raise ValueError("ZeRO 3 reduce-scatters per layer (zero3_grad_bytes): gradient_bytes, "
+                         "gather_bytes_after_step and reduce_every_microbatch do not apply")
+    n = np.asarray(layer_f, dtype=float).reshape(-1).shape[0]
+    if n < 1:
+        raise ValueError("zero3_layer_forward_s needs at least one layer")
+    out = tuple(nonnegative_floats(name, x, n) for name, x in (
+        ("zero3_layer_forward_s", layer_f), ("zero3_layer_backward_s", layer_b),
+        ("zero3_param_bytes", param), ("zero3_grad_bytes", grad)))
+    for name, total, want in (("forward", out[0].sum(), fwd[0]),
+                              ("backward", out[1].sum(), bwd[0] + (0.0 if rec is None
+                                                                   else rec[0]))):
+        if not math.isclose(total, want, rel_tol=1e-9, abs_tol=1e-12):
+            raise ValueError(f"zero3_layer_{name}_s sums to {total:.9g} s, but the stage's "
+                             f"{name} is {want:.9g} s")
+    return out
+
+
+def zero3_order(gas: int, layers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ZeRO 3's compute stream at pp = 1: a no-op (it issues the first gather), then per
+    micro-batch the forward of each layer in order and the backward of each in reverse:
+    (kind, microbatch, layer), [1, 1 + 2 gas layers] arrays."""
+    fwd_l = np.arange(layers, dtype=np.int64)
+    per_mb_kind = np.concatenate([np.full(layers, FORWARD), np.full(layers, BACKWARD)])
+    per_mb_layer = np.concatenate([fwd_l, fwd_l[::-1]])
+    kind = np.concatenate([[IDLE], np.tile(per_mb_kind, gas)]).astype(np.int64)
+    micro = np.concatenate([[-1], np.repeat(np.arange(gas), 2 * layers)]).astype(np.int64)
+    layer = np.concatenate([[0], np.tile(per_mb_layer, gas)]).astype(np.int64)
+    return kind[None, :], micro[None, :], layer[None, :]
+
+
+def add_zero3_flows(columns: FlowColumns, links: LinksAndRoutes, z3, layer: np.ndarray,
+                    kinds: np.ndarray, micro: np.ndarray, *, dp: int, latency_s: float,
+                    route: Route) -> tuple[int, int, int]:
+    """ZeRO 3's per-layer parameter all-gathers, one per compute task after the first (on
+    stream 0, free at pp = 1), then the reduce-scatter of each backward task (on the dp
+    stream), all over `route`: (first gather's id, first reduce-scatter's id, the number of
+    reduce-scatters)."""
+    first_gather = len(columns)
+    layer = layer[0, 1:]
+    is_bwd = kinds[0, 1:] == BACKWARD
+    for stream, kind, coll, sel, size in (
+            (0, FLOW_PREFETCH, "all_gather", np.ones_like(is_bwd), z3[2]),
+            (2, FLOW_BUCKET, "reduce_scatter", is_bwd, z3[3])):
+        ls = layer[sel]
+        n = ls.shape[0]
+        columns.add(stream=np.full(n, stream), owner=np.zeros(n), wake=np.zeros(n),
+                    kind=np.full(n, kind),
+                    latency_s=np.where(size[ls] > 0, comm.latency_steps(coll, dp) * latency_s,
+                                       0.0),
+                    wire_bytes=comm.bus_factor(coll, dp) * size[ls], bucket_frac=np.zeros(n),
+                    microbatch=micro[0, 1:][sel], peer=ls, count=np.zeros(n))
+        links.route(route, stream, n)
+    return first_gather, first_gather + kinds.shape[1] - 1, int(is_bwd.sum())
+
+
+# ----------------------------------------------------------------------------- compute
+
+def compute_stream_order(schedule: str, p2p_mode: str, pp: int, gas: int, *, recompute: bool
+                         ) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray | None,
+                                    np.ndarray | None]:
+    """(blocking, kind, microbatch, flows, peer): each stage's compute stream for
+    `p2p_mode`, without the optimizer step; with blocking P2P (pp > 1) its sends and
+    receives are tasks of it (flows [pp, n, q]: the P2P flows of each; peer: the other
+    stage), else flows and peer are None."""
+    blocking = p2p_mode != "async" and pp > 1
+    kinds, micro = schedule_order(schedule, pp, gas, recompute=recompute)
+    xfer = peer = None
+    if blocking and p2p_mode == "paired":
+        if schedule != "1f1b":
+            raise ValueError(f"p2p_mode 'paired' is Megatron-LM's 1F1B; schedule {schedule!r} "
+                             f"has no paired order")
+        kinds, micro, xfer, peer = megatron_order(pp, gas, recompute=recompute)
+    elif blocking:
+        kinds, micro, xfer, peer = blocking_order(schedule, pp, gas, recompute=recompute)
+    if blocking:
+        # and a no-op after each stage's last instruction: DeepSpeed's ReduceGrads (ZeRO 0,
+        # 1) comes after the stage's last send, in the last step, as Megatron-LM's
+        # finalize_model_grads after its schedule (the no-op emits the buckets)
+        kinds, micro, xfer, peer = (
+            np.concatenate([a, np.full((pp, 1) + a.shape[2:], v, np.int64)], axis=1)
+            for a, v in ((kinds, IDLE), (micro, -1), (xfer, -1), (peer, -1)))
+    return blocking, kinds, micro, xfer, peer
+
+
+@dataclass(frozen=True, eq=False)
+class ComputeOps:
+    """The event loop's compute tasks, [pp, K] arrays (the order's K - 1 tasks, then the
+    optimizer step): duration; the flow it waits for (dep), the flow its end makes ready
+    (out), the emitting backward's index whose buckets it produces (emit), the flow its
+    start makes ready (pre), -1 for none; xfer [pp, K, q]: the P2P flows of a blocking send
+    or receive."""
+
+    dur: np.ndarray
+    dep: np.ndarray
+    out: np.ndarray
+    emit: np.ndarray
+    xfer: np.ndarray
+    pre: np.ndarray
+
+
+def compute_ops(kinds: np.ndarray, micro: np.ndarray, *, fwd, bwd, rec, opt, gas: int,
+                blocking: bool, xfer, dp: int, dp_flows: DataParallelFlows, overlap: bool
+                ) -> ComputeOps:
+    """The compute tasks of `compute_stream_order`'s order: durations, P2P dependencies and
+    outputs (or the blocking tasks' flows), bucket emissions, the weight all-gather after the
+    step."""
+    pp, n_ops = kinds.shape
+    K = n_ops + 1
+    nb_p2p = (pp - 1) * gas
+    op_dur = np.empty((pp, K))
+    op_dep = np.full((pp, K), -1, dtype=np.int64)
+    op_out = np.full((pp, K), -1, dtype=np.int64)
+    op_emit = np.full((pp, K), -1, dtype=np.int64)
+    js = np.arange(pp)[:, None]
+    op_dur[:, :n_ops] = np.where(kinds == FORWARD, fwd[:, None],
+                                 np.where(kinds == BACKWARD, bwd[:, None],
+                                          np.where(kinds == RECOMPUTE,
+                                                   0.0 if rec is None else rec[:, None], 0.0)))
+    op_dur[:, n_ops] = opt
+    is_f = kinds == FORWARD
+    first_b = kinds == (BACKWARD if rec is None else RECOMPUTE)
+    is_b = kinds == BACKWARD
+    op_xfer = np.full((pp, K, 1 if xfer is None else xfer.reshape(pp, n_ops, -1).shape[2]),
+                      -1, dtype=np.int64)
+    if blocking:     # the blocking sends and receives carry the dependencies
+        op_xfer[:, :n_ops] = xfer.reshape(pp, n_ops, -1)
+    elif pp > 1:
+        op_dep[:, :n_ops] = np.where(is_f & (js > 0), (js - 1) * gas + micro, -1)
+        op_dep[:, :n_ops] = np.where(first_b & (js < pp - 1), nb_p2p + js * gas + micro,
+                                     op_dep[:, :n_ops])
+        op_out[:, :n_ops] = np.where(is_f & (js < pp - 1), js * gas + micro, -1)
+        op_out[:, :n_ops] = np.where(is_b & (js > 0), nb_p2p + (js - 1) * gas + micro,
+                                     op_out[:, :n_ops])
+    op_out[:, n_ops] = dp_flows.gather_flow
+    if dp > 1:
+        stage_nb = dp_flows.nb
+        emitters = dp_flows.emitters
+        e = micro - (gas - emitters)
+        op_emit[:, :n_ops] = np.where(is_b & (e >= 0) & (stage_nb[:, None] > 0), e, -1)
+        if blocking and not overlap and emitters == 1:
+            op_emit[:, :n_ops] = -1
+            op_emit[:, n_ops - 1] = np.where(stage_nb > 0, 0, -1)
+    op_pre = np.full((pp, K), -1, dtype=np.int64)
+    return ComputeOps(dur=op_dur, dep=op_dep, out=op_out, emit=op_emit, xfer=op_xfer,
+                      pre=op_pre)
+
+
+def apply_zero3_ops(ops: ComputeOps, kinds: np.ndarray, z3, layer: np.ndarray,
+                    first_gather: int, first_reduce_scatter: int) -> None:
+    """ZeRO 3's stage 0 in `ops`: per-layer durations; task i > 0 waits for gather i-1,
+    which task i-1 issues when it starts; each backward task's end makes its reduce-scatter
+    ready."""
+    n_ops = kinds.shape[1]
+    ops.dur[0, :n_ops] = np.where(kinds[0] == FORWARD, z3[0][layer[0]],
+                                  np.where(kinds[0] == BACKWARD, z3[1][layer[0]], 0.0))
+    gathers = first_gather + np.arange(n_ops - 1)
+    ops.dep[0, 1:n_ops] = gathers
+    ops.pre[0, :n_ops - 1] = gathers
+    ops.emit[0] = -1
+    bwd_ops = np.flatnonzero(kinds[0] == BACKWARD)
+    ops.out[0, bwd_ops] = first_reduce_scatter + np.arange(bwd_ops.shape[0])
+
+
+# ----------------------------------------------------------------------------- interleaved
+
+def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, *, fwd, bwd,
+                       opt, gas: int, p2p_bytes, p2p_latency_s, p2p_bandwidth_bytes_per_s,
+                       dp: int, gradient_bytes, dp_latency_s, dp_bandwidth_bytes_per_s,
+                       bucket_bytes: float, gradient_collective: str
+                       ) -> tuple[Flows, ComputeOps, np.ndarray, np.ndarray, LinksAndRoutes]:
+    """`simulate_interleaved`'s flows and compute tasks for the order (kinds, micro, chunk)
+    of `schedule.interleaved_order`: (flows, ops, stage_nb, stage_bptr, links). P2P flows are
+    numbered in the order their senders produce them (each stream a FIFO); a device's
+    buckets follow its last backward, without overlap."""
+    pp, v = fwd.shape
+    V = pp * v
+    n_ops = kinds.shape[1]
+    K = n_ops + 1
+    p2p_b = nonnegative_floats("p2p_bytes", p2p_bytes, V - 1, default=0.0)
+    p2p_l = nonnegative_floats("p2p_latency_s", p2p_latency_s, V - 1, default=0.0)
+    if p2p_bandwidth_bytes_per_s is None:
+        if np.any(p2p_b > 0):
+            raise ValueError("p2p_bytes needs p2p_bandwidth_bytes_per_s")
+        p2p_bw = np.full(pp, np.inf)
+    else:
+        p2p_bw = nonnegative_floats("p2p_bandwidth_bytes_per_s", p2p_bandwidth_bytes_per_s, pp)
+    lk = LinksAndRoutes({})
+    for j in range(pp):
+        lk.add(("p2p", j, "activation"), p2p_bw[j])      # device j -> j+1 (mod pp)
+        lk.add(("p2p", j, "gradient"), p2p_bw[j])        # device j+1 -> j (mod pp)
+
+    # ---- P2P flows, numbered in the order their senders produce them (each stream a FIFO)
+    f_stream, f_wake, f_lat, f_bytes, f_mb, f_owner = [], [], [], [], [], []
+    op_dep = np.full((pp, K), -1, dtype=np.int64)
+    op_out = np.full((pp, K), -1, dtype=np.int64)
+    act_id: dict = {}
+    grad_id: dict = {}
+    for j in range(pp):
+        for i in range(n_ops):
+            vs = int(chunk[j, i]) * pp + j
+            m = int(micro[j, i])
+            if kinds[j, i] == FORWARD and vs < V - 1:       # activation to vs + 1
+                b, stream, to = vs, 3 * j, (j + 1) % pp
+                lk.route([("p2p", j, "activation")], stream)
+                act_id[(b, m)] = op_out[j, i] = len(f_stream)
+            elif kinds[j, i] == BACKWARD and vs > 0:        # gradient to vs - 1
+                b, stream, to = vs - 1, 3 * j + 1, (j - 1) % pp
+                lk.route([("p2p", (j - 1) % pp, "gradient")], stream)
+                grad_id[(b, m)] = op_out[j, i] = len(f_stream)
+            else:
+                continue
+            f_stream.append(stream)
+            f_wake.append(to)
+            f_owner.append(j)
+            f_lat.append(p2p_l[b])
+            f_bytes.append(p2p_b[b])
+            f_mb.append(m)
+    for j in range(pp):
+        for i in range(n_ops):
+            vs = int(chunk[j, i]) * pp + j
+            m = int(micro[j, i])
+            if kinds[j, i] == FORWARD and vs > 0:
+                op_dep[j, i] = act_id[(vs - 1, m)]
+            elif kinds[j, i] == BACKWARD and vs < V - 1:
+                op_dep[j, i] = grad_id[(vs, m)]
+    n_p2p = len(f_stream)
+    f_kind = [FLOW_P2P] * n_p2p
+    b_frac = [0.0] * n_p2p
+    f_peer = list(f_wake)
+    f_count = [0] * n_p2p
+
+    # ---- data parallelism: buckets after each device's last backward, no overlap
+    grad = nonnegative_floats("gradient_bytes", gradient_bytes, pp, default=0.0)
+    dp_l = nonnegative_floats("dp_latency_s", dp_latency_s, pp, default=0.0)
+    stage_nb = np.zeros(pp, dtype=np.int64)
+    stage_bptr = np.zeros(pp, dtype=np.int64)
+    op_emit = np.full((pp, K), -1, dtype=np.int64)
+    if dp > 1:
+        if dp_bandwidth_bytes_per_s is None:
+            raise ValueError("dp > 1 needs dp_bandwidth_bytes_per_s")
+        dbw = nonnegative_floats("dp_bandwidth_bytes_per_s", dp_bandwidth_bytes_per_s, pp)
+        for j in range(pp):
+            nb = int(math.ceil(grad[j] / bucket_bytes)) if grad[j] > 0 else 0
+            if nb > MAX_BUCKETS_PER_STAGE:
+                raise ValueError(f"stage {j}: {nb} gradient buckets; at most "
+                                 f"{MAX_BUCKETS_PER_STAGE} are simulated")
+            stage_nb[j], stage_bptr[j] = nb, len(f_stream)
+            if not nb:
+                continue
+            lk.add(("dp", j), dbw[j])
+            sizes, frac = _bucket_sizes(grad[j], bucket_bytes, nb)
+            for b in range(nb):
+                f_stream.append(3 * j + 2)
+                f_wake.append(j)
+                f_owner.append(j)
+                f_lat.append(comm.latency_steps(gradient_collective, dp) * dp_l[j])
+                f_bytes.append(comm.bus_factor(gradient_collective, dp) * sizes[b])
+                f_mb.append(gas - 1)
+                f_kind.append(FLOW_BUCKET)
+                b_frac.append(frac[b])
+                f_peer.append(b)
+                f_count.append(nb)
+            lk.route([("dp", j)], 3 * j + 2, nb)
+            op_emit[j, n_ops - 1] = 0        # the device's last op is a backward
+
+    def ints(values):
+        return np.array(values, dtype=np.int64).reshape(-1)
+
+    def floats(values):
+        return np.array(values, dtype=float).reshape(-1)
+
+    flows = Flows(stream=ints(f_stream), owner=ints(f_owner), wake=ints(f_wake),
+                  kind=ints(f_kind), latency_s=floats(f_lat), wire_bytes=floats(f_bytes),
+                  bucket_frac=floats(b_frac), microbatch=ints(f_mb), peer=ints(f_peer),
+                  count=ints(f_count))
+    op_dur = np.empty((pp, K))
+    js = np.arange(pp)[:, None]
+    op_dur[:, :n_ops] = np.where(kinds == FORWARD, fwd[js, chunk], bwd[js, chunk])
+    op_dur[:, n_ops] = opt
+    ops = ComputeOps(dur=op_dur, dep=op_dep, out=op_out, emit=op_emit,
+                     xfer=np.full((pp, K, 1), -1, dtype=np.int64),
+                     pre=np.full((pp, K), -1, dtype=np.int64))
+    return flows, ops, stage_nb, stage_bptr, lk
