@@ -111,3 +111,16 @@ def test_no_private_name_crosses_modules():
                 if name is not None and name.startswith("_") and not name.startswith("__")
                 and t != m]
     assert not crossing
+
+
+def test_every_package_is_in_the_wheel():
+    """setup.cfg lists the packages by name: a new sub-package missing there installs from a
+    checkout (editable) but not from the wheel."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    listed = set(cfg["options"]["packages"].split())
+    found = {".".join(p.parent.relative_to(ROOT).parts) for package in PACKAGES
+             for p in (ROOT / package).rglob("__init__.py")}
+    assert found <= listed, f"not in setup.cfg's packages: {sorted(found - listed)}"
