@@ -373,7 +373,7 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
     """Megatron-LM's files: (files, split, notes, README steps, README rank section)."""
     cfg = trial_config(spec, s, ranks, iters=iters, warmup=warmup, seed=seed,
                        output="result.json")   # device and precision, as the launcher
-    check_gpt_chain(spec.model.layers)
+    block = check_gpt_chain(spec.model.layers)
     args = megatron_args(spec.model.layers, s, precision=cfg.precision, iters=iters, seed=seed)
     nodes = megatron_nodes(ranks)
     env = trial_env(cfg.device, "megatron")
@@ -424,6 +424,15 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                 "devices in global-rank order, so local rank k drives the planned device.\n\n"
                 + _rank_table(ranks, node_rank, local_rank))
     notes = [f"pipeline split: {split['note']}"]
+    if block.position_embedding == "rope":
+        notes.append("rotary position embeddings run at Megatron-LM's default base "
+                     "(--rotary-base 10000), which costs the same as any other: for real "
+                     "training add the model's own (e.g. 500000 for Llama 3, 1000000 for "
+                     "Qwen3) and its rope scaling")
+    if spec.model.preset.startswith("qwen3"):
+        notes.append("Qwen3 normalises queries and keys per head (--qk-layernorm), which "
+                     "the plan does not cost (2 x head_dim weights per block); add it for "
+                     "real training")
     if not cfg.causal:
         notes.append("pretrain_gpt.py trains a causal GPT: this spec's BERT blocks run with "
                      "a causal attention mask there (same sizes and cost, other masking)")

@@ -1,7 +1,8 @@
 """The data the package ships, found in either layout.
 
-- `profiles/` (the GPU catalog, and the measured layer and link profiles and calibrations that
-  come with the product) is installed as the data package `amp_search.profiles`;
+- `profiles/` (the GPU catalog, the named models, and the measured layer and link profiles
+  and calibrations that come with the product) is installed as the data package
+  `amp_search.profiles`;
 - `configs/` (the example specs) is installed as `amp_search.examples`.
 
 In a source checkout or an editable install both are the top-level folders of the repository;
@@ -39,6 +40,11 @@ def profiles_dir() -> Path:
 def catalog_path() -> Path:
     """The GPU catalog (profiles/gpus.yaml)."""
     return profiles_dir() / "gpus.yaml"
+
+
+def models_path() -> Path:
+    """The named models (profiles/models.yaml) that the spec's `model.preset` accepts."""
+    return profiles_dir() / "models.yaml"
 
 
 def examples_dir() -> Path:

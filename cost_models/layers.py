@@ -20,12 +20,21 @@ The layer code the trials run (`amp_search/trial/`) implements exactly these lay
   cross-entropy;
 - custom: a layer given by its forward FLOPs, parameters and output size; replicated, never
   split by tensor parallelism.
+
+Llama-family layers (`Layer.is_gpt_block` false: grouped-query attention with g = query_groups
+K/V heads, a head width d = kv_channels, SwiGLU, RMSNorm, no biases, RoPE) are costed as
+Megatron-LM's megatron-core GPT model runs them (--group-query-attention, --kv-channels,
+--swiglu, --normalization RMSNorm, --disable-bias-linear, --position-embedding-type rope):
+each function documents its Llama terms; GPT layers take the GPT formulas unchanged.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 LAYER_KINDS = ("embedding", "transformer", "mlp", "head", "custom")
+MLP_KINDS = ("gelu", "swiglu")
+NORM_KINDS = ("layernorm", "rmsnorm")
+POSITION_EMBEDDINGS = ("learned", "rope")
 VOCAB_PAD_MULTIPLE = 128
 """Megatron-LM pads the vocabulary to a multiple of 128 x tmp (--make-vocab-size-divisible-by),
 so that every tensor rank holds an equal, aligned shard; the trials do the same."""
@@ -56,6 +65,27 @@ class Layer:
     input_hidden_size: int = 0
     """Width of the incoming activation when it differs from hidden_size (a projection is
     then part of the layer: h_in -> h). 0 means the same as hidden_size."""
+    num_query_groups: int = 0
+    """Key/value heads (transformer): grouped-query attention shares one K/V head among
+    num_attention_heads / num_query_groups query heads (1: multi-query); 0: one per query
+    head (multi-head attention). Megatron-LM: --group-query-attention --num-query-groups."""
+    head_dim: int = 0
+    """Width of one attention head (Megatron-LM's --kv-channels); 0: hidden_size /
+    num_attention_heads."""
+    mlp: str = "gelu"
+    """The MLP (transformer and mlp): 'gelu', h -> f -> h; 'swiglu', gate and up h -> f each,
+    SiLU(gate) * up, down f -> h (three matrices, Megatron-LM's --swiglu)."""
+    norm: str = "layernorm"
+    """'layernorm' (weight and bias) | 'rmsnorm' (weight only; --normalization RMSNorm)."""
+    bias: bool = True
+    """Biases on the linear layers (False: Megatron-LM's --disable-bias-linear)."""
+    position_embedding: str = "learned"
+    """embedding: 'learned' (s*h position parameters) | 'rope' (rotary, applied to q and k
+    inside each block, no parameters; --position-embedding-type rope)."""
+    tie_embeddings: bool = False
+    """embedding and head: the head's projection is the embedding's matrix. The model holds it
+    once; a pipeline keeps a copy on the last stage too, as Megatron-LM does (its default;
+    --untie-embeddings-and-output-weights unties)."""
     custom_forward_flops: float = 0.0
     """custom only: forward FLOPs per sample."""
     custom_params: int = 0
@@ -80,18 +110,138 @@ class Layer:
             parts += [f"v{self.vocab_size}"]
         if self.input_hidden_size and self.input_hidden_size != self.hidden_size:
             parts += [f"in{self.input_hidden_size}"]
+        # the Llama-family options, only where they differ from the GPT block (so that the
+        # signatures of GPT layers, which measured profiles are keyed by, stay as they were)
+        if self.num_query_groups and self.num_query_groups != self.num_attention_heads:
+            parts += [f"g{self.num_query_groups}"]
+        if self.head_dim and self.num_attention_heads and \
+                self.head_dim * self.num_attention_heads != self.hidden_size:
+            parts += [f"d{self.head_dim}"]
+        parts += [x for x, default in ((self.mlp, "gelu"), (self.norm, "layernorm"),
+                                       (self.position_embedding, "learned")) if x != default]
+        if not self.bias:
+            parts += ["nobias"]
+        if self.tie_embeddings:
+            parts += ["tied"]
         return ":".join(parts)
 
     @property
     def in_hidden(self) -> int:
         return self.input_hidden_size or self.hidden_size
 
+    @property
+    def query_groups(self) -> int:
+        """g: key/value heads (num_query_groups, or one per query head)."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def kv_channels(self) -> int:
+        """d: width of one attention head (head_dim, or hidden_size / num_attention_heads)."""
+        if self.head_dim:
+            return self.head_dim
+        return self.hidden_size // self.num_attention_heads if self.num_attention_heads else 0
+
+    @property
+    def is_gpt_block(self) -> bool:
+        """Whether every Llama-family option has its GPT value for the costs of this layer
+        (multi-head attention of width h, GELU MLP, LayerNorm, biases, learned positions):
+        then the GPT formulas apply as they always did, byte for byte. A layer with
+        num_query_groups = num_attention_heads or head_dim = h / a explicitly is one too
+        (the Llama formulas give the same numbers). tie_embeddings changes no layer's cost
+        (see `model_param_count`)."""
+        a = self.num_attention_heads
+        return ((self.num_query_groups in (0, a))
+                and (not self.head_dim or self.head_dim * a == self.hidden_size)
+                and self.mlp == "gelu" and self.norm == "layernorm" and self.bias
+                and self.position_embedding == "learned")
+
+    @property
+    def attention_width(self) -> int:
+        """a d: the width of the queries and of the attention output (h in the GPT block)."""
+        return self.num_attention_heads * self.kv_channels
+
+    @property
+    def qkv_width(self) -> int:
+        """(a + 2g) d: the fused QKV projection's output width (3h in the GPT block)."""
+        return (self.num_attention_heads + 2 * self.query_groups) * self.kv_channels
+
+    @property
+    def norm_params(self) -> int:
+        """Parameters of one norm of width h: LayerNorm 2h (weight, bias), RMSNorm h."""
+        return (2 if self.norm == "layernorm" else 1) * self.hidden_size
+
+    @property
+    def norm_stats(self) -> int:
+        """Per-token statistics one norm saves for backward: LayerNorm mean and rstd (2),
+        RMSNorm rstd (1)."""
+        return 2 if self.norm == "layernorm" else 1
+
+    @property
+    def fc1_width(self) -> int:
+        """Output width of the MLP's first (column-parallel) linear, whole: f for GELU, 2f
+        for SwiGLU (megatron-core fuses gate and up into one linear_fc1 of h x 2f)."""
+        return (2 if self.mlp == "swiglu" else 1) * self.ffn_hidden_size
+
 
 def _projection_params(layer: Layer) -> int:
-    """An input projection h_in -> h (weight + bias) when the width changes; replicated."""
+    """An input projection h_in -> h (weight + bias, no bias with bias False) when the width
+    changes; replicated."""
     if layer.input_hidden_size and layer.input_hidden_size != layer.hidden_size:
-        return layer.input_hidden_size * layer.hidden_size + layer.hidden_size
+        return (layer.input_hidden_size * layer.hidden_size
+                + (layer.hidden_size if layer.bias else 0))
     return 0
+
+
+def _check_options(layer: Layer) -> None:
+    for value, known, what in ((layer.mlp, MLP_KINDS, "mlp"), (layer.norm, NORM_KINDS, "norm"),
+                               (layer.position_embedding, POSITION_EMBEDDINGS,
+                                "position_embedding")):
+        if value not in known:
+            raise ValueError(f"{what} {value!r}; known: {', '.join(known)}")
+
+
+def block_tensor_numels(layer: Layer, tmp: int = 1, vocab: int | None = None
+                        ) -> tuple[int, ...]:
+    """Elements of each parameter tensor of a layer with the Llama-family options on one
+    tensor rank, in megatron-core's registration order (the order a flat buffer holds them);
+    `vocab` the vocabulary held (default: padded for tmp). For every layer, GPT ones included,
+    these are what megatron-core's GPT model registers (the trial layers register the same
+    for the GPT block):
+
+    embedding:   word V h/t, positions s h (learned only)
+    transformer: [input projection h_in h, h], input norm (LayerNorm h, h | RMSNorm h),
+                 linear_qkv h (a + 2g) d / t [+ bias (a + 2g) d / t], linear_proj a d h / t
+                 [+ bias h], pre-MLP norm, linear_fc1 h F / t [+ F / t] with F = f (GELU) or
+                 2f (SwiGLU: gate and up fused), linear_fc2 f h / t [+ h]
+    mlp:         [input projection], norm, fc1, fc2 as above
+    head:        final norm, output_layer V h / t [+ V / t]
+    Column-parallel weights and biases are divided by t, row-parallel biases and norms
+    replicated; Megatron-LM requires t | g (each rank holds whole K/V groups) and t | a."""
+    _check_options(layer)
+    h, f, s, t = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length, tmp
+    v = padded_vocab_size(layer.vocab_size, tmp) if vocab is None else vocab
+    b = layer.bias
+    norm = (h, h) if layer.norm == "layernorm" else (h,)
+    proj = ()
+    if layer.input_hidden_size and layer.input_hidden_size != h:
+        proj = (layer.input_hidden_size * h,) + ((h,) if b else ())
+    fc1 = layer.fc1_width
+    mlp = ((h * fc1 // t,) + ((fc1 // t,) if b else ())
+           + (f * h // t,) + ((h,) if b else ()))
+    k = layer.kind
+    if k == "embedding":
+        return (v * h // t,) + ((s * h,) if layer.position_embedding == "learned" else ())
+    if k == "transformer":
+        qkv, ad = layer.qkv_width, layer.attention_width
+        return (proj + norm + (h * qkv // t,) + ((qkv // t,) if b else ())
+                + (ad * h // t,) + ((h,) if b else ()) + norm + mlp)
+    if k == "mlp":
+        return proj + norm + mlp
+    if k == "head":
+        return norm + (v * h // t,) + ((v // t,) if b else ())
+    if k == "custom":
+        return (layer.custom_params,)
+    raise ValueError(f"unknown layer kind {k!r}")
 
 
 def param_count(layer: Layer, tmp: int = 1) -> int:
@@ -99,7 +249,18 @@ def param_count(layer: Layer, tmp: int = 1) -> int:
 
     transformer: LN 2h + QKV (3h*h + 3h)/t + proj h*h/t + h + LN 2h + fc1 (h*f + f)/t + fc2 f*h/t + h
     (row-parallel biases and LayerNorms are replicated, as in Megatron).
+
+    A layer with Llama-family options (not `Layer.is_gpt_block`): the sum of
+    `block_tensor_numels`, i.e. per transformer block
+    norm + h (a + 2g) d / t [+ (a + 2g) d / t] + a d h / t [+ h] + norm + h F / t [+ F / t]
+    + f h / t [+ h], norm = 2h (LayerNorm) or h (RMSNorm), F = f (GELU) or 2f (SwiGLU),
+    [...] only with biases; embedding V h / t (+ s h with learned positions); head norm +
+    V h / t (+ V / t with biases). Tied embeddings change nothing here: every stage holding
+    the embedding or the head holds the matrix (Megatron-LM keeps a copy on the last
+    stage); `model_param_count` counts it once.
     """
+    if not layer.is_gpt_block and layer.kind != "custom":
+        return sum(block_tensor_numels(layer, tmp))
     h, f, s = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length
     v = padded_vocab_size(layer.vocab_size, tmp)
     k = layer.kind
@@ -115,6 +276,19 @@ def param_count(layer: Layer, tmp: int = 1) -> int:
     if k == "custom":
         return layer.custom_params
     raise ValueError(f"unknown layer kind {k!r}")
+
+
+def model_param_count(layers) -> int:
+    """The model's parameters as model cards publish them: every layer at tmp 1 with the
+    unpadded vocabulary, and a tied embedding matrix (`Layer.tie_embeddings` on the
+    embedding or the head, with both in the chain) counted once, not once per holder."""
+    layers = list(layers)
+    total = sum(sum(block_tensor_numels(x, 1, vocab=x.vocab_size)) for x in layers)
+    embeddings = [x for x in layers if x.kind == "embedding"]
+    for head in (x for x in layers if x.kind == "head"):
+        if embeddings and (head.tie_embeddings or any(e.tie_embeddings for e in embeddings)):
+            total -= head.vocab_size * head.hidden_size
+    return total
 
 
 def forward_flops(layer: Layer, tmp: int = 1) -> float:
@@ -133,11 +307,22 @@ def gemm_flops(layer: Layer, tmp: int = 1) -> tuple[float, ...]:
 
     transformer: QKV 2s h 3h/t, projection 2s (h/t) h, fc1 2s h f/t, fc2 2s (f/t) h;
     mlp: fc1 and fc2; head: 2s h V/t (V padded); an input projection 2s h_in h; custom: its
-    FLOPs."""
+    FLOPs.
+
+    With the Llama-family options (g query groups, head width d, F = fc1 width: f for GELU,
+    2f for SwiGLU): QKV 2s h (a + 2g) d / t, projection 2s a d h / t, fc1 2s h F / t (one GEMM:
+    megatron-core runs SwiGLU's gate and up as one fused linear_fc1 of h x 2f), fc2
+    2s f h / t. Biases, norms, RoPE and the SiLU are memory-bound (`elementwise_bytes`)."""
     h, f, s = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length
     v = padded_vocab_size(layer.vocab_size, tmp)
     proj = (2.0 * s * layer.input_hidden_size * h,) if _projection_params(layer) else ()
     k = layer.kind
+    if k in ("transformer", "mlp") and not layer.is_gpt_block:
+        mlp = (2.0 * s * h * layer.fc1_width / tmp, 2.0 * s * f * h / tmp)
+        if k == "mlp":
+            return proj + mlp
+        return proj + (2.0 * s * h * layer.qkv_width / tmp,
+                       2.0 * s * layer.attention_width * h / tmp) + mlp
     if k == "transformer":
         return proj + (2.0 * s * h * 3 * h / tmp, 2.0 * s * h * h / tmp,
                        2.0 * s * h * f / tmp, 2.0 * s * f * h / tmp)
@@ -152,9 +337,12 @@ def gemm_flops(layer: Layer, tmp: int = 1) -> tuple[float, ...]:
 
 def attention_core_flops(layer: Layer, tmp: int = 1) -> float:
     """QK^T and attention x V of one forward pass per sample: 4 s^2 h / t (Narayanan et al.
-    2021); transformer layers only."""
+    2021); transformer layers only. With a head width d: 4 s^2 a d / t (grouped-query
+    attention shares K and V but every query head still runs its own s x s products)."""
     if layer.kind != "transformer":
         return 0.0
+    if not layer.is_gpt_block:
+        return 4.0 * layer.seq_length ** 2 * layer.attention_width / tmp
     return 4.0 * layer.seq_length ** 2 * layer.hidden_size / tmp
 
 
@@ -174,10 +362,29 @@ def elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
     head: LayerNorm on s*h, and the cross-entropy over s*V/t logits at a third of
     CROSS_ENTROPY_BYTES_PER_LOGIT (the backward pass, 2x the forward, takes the rest);
     embedding: the gathered rows s*h plus the positions.
+
+    With the Llama-family options (not `Layer.is_gpt_block`), counted the same way:
+    the norms: RMSNorm moves the same s*h tensors as LayerNorm (read x, write y; its one
+    statistic, like LayerNorm's two, is per token and not counted): unchanged;
+    the MLP activation on the fc1 output: GELU 2 s f/t (read, write) + its bias add 2 s f/t
+    with biases (4 s f/t as before); SwiGLU (eager, as a trial layer would run it) SiLU of
+    the gate (read f/t, write f/t) and the product with up (read 2f/t, write f/t): 5 s f/t,
+    + the bias add on the 2f/t output 4 s f/t with biases;
+    RoPE (a transformer with position_embedding 'rope'), applied to q and k: read and write
+    s (a + g) d / t elements, 2 s (a + g) d / t (the cos/sin table, s d, is not counted);
+    embedding with RoPE: no positions to add, 2 s h (the gathered rows read and written).
     """
     h, f, s = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length
     v = padded_vocab_size(layer.vocab_size, tmp)
     k = layer.kind
+    if k in ("embedding", "transformer", "mlp") and not layer.is_gpt_block:
+        if k == "embedding":
+            n = (3.0 if layer.position_embedding == "learned" else 2.0) * s * h
+        else:
+            n = (16.0 if k == "transformer" else 8.0) * s * h \
+                + _activation_elements(layer) * s * f / tmp \
+                + (_rope_elements(layer) / tmp if k == "transformer" else 0.0)
+        return n * bytes_per_element
     if k == "embedding":
         n = 3.0 * s * h
     elif k == "transformer":
@@ -213,6 +420,9 @@ def elementwise_bytes_by_pass(layer: Layer, tmp: int, bytes_per_element: int,
     residual sum and the GeLU; the other layers are counted as for deepspeed."""
     if framework not in TP_FRAMEWORKS:
         raise ValueError(f"framework {framework!r}; known: {', '.join(TP_FRAMEWORKS)}")
+    if framework == "megatron" and layer.kind in ("transformer", "mlp") \
+            and not layer.is_gpt_block:
+        return _megatron_llama_elementwise_bytes(layer, tmp, bytes_per_element)
     if framework == "megatron" and layer.kind in ("transformer", "mlp"):
         g = float(bytes_per_element)
         sh = float(layer.seq_length * layer.hidden_size)
@@ -222,6 +432,61 @@ def elementwise_bytes_by_pass(layer: Layer, tmp: int, bytes_per_element: int,
         return (5 * g + 1) * sh + 2 * g * sf, (9 * g + 1) * sh + 4 * g * sf
     forward = elementwise_bytes(layer, tmp, bytes_per_element)
     return forward, 2.0 * forward
+
+
+def _activation_elements(layer: Layer) -> float:
+    """Elements per token, in units of f/t, moved by the MLP activation in the trial-style
+    (eager) count of one forward: GELU 2 (+2 bias add), SwiGLU 5 (+4 bias add on 2f/t)."""
+    if layer.mlp == "swiglu":
+        return 5.0 + (4.0 if layer.bias else 0.0)
+    return 2.0 + (2.0 if layer.bias else 0.0)
+
+
+def _rope_elements(layer: Layer) -> float:
+    """Elements per sample times t that RoPE reads and writes on q and k in one pass:
+    2 s (a + g) d (0 without RoPE)."""
+    if layer.kind != "transformer" or layer.position_embedding != "rope":
+        return 0.0
+    return 2.0 * layer.seq_length * (layer.num_attention_heads + layer.query_groups) \
+        * layer.kv_channels
+
+
+def _megatron_llama_elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int
+                                      ) -> tuple[float, float]:
+    """`elementwise_bytes_by_pass` for megatron of a transformer or mlp layer with the
+    Llama-family options: the GPT count with each term re-derived (g bytes per element, the
+    dropout masks 1 byte as Megatron-LM's default dropout has them; a layer carries no
+    dropout setting), per token:
+
+    forward: 2 norms (LayerNorm or RMSNorm alike: read x, write y, 2g h each), the attention
+    context's permute (2g a d), 2 bias-dropout-adds ((3g + 1) h each; without biases the same,
+    the bias is h wide), the MLP activation (fused bias-GeLU or plain GeLU 2g f/t; fused
+    bias-SwiGLU, megatron-core's bias_swiglu_impl, reads the 2f/t fc1 output and writes
+    f/t: 3g f/t), fused RoPE on q and k (read and write (a + g) d / t: 2g (a + g) d / t):
+    (10g + 2) h + 2g a d + act + rope;
+    backward: 2 norm backwards (3g h each), 2 bias-dropout-add backwards (read dy and the
+    mask, write dx: (2g + 1) h each, + g h each for the bias gradient with biases), the 2
+    residual sums (3g h each), the permute's (2g a d), the activation backward (GeLU: read
+    dy and x, write dx, 3g f/t, + g f/t for the bias gradient; SwiGLU: read dy f/t and the
+    saved 2f/t input, write the 2f/t gradient, 5g f/t, + 2g f/t for the bias gradient) and
+    RoPE's (the inverse rotation of dq', dk': 2g (a + g) d / t):
+    (16g + 2) h [+ 2g h] + 2g a d + act + rope.
+    The mlp layer: one norm, one bias-dropout-add, one residual sum and the activation. With
+    the GPT values these are the GPT formulas ((12g + 2) h + 2g f/t, (20g + 2) h + 4g f/t)."""
+    g = float(bytes_per_element)
+    s, h, f = layer.seq_length, float(layer.hidden_size), float(layer.ffn_hidden_size)
+    bias = 1.0 if layer.bias else 0.0
+    if layer.mlp == "swiglu":
+        act_f, act_b = 3 * g * f / tmp, (5 + 2 * bias) * g * f / tmp
+    else:
+        act_f, act_b = 2 * g * f / tmp, (3 + bias) * g * f / tmp
+    if layer.kind == "mlp":
+        return (s * ((5 * g + 1) * h + act_f),
+                s * ((8 * g + 1) * h + bias * g * h + act_b))
+    ad = float(layer.attention_width)
+    rope = g * _rope_elements(layer) / tmp
+    return (s * ((10 * g + 2) * h + 2 * g * ad + act_f) + rope,
+            s * ((16 * g + 2) * h + 2 * bias * g * h + 2 * g * ad + act_b) + rope)
 
 
 CROSS_ENTROPY_BYTES_PER_LOGIT = 60.0
@@ -313,7 +578,9 @@ def tp_collectives_by_pass(layer: Layer, recompute: bool = False,
     backward, the gradients of the weights used on a sequence shard (their
     copy_to_tensor_model_parallel_region): per block 2 LayerNorms (weight and bias) and the
     row-parallel biases of proj and fc2, 6 all-reduces of h; mlp 3; head 2 (its LayerNorm);
-    an input projection 2 more (h_in*h and h). Megatron-LM all-reduces those once per
+    an input projection 2 more (h_in*h and h). (With RMSNorm one per norm, without biases
+    none for the biases: a Llama block 2.) Grouped-query attention changes no collective:
+    all of them carry the s*h residual stream, never K or V. Megatron-LM all-reduces those once per
     iteration (finalize_model_grads), which is not counted here.
     With full recomputation the block's forward (and its collectives) runs again in backward.
     """
@@ -326,22 +593,27 @@ def tp_collectives_by_pass(layer: Layer, recompute: bool = False,
     k = layer.kind
     ag, rs, ar = ("all_gather", "reduce_scatter", "all_reduce")
     trial = framework == "deepspeed"
-    proj = ((TpCollective(ar, layer.input_hidden_size * h), TpCollective(ar, h))
+    proj = ((TpCollective(ar, layer.input_hidden_size * h),)
+            + ((TpCollective(ar, h),) if layer.bias else ())
             if trial and layer.input_hidden_size and layer.input_hidden_size != h else ())
+    # replicated weights used on a sequence shard, per norm + row-parallel GEMM pair: the
+    # norm's tensors (LayerNorm 2, RMSNorm 1) and the row-parallel bias (GPT block: 3)
+    norm_tensors = 2 if layer.norm == "layernorm" else 1
+    shard_weights = norm_tensors + (1 if layer.bias else 0)
     if k in ("transformer", "mlp"):
         gemm_pairs = 2 if k == "transformer" else 1
         forward = (TpCollective(ag, s * h), TpCollective(rs, s * h)) * gemm_pairs
         backward = (TpCollective(ag, s * h), TpCollective(ag, s * h),
                     TpCollective(rs, s * h)) * gemm_pairs
         if trial:
-            backward += (TpCollective(ar, h),) * (3 * gemm_pairs) + proj
+            backward += (TpCollective(ar, h),) * (shard_weights * gemm_pairs) + proj
         return forward, backward, (forward if recompute else ())
     if k == "embedding":
         return ((TpCollective(ar if trial else rs, s * h),), (TpCollective(ag, s * h),), ())
     if k == "head":
         backward = (TpCollective(ag, s * h), TpCollective(rs, s * h))
         if trial:
-            backward += (TpCollective(ar, h),) * 2
+            backward += (TpCollective(ar, h),) * norm_tensors   # its norm's weight (+ bias)
         return ((TpCollective(ag, s * h),) + (TpCollective(ar, s),) * 3, backward, ())
     return (), (), ()
 

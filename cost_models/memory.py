@@ -63,6 +63,32 @@ megatron-core linears and vocab-parallel cross-entropy), per token:
   embedding:   8 (t = 1) or 9 (t > 1)                the token ids (int64) [+ the vocab mask]
   custom:      g x output elements                   (a guess: one saved tensor per layer)
 
+Llama-family layers (cost_models.layers.Layer.is_gpt_block false; g K/V groups, head width
+d, F = 3f for SwiGLU and 2f for GELU, n = 1 statistic per RMSNorm, 2 per LayerNorm), as
+megatron-core saves them:
+
+  transformer: g (4h + 2n + ((a + 2g)d + [(a + g)d] + a d + F) / t) + 4a/t
+      2 norm inputs and outputs (the second's input is the residual)            4h
+      norm statistics (RMSNorm: rstd; LayerNorm: mean and rstd), two norms      2n
+      QKV output (a + 2g)d/t: q, k and v are views of it (v, saved by the
+        attention, keeps the buffer alive)                                      (a + 2g)d/t
+      RoPE only: the rotated q and k, new tensors the attention saves (fused
+        RoPE itself saves only its s x d frequencies, shared, not counted)      (a + g)d/t
+      attention output (proj input)                                             a d/t
+      fc1 output (the fused bias-SwiGLU's input, 2f/t) and the SwiGLU output
+        (fc2 input, f/t): 3f/t; GELU as above 2f/t                              F/t
+      attention log-sum-exp (fp32, one per query head)                          4a/t bytes
+  mlp:  g (2h + n + F/t);   head: g (2h + n) + 4V/t + 9.
+Biases save nothing. No dropout masks (the trial layers have none; Llama recipes train
+without dropout). With standard attention the (2g + 1) a s^2/t score bytes per query head
+as above (megatron-core's unfused attention also keeps K and V repeated to a heads under
+GQA, not counted). In Korthikanti et al.'s notation (2-byte elements, t = 1, b samples,
+leaving out the per-token statistics and the 4 sba log-sum-exp bytes): the GPT block with
+f = 4h keeps 2sb(4h + 3h + h + 8h) = 32 sbh (their 34 sbh less the 2 sbh of dropout masks);
+a Llama block with RoPE, g = a and f = 8h/3 2sb(4h + 3h + 2h + h + 8h) = 36 sbh; Llama 3 8B
+(a = 32, g = 8, d = 128, f = 3.5h) 2sb(4h + 1.5h + 1.25h + h + 10.5h) = 36.5 sbh.
+Sequence parallelism divides the 4h + 2n part by t.
+
 The flash-attention kernel behind scaled_dot_product_attention saves no attention scores;
 `attention_scores=True` (training.attention: standard) adds what the classic implementation
 keeps per score element: the softmax output (g), the attention-dropout mask (1 B) and the
@@ -96,7 +122,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .layers import Layer, padded_vocab_size
+from .layers import Layer, block_tensor_numels, padded_vocab_size
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
 """g: bytes of a weight, gradient or activation element in each training precision."""
@@ -202,7 +228,11 @@ def pipeline_engine(*, pp: int, zero_stage: int) -> bool:
 
 def param_tensor_numels(layer: Layer, tmp: int = 1) -> tuple[int, ...]:
     """Elements of each parameter tensor of the trial layer on one tensor rank, in module
-    registration order (the order DeepSpeed flattens them); sums to `param_count`."""
+    registration order (the order DeepSpeed flattens them); sums to `param_count`. A layer
+    with Llama-family options: `cost_models.layers.block_tensor_numels` (megatron-core's
+    order: norm, linear_qkv, linear_proj, norm, linear_fc1, linear_fc2)."""
+    if not layer.is_gpt_block and layer.kind != "custom":
+        return block_tensor_numels(layer, tmp)
     h, f, s, t = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length, tmp
     v = padded_vocab_size(layer.vocab_size, tmp)
     proj = ()
@@ -494,6 +524,11 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
     k = layer.kind
     if k == "embedding":
         return (INDEX_BYTES + (1 if t > 1 else 0)) * s * mbs
+    if k in ("transformer", "mlp", "head") and not layer.is_gpt_block:
+        replicated, split = _llama_saved_per_token(layer, tmp=t, bytes_per_element=g,
+                                                   attention_scores=attention_scores,
+                                                   selective=selective)
+        return ((replicated + proj_in * (k != "head")) * s // q + split * s) * mbs
     if k == "transformer":
         replicated = g * (4 * h + 4) + proj_in
         split = g * (4 * h // t + 2 * f // t)
@@ -510,6 +545,33 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
     else:
         raise ValueError(f"unknown layer kind {k!r}")
     return (replicated * s // q + split * s) * mbs
+
+
+def _llama_saved_per_token(layer: Layer, *, tmp: int, bytes_per_element: int,
+                           attention_scores: bool, selective: bool) -> tuple[int, int]:
+    """(replicated, split) bytes per token a transformer, mlp or head layer with the
+    Llama-family options saves (see the module docstring's table); the replicated part is
+    what sequence parallelism divides by t, without an input projection's input."""
+    g, t = bytes_per_element, tmp
+    h, f, a = layer.hidden_size, layer.ffn_hidden_size, layer.num_attention_heads
+    stats = layer.norm_stats
+    mlp = (3 if layer.mlp == "swiglu" else 2) * f
+    k = layer.kind
+    if k == "head":
+        v = padded_vocab_size(layer.vocab_size, tmp)
+        return g * (2 * h + stats), FP32_BYTES * v // t + 1 + INDEX_BYTES
+    if k == "mlp":
+        return g * (2 * h + stats), g * (mlp // t)
+    d, kv = layer.kv_channels, layer.query_groups
+    attention = layer.qkv_width + layer.attention_width
+    if layer.position_embedding == "rope":
+        attention += (a + kv) * d
+    split = g * ((attention + mlp) // t)
+    if not selective:
+        split += FP32_BYTES * a // t
+        if attention_scores:
+            split += (2 * g + 1) * a * layer.seq_length // t
+    return g * (4 * h + 2 * stats), split
 
 
 def checkpoint_input_bytes(layer: Layer, *, mbs: int, bytes_per_element: int,
@@ -542,6 +604,8 @@ def selective_working_set_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_e
         return 0
     g, t, s = bytes_per_element, tmp, layer.seq_length
     a, h = layer.num_attention_heads, layer.hidden_size
+    if not layer.is_gpt_block:
+        h = layer.attention_width      # the core's output is a d wide
     per_token = g * h // t + FP32_BYTES * a // t
     if attention_scores:
         per_token += (2 * g + 1) * a * s // t

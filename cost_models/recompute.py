@@ -101,7 +101,9 @@ def replicated_elementwise_bytes(layer: Layer, bytes_per_element: int) -> float:
     layers have no dropout; Megatron's dropouts sit in the same region). The same terms as
     `cost_models.layers.elementwise_bytes` without the ones already split by t:
     transformer 2 LayerNorms + 2 residual adds (16 s h), mlp one of each (8 s h),
-    head its final LayerNorm (4 s h); the embedding adds its positions before the scatter."""
+    head its final LayerNorm (4 s h); the embedding adds its positions before the scatter.
+    RMSNorm moves the same s x h tensors as LayerNorm, so Llama-family layers are counted
+    alike (their RoPE and SwiGLU work is on the t-split q, k and fc1 output)."""
     s, h = layer.seq_length, layer.hidden_size
     n = {"transformer": 16.0, "mlp": 8.0, "head": 4.0}.get(layer.kind, 0.0)
     return n * s * h * bytes_per_element

@@ -31,36 +31,21 @@ def _shapes(module) -> dict:
     return {n: tuple(p.shape) for n, p in module.named_parameters()}
 
 
-def _tp2_worker(rank: int, store: str, out_dir: str) -> None:
-    import json
-
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    parallel_state.initialize_model_parallel(2, 1)
+def _tp2_rows(rank: int) -> list:
     rows = []
     for layer in LAYERS:
         m = trial_model.build_layer(layer, tp_size=2)
         x = trial_model.example_inputs(layer, 2)
         trial_model.forward_backward(m, layer, x)  # the real collectives run
         rows.append({"count": trial_model.parameter_count(m), "shapes": _shapes(m)})
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(rows, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    return rows
 
 
 @pytest.fixture(scope="module")
 def tp2_rows():
-    import json
+    from two_ranks import on_two_ranks
 
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as d:
-        store = os.path.join(d, "store")
-        mp.spawn(_tp2_worker, args=(store, d), nprocs=2, join=True)
-        return [json.load(open(os.path.join(d, f"rank{r}.json"))) for r in range(2)]
+    return on_two_ranks(_tp2_rows)
 
 
 @pytest.fixture(scope="module")

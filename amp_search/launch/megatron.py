@@ -1,8 +1,22 @@
 """The Megatron-LM backend: a `pretrain_gpt.py` command line per strategy.
 
-Megatron-LM (a checkout given by --megatron-path) trains the same GPT as the trials: learned
-absolute positions, untied output layer, GELU MLP, no dropout, mock data of the spec's
-vocabulary. The strategy maps to its arguments:
+Megatron-LM (a checkout given by --megatron-path) trains the same GPT as the trials: no
+dropout, mock data of the spec's vocabulary, and the block the spec describes
+(`architecture_args`; the default GPT block is learned absolute positions, untied output
+layer, GELU MLP, LayerNorm, biases, multi-head attention):
+
+    num_query_groups g < heads    --group-query-attention --num-query-groups g
+    head_dim d != h / heads       --kv-channels d
+    mlp: swiglu                   --swiglu (--ffn-hidden-size is always given)
+    norm: rmsnorm                 --normalization RMSNorm
+    bias: false                   --disable-bias-linear
+    position_embedding            --position-embedding-type learned_absolute | rope (rotary
+                                  base: Megatron's default 10000; the base does not change
+                                  the cost, set --rotary-base for real training)
+    tie_embeddings: false         --untie-embeddings-and-output-weights (tied: Megatron's
+                                  default, no flag)
+
+The strategy maps to its arguments:
 
     tmp, pp                  --tensor-model-parallel-size, --pipeline-model-parallel-size
     mbs, global batch        --micro-batch-size, --global-batch-size (dp = world / (tmp * pp))
@@ -59,7 +73,35 @@ def check_gpt_chain(layers: tuple[Layer, ...]) -> Layer:
               for b in blocks}
     if len(shapes) != 1:
         raise UsageError("the megatron backend needs all transformer blocks of one size")
+    kinds = {(b.num_query_groups, b.head_dim, b.mlp, b.norm, b.bias, b.position_embedding)
+             for b in blocks}
+    if len(kinds) != 1:
+        raise UsageError("the megatron backend needs all transformer blocks of one kind "
+                         "(num_query_groups, head_dim, mlp, norm, bias, position_embedding)")
+    if layers[0].position_embedding != blocks[0].position_embedding:
+        raise UsageError(f"the megatron backend needs the embedding's position_embedding "
+                         f"({layers[0].position_embedding}) to be the blocks' "
+                         f"({blocks[0].position_embedding})")
     return blocks[0]
+
+
+def architecture_args(layers: tuple[Layer, ...]) -> list[str]:
+    """Megatron-LM's arguments for the block's Llama-family options ([] for the GPT block,
+    whose position and tying arguments `megatron_args` writes)."""
+    block = check_gpt_chain(layers)
+    h, a = block.hidden_size, block.num_attention_heads
+    args = []
+    if block.num_query_groups and block.num_query_groups != a:
+        args += ["--group-query-attention", "--num-query-groups", str(block.num_query_groups)]
+    if block.head_dim and block.head_dim * a != h:
+        args += ["--kv-channels", str(block.head_dim)]
+    if block.mlp == "swiglu":
+        args += ["--swiglu"]
+    if block.norm == "rmsnorm":
+        args += ["--normalization", "RMSNorm"]
+    if not block.bias:
+        args += ["--disable-bias-linear"]
+    return args
 
 
 def stage_layer_counts(layers: tuple[Layer, ...], partition: tuple[int, ...]) -> list[int]:
@@ -118,13 +160,15 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         "--hidden-size", str(block.hidden_size),
         "--num-attention-heads", str(block.num_attention_heads),
         "--ffn-hidden-size", str(block.ffn_hidden_size),
+        *architecture_args(layers),
         "--seq-length", str(seq), "--max-position-embeddings", str(seq),
         "--micro-batch-size", str(s.mbs), "--global-batch-size", str(s.global_batch_size),
         "--train-iters", str(iters), "--log-interval", "1", "--eval-iters", "0",
         "--lr", str(lr), "--lr-decay-style", "constant", "--seed", str(seed),
         "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab),
-        "--position-embedding-type", "learned_absolute",
-        "--untie-embeddings-and-output-weights",
+        "--position-embedding-type",
+        "rope" if layers[0].position_embedding == "rope" else "learned_absolute",
+        *([] if layers[0].tie_embeddings else ["--untie-embeddings-and-output-weights"]),
         "--attention-dropout", "0", "--hidden-dropout", "0",
         "--transformer-impl", "local", "--no-gradient-accumulation-fusion",
         *(virtual_stage_args(layers, s) if s.virtual_stages > 1

@@ -303,6 +303,11 @@ def check_options(spec: Spec, options: LaunchOptions) -> None:
     if custom:
         raise UsageError(f"layer {custom[0]!r} is a custom layer (given only by FLOPs, "
                          f"parameters and output size); real trials cannot run it")
+    if options.backend == "deepspeed" and any(x.tie_embeddings for x in spec.model.layers):
+        raise UsageError("model.tie_embeddings: true: the DeepSpeed trials run untied "
+                         "embeddings (sharing the matrix between the first and last stage is "
+                         "not built); set tie_embeddings: false to launch them, or use "
+                         "--backend megatron")
     if options.backend == "megatron":
         check_gpt_chain(spec.model.layers)
         if options.launcher == "slurm":

@@ -75,6 +75,23 @@ parallel):
 - custom: rejected (`UnsupportedLayer`): it is defined only by its FLOPs, parameters and
   output size, so there is no real computation to run.
 
+The Llama family (the Layer fields beside the GPT defaults), as megatron-core runs them:
+- num_query_groups g (grouped-query attention) and head_dim d: QKV is one
+  ColumnParallelLinear h -> (a + 2g) d laid out [g, a/g + 2, d] (each group's query heads,
+  its key, its value: megatron-core's layout), so each tensor rank holds g/t whole groups
+  and their a/t query heads (g must be divisible by t); k and v are repeated to the query
+  heads for the attention; proj is RowParallelLinear a d -> h;
+- mlp 'swiglu': fc1 one ColumnParallelLinear h -> 2f (stride 2: each rank holds its f/t of
+  gate, then its f/t of up, so tmp=1 and tmp=2 hold the same weights), silu(gate) * up, fc2
+  RowParallelLinear f -> h;
+- norm 'rmsnorm': torch.nn.RMSNorm (weight only) wherever LayerNorm stands (eps 1e-5);
+- bias False: no bias on any linear (QKV, proj, fc1, fc2, the head's projection, an input
+  projection);
+- position_embedding 'rope': the embedding holds no positions; each block applies rotary
+  embeddings (rotate-half form, base ROPE_THETA = 10000) to q and k;
+- tie_embeddings: rejected (`UnsupportedLayer`): trials run untied embeddings (see
+  `check_layer`).
+
 Initialization draws each weight in full (megatron's CPU initialization: the master weight,
 then this rank's slice), so with the same seed a tmp=1 and a tmp=2 model hold the same weights.
 """
@@ -90,7 +107,7 @@ from torch.utils.checkpoint import checkpoint
 
 from cost_models.layers import Layer, padded_vocab_size
 
-__all__ = ["UnsupportedLayer", "build_layer", "lm_loss", "example_inputs", "forward_backward",
+__all__ = ["UnsupportedLayer", "build_layer", "check_layer", "lm_loss", "example_inputs", "forward_backward",
            "init_single_process_parallel", "parameter_count", "TRIAL_PRECISIONS", "CHECKPOINTABLE_LAYERS",
            "EmbeddingLayer", "TransformerLayer", "MLPLayer", "HeadLayer"]
 
@@ -102,7 +119,7 @@ CHECKPOINTABLE_LAYERS = ["TransformerLayer", "MLPLayer"]
 
 
 class UnsupportedLayer(ValueError):
-    """The layer kind cannot be built for a real trial (custom layers)."""
+    """The layer cannot be built for a real trial (custom layers; tied embeddings)."""
 
 
 # ----------------------------------------------------------------------------- linears
@@ -115,10 +132,11 @@ class _LocalColumn(nn.Module):
     """One tensor rank's shard of a column-parallel linear, no communication
     (simulate_tp_size). Returns (output, None) like megatron-core's ColumnParallelLinear."""
 
-    def __init__(self, in_features: int, out_features: int, tp: int, dtype: torch.dtype):
+    def __init__(self, in_features: int, out_features: int, tp: int, dtype: torch.dtype,
+                 bias: bool = True):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features // tp, in_features, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(out_features // tp, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(out_features // tp, dtype=dtype)) if bias else None
         _init_normal(self.weight)
 
     def forward(self, x):
@@ -129,10 +147,11 @@ class _LocalRow(nn.Module):
     """One tensor rank's shard of a row-parallel linear (input split, bias replicated),
     without the all-reduce (simulate_tp_size)."""
 
-    def __init__(self, in_features: int, out_features: int, tp: int, dtype: torch.dtype):
+    def __init__(self, in_features: int, out_features: int, tp: int, dtype: torch.dtype,
+                 bias: bool = True):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features // tp, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
         _init_normal(self.weight)
 
     def forward(self, x):
@@ -210,8 +229,9 @@ class _SequenceColumnLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, group):
         ctx.save_for_backward(x, weight)
-        ctx.group = group
-        return torch.matmul(_seq_all_gather(x, group), weight.t()) + bias
+        ctx.group, ctx.has_bias = group, bias is not None
+        y = torch.matmul(_seq_all_gather(x, group), weight.t())
+        return y + bias if bias is not None else y
 
     @staticmethod
     def backward(ctx, grad):
@@ -220,7 +240,7 @@ class _SequenceColumnLinear(torch.autograd.Function):
         grad_input = _seq_reduce_scatter(grad.matmul(weight), ctx.group)
         g2 = grad.reshape(-1, grad.shape[-1])
         grad_weight = g2.t().matmul(full.reshape(-1, full.shape[-1]))
-        return grad_input, grad_weight, g2.sum(dim=0), None
+        return grad_input, grad_weight, (g2.sum(dim=0) if ctx.has_bias else None), None
 
 
 def _replicated(p: torch.Tensor, group) -> torch.Tensor:
@@ -231,10 +251,13 @@ def _replicated(p: torch.Tensor, group) -> torch.Tensor:
     return copy_to_tensor_model_parallel_region(p, group=group)
 
 
-def _layer_norm(ln: nn.LayerNorm, x, group):
-    """LayerNorm of a sequence shard (group) or of the whole sequence (group None)."""
+def _layer_norm(ln: nn.Module, x, group):
+    """LayerNorm or RMSNorm of a sequence shard (group) or of the whole sequence (group
+    None)."""
     if group is None:
         return ln(x)
+    if isinstance(ln, nn.RMSNorm):
+        return F.rms_norm(x, ln.normalized_shape, _replicated(ln.weight, group), ln.eps)
     return F.layer_norm(x, ln.normalized_shape, _replicated(ln.weight, group),
                         _replicated(ln.bias, group), ln.eps)
 
@@ -243,7 +266,20 @@ def _linear_on_shard(lin: nn.Linear, x, group):
     """A replicated nn.Linear (input projection) applied to a sequence shard (group) or not."""
     if group is None:
         return lin(x)
-    return F.linear(x, _replicated(lin.weight, group), _replicated(lin.bias, group))
+    bias = None if lin.bias is None else _replicated(lin.bias, group)
+    return F.linear(x, _replicated(lin.weight, group), bias)
+
+
+NORM_EPS = 1e-5
+"""Epsilon of LayerNorm and RMSNorm (Megatron-LM's --norm-epsilon default)."""
+
+
+def _norm(layer: Layer, dtype: torch.dtype) -> nn.Module:
+    """The layer's normalization over hidden_size: LayerNorm (weight and bias) or RMSNorm
+    (weight only), replicated on every tensor rank."""
+    if layer.norm == "rmsnorm":
+        return nn.RMSNorm(layer.hidden_size, eps=NORM_EPS, dtype=dtype)
+    return nn.LayerNorm(layer.hidden_size, eps=NORM_EPS, dtype=dtype)
 
 
 def _make_sequence_column(base):
@@ -268,6 +304,8 @@ def _make_sequence_row(base):
             if batch_first:
                 y = y.transpose(0, 1)
             y = _ReduceScatterToSequence.apply(y, self.tp_group)
+            if self.bias is None:
+                return y, None
             return y + _replicated(self.bias, self.tp_group), None
 
     return SequenceParallelRow
@@ -299,32 +337,36 @@ class _Linears:
         """The tensor group when activations are sequence shards, else None."""
         return self.group if self.sequence_parallel else None
 
-    def column(self, n_in: int, n_out: int) -> nn.Module:
+    def column(self, n_in: int, n_out: int, *, bias: bool = True, stride: int = 1) -> nn.Module:
+        """`stride` k: the output is k blocks (e.g. SwiGLU's gate and up) each split over
+        the ranks, so rank r holds block-shard r of each, in order (megatron's stride)."""
         if self.simulate:
-            return _LocalColumn(n_in, n_out, self.simulate, self.dtype)
+            return _LocalColumn(n_in, n_out, self.simulate, self.dtype, bias)
         from megatron.core.tensor_parallel import ColumnParallelLinear
 
         cls = _make_sequence_column(ColumnParallelLinear) if self.sequence_parallel \
             else ColumnParallelLinear
         return cls(n_in, n_out, config=self.config, init_method=_init_normal,
-                   bias=True, gather_output=False, tp_group=self.group)
+                   bias=bias, gather_output=False, stride=stride, tp_group=self.group)
 
-    def row(self, n_in: int, n_out: int) -> nn.Module:
+    def row(self, n_in: int, n_out: int, *, bias: bool = True) -> nn.Module:
         if self.simulate:
-            return _LocalRow(n_in, n_out, self.simulate, self.dtype)
+            return _LocalRow(n_in, n_out, self.simulate, self.dtype, bias)
         from megatron.core.tensor_parallel import RowParallelLinear
 
         cls = _make_sequence_row(RowParallelLinear) if self.sequence_parallel \
             else RowParallelLinear
         return cls(n_in, n_out, config=self.config, init_method=_init_normal,
-                   bias=True, input_is_parallel=True, skip_bias_add=False, tp_group=self.group)
+                   bias=bias, input_is_parallel=True, skip_bias_add=False, tp_group=self.group)
 
 
 def _input_projection(layer: Layer, dtype: torch.dtype) -> nn.Module | None:
     if layer.input_hidden_size and layer.input_hidden_size != layer.hidden_size:
-        proj = nn.Linear(layer.input_hidden_size, layer.hidden_size, dtype=dtype)
+        proj = nn.Linear(layer.input_hidden_size, layer.hidden_size, bias=layer.bias,
+                         dtype=dtype)
         _init_normal(proj.weight)
-        nn.init.zeros_(proj.bias)
+        if proj.bias is not None:
+            nn.init.zeros_(proj.bias)
         return proj
     return None
 
@@ -332,7 +374,8 @@ def _input_projection(layer: Layer, dtype: torch.dtype) -> nn.Module | None:
 # ----------------------------------------------------------------------------- layers
 
 class EmbeddingLayer(nn.Module):
-    """ids [b, s] -> [b, s, h]: vocab-parallel token embedding + replicated positions."""
+    """ids [b, s] -> [b, s, h]: vocab-parallel token embedding + replicated learned
+    positions (none with rotary embeddings, which the blocks apply)."""
 
     def __init__(self, layer: Layer, lin: _Linears):
         super().__init__()
@@ -347,57 +390,148 @@ class EmbeddingLayer(nn.Module):
 
             self.word = VocabParallelEmbedding(v, h, init_method=_init_normal,
                                                config=lin.config, tp_group=lin.group)
-        self.position = nn.Parameter(torch.empty(s, h, dtype=lin.dtype))
-        _init_normal(self.position)
+        if layer.position_embedding == "rope":
+            self.position = None
+        else:
+            self.position = nn.Parameter(torch.empty(s, h, dtype=lin.dtype))
+            _init_normal(self.position)
         self.seq_group = lin.seq_group
 
     def forward(self, ids):
         if self.simulate:  # this rank's rows only; the lookup cost is the same
             ids = ids % self.word.num_embeddings
-        x = self.word(ids) + self.position[: ids.shape[1]]
+        x = self.word(ids)
+        if self.position is not None:
+            x = x + self.position[: ids.shape[1]]
         if self.seq_group is not None:      # sequence parallel: this rank's [s/t, b, h]
             x = _ScatterToSequence.apply(x.transpose(0, 1), self.seq_group)
         return x
 
 
 class _MLP(nn.Module):
-    """fc2(gelu(fc1(x))): column then row parallel."""
+    """fc2(gelu(fc1(x))), or SwiGLU fc2(silu(gate) * up) with gate and up fused in fc1
+    (h -> 2f, each rank holding its f/t of gate then its f/t of up): column then row
+    parallel."""
 
-    def __init__(self, h: int, f: int, lin: _Linears):
+    def __init__(self, layer: Layer, lin: _Linears):
         super().__init__()
-        self.fc1 = lin.column(h, f)
-        self.fc2 = lin.row(f, h)   # sequence parallel: fc1's output is [s, b, f/t] already
+        h, f = layer.hidden_size, layer.ffn_hidden_size
+        self.gated = layer.mlp == "swiglu"
+        if self.gated:
+            self.fc1 = lin.column(h, 2 * f, bias=layer.bias, stride=2)
+        else:
+            self.fc1 = lin.column(h, f, bias=layer.bias)
+        self.fc2 = lin.row(f, h, bias=layer.bias)   # sequence parallel: fc1's output is
+        #                                             [s, b, f/t] already
 
     def forward(self, x):
         y, _ = self.fc1(x)
-        y, _ = self.fc2(F.gelu(y))
+        if self.gated:
+            gate, up = y.chunk(2, dim=-1)
+            y = F.silu(gate) * up
+        else:
+            y = F.gelu(y)
+        y, _ = self.fc2(y)
         return y
 
 
+ROPE_THETA = 10000.0
+"""Base of the rotary embeddings' frequencies (Megatron-LM's --rotary-base default); a
+Layer field `rope_theta`, where there is one, overrides it."""
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class _Rotary:
+    """Standard rotary position embeddings (Su et al. 2021; rotate-half form, as
+    Megatron-LM's and Llama's Hugging Face code): q and k [b, heads, s, d] at positions
+    0..s-1 -> q cos + rotate_half(q) sin. No parameters."""
+
+    def __init__(self, head_dim: int, theta: float):
+        self.inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32)
+                                        / head_dim)
+        self._cache: dict = {}
+
+    def cos_sin(self, s: int, dtype, device):
+        key = (s, dtype, str(device))
+        if key not in self._cache:
+            freqs = torch.outer(torch.arange(s, dtype=torch.float32), self.inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._cache[key] = (emb.cos().to(dtype=dtype, device=device),
+                                emb.sin().to(dtype=dtype, device=device))
+        return self._cache[key]
+
+    def __call__(self, x):
+        cos, sin = self.cos_sin(x.shape[-2], x.dtype, x.device)
+        return x * cos + _rotate_half(x) * sin
+
+
 class TransformerLayer(nn.Module):
-    """Pre-LN GPT block: [b, s, h_in] -> [b, s, h]."""
+    """Pre-norm block: [b, s, h_in] -> [b, s, h]. GPT (LayerNorm, multi-head attention,
+    GELU MLP, biases, learned positions in the embedding) or the Llama family's (RMSNorm,
+    grouped-query attention, rotary embeddings on q and k, SwiGLU, no biases), as the
+    Layer's fields say."""
 
     def __init__(self, layer: Layer, lin: _Linears, causal: bool = True,
                  selective_recompute: bool = False):
         super().__init__()
         h, a = layer.hidden_size, layer.num_attention_heads
-        if a <= 0 or h % a or a % lin.shards:
+        t = lin.shards
+        if a <= 0 or a % t or (not layer.head_dim and h % a):
             raise ValueError(f"transformer layer {layer.name!r}: {a} heads must divide hidden "
                              f"size {h} and be divisible by the tensor-parallel degree "
-                             f"{lin.shards}")
-        self.heads_local = a // lin.shards
-        self.head_dim = h // a
+                             f"{t}")
+        g = layer.num_query_groups or a
+        if a % g or g % t:
+            raise ValueError(f"transformer layer {layer.name!r}: {g} query groups must divide "
+                             f"the {a} heads and be divisible by the tensor-parallel degree "
+                             f"{t}")
+        d = layer.head_dim or h // a
+        self.heads_local = a // t
+        self.groups_local = g // t
+        self.heads_per_group = a // g
+        self.head_dim = d
         self.causal = causal
+        self.rotary = None
+        if layer.position_embedding == "rope":
+            if d % 2:
+                raise ValueError(f"transformer layer {layer.name!r}: rotary embeddings need "
+                                 f"an even head dimension, got {d}")
+            self.rotary = _Rotary(d, float(getattr(layer, "rope_theta", 0) or ROPE_THETA))
         self.proj_in = _input_projection(layer, lin.dtype)
-        self.ln1 = nn.LayerNorm(h, dtype=lin.dtype)
-        self.qkv = lin.column(h, 3 * h)  # output laid out [heads, 3, head_dim]
-        self.proj = lin.row(h, h)
-        self.ln2 = nn.LayerNorm(h, dtype=lin.dtype)
-        self.mlp = _MLP(h, layer.ffn_hidden_size, lin)
+        self.ln1 = _norm(layer, lin.dtype)
+        # fused QKV, output laid out [groups, heads_per_group + 2, head_dim] (megatron-core's
+        # layout: each group's query heads, then its key, then its value), so each tensor
+        # rank owns g/t whole groups and their a/t query heads; MHA: [heads, 3, head_dim]
+        self.qkv = lin.column(h, (a + 2 * g) * d, bias=layer.bias)
+        self.proj = lin.row(a * d, h, bias=layer.bias)
+        self.ln2 = _norm(layer, lin.dtype)
+        self.mlp = _MLP(layer, lin)
         self.seq_group = lin.seq_group
         self.selective_recompute = selective_recompute
 
+    def _split_qkv(self, qkv, lead: tuple, perm: tuple):
+        """qkv [lead..., groups_local * (per + 2) * d] -> q [b, a/t, s, d], k and v
+        [b, g/t, s, d], rotary embeddings applied to q and k; `perm` takes the layout
+        [lead..., heads, d] to [b, heads, s, d]."""
+        per = self.heads_per_group
+        qkv = qkv.view(*lead, self.groups_local, per + 2, self.head_dim)
+        if per == 1:
+            q, k, v = (qkv[..., i, :].permute(*perm) for i in range(3))
+        else:
+            q = qkv[..., :per, :].reshape(*lead, self.heads_local, self.head_dim).permute(*perm)
+            k, v = (qkv[..., per + i, :].permute(*perm) for i in range(2))
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        return q, k, v
+
     def _core(self, q, k, v):
+        if self.heads_per_group > 1:    # grouped-query: each k/v group serves its query heads
+            k = k.repeat_interleave(self.heads_per_group, dim=1)
+            v = v.repeat_interleave(self.heads_per_group, dim=1)
         return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
 
     def attention(self, q, k, v):
@@ -414,9 +548,8 @@ class TransformerLayer(nn.Module):
         if self.proj_in is not None:
             x = self.proj_in(x)
         b, s, _ = x.shape
-        qkv, _ = self.qkv(self.ln1(x))                       # [b, s, 3h/t]
-        qkv = qkv.view(b, s, self.heads_local, 3, self.head_dim)
-        q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # [b, a/t, s, d]
+        qkv, _ = self.qkv(self.ln1(x))                       # [b, s, (a+2g)d/t]
+        q, k, v = self._split_qkv(qkv, (b, s), (0, 2, 1, 3))  # [b, a/t or g/t, s, d]
         y = self.attention(q, k, v)
         y = y.transpose(1, 2).reshape(b, s, self.heads_local * self.head_dim)
         y, _ = self.proj(y)
@@ -428,10 +561,9 @@ class TransformerLayer(nn.Module):
         g = self.seq_group
         if self.proj_in is not None:
             x = _linear_on_shard(self.proj_in, x, g)
-        qkv, _ = self.qkv(_layer_norm(self.ln1, x, g))      # gathered: [s, b, 3h/t]
+        qkv, _ = self.qkv(_layer_norm(self.ln1, x, g))   # gathered: [s, b, (a+2g)d/t]
         s, b = qkv.shape[:2]
-        qkv = qkv.view(s, b, self.heads_local, 3, self.head_dim)
-        q, k, v = (qkv[:, :, :, i].permute(1, 2, 0, 3) for i in range(3))  # [b, a/t, s, d]
+        q, k, v = self._split_qkv(qkv, (s, b), (1, 2, 0, 3))  # [b, a/t or g/t, s, d]
         y = self.attention(q, k, v)                          # [b, a/t, s, d]
         # hand the projection the kernel's output without a copy, in whichever of the two
         # layouts the kernel wrote it ([s, b, a, d] or [b, s, a, d] in memory)
@@ -447,14 +579,13 @@ class TransformerLayer(nn.Module):
 
 
 class MLPLayer(nn.Module):
-    """Pre-LN MLP with a residual: [b, s, h_in] -> [b, s, h]."""
+    """Pre-norm MLP (GELU or SwiGLU) with a residual: [b, s, h_in] -> [b, s, h]."""
 
     def __init__(self, layer: Layer, lin: _Linears):
         super().__init__()
-        h = layer.hidden_size
         self.proj_in = _input_projection(layer, lin.dtype)
-        self.ln = nn.LayerNorm(h, dtype=lin.dtype)
-        self.mlp = _MLP(h, layer.ffn_hidden_size, lin)
+        self.ln = _norm(layer, lin.dtype)
+        self.mlp = _MLP(layer, lin)
         self.seq_group = lin.seq_group
 
     def forward(self, x):
@@ -465,13 +596,14 @@ class MLPLayer(nn.Module):
 
 
 class HeadLayer(nn.Module):
-    """Final LN + untied LM projection: [b, s, h] -> vocab-parallel logits [b, s, V/t]."""
+    """Final norm + untied LM projection: [b, s, h] -> vocab-parallel logits [b, s, V/t]."""
 
     def __init__(self, layer: Layer, lin: _Linears):
         super().__init__()
         self.simulate = lin.simulate
-        self.ln = nn.LayerNorm(layer.hidden_size, dtype=lin.dtype)
-        self.lm = lin.column(layer.hidden_size, padded_vocab_size(layer.vocab_size, lin.shards))
+        self.ln = _norm(layer, lin.dtype)
+        self.lm = lin.column(layer.hidden_size, padded_vocab_size(layer.vocab_size, lin.shards),
+                             bias=layer.bias)
         self.seq_group = lin.seq_group
 
     def forward(self, x):
@@ -510,6 +642,7 @@ def build_layer(layer: Layer, *, tp_size: int = 1, tp_group=None, precision: str
     if tp_size < 1 or simulate_tp_size < 0:
         raise ValueError(f"tp_size must be >= 1 and simulate_tp_size >= 0 "
                          f"(got {tp_size}, {simulate_tp_size})")
+    check_layer(layer)
     if not simulate_tp_size:
         tp_group = _resolve_group(tp_size, tp_group)
     lin = _Linears(tp_size=tp_size, tp_group=tp_group, dtype=TRIAL_PRECISIONS[precision],
@@ -527,12 +660,30 @@ def build_layer(layer: Layer, *, tp_size: int = 1, tp_group=None, precision: str
         return MLPLayer(layer, lin)
     if layer.kind == "head":
         return HeadLayer(layer, lin)
+    raise ValueError(f"unknown layer kind {layer.kind!r}")
+
+
+def check_layer(layer: Layer) -> None:
+    """Raise UnsupportedLayer (with the reason) if real trials cannot build `layer`, and
+    ValueError for a field value no layer has; needs no torch.distributed."""
     if layer.kind == "custom":
         raise UnsupportedLayer(f"layer {layer.name or 'custom'!r} is a custom layer (given only "
                                f"by its FLOPs, parameters and output size); real trials "
                                f"cannot run it: describe it as embedding / transformer / mlp "
                                f"/ head layers to run trials")
-    raise ValueError(f"unknown layer kind {layer.kind!r}")
+    if layer.tie_embeddings and layer.kind in ("embedding", "head"):
+        raise UnsupportedLayer(f"layer {layer.name or layer.kind!r} ties the embedding and "
+                               f"the LM head; trials run untied embeddings (sharing one "
+                               f"matrix between the first and last pipeline stage needs "
+                               f"DeepSpeed's TiedLayerSpec and its gradient all-reduce, which "
+                               f"the trial pipeline does not build): set tie_embeddings false")
+    for field, value, accepted in (("mlp", layer.mlp, ("gelu", "swiglu")),
+                                   ("norm", layer.norm, ("layernorm", "rmsnorm")),
+                                   ("position_embedding", layer.position_embedding,
+                                    ("learned", "rope"))):
+        if value not in accepted:
+            raise ValueError(f"layer {layer.name or layer.kind!r}: {field} {value!r}; "
+                             f"accepted: {', '.join(accepted)}")
 
 
 def _resolve_group(tp_size: int, tp_group):
