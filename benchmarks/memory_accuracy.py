@@ -66,6 +66,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from cost_models import activations  # noqa: E402
+
 from cost_models import memory as MEM  # noqa: E402
 from cost_models.layers import Layer  # noqa: E402
 
@@ -190,12 +192,12 @@ def predict(case: Case, layers: tuple[Layer, ...], stage: int) -> dict:
     return {
         **{k: v for k, v in states.to_dict().items() if k != "activation_bytes"},
         "activation_bytes_per_microbatch": sum(
-            MEM.layer_activation_bytes(x, recompute=case.recompute, selective=case.selective,
+            activations.layer_activation_bytes(x, recompute=case.recompute, selective=case.selective,
                                        **sp, **kw) for x in mine),
-        "activation_peak_bytes": MEM.stage_saved_activation_bytes(
+        "activation_peak_bytes": activations.stage_saved_activation_bytes(
             mine, stage=stage, pp=case.pp, gas=case.gas, recompute=case.recompute,
             selective=case.selective, **sp, **kw),
-        "pipeline_buffer_bytes": MEM.pipeline_buffer_bytes(
+        "pipeline_buffer_bytes": activations.pipeline_buffer_bytes(
             mine, stage=stage, pp=case.pp, gas=case.gas,
             pipelined=MEM.pipeline_engine(pp=case.pp, zero_stage=case.zero_stage), **kw),
     }

@@ -1,4 +1,6 @@
-"""Memory of one device in training: model states by ZeRO stage, activations, buffers.
+"""Memory of one device in training: model states by ZeRO stage, and a stage's whole peak
+(`stage_bytes`; `linear_stage_memory`, its form for the partition DP) with the activations and
+buffers of cost_models.activations.
 
 Pure functions of numbers (and of `cost_models.layers.Layer`), one term per function. They
 describe what DeepSpeed 0.19.8 allocates for the trial program `amp_search.trial.run` (torch
@@ -45,76 +47,7 @@ G = one all-gather group in flight (`zero3_inflight_gather_numel`). Notes from t
 - ZeRO 1-3 allocate a gradient bucket of `reduce_bucket_size` elements (DeepSpeed default 5e8:
   1 GB in bf16) -> `zero_bucket_bytes`.
 
-Activations saved for backward (per micro-batch, bytes)
--------------------------------------------------------
-Counted tensor by tensor in the trial layers (pre-LN GPT block, F.scaled_dot_product_attention,
-megatron-core linears and vocab-parallel cross-entropy), per token:
-
-  transformer: g (4h + 4h/t + 2f/t + 4) + 4a/t      (+ g h_in with an input projection)
-      LN1 input, LN1 output (QKV input), LN2 input, LN2 output (fc1 input)      4h
-      QKV output (q, k, v views) 3h/t, attention output (proj input) h/t        4h/t
-      fc1 output (GELU input), GELU output (fc2 input)                          2f/t
-      LayerNorm mean and rstd, two per LayerNorm                                4
-      attention log-sum-exp (fp32, one per head)                                4a/t bytes
-  mlp:         g (2h + 2f/t + 2)                     (+ g h_in with an input projection)
-  head:        g (2h + 2) + 4V/t + 9                 fp32 softmax of the logits (megatron saves
-                                                     exp_logits in fp32), target mask (1 B) and
-                                                     masked target (8 B)
-  embedding:   8 (t = 1) or 9 (t > 1)                the token ids (int64) [+ the vocab mask]
-  custom:      g x output elements                   (a guess: one saved tensor per layer)
-
-Llama-family layers (cost_models.layers.Layer.is_gpt_block false; g K/V groups, head width
-d, F = 3f for SwiGLU and 2f for GELU, n = 1 statistic per RMSNorm, 2 per LayerNorm), as
-megatron-core saves them:
-
-  transformer: g (4h + 2n + ((a + 2g)d + [(a + g)d] + a d + F) / t) + 4a/t
-      2 norm inputs and outputs (the second's input is the residual)            4h
-      norm statistics (RMSNorm: rstd; LayerNorm: mean and rstd), two norms      2n
-      QKV output (a + 2g)d/t: q, k and v are views of it (v, saved by the
-        attention, keeps the buffer alive)                                      (a + 2g)d/t
-      RoPE only: the rotated q and k, new tensors the attention saves (fused
-        RoPE itself saves only its s x d frequencies, shared, not counted)      (a + g)d/t
-      attention output (proj input)                                             a d/t
-      fc1 output (the fused bias-SwiGLU's input, 2f/t) and the SwiGLU output
-        (fc2 input, f/t): 3f/t; GELU as above 2f/t                              F/t
-      attention log-sum-exp (fp32, one per query head)                          4a/t bytes
-  mlp:  g (2h + n + F/t);   head: g (2h + n) + 4V/t + 9.
-Biases save nothing. No dropout masks (the trial layers have none; Llama recipes train
-without dropout). With standard attention the (2g + 1) a s^2/t score bytes per query head
-as above (megatron-core's unfused attention also keeps K and V repeated to a heads under
-GQA, not counted). In Korthikanti et al.'s notation (2-byte elements, t = 1, b samples,
-leaving out the per-token statistics and the 4 sba log-sum-exp bytes): the GPT block with
-f = 4h keeps 2sb(4h + 3h + h + 8h) = 32 sbh (their 34 sbh less the 2 sbh of dropout masks);
-a Llama block with RoPE, g = a and f = 8h/3 2sb(4h + 3h + 2h + h + 8h) = 36 sbh; Llama 3 8B
-(a = 32, g = 8, d = 128, f = 3.5h) 2sb(4h + 1.5h + 1.25h + h + 10.5h) = 36.5 sbh.
-Sequence parallelism divides the 4h + 2n part by t.
-
-The flash-attention kernel behind scaled_dot_product_attention saves no attention scores;
-`attention_scores=True` (training.attention: standard) adds what the classic implementation
-keeps per score element: the softmax output (g), the attention-dropout mask (1 B) and the
-dropout output (g), (2g + 1) a s^2 / t per sample (Korthikanti et al. 2022, "Reducing
-activation recomputation", section 4.1: 5 a s^2 b bytes per layer in fp16).
-
-Sequence parallelism (Korthikanti et al. 2022, tmp > 1) stores the replicated per-token terms
-(the LayerNorm inputs and outputs, their mean and rstd, an input projection's input) for the
-rank's s/t tokens only: transformer g (4h/t + 4h/t + 2f/t + 4/t) + 4a/t, their Table 2's
-sbh(10 + 24/t) -> 34 sbh/t without the dropout masks the trial layers do not have; a block's
-checkpointed input is the s/t shard too. Selective recomputation
-checkpoints the attention core only: the transformer no longer keeps the core's log-sum-exp
-(4a/t) nor, with standard attention, its (2g + 1) a s^2 / t score bytes; during backward one
-core's output and those terms exist again (`selective_working_set_bytes`). With flash
-attention selective recomputation therefore saves only the 4a/t log-sum-exp bytes per token
-(there is no s^2 term to drop) while still re-running the core: the paper's saving is the
-standard-attention one (cost_models.recompute).
-
-With full recomputation (DeepSpeed activation checkpointing of each transformer/mlp block) a
-block keeps only its input, g s h_in per sample; the embedding and head keep everything.
-1F1B keeps min(pp - j, gas) micro-batches in flight on stage j (DeepSpeed TrainSchedule), so the
-first stage holds the most; recomputation adds one block's working set during backward.
-The pipeline engine also keeps each in-flight buffer's stage output (for the last stage: the
-logits) in `pipe_buffers['outputs']`, max(2, min(pp - j, gas)) buffers; with tmp > 1 a
-non-last stage keeps 1/t of each output per rank (DeepSpeed partitions it over the tensor
-group; under sequence parallelism it is the rank's [s/t, b, h] shard).
+Activations saved for backward, and the pipeline buffers: cost_models.activations.
 """
 from __future__ import annotations
 
@@ -122,21 +55,19 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .activations import (FP32_BYTES, head_buffers_aliased, in_flight_microbatches,
+                          layer_activation_bytes, pipe_buffer_count, pipeline_buffer_bytes,
+                          recompute_working_set_bytes, stage_output_buffer_bytes,
+                          stage_saved_activation_bytes)
 from .layers import Layer, block_tensor_numels, padded_vocab_size
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
 """g: bytes of a weight, gradient or activation element in each training precision."""
-FP32_BYTES = 4
-"""fp32 master weights, fp32 gradient partitions, cross-entropy softmax, log-sum-exp."""
 ADAM_STATE_BYTES = 8
 """Adam's two fp32 moments (exp_avg, exp_avg_sq) per parameter."""
-INDEX_BYTES = 8
-"""int64 token ids and targets."""
 ZERO_PARTITION_ALIGNMENT = 2
 """DeepSpeed pads its flat buffers to a multiple of 2 x dp elements (stage_1_and_2.py
 `nccl_start_alignment_factor`)."""
-CHECKPOINTED_KINDS = ("transformer", "mlp")
-"""Layer kinds the trials recompute (amp_search.trial.model.CHECKPOINTABLE_LAYERS)."""
 ENGINES = ("torch_adam", "bf16_optimizer", "fp16_optimizer", "zero1", "zero2", "zero3")
 
 
@@ -493,249 +424,6 @@ def model_state_bytes(tensor_numels: tuple[int, ...], *, precision: str, zero_st
 
 
 # ----------------------------------------------------------------------------- activations
-
-def sequence_shards(tmp: int, sequence_parallel: bool) -> int:
-    """How many ways sequence parallelism splits the replicated regions: tmp when it is on
-    (Megatron switches it off at tmp = 1), else 1."""
-    return tmp if sequence_parallel and tmp > 1 else 1
-
-
-def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
-                      attention_scores: bool = False, sequence_parallel: bool = False,
-                      selective: bool = False) -> int:
-    """Bytes autograd saves for backward in one forward of the trial layer (no full
-    recomputation), per micro-batch; the per-token terms are in the module docstring.
-
-    `sequence_parallel` (tmp > 1) splits the replicated per-token terms over the t ranks: the
-    LayerNorm inputs and outputs (the column-parallel linears save their sequence shard and
-    gather it again in backward), their mean and rstd, the input projection's input; the
-    sharded terms (QKV, attention output, fc1, GELU, log-sum-exp, scores) stay as they are
-    (Korthikanti et al. 2022, Table 2: sbh(10 + 24/t) -> sbh 34/t).
-    `selective` checkpoints the attention core: its log-sum-exp (flash) or its scores,
-    dropout mask and dropout output (standard) are not kept; its inputs q, k, v are the QKV
-    output and its output the projection's input, both kept anyway."""
-    g, t = bytes_per_element, tmp
-    h, f, a = layer.hidden_size, layer.ffn_hidden_size, layer.num_attention_heads
-    v = padded_vocab_size(layer.vocab_size, tmp)
-    s = layer.seq_length
-    q = sequence_shards(tmp, sequence_parallel)
-    proj_in = g * layer.input_hidden_size if layer.input_hidden_size and \
-        layer.input_hidden_size != h else 0
-    k = layer.kind
-    if k == "embedding":
-        return (INDEX_BYTES + (1 if t > 1 else 0)) * s * mbs
-    if k in ("transformer", "mlp", "head") and not layer.is_gpt_block:
-        replicated, split = _llama_saved_per_token(layer, tmp=t, bytes_per_element=g,
-                                                   attention_scores=attention_scores,
-                                                   selective=selective)
-        return ((replicated + proj_in * (k != "head")) * s // q + split * s) * mbs
-    if k == "transformer":
-        replicated = g * (4 * h + 4) + proj_in
-        split = g * (4 * h // t + 2 * f // t)
-        if not selective:
-            split += FP32_BYTES * a // t
-            if attention_scores:
-                split += (2 * g + 1) * a * s // t
-    elif k == "mlp":
-        replicated, split = g * (2 * h + 2) + proj_in, g * 2 * f // t
-    elif k == "head":
-        replicated, split = g * (2 * h + 2), FP32_BYTES * v // t + 1 + INDEX_BYTES
-    elif k == "custom":
-        return g * layer.custom_output_elements * mbs
-    else:
-        raise ValueError(f"unknown layer kind {k!r}")
-    return (replicated * s // q + split * s) * mbs
-
-
-def _llama_saved_per_token(layer: Layer, *, tmp: int, bytes_per_element: int,
-                           attention_scores: bool, selective: bool) -> tuple[int, int]:
-    """(replicated, split) bytes per token a transformer, mlp or head layer with the
-    Llama-family options saves (see the module docstring's table); the replicated part is
-    what sequence parallelism divides by t, without an input projection's input."""
-    g, t = bytes_per_element, tmp
-    h, f, a = layer.hidden_size, layer.ffn_hidden_size, layer.num_attention_heads
-    stats = layer.norm_stats
-    mlp = (3 if layer.mlp == "swiglu" else 2) * f
-    k = layer.kind
-    if k == "head":
-        v = padded_vocab_size(layer.vocab_size, tmp)
-        return g * (2 * h + stats), FP32_BYTES * v // t + 1 + INDEX_BYTES
-    if k == "mlp":
-        return g * (2 * h + stats), g * (mlp // t)
-    d, kv = layer.kv_channels, layer.query_groups
-    attention = layer.qkv_width + layer.attention_width
-    if layer.position_embedding == "rope":
-        attention += (a + kv) * d
-    split = g * ((attention + mlp) // t)
-    if not selective:
-        split += FP32_BYTES * a // t
-        if attention_scores:
-            split += (2 * g + 1) * a * layer.seq_length // t
-    return g * (4 * h + 2 * stats), split
-
-
-def checkpoint_input_bytes(layer: Layer, *, mbs: int, bytes_per_element: int,
-                           tmp: int = 1, sequence_parallel: bool = False) -> int:
-    """What a recomputed block keeps: its input, g s h_in per sample (its sequence shard,
-    g s h_in / t, under sequence parallelism)."""
-    return bytes_per_element * layer.seq_length * layer.in_hidden * mbs \
-        // sequence_shards(tmp, sequence_parallel)
-
-
-def layer_activation_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
-                           recompute: bool, attention_scores: bool = False,
-                           sequence_parallel: bool = False, selective: bool = False) -> int:
-    """Bytes the layer keeps for backward per micro-batch: everything it saves, or with full
-    recomputation only a block's input (embedding and head are not recomputed)."""
-    if recompute and layer.kind in CHECKPOINTED_KINDS:
-        return checkpoint_input_bytes(layer, mbs=mbs, bytes_per_element=bytes_per_element,
-                                      tmp=tmp, sequence_parallel=sequence_parallel)
-    return layer_saved_bytes(layer, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
-                             attention_scores=attention_scores,
-                             sequence_parallel=sequence_parallel, selective=selective)
-
-
-def selective_working_set_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
-                                attention_scores: bool = False) -> int:
-    """Extra bytes while a selectively recomputed attention core runs its backward: what the
-    re-run core saves (its output g h/t and log-sum-exp 4a/t per token, plus the scores of
-    standard attention), one transformer layer, one micro-batch."""
-    if layer.kind != "transformer":
-        return 0
-    g, t, s = bytes_per_element, tmp, layer.seq_length
-    a, h = layer.num_attention_heads, layer.hidden_size
-    if not layer.is_gpt_block:
-        h = layer.attention_width      # the core's output is a d wide
-    per_token = g * h // t + FP32_BYTES * a // t
-    if attention_scores:
-        per_token += (2 * g + 1) * a * s // t
-    return per_token * s * mbs
-
-
-def in_flight_microbatches(stage: int, pp: int, gas: int) -> int:
-    """Micro-batches whose activations stage j holds at once under 1F1B: min(pp - j, gas)
-    (DeepSpeed TrainSchedule.num_pipe_buffers; Narayanan et al. 2021, section 2.2)."""
-    return max(1, min(pp - stage, gas))
-
-
-def interleaved_in_flight_chunks(stage: int, pp: int, virtual_stages: int, gas: int) -> int:
-    """Chunk activations (one model chunk, one micro-batch each) device j holds at once under
-    Megatron-LM's interleaved 1F1B: its w = min(2 (pp - j - 1) + (v - 1) pp, v gas) warm-up
-    forwards plus the steady state's next one, min(w + 1, v gas) (megatron-core 0.16's
-    get_pp_rank_microbatches, num_warmup_microbatches). In micro-batches
-    of the whole device: pp + (pp - 1) / v on the first device, against plain 1F1B's pp
-    (`in_flight_microbatches`): the factor 1 + (pp - 1) / (pp v) of Korthikanti et al. 2022,
-    section 4.2.3 (cost_models.schedule.interleaved_in_flight counts it from the schedule)."""
-    v = virtual_stages
-    return min(2 * (pp - stage - 1) + (v - 1) * pp + 1, v * gas)
-
-
-def interleaved_saved_activation_bytes(chunk_bytes, *, stage: int, pp: int, gas: int) -> int:
-    """The most bytes device j's saved activations reach under the interleaved schedule, with
-    chunk_bytes[c] one micro-batch's saved activations of its chunk c: replays the device's
-    order (cost_models.schedule.interleaved_order) and takes the largest sum over the chunks
-    of (micro-batches held) x chunk_bytes[c]; with equal chunks that is
-    `interleaved_in_flight_chunks` x chunk_bytes."""
-    from .schedule import interleaved_order
-
-    v = len(chunk_bytes)
-    kinds, _, chunk = interleaved_order(pp, v, gas)
-    size = [int(x) for x in chunk_bytes]
-    held = best = 0
-    for kind, c in zip(kinds[stage].tolist(), chunk[stage].tolist()):
-        held += size[c] if kind == 0 else -size[c]
-        best = max(best, held)
-    return best
-
-
-def recompute_working_set_bytes(layers, *, mbs: int, tmp: int, bytes_per_element: int,
-                                attention_scores: bool = False, sequence_parallel: bool = False,
-                                selective: bool = False) -> int:
-    """Extra bytes while a recomputed block runs its backward: its full saved set minus the
-    input it already kept (the recomputation saves the same input storage), largest block;
-    with `selective`, the largest `selective_working_set_bytes`."""
-    best = 0
-    for x in layers:
-        if selective:
-            best = max(best, selective_working_set_bytes(
-                x, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
-                attention_scores=attention_scores))
-        elif x.kind in CHECKPOINTED_KINDS:
-            full = layer_saved_bytes(x, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
-                                     attention_scores=attention_scores,
-                                     sequence_parallel=sequence_parallel)
-            best = max(best, full - checkpoint_input_bytes(
-                x, mbs=mbs, bytes_per_element=bytes_per_element, tmp=tmp,
-                sequence_parallel=sequence_parallel))
-    return best
-
-
-def stage_saved_activation_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tmp: int,
-                                 bytes_per_element: int, recompute: bool,
-                                 attention_scores: bool = False, sequence_parallel: bool = False,
-                                 selective: bool = False) -> int:
-    """The most bytes saved for backward that stage j holds at once:
-    n = in_flight_microbatches micro-batches of its layers' saved activations; with
-    recomputation (full or selective), plus one block's (one attention core's) working set
-    during backward, which starts after the head's backward has freed what the head saved (so
-    the head's bytes are not counted twice)."""
-    n = in_flight_microbatches(stage, pp, gas)
-    kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
-              attention_scores=attention_scores, sequence_parallel=sequence_parallel)
-    selective = selective and not recompute
-    per_mb = sum(layer_activation_bytes(x, recompute=recompute, selective=selective, **kw)
-                 for x in layers)
-    if not recompute and not selective:
-        return n * per_mb
-    head = sum(layer_saved_bytes(x, **kw) for x in layers if x.kind == "head")
-    return n * per_mb + max(0, recompute_working_set_bytes(layers, selective=selective, **kw)
-                            - head)
-
-
-def pipeline_buffer_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tmp: int,
-                          bytes_per_element: int, pipelined: bool) -> int:
-    """Stage outputs the pipeline engine keeps in `pipe_buffers['outputs']`: one per buffer
-    (max(2, min(pp - j, gas)) buffers, filled by min(buffers, gas) micro-batches); on the last
-    stage the head's logits (g s V/t per sample), which for fp32 are the very tensor the
-    cross-entropy saves for the micro-batch in flight (counted there, not here)."""
-    if not pipelined or not layers:
-        return 0
-    last = layers[-1]
-    n = pipe_buffer_count(stage, pp, gas)
-    if last.kind == "head":
-        n -= head_buffers_aliased(bytes_per_element)
-    return int(n * stage_output_buffer_bytes(last, mbs=mbs, tmp=tmp,
-                                             bytes_per_element=bytes_per_element))
-
-
-def pipe_buffer_count(stage: int, pp: int, gas: int) -> int:
-    """Output buffers the pipeline engine allocates on stage j: max(2, min(pp - j, gas)),
-    of which at most gas are ever filled (DeepSpeed TrainSchedule.num_pipe_buffers)."""
-    return min(max(2, min(pp - stage, gas)), gas)
-
-
-def stage_output_buffer_bytes(last: Layer, *, mbs: int, tmp: int,
-                              bytes_per_element: int) -> float:
-    """Bytes one pipeline buffer holds when `last` is the stage's last layer: its output
-    activation, 1/t of it on each tensor rank when tmp > 1 (DeepSpeed's pipeline engine keeps
-    a non-last stage's outputs partitioned over the tensor group, `pipe_partitioned`; under
-    sequence parallelism the outputs are [s/t, b, h] shards already and the partitioning is
-    switched off); after the head, its logits g s V/t per sample."""
-    from .layers import output_elements
-
-    if last.kind != "head":
-        return float(bytes_per_element * output_elements(last) * mbs) / tmp
-    return float(bytes_per_element * last.seq_length
-                 * (padded_vocab_size(last.vocab_size, tmp) // tmp) * mbs)
-
-
-def head_buffers_aliased(bytes_per_element: int) -> int:
-    """Logit buffers of the last stage that are the very tensor the fp32 cross-entropy saves
-    for the micro-batch in flight (counted with the activations, not again here)."""
-    return 1 if bytes_per_element == FP32_BYTES else 0
-
-
-# ----------------------------------------------------------------------------- one stage
 
 def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas: int,
                 zero_stage: int, recompute: bool, precision: str,

@@ -141,7 +141,7 @@ def interleaved_steady_state_period_s(stage_time_s, cut_time_s, virtual_stages: 
     Only each device's own compute and blocked P2P bound the period here: plain 1F1B's
     round-trip bound (`steady_state_period_s`, stage i holding pp - i micro-batches) is not
     carried over; the interleaved schedule holds about pp (1 + (pp-1)/(pp v)) micro-batches
-    on the first device (`cost_models.memory.interleaved_in_flight_chunks`), so the round
+    on the first device (`cost_models.activations.interleaved_in_flight_chunks`), so the round
     trip binds only when the P2P is comparable to the compute."""
     t = np.asarray(stage_time_s, dtype=float)
     e = np.asarray(cut_time_s, dtype=float).reshape(-1)

@@ -18,7 +18,7 @@ from amp_search.planner import estimate, plan
 from amp_search.records import Strategy
 from amp_search.search_space import Candidate, Reason, SearchSpace, first_violation
 from amp_search.spec import VIRTUAL_STAGES_SEARCH, parse_spec
-from cost_models import memory as memory_model
+from cost_models import activations
 from cost_models import pipeline
 from cost_models.schedule import interleaved_in_flight, interleaved_order
 from cost_models.simulator import simulate_interleaved
@@ -174,7 +174,7 @@ def test_in_flight_count_matches_the_schedule_and_the_simulation(pp, v, gas):
                                gas=gas)
     t = sim.table
     for j in range(pp):
-        expect = memory_model.interleaved_in_flight_chunks(j, pp, v, gas)
+        expect = activations.interleaved_in_flight_chunks(j, pp, v, gas)
         assert held[j].sum() == expect
         # from the simulated timeline: forwards started minus backwards ended, at its peak
         mine = t.stage == j
@@ -183,15 +183,15 @@ def test_in_flight_count_matches_the_schedule_and_the_simulation(pp, v, gas):
         peak = max(int((fs <= x).sum() - (be <= x).sum()) for x in fs)
         assert peak == expect
     if gas > pp:   # Korthikanti et al.: the first stage holds p (1 + (p-1)/(p v)) micro-batches
-        assert memory_model.interleaved_in_flight_chunks(0, pp, v, gas) / v == \
+        assert activations.interleaved_in_flight_chunks(0, pp, v, gas) / v == \
             pytest.approx(pp * (1 + (pp - 1) / (pp * v)))
 
 
 def test_saved_activations_per_chunk():
     """Equal chunks: the count times one chunk's bytes; device 0 of p = 4, v = 2, m = 8 holds
     7 micro-batches of chunk 0 and 4 of chunk 1 at its peak."""
-    assert memory_model.interleaved_saved_activation_bytes([100, 100], stage=0, pp=4, gas=8) == 1100
-    assert memory_model.interleaved_saved_activation_bytes([10, 1000], stage=0, pp=4, gas=8) == \
+    assert activations.interleaved_saved_activation_bytes([100, 100], stage=0, pp=4, gas=8) == 1100
+    assert activations.interleaved_saved_activation_bytes([10, 1000], stage=0, pp=4, gas=8) == \
         7 * 10 + 4 * 1000
 
 

@@ -12,7 +12,7 @@ from amp_search import Infeasible, estimate, plan
 from amp_search.planner import NoFeasibleStrategy
 from amp_search.search_space import Reason
 from amp_search.spec import SpecError, parse_spec
-from cost_models import memory as memory_model
+from cost_models import activations
 from cost_models.compute import DeviceSpeed, attention_time_s, gemm_time_s
 from cost_models.layers import Layer
 from cost_models.recompute import (paper_activation_bytes_per_layer,
@@ -66,7 +66,7 @@ def test_trial_layer_counts_are_table2_without_dropout(t, sp, selective):
     by selective recomputation)."""
     s, h, a = 2048, 12288, 96
     sp = sp and t > 1
-    got = memory_model.layer_saved_bytes(block(), mbs=1, tmp=t, bytes_per_element=2,
+    got = activations.layer_saved_bytes(block(), mbs=1, tmp=t, bytes_per_element=2,
                               attention_scores=True, sequence_parallel=sp, selective=selective)
     paper = paper_activation_bytes_per_layer(s=s, b=1, h=h, a=a, t=t, sequence_parallel=sp,
                                              recompute="selective" if selective else "none")
@@ -82,19 +82,19 @@ def test_trial_layer_counts_by_hand():
               ffn_hidden_size=256)
     kw = dict(mbs=1, tmp=2, bytes_per_element=4)
     # replicated 4(4*64 + 4) = 1040, split 4(128 + 256) + 4*4/2 = 1544, per token
-    assert memory_model.layer_saved_bytes(x, **kw) == (1040 + 1544) * 32 == 82688
-    assert memory_model.layer_saved_bytes(x, sequence_parallel=True, **kw) == 1040 * 16 + 1544 * 32
-    assert memory_model.layer_saved_bytes(x, selective=True, **kw) == 82688 - 8 * 32
+    assert activations.layer_saved_bytes(x, **kw) == (1040 + 1544) * 32 == 82688
+    assert activations.layer_saved_bytes(x, sequence_parallel=True, **kw) == 1040 * 16 + 1544 * 32
+    assert activations.layer_saved_bytes(x, selective=True, **kw) == 82688 - 8 * 32
     # sp is a no-op at t = 1; the checkpointed input and a pipeline buffer are the s/t shard
-    assert memory_model.layer_saved_bytes(x, mbs=1, tmp=1, bytes_per_element=4, sequence_parallel=True) \
-        == memory_model.layer_saved_bytes(x, mbs=1, tmp=1, bytes_per_element=4)
-    assert memory_model.checkpoint_input_bytes(x, mbs=1, bytes_per_element=4, tmp=2,
+    assert activations.layer_saved_bytes(x, mbs=1, tmp=1, bytes_per_element=4, sequence_parallel=True) \
+        == activations.layer_saved_bytes(x, mbs=1, tmp=1, bytes_per_element=4)
+    assert activations.checkpoint_input_bytes(x, mbs=1, bytes_per_element=4, tmp=2,
                                     sequence_parallel=True) == 4 * 32 * 64 // 2
     # a pipeline buffer holds 1/t of the output on each tensor rank (SP shard, or DeepSpeed's
     # partitioning of the replicated output)
-    assert memory_model.stage_output_buffer_bytes(x, mbs=1, tmp=2, bytes_per_element=4) == 4 * 32 * 64 / 2
+    assert activations.stage_output_buffer_bytes(x, mbs=1, tmp=2, bytes_per_element=4) == 4 * 32 * 64 / 2
     # selective's backward working set: one core's output (g h/t) and log-sum-exp per token
-    assert memory_model.selective_working_set_bytes(x, **kw) == (4 * 32 + 8) * 32
+    assert activations.selective_working_set_bytes(x, **kw) == (4 * 32 + 8) * 32
 
 
 # ----------------------------------------------------------------------------- time

@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 
 from cost_models import layers as L
-from cost_models import memory as M
+from cost_models import activations
+from cost_models import memory as memory_model
 from cost_models.layers import Layer
 
 LLAMA = dict(mlp="swiglu", norm="rmsnorm", bias=False, position_embedding="rope")
@@ -52,7 +53,7 @@ def test_llama_block_params_by_hand():
     for t in (1, 2, 4, 8):
         assert L.param_count(x, t) == (2 * h + h * (a * d + 2 * g * d) // t + a * d * h // t
                                        + 3 * h * f // t)
-        assert sum(M.param_tensor_numels(x, t)) == L.param_count(x, t)
+        assert sum(memory_model.param_tensor_numels(x, t)) == L.param_count(x, t)
     # with biases: QKV (a + 2g) d / t, proj h, fc1 2f / t, fc2 h
     xb = dataclasses.replace(x, bias=True)
     assert L.param_count(xb, 4) - L.param_count(x, 4) == (a * d + 2 * g * d) // 4 + h \
@@ -104,7 +105,7 @@ def _forced_general(x):
 def test_llama_branches_reproduce_the_gpt_block(x, t):
     y = _forced_general(x)
     assert L.param_count(y, t) == L.param_count(x, t)
-    assert M.param_tensor_numels(y, t) == M.param_tensor_numels(x, t)
+    assert memory_model.param_tensor_numels(y, t) == memory_model.param_tensor_numels(x, t)
     assert L.gemm_flops(y, t) == pytest.approx(L.gemm_flops(x, t), rel=1e-15)
     assert L.attention_core_flops(y, t) == pytest.approx(L.attention_core_flops(x, t),
                                                          rel=1e-15)
@@ -119,9 +120,9 @@ def test_llama_branches_reproduce_the_gpt_block(x, t):
             for sel in (False, True):
                 kw = dict(mbs=2, tmp=t, bytes_per_element=2, attention_scores=scores,
                           sequence_parallel=sp, selective=sel)
-                assert M.layer_saved_bytes(y, **kw) == M.layer_saved_bytes(x, **kw)
+                assert activations.layer_saved_bytes(y, **kw) == activations.layer_saved_bytes(x, **kw)
     kw = dict(mbs=2, tmp=t, bytes_per_element=2, attention_scores=True)
-    assert M.selective_working_set_bytes(y, **kw) == M.selective_working_set_bytes(x, **kw)
+    assert activations.selective_working_set_bytes(y, **kw) == activations.selective_working_set_bytes(x, **kw)
 
 
 def test_gqa_with_g_equal_a_is_mha():
@@ -131,8 +132,8 @@ def test_gqa_with_g_equal_a_is_mha():
     for t in (1, 2, 4):
         assert L.param_count(gqa, t) == L.param_count(mha, t)
         assert L.forward_flops(gqa, t) == L.forward_flops(mha, t)
-        assert M.layer_saved_bytes(gqa, mbs=1, tmp=t, bytes_per_element=2) == \
-            M.layer_saved_bytes(mha, mbs=1, tmp=t, bytes_per_element=2)
+        assert activations.layer_saved_bytes(gqa, mbs=1, tmp=t, bytes_per_element=2) == \
+            activations.layer_saved_bytes(mha, mbs=1, tmp=t, bytes_per_element=2)
     # and in a Llama block (RMSNorm, SwiGLU, RoPE): g = a through the general formulas
     llama_mha = Layer(kind="transformer", seq_length=128, hidden_size=256,
                       num_attention_heads=8, ffn_hidden_size=512, **LLAMA)
@@ -200,25 +201,25 @@ def test_llama_block_saved_activations_by_hand():
                               + a * d                        # attention output (proj input)
                               + 3 * f) // t                  # fc1 output 2f, SwiGLU output f
                      + 4 * a // t)                           # flash log-sum-exp (fp32)
-        assert M.layer_saved_bytes(x, mbs=mbs, tmp=t, bytes_per_element=bpe) == \
+        assert activations.layer_saved_bytes(x, mbs=mbs, tmp=t, bytes_per_element=bpe) == \
             per_token * s * mbs
     t = 2
-    sp = M.layer_saved_bytes(x, mbs=mbs, tmp=t, bytes_per_element=bpe, sequence_parallel=True)
-    full = M.layer_saved_bytes(x, mbs=mbs, tmp=t, bytes_per_element=bpe)
+    sp = activations.layer_saved_bytes(x, mbs=mbs, tmp=t, bytes_per_element=bpe, sequence_parallel=True)
+    full = activations.layer_saved_bytes(x, mbs=mbs, tmp=t, bytes_per_element=bpe)
     assert full - sp == bpe * (4 * h + 2) * s * mbs // 2
-    sel = M.layer_saved_bytes(x, mbs=mbs, tmp=t, bytes_per_element=bpe, selective=True,
+    sel = activations.layer_saved_bytes(x, mbs=mbs, tmp=t, bytes_per_element=bpe, selective=True,
                               attention_scores=True)
     assert full - sel == 4 * a // t * s * mbs
-    assert M.selective_working_set_bytes(x, mbs=mbs, tmp=t, bytes_per_element=bpe) == \
+    assert activations.selective_working_set_bytes(x, mbs=mbs, tmp=t, bytes_per_element=bpe) == \
         (bpe * a * d // t + 4 * a // t) * s * mbs
     # SwiGLU keeps f/t more than GELU, RMSNorm one statistic per norm fewer than LayerNorm
     xg = dataclasses.replace(x, mlp="gelu", norm="layernorm")
-    assert M.layer_saved_bytes(x, mbs=1, tmp=1, bytes_per_element=bpe) \
-        - M.layer_saved_bytes(xg, mbs=1, tmp=1, bytes_per_element=bpe) == bpe * (f - 2) * s
+    assert activations.layer_saved_bytes(x, mbs=1, tmp=1, bytes_per_element=bpe) \
+        - activations.layer_saved_bytes(xg, mbs=1, tmp=1, bytes_per_element=bpe) == bpe * (f - 2) * s
     head = Layer(kind="head", seq_length=s, hidden_size=h, vocab_size=32000, **LLAMA)
     gpt_head = Layer(kind="head", seq_length=s, hidden_size=h, vocab_size=32000)
-    assert M.layer_saved_bytes(gpt_head, mbs=1, tmp=2, bytes_per_element=bpe) \
-        - M.layer_saved_bytes(head, mbs=1, tmp=2, bytes_per_element=bpe) == bpe * s
+    assert activations.layer_saved_bytes(gpt_head, mbs=1, tmp=2, bytes_per_element=bpe) \
+        - activations.layer_saved_bytes(head, mbs=1, tmp=2, bytes_per_element=bpe) == bpe * s
 
 
 def test_collectives_count_unchanged_and_no_kv_width():

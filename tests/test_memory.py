@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from cost_models import activations
+
 from cost_models import memory as memory_model
 from cost_models.layers import Layer, param_count
 
@@ -89,25 +91,25 @@ def test_zero_2_and_3_need_pp_1():
 
 
 def test_first_stage_holds_the_most_micro_batches():
-    assert [memory_model.in_flight_microbatches(j, 4, 8) for j in range(4)] == [4, 3, 2, 1]
-    assert memory_model.in_flight_microbatches(0, 4, 2) == 2
+    assert [activations.in_flight_microbatches(j, 4, 8) for j in range(4)] == [4, 3, 2, 1]
+    assert activations.in_flight_microbatches(0, 4, 2) == 2
 
 
 def test_tensor_parallelism_divides_what_it_splits():
     block = _layers()[1]
-    one = memory_model.layer_saved_bytes(block, mbs=1, tmp=1, bytes_per_element=2)
-    two = memory_model.layer_saved_bytes(block, mbs=1, tmp=2, bytes_per_element=2)
+    one = activations.layer_saved_bytes(block, mbs=1, tmp=1, bytes_per_element=2)
+    two = activations.layer_saved_bytes(block, mbs=1, tmp=2, bytes_per_element=2)
     replicated = 2 * S * (4 * H + 4)                       # LayerNorm inputs/outputs and stats
     assert two - replicated == pytest.approx((one - replicated) / 2, rel=1e-9)
     head = _layers()[-1]
-    assert memory_model.layer_saved_bytes(head, mbs=1, tmp=2, bytes_per_element=2) < \
-        memory_model.layer_saved_bytes(head, mbs=1, tmp=1, bytes_per_element=2)
+    assert activations.layer_saved_bytes(head, mbs=1, tmp=2, bytes_per_element=2) < \
+        activations.layer_saved_bytes(head, mbs=1, tmp=1, bytes_per_element=2)
 
 
 def test_attention_scores_are_optional_and_quadratic():
     block = _layers(s=128)[1]
-    flash = memory_model.layer_saved_bytes(block, mbs=1, tmp=1, bytes_per_element=2)
-    classic = memory_model.layer_saved_bytes(block, mbs=1, tmp=1, bytes_per_element=2,
+    flash = activations.layer_saved_bytes(block, mbs=1, tmp=1, bytes_per_element=2)
+    classic = activations.layer_saved_bytes(block, mbs=1, tmp=1, bytes_per_element=2,
                                   attention_scores=True)
     assert classic - flash == 5 * A * 128 * 128       # Korthikanti et al.: 5 a s^2 b in fp16
 
@@ -115,20 +117,20 @@ def test_attention_scores_are_optional_and_quadratic():
 def test_recomputation_keeps_block_inputs_plus_one_working_set():
     layers = _layers(n_blocks=8)
     kw = dict(stage=0, pp=1, gas=4, mbs=2, tmp=1, bytes_per_element=2)
-    full = memory_model.stage_saved_activation_bytes(layers, recompute=False, **kw)
-    ckpt = memory_model.stage_saved_activation_bytes(layers, recompute=True, **kw)
+    full = activations.stage_saved_activation_bytes(layers, recompute=False, **kw)
+    ckpt = activations.stage_saved_activation_bytes(layers, recompute=True, **kw)
     inputs = 8 * 2 * S * H * 2
     assert ckpt < full
-    assert ckpt >= inputs + memory_model.layer_saved_bytes(layers[0], mbs=2, tmp=1, bytes_per_element=2)
+    assert ckpt >= inputs + activations.layer_saved_bytes(layers[0], mbs=2, tmp=1, bytes_per_element=2)
 
 
 def test_pipeline_buffers_hold_the_logits_on_the_last_stage():
     layers = _layers()
     head_stage = layers[2:]
-    bf16 = memory_model.pipeline_buffer_bytes(head_stage, stage=1, pp=2, gas=4, mbs=2, tmp=1,
+    bf16 = activations.pipeline_buffer_bytes(head_stage, stage=1, pp=2, gas=4, mbs=2, tmp=1,
                                    bytes_per_element=2, pipelined=True)
     assert bf16 == 2 * (2 * S * V * 2)                     # two buffers of bf16 logits
-    assert memory_model.pipeline_buffer_bytes(head_stage, stage=1, pp=2, gas=4, mbs=2, tmp=1,
+    assert activations.pipeline_buffer_bytes(head_stage, stage=1, pp=2, gas=4, mbs=2, tmp=1,
                                    bytes_per_element=2, pipelined=False) == 0
 
 
@@ -158,9 +160,9 @@ def test_linear_stage_memory_tracks_the_exact_stage_bytes(precision, zero, ckpt)
         assert 0.99 * total <= approx <= 1.07 * total, j
     last = layers[-1]
     logits = g * last.seq_length * last.vocab_size * mbs
-    buffers = memory_model.pipe_buffer_count(pp - 1, pp, gas) - (1 if precision == "fp32" else 0)
+    buffers = activations.pipe_buffer_count(pp - 1, pp, gas) - (1 if precision == "fp32" else 0)
     out = g * last.seq_length * last.hidden_size * mbs                # a block's output
-    fixed = reserved[0] - memory_model.pipe_buffer_count(0, pp, gas) * out
+    fixed = reserved[0] - activations.pipe_buffer_count(0, pp, gas) * out
     assert reserved[-1] == pytest.approx(fixed + buffers * logits)
 
 

@@ -11,8 +11,8 @@ import yaml
 from amp_search.launch.megatron import megatron_args
 from amp_search.records import Strategy
 from amp_search.resources import models_path
-from amp_search.spec import (_MODEL_KEYS, MODEL_PRESETS, PRESETS, SpecError, parse_spec,
-                             swiglu_ffn_hidden_size)
+from amp_search.model_spec import MODEL_KEYS, MODEL_PRESETS, PRESETS, swiglu_ffn_hidden_size
+from amp_search.spec import SpecError, parse_spec
 from cost_models.layers import Layer, model_param_count
 
 from conftest import ROOT
@@ -46,7 +46,7 @@ def test_models_yaml_is_the_presets():
     assert tuple(data["models"]) == MODEL_PRESETS
     assert set(MODEL_PRESETS) <= set(PRESETS) and set(PUBLISHED) == set(MODEL_PRESETS)
     for entry in data["models"].values():
-        assert set(entry) <= set(_MODEL_KEYS)
+        assert set(entry) <= set(MODEL_KEYS)
     assert not set(data["not_modelled"]) & set(PRESETS)
 
 
@@ -288,12 +288,13 @@ def test_fingerprint_of_a_gpt_model_ignores_the_new_fields():
     import hashlib
     import json
 
-    from amp_search.spec import _ARCH_KEYS, spec_fingerprint
+    from amp_search.model_spec import ARCH_KEYS
+    from amp_search.spec import spec_fingerprint
 
     spec = parse_spec(_raw(GPT))
     old = dataclasses.asdict(spec.model)
     for layer in old["layers"]:
-        for k in _ARCH_KEYS:
+        for k in ARCH_KEYS:
             del layer[k]
     text = json.dumps(old, sort_keys=True, default=str)
     assert spec_fingerprint(spec)["model"] == hashlib.sha256(text.encode()).hexdigest()

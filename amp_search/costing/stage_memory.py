@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from cost_models import activations
+
 from cost_models import memory as memory_model
 from cost_models.layers import Layer
 
@@ -77,7 +79,7 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
                              attention_scores: bool) -> memory_model.StageBytes:
     """Stage j's parts under the interleaved schedule (v > 1, Megatron-LM): the model states
     of all its chunks' layers; the saved activations of the chunk micro-batches it holds at
-    once (cost_models.memory.interleaved_saved_activation_bytes: pp + (pp-1)/v micro-batches'
+    once (cost_models.activations.interleaved_saved_activation_bytes: pp + (pp-1)/v micro-batches'
     worth on the first stage with equal chunks) plus the recomputation working set; no
     DeepSpeed pipeline buffers (Megatron sends and frees its outputs)."""
     t = spec.training
@@ -91,14 +93,14 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
     kw = dict(mbs=s.mbs, tmp=s.tmp, bytes_per_element=g, attention_scores=attention_scores,
               sequence_parallel=s.sequence_parallel)
     selective = s.selective_recompute and not s.activation_checkpointing
-    per_chunk = [sum(memory_model.layer_activation_bytes(x, recompute=s.activation_checkpointing,
+    per_chunk = [sum(activations.layer_activation_bytes(x, recompute=s.activation_checkpointing,
                                               selective=selective, **kw) for x in c)
                  for c in chunks]
     # one micro-batch in flight (the last stage's count): per-micro-batch bytes + working set
-    one = memory_model.stage_saved_activation_bytes(device, stage=s.pp - 1, pp=s.pp, gas=s.gas,
+    one = activations.stage_saved_activation_bytes(device, stage=s.pp - 1, pp=s.pp, gas=s.gas,
                                          recompute=s.activation_checkpointing,
                                          selective=s.selective_recompute, **kw)
-    act = memory_model.interleaved_saved_activation_bytes(per_chunk, stage=j, pp=s.pp,
+    act = activations.interleaved_saved_activation_bytes(per_chunk, stage=j, pp=s.pp,
                                                           gas=s.gas) + one - sum(per_chunk)
     return memory_model.StageBytes(parameter_bytes=st.parameter_bytes,
                                    gradient_bytes=st.gradient_bytes,

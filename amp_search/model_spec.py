@@ -1,0 +1,305 @@
+"""The spec's model section: the chain of layers the pipeline splits (ModelSpec), from a
+preset (gpt, bert), a named model (profiles/models.yaml) or a list of layers, with the
+Llama-family block options (cost_models.layers.Layer's fields). Every problem is one SpecError
+naming the key path and what is accepted."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from cost_models.layers import MLP_KINDS, NORM_KINDS, POSITION_EMBEDDINGS, Layer
+
+from .errors import SpecError, UsageError
+from .resources import models_path
+from .spec_reader import MappingReader, read_name, show_value
+from .yaml_io import load_yaml_file, show_path
+
+MODEL_PRESETS = ("llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-8b", "qwen3-32b")
+"""Named models (profiles/models.yaml): `model: {preset: NAME, seq_length: ...}` takes every
+size from there; any size key the spec gives overrides it."""
+PRESETS = ("gpt", "bert", "layers") + MODEL_PRESETS
+MAX_LAYERS = 10_000
+MAX_WIDTH = 1_000_000
+MAX_SEQ = 10_000_000
+MAX_VOCAB = 10_000_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    preset: str
+    """gpt | bert | layers | a named model (MODEL_PRESETS: a GPT chain of its sizes)"""
+    layers: tuple[Layer, ...]
+    """The full chain the pipeline splits: embedding, blocks, head (for the presets)."""
+    num_attention_heads: int
+    """Heads of every attention layer (tmp must divide it); 0 if there is no attention."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def tp_divisors(self) -> tuple[int, ...]:
+        """Sizes every tensor-parallel degree must divide (heads, key/value groups, widths).
+        The vocabulary is padded to a multiple of 128 x tmp instead, as Megatron-LM does
+        (cost_models.layers.padded_vocab_size)."""
+        sizes = set()
+        for layer in self.layers:
+            if layer.kind == "transformer":
+                sizes |= {layer.num_attention_heads, layer.ffn_hidden_size, layer.hidden_size}
+                if layer.num_query_groups:      # Megatron-LM: tp | num_query_groups
+                    sizes.add(layer.num_query_groups)
+            elif layer.kind == "mlp":
+                sizes |= {layer.ffn_hidden_size}
+        return tuple(sorted(sizes))
+
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary of the embedding or head (0 if the model has neither)."""
+        return next((l.vocab_size for l in self.layers if l.kind in ("embedding", "head")), 0)
+
+
+ARCH_KEYS = ("num_query_groups", "head_dim", "mlp", "norm", "bias", "position_embedding",
+              "tie_embeddings")
+"""The Llama-family keys (cost_models.layers.Layer's fields of the same names); absent, a
+model is the GPT block of before: MHA, head_dim h/a, GELU, LayerNorm, biases, learned
+positions, untied head."""
+MODEL_KEYS = ("preset", "num_layers", "hidden_size", "num_attention_heads", "seq_length",
+               "vocab_size", "ffn_hidden_size", "layers", "name") + ARCH_KEYS
+LAYER_KEYS = ("kind", "count", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+               "vocab_size", "forward_flops", "params", "output_elements", "name") + ARCH_KEYS
+_LAYER_ARCH = {"embedding": ("position_embedding", "tie_embeddings"),
+               "transformer": ("num_query_groups", "head_dim", "mlp", "norm", "bias",
+                               "position_embedding"),
+               "mlp": ("mlp", "norm", "bias"),
+               "head": ("norm", "bias", "tie_embeddings"),
+               "custom": ()}
+"""The Llama-family keys each kind of layer takes (preset: layers)."""
+
+
+@lru_cache(maxsize=1)
+def _named_models() -> tuple[dict, dict]:
+    """profiles/models.yaml: (name -> model-section keys, name -> why it is refused)."""
+    path = models_path()
+    data = load_yaml_file(path, what="named models")
+    models = data.get("models") if isinstance(data, dict) else None
+    refused = (data.get("not_modelled") or {}) if isinstance(data, dict) else None
+    if not isinstance(models, dict) or not isinstance(refused, dict):
+        raise UsageError(f"named models {show_path(path)}: expected 'models: {{NAME: {{model "
+                         f"keys}}}}' and 'not_modelled: {{NAME: reason}}'")
+    return models, refused
+
+
+def named_model(name: str) -> dict:
+    """The model-section keys of a named model (MODEL_PRESETS) from profiles/models.yaml."""
+    entry = _named_models()[0].get(name)
+    if name not in MODEL_PRESETS or not isinstance(entry, dict):
+        raise UsageError(f"named models {show_path(models_path())}: no model {name!r}; "
+                         f"known: {', '.join(MODEL_PRESETS)}")
+    return dict(entry)
+
+
+def _heads_divide(path: str, hidden: int, heads: int, note: str = "") -> None:
+    if hidden % heads:
+        raise SpecError(path, f"num_attention_heads ({heads}) must divide hidden_size "
+                              f"({hidden}); try one of "
+                              f"{', '.join(str(d) for d in _divisors(hidden) if d <= 256)}"
+                              f", or give head_dim{note}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0] if n <= 1 << 20 else [1]
+
+
+def _flag(r: MappingReader, key: str, default: bool) -> bool:
+    v = r.raw(key, default)
+    if v is not True and v is not False:
+        raise SpecError(r.at(key), f"got {show_value(v)}; accepted: true, false")
+    return v
+
+
+def swiglu_ffn_hidden_size(hidden: int) -> int:
+    """Megatron-LM's default MLP width with --swiglu (megatron/training/arguments.py):
+    int((4h * 2/3) / 64) * 64, about the parameters of a 4h GELU MLP in three matrices."""
+    return int((4 * hidden * 2 / 3) / 64) * 64
+
+
+def _ffn(r: MappingReader, h: int, mlp: str, note: str = "") -> int:
+    """ffn_hidden_size: given, else 4h (gelu) or Megatron-LM's swiglu default."""
+    default = 4 * h if mlp == "gelu" else swiglu_ffn_hidden_size(h)
+    if not default and not r.has("ffn_hidden_size"):
+        raise SpecError(r.at("ffn_hidden_size"), f"required key is missing: mlp: swiglu with "
+                                                 f"hidden_size {h} has no default (Megatron-"
+                                                 f"LM's int(8h/3 / 64) * 64 is 0){note}")
+    return r.int("ffn_hidden_size", default, hi=4 * MAX_WIDTH)
+
+
+def _attention(r: MappingReader, h: int, a: int, note=lambda k: "") -> dict:
+    """num_query_groups and head_dim as Layer fields (0: the MHA default, h / a); a must
+    divide h unless head_dim is given (as Megatron-LM's --kv-channels)."""
+    d = r.int("head_dim", hi=MAX_WIDTH) if r.has("head_dim") else 0
+    if not d:
+        _heads_divide(r.at("num_attention_heads"), h, a, note("hidden_size"))
+    elif h % a == 0 and d == h // a:
+        d = 0                                       # the default, written out
+    g = 0
+    if r.has("num_query_groups"):
+        g = r.int("num_query_groups", hi=MAX_WIDTH)
+        if a % g:
+            raise SpecError(r.at("num_query_groups"),
+                            f"{g} must divide num_attention_heads ({a}); accepted: "
+                            f"{', '.join(str(x) for x in _divisors(a) if x <= 256)}"
+                            f"{note('num_query_groups')}")
+        g = 0 if g == a else g                      # one group per head: MHA
+    return {"num_query_groups": g, "head_dim": d}
+
+
+def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None) -> ModelSpec:
+    """preset gpt, bert or a named model (`given`: the keys the spec itself wrote)."""
+    def note(key: str) -> str:
+        if given is None or key in given:
+            return ""
+        return f" ({key} from preset {preset}; any size key given overrides the preset's)"
+
+    if r.has("layers"):
+        raise SpecError(r.at("layers"), f"only for preset: layers (this model is {preset})")
+    L = r.int("num_layers", required=True, hi=MAX_LAYERS)
+    h = r.int("hidden_size", required=True, hi=MAX_WIDTH)
+    a = r.int("num_attention_heads", required=True, hi=MAX_WIDTH)
+    v = r.int("vocab_size", required=True, hi=MAX_VOCAB)
+    mlp = r.choice("mlp", MLP_KINDS, "gelu")
+    f = _ffn(r, h, mlp)
+    attention = _attention(r, h, a, note)
+    norm = r.choice("norm", NORM_KINDS, "layernorm")
+    bias = _flag(r, "bias", True)
+    pos = r.choice("position_embedding", POSITION_EMBEDDINGS, "learned")
+    tied = _flag(r, "tie_embeddings", False)
+    block = Layer(kind="transformer", seq_length=seq, hidden_size=h, num_attention_heads=a,
+                  ffn_hidden_size=f, **attention, mlp=mlp, norm=norm, bias=bias,
+                  position_embedding=pos)
+    layers = ((Layer(kind="embedding", seq_length=seq, hidden_size=h, vocab_size=v,
+                     position_embedding=pos, tie_embeddings=tied, name="embedding"),)
+              + tuple(Layer(**{**block.__dict__, "name": f"block{i}"}) for i in range(L))
+              + (Layer(kind="head", seq_length=seq, hidden_size=h, vocab_size=v, norm=norm,
+                       bias=bias, tie_embeddings=tied, name="head"),))
+    return ModelSpec(preset=preset, layers=layers, num_attention_heads=a)
+
+
+def parse_model(data) -> ModelSpec:
+    r = MappingReader(data, "model", MODEL_KEYS)
+    asked = r.raw("preset")
+    if isinstance(asked, str) and asked not in PRESETS:
+        reason = _named_models()[1].get(asked)
+        if isinstance(reason, str):
+            raise SpecError(r.at("preset"), f"{asked}: {reason}; accepted: "
+                                            f"{', '.join(PRESETS)}")
+    preset = r.choice("preset", PRESETS)
+    given = None
+    if preset in MODEL_PRESETS:
+        given = frozenset(k for k in data if data[k] is not None)
+        r = MappingReader({**named_model(preset), **{k: data[k] for k in given}}, "model",
+                    MODEL_KEYS)
+    read_name(r.raw("name"), r.at("name"), "")
+    seq = r.int("seq_length", required=True, hi=MAX_SEQ)
+    if preset != "layers":
+        return _gpt_model(r, preset, seq, given)
+    for k in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
+              "ffn_hidden_size") + ARCH_KEYS:
+        if r.has(k):
+            raise SpecError(r.at(k), "not used with preset: layers; give sizes per layer "
+                                     "in model.layers")
+    items = r.raw("layers", required=True)
+    if not isinstance(items, list) or not items:
+        raise SpecError("model.layers", "expected a non-empty list of layers")
+    layers: list[Layer] = []
+    heads: set[int] = set()
+    prev_width = 0
+    pos_default = "learned"         # blocks follow the position embedding before them
+    tied_at: list[tuple[str, Layer]] = []
+    for i, item in enumerate(items):
+        lr = MappingReader(item, f"model.layers[{i}]", LAYER_KEYS)
+        kind = lr.choice("kind", ("embedding", "transformer", "mlp", "head", "custom"))
+        count = lr.int("count", 1, hi=MAX_LAYERS)
+        if len(layers) + count > MAX_LAYERS:
+            raise SpecError(lr.at("count"), f"more than {MAX_LAYERS} layers in all")
+        name = read_name(lr.raw("name"), lr.at("name"), kind)
+        needs = {"embedding": ("hidden_size", "vocab_size"),
+                 "transformer": ("hidden_size", "num_attention_heads"),
+                 "mlp": ("hidden_size",), "head": ("hidden_size", "vocab_size"),
+                 "custom": ("forward_flops", "params", "output_elements")}[kind]
+        for k in LAYER_KEYS[2:9]:
+            if lr.has(k) and k not in needs and k != "ffn_hidden_size":
+                raise SpecError(lr.at(k), f"not used by a {kind} layer; it takes: "
+                                          f"{', '.join(needs)}")
+        for k in ARCH_KEYS:
+            if lr.has(k) and k not in _LAYER_ARCH[kind]:
+                takes = ", ".join(_LAYER_ARCH[kind]) or "none of the architecture keys"
+                raise SpecError(lr.at(k), f"not used by a {kind} layer; it takes: {takes}")
+        for k in needs:
+            lr.raw(k, required=True)
+        if kind == "custom":
+            flops = lr.raw("forward_flops")
+            if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not \
+                    0 <= flops <= 1e18:
+                raise SpecError(lr.at("forward_flops"), f"got {show_value(flops)}; expected forward "
+                                                        f"FLOPs per sample, a number in "
+                                                        f"[0, 1e18]")
+            base = Layer(kind="custom", seq_length=seq, custom_forward_flops=float(flops),
+                         custom_params=lr.int("params", lo=0, hi=10**13),
+                         custom_output_elements=lr.int("output_elements", hi=10**12))
+            width = 0
+        else:
+            h = lr.int("hidden_size", hi=MAX_WIDTH)
+            a = lr.int("num_attention_heads", hi=MAX_WIDTH) if kind == "transformer" else 0
+            arch: dict = {}
+            if kind in ("transformer", "mlp"):
+                arch["mlp"] = lr.choice("mlp", MLP_KINDS, "gelu")
+            if kind == "transformer":
+                arch |= _attention(lr, h, a)
+                heads.add(a)
+            if kind in ("transformer", "mlp", "head"):
+                arch["norm"] = lr.choice("norm", NORM_KINDS, "layernorm")
+                arch["bias"] = _flag(lr, "bias", True)
+            if kind in ("embedding", "transformer"):
+                arch["position_embedding"] = lr.choice("position_embedding",
+                                                       POSITION_EMBEDDINGS, pos_default)
+                if kind == "embedding":
+                    pos_default = arch["position_embedding"]
+            if kind in ("embedding", "head"):
+                arch["tie_embeddings"] = _flag(lr, "tie_embeddings", False)
+            f = _ffn(lr, h, arch["mlp"]) if kind in ("transformer", "mlp") else 0
+            if lr.has("ffn_hidden_size") and kind not in ("transformer", "mlp"):
+                raise SpecError(lr.at("ffn_hidden_size"), f"not used by a {kind} layer")
+            v = lr.int("vocab_size", hi=MAX_VOCAB) if kind in ("embedding", "head") else 0
+            in_h = prev_width if kind in ("transformer", "mlp") and prev_width and \
+                prev_width != h else 0
+            base = Layer(kind=kind, seq_length=seq, hidden_size=h, num_attention_heads=a,
+                         ffn_hidden_size=f, vocab_size=v, input_hidden_size=in_h, **arch)
+            width = h
+            if kind in ("embedding", "head"):
+                tied_at.append((lr.at("tie_embeddings"), base))
+        for c in range(count):
+            # only the first of a run of same-width layers carries the input projection
+            extra = {"input_hidden_size": 0} if c else {}
+            layers.append(Layer(**{**base.__dict__, **extra,
+                                   "name": f"{name}{c}" if count > 1 else name}))
+        prev_width = width
+    _check_tied(tied_at, layers)
+    return ModelSpec(preset="layers", layers=tuple(layers),
+                     num_attention_heads=math.gcd(*heads) if heads else 0)
+
+
+def _check_tied(tied_at: list[tuple[str, Layer]], layers: list[Layer]) -> None:
+    """tie_embeddings (preset: layers): one embedding and one head, both tied, of one shape."""
+    tied = [(path, x) for path, x in tied_at if x.tie_embeddings]
+    if not tied:
+        return
+    kinds = [x.kind for x in layers]
+    emb = [x for x in layers if x.kind == "embedding"]
+    head = [x for x in layers if x.kind == "head"]
+    if kinds.count("embedding") != 1 or kinds.count("head") != 1 or len(tied) != 2 or \
+            (emb[0].vocab_size, emb[0].hidden_size) != (head[0].vocab_size,
+                                                        head[0].hidden_size):
+        raise SpecError(tied[0][0], "tie_embeddings: true needs one embedding and one head "
+                                    "layer, both with tie_embeddings: true and the same "
+                                    "vocab_size and hidden_size")
