@@ -1,7 +1,8 @@
 """Property-based tests of reading a spec (hardening): for any bytes in a spec file, `load_spec`
 returns a Spec whose every number is finite and in range, or raises SpecError / UsageError
-with one line that names a key or the file; nothing else, ever, and within a time bound
-(hypothesis' deadline, 20 s per case: a bound, not a benchmark). A small end-to-end part runs
+with one line that names a key or the file; nothing else, ever. How fast a bad input is
+refused is benchmarks/fail_fast.py's to measure: no case here has a deadline (a loaded machine
+would fail it for no fault of the code). A small end-to-end part runs
 `amp-search plan` in-process and checks exit 0 with a table, or exit 2 with one error line.
 
 Categories (one test each):
@@ -31,7 +32,6 @@ import math
 import os
 import re
 from collections import Counter
-from datetime import timedelta
 
 import pytest
 import yaml
@@ -52,14 +52,13 @@ if PROFILE not in _SCALES:
                             f"{', '.join(_SCALES)}")
 for _name, _scale in _SCALES.items():
     settings.register_profile(f"amp-search-fuzz-{_name}", max_examples=100 * _scale,
-                              deadline=timedelta(seconds=20), database=None,
+                              deadline=None, database=None,
                               suppress_health_check=[HealthCheck.too_slow,
                                                      HealthCheck.data_too_large])
 
 
 def budget(ci_examples: int):
-    """Settings for one test: `ci_examples` cases in the ci profile, 25x in the large one;
-    every case must finish within the 20 s deadline."""
+    """Settings for one test: `ci_examples` cases in the ci profile, 25x in the large one."""
     return settings(settings.get_profile(f"amp-search-fuzz-{PROFILE}"),
                     max_examples=ci_examples * _SCALES[PROFILE])
 

@@ -73,6 +73,9 @@ def partition_arg(text: str):
 
 STRATEGY_DEGREES = (("pp", "pipeline stages"), ("dp", "data-parallel replicas"),
                     ("tmp", "tensor-parallel degree"), ("mbs", "micro-batch size"))
+DEGREE_FLAGS = {"tmp": ("--tmp", "--tp")}
+"""The spellings each degree's flag accepts: --tp as Megatron-LM and NeMo users write it,
+--tmp as AMP's paper and the tables do."""
 
 
 def add_strategy_choice(parser: argparse.ArgumentParser, *, rank_help: str) -> None:
@@ -81,7 +84,8 @@ def add_strategy_choice(parser: argparse.ArgumentParser, *, rank_help: str) -> N
     reads them."""
     parser.add_argument("--rank", type=positive_int, metavar="N", help=rank_help)
     for name, what in STRATEGY_DEGREES:
-        parser.add_argument(f"--{name}", type=positive_int, metavar="N",
+        parser.add_argument(*DEGREE_FLAGS.get(name, (f"--{name}",)), dest=name,
+                            type=positive_int, metavar="N",
                             help=f"{what} of a given strategy (with --pp --dp --tmp --mbs, "
                                  f"instead of --rank)")
 

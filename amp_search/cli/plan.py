@@ -6,7 +6,7 @@ import textwrap
 from itertools import groupby
 from pathlib import Path
 
-from ._args import (STRATEGY_DEGREES, add_profiles_argument, add_strategy_knobs,
+from ._args import (DEGREE_FLAGS, STRATEGY_DEGREES, add_profiles_argument, add_strategy_knobs,
                     layers_per_stage, measurements_for, nonnegative_int, positive_float,
                     positive_int, render_table, write_json)
 from ..errors import UsageError
@@ -43,7 +43,8 @@ def add_parser(sub) -> None:
     for name, what in (("pp", "pipeline stages"), ("dp", "data-parallel replicas"),
                        ("tmp", "tensor-parallel degree (GPUs per tensor group)"),
                        ("mbs", "micro-batch size: samples per micro-batch per replica")):
-        e.add_argument(f"--{name}", type=positive_int, required=True, metavar="N",
+        e.add_argument(*DEGREE_FLAGS.get(name, (f"--{name}",)), dest=name, type=positive_int,
+                       required=True, metavar="N",
                        help=f"{what} (required; pp x dp x tmp = the cluster's GPUs)"
                        if name == "pp" else f"{what} (required)")
     add_strategy_knobs(e, sequence_knobs=True)
@@ -353,7 +354,6 @@ def simulation_lines(spec: Spec, e: Estimate) -> list[str]:
     diff = f" ({(sim.iteration_time_s - a) / a * 100:+.1f}%)" if a > 0 else ""
     lines = [f"simulated ({sim.schedule}): {sim.iteration_time_s:.4g} s per iteration, closed "
              f"form (AMP eq. 5 + 4) {a:.4g} s{diff}"]
-    bounds = e.strategy.partition
     rows = []
     for j, (busy, idle, comm, end) in enumerate(zip(sim.busy_s, sim.idle_s,
                                                      sim.exposed_comm_s, sim.stage_end_s)):
@@ -390,6 +390,11 @@ def run_estimate(args) -> int:
                  placement_order=args.placement_order,
                  measurements=measurements_for(spec, args), simulate=not args.no_simulate,
                  sequence_parallel=args.sequence_parallel, virtual_stages=args.virtual_stages)
+    if not e.fits:      # said first: the time below is what it would take with the memory
+        worst = max(e.memory, key=lambda m: m.peak_bytes / m.capacity_bytes)
+        print(f"amp-search: this strategy does not fit: stage {worst.stage} needs "
+              f"{_gib(worst.peak_bytes)} GiB of {_gib(worst.capacity_bytes)} GiB usable; the "
+              f"time below is what it would take if it fitted", file=sys.stderr)
     if args.json is None or str(args.json) != "-":
         print(format_table(spec, [("-", e, None)]))
         print("\n" + "\n".join(legend(spec, [("-", e, None)])))
