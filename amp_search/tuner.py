@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from .errors import UsageError
 from .launch.orchestrator import (LaunchOptions, TrialRecord, TrialRequest, best_trial,
-                                  default_results_path, run_trials)
+                                  default_results_path, run_trials, trial_requests)
 from .measurements import NO_MEASUREMENTS, Measurements
 from .records import Estimate, Plan, Strategy
 from .spec import Spec
@@ -106,11 +106,11 @@ def tune(spec: Spec, *, top_k: int = 3, options: LaunchOptions | None = None,
         plan = make_plan(spec, measurements=measurements, progress=progress,
                          max_search_s=max_search_s, on_start=on_start,
                          backend=options.backend)
-    items = list(plan.strategies if isinstance(plan, Plan) else plan)[:top_k]
-    strategies = tuple(x if isinstance(x, Strategy) else x.strategy for x in items)
+    requests = trial_requests(list(plan.strategies if isinstance(plan, Plan) else plan)[:top_k])
+    strategies = tuple(r.strategy for r in requests)
     if on_trials is not None:
         on_trials(strategies)
-    records = run_trials(spec, items, options, on_record=on_record,
+    records = run_trials(spec, requests, options, on_record=on_record,
                          before_trial=before_trial, on_note=on_note)
     result = TuneResult(plan=plan if isinstance(plan, Plan) else None, strategies=strategies,
                         records=tuple(records), best=best_trial(records))

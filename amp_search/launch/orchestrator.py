@@ -204,7 +204,8 @@ def default_results_path(spec: Spec) -> Path:
     return (spec.path.resolve().parent if spec.path else Path.cwd()) / DEFAULT_RESULTS_NAME
 
 
-def _requests(items: Iterable) -> list[TrialRequest]:
+def trial_requests(items: Iterable) -> list[TrialRequest]:
+    """What to run, from Estimates (their prediction kept), Strategies or TrialRequests."""
     out = []
     for x in items:
         if isinstance(x, TrialRequest):
@@ -687,7 +688,7 @@ def run_trials(spec: Spec, items: Iterable, options: LaunchOptions | None = None
 
     options = options or LaunchOptions()
     check_options(spec, options)
-    requests = _requests(items)
+    requests = trial_requests(items)
     hosts = node_hosts(spec, options)
     runs_dir = Path(options.runs_dir or (spec.path.parent if spec.path else Path.cwd())
                     / "runs").resolve()
