@@ -36,7 +36,7 @@ from cost_models import _jit
 from .partition_kernels import KERNELS_WHAT, PYTHON_TWINS, kernels_cached, solve
 
 __all__ = ["KERNELS_WHAT", "PartitionResult", "kernels_cached", "optimal_partition",
-           "pipeline_objective", "uniform_partition"]
+           "pipeline_objective", "uniform_partition", "interleaved_partition"]
 
 
 @dataclass(frozen=True)
@@ -235,3 +235,24 @@ def uniform_partition(
     sizes[0] += first
     sizes[-1] += last
     return tuple(itertools.accumulate(sizes, initial=0))
+
+
+def interleaved_partition(num_layers: int, chunks: int, *, first: int = 0,
+                          last: int = 0) -> tuple[int, ...]:
+    """The model chunks of Megatron-LM's interleaved schedule, as v*pp + 1 boundaries: the
+    blocks split evenly into `chunks` (--num-layers-per-virtual-pipeline-stage), the embedding
+    with chunk 0 and the head with the last; else, where the blocks plus a single embedding
+    and a single head split evenly, every layer counted alike, so the first chunk holds one
+    block fewer and the last too (--account-for-embedding-in-pipeline-split and
+    --account-for-loss-in-pipeline-split, how Llama 3.1 405B's 126 blocks run in 8 x 4, 8 x 8
+    or 16 x 8 chunks; in the last, the first chunk holds the embedding alone and the last the
+    head alone). ValueError when neither split is even."""
+    blocks = num_layers - first - last
+    if chunks >= 1 and blocks >= chunks and blocks % chunks == 0:
+        return uniform_partition(num_layers, chunks, first=first, last=last)
+    if chunks >= 1 and first <= 1 and last <= 1 and blocks >= chunks - first - last \
+            and num_layers % chunks == 0:
+        return uniform_partition(num_layers, chunks)
+    raise ValueError(f"the {blocks} transformer blocks do not split into {chunks} equal "
+                     f"chunks of at least one block, with or without the embedding and the "
+                     f"head counted as one layer each")

@@ -177,6 +177,8 @@ class SearchSpace:
     num_blocks: int = 0
     """The layers between the leading embedding(s) and the trailing head(s): what the
     interleaved schedule's chunks split evenly."""
+    num_leading: int = 0
+    """The leading embedding layers."""
     backend: str = "deepspeed"
     """The framework the plan is for (deepspeed | megatron): training.backend, unless the
     caller names another (`launch --backend`)."""
@@ -190,7 +192,7 @@ class SearchSpace:
         lead = next((i for i, k in enumerate(kinds) if k != "embedding"), len(kinds))
         tail = next((i for i, k in enumerate(kinds[::-1]) if k != "head"), len(kinds))
         return cls(virtual_stages=t.virtual_pipeline_stages,
-                   num_blocks=max(len(kinds) - lead - tail, 0),
+                   num_blocks=max(len(kinds) - lead - tail, 0), num_leading=lead,
                    num_devices=spec.cluster.num_devices, num_layers=spec.model.num_layers,
                    global_batch_size=t.global_batch_size, tp_divisors=spec.model.tp_divisors,
                    zero_stages=t.zero_stage, recompute=t.activation_checkpointing,
@@ -307,13 +309,22 @@ def interleaved_microbatches(s: SearchSpace, c: Candidate) -> Violation | None:
 
 def chunks_split_blocks(s: SearchSpace, c: Candidate) -> Violation | None:
     chunks = c.virtual_stages * c.pp
-    if c.virtual_stages > 1 and (s.num_blocks < chunks or s.num_blocks % chunks):
+    if c.virtual_stages <= 1:
+        return None
+    from .partition import interleaved_partition    # here: it imports the numba kernels
+
+    try:
+        interleaved_partition(s.num_layers, chunks, first=s.num_leading,
+                              last=s.num_layers - s.num_leading - s.num_blocks)
+    except ValueError:
         return Violation(Reason.BLOCKS_NOT_DIVISIBLE_BY_CHUNKS,
                          f"virtual_pipeline_stages = {c.virtual_stages} with pp = {c.pp}: the "
                          f"{s.num_blocks} transformer blocks do not split into {chunks} equal "
-                         f"chunks of at least one block (Megatron-LM's "
-                         f"--num-layers-per-virtual-pipeline-stage needs num_layers / pp "
-                         f"divisible by it)")
+                         f"chunks of at least one block, nor do they with the embedding and "
+                         f"the head counted as a layer each (Megatron-LM's "
+                         f"--num-layers-per-virtual-pipeline-stage, or "
+                         f"--account-for-embedding-in-pipeline-split and "
+                         f"--account-for-loss-in-pipeline-split)")
     return None
 
 

@@ -239,7 +239,7 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     if s.dp > 1 and s.zero_stage == 3:          # pp = 1: per-layer gathers, reduce-scatters
         bw, crosses = layout.dp_links
         params = model.params_per_layer(s.tmp).astype(float)
-        grad_bpe = comm.gradient_reduce_bytes_per_element(model.spec.training.precision)
+        grad_bpe = comm.gradient_reduce_bytes_per_element(model.spec.training.storage_precision)
         layer = t.layer_s[0]
         kw.update(dp=s.dp, dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(bw, dtype=float),
@@ -250,7 +250,7 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
         bw, crosses = layout.dp_links
         grad = pipeline.stage_totals(
             model.params_per_layer(s.tmp)[None, :].repeat(s.pp, axis=0), bounds) * bpe
-        precision = model.spec.training.precision
+        precision = model.spec.training.storage_precision
         if model.spec.training.backend == "megatron":
             # Megatron-LM reduces its gradient buffer's dtype (fp32 with bf16); only its
             # distributed optimizer (zero_stage 1) all-gathers the updated weights

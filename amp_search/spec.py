@@ -41,7 +41,12 @@ from .units import (DEVICE_MEMORY, FIXED_COST_TIME, GEMM_SIZE, MEMORY_BANDWIDTH,
                     parse_flops, parse_size)
 from .yaml_io import load_yaml_file, show_path
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
+"""training.precision, and the keys of a GPU's peak_tflops. fp8 is Transformer Engine's: the
+linear layers' GEMMs in FP8, everything else (attention core, norms, weights, gradients,
+activations, communication) in BF16, so it needs both rates and the megatron backend."""
+STORAGE_PRECISION = {"fp8": "bf16"}
+"""The precision a training precision keeps its tensors in, where the two differ."""
 BACKENDS = ("deepspeed", "megatron")
 """training.backend: the framework a plan is costed for."""
 # sanity caps: absurd values are rejected, not attempted
@@ -70,6 +75,9 @@ class GPU:
     """The fraction of dense peak large GEMMs reach (cost_models.compute.gemm_efficiency)."""
     gemm_half_flops: float = 2e9
     """The GEMM size (FLOPs per call) at which they reach half of it."""
+    gemm_fp8_max_efficiency: float | None = None
+    """The fraction of the FP8 dense peak large FP8 GEMMs reach (their quantization included);
+    None: gemm_max_efficiency."""
     kernel_floor_s: float = 0.0
     """Device time of one block pass at least (its many small kernels)."""
     host_block_pass_s: float = 0.0
@@ -187,6 +195,12 @@ class TrainingSpec:
     def bytes_per_element(self) -> int:
         return 4 if self.precision == "fp32" else 2
 
+    @property
+    def storage_precision(self) -> str:
+        """What weights, gradients, activations and messages are kept in: bf16 for fp8
+        (Transformer Engine casts only the GEMMs' inputs), else the precision itself."""
+        return STORAGE_PRECISION.get(self.precision, self.precision)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Spec:
@@ -289,9 +303,12 @@ def _gpu_model(r: "MappingReader", defaults: dict) -> dict:
     out = {}
     gemm = get("gemm_efficiency")
     if gemm is not None:
-        g = MappingReader(gemm, r.at("gemm_efficiency"), ("max", "half_at"))
+        g = MappingReader(gemm, r.at("gemm_efficiency"), ("max", "half_at", "fp8_max"))
         out["gemm_max_efficiency"] = read_number(g.raw("max", required=True), g.at("max"), 0.01,
                                              1.0, "fraction of dense peak")
+        if g.has("fp8_max"):
+            out["gemm_fp8_max_efficiency"] = read_number(g.raw("fp8_max"), g.at("fp8_max"), 0.01,
+                                                         1.0, "fraction of the FP8 dense peak")
         out["gemm_half_flops"] = parse_flops(g.raw("half_at", required=True), g.at("half_at"),
                                              GEMM_SIZE)
     floor = get("kernel_floor")
@@ -449,12 +466,18 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
     model = parse_model(r.raw("model", required=True))
     training = _training(r.raw("training", required=True))
     precision = training.precision
+    if precision == "fp8" and training.backend != "megatron":
+        raise SpecError("training.precision", "fp8 is costed as Megatron-LM runs it with "
+                                              "Transformer Engine; set training.backend: "
+                                              "megatron, or use bf16")
     for g_idx, g in enumerate(cluster.node_groups):
-        if g.gpu.peak_flops_per_s.get(precision) is None:
-            supported = ", ".join(p for p, v in g.gpu.peak_flops_per_s.items() if v)
-            raise SpecError("training.precision", f"{g.gpu.name} (cluster.nodes[{g_idx}]) has "
-                                                  f"no {precision} support; use one of "
-                                                  f"{supported}")
+        for need in dict.fromkeys((precision, training.storage_precision)):
+            if g.gpu.peak_flops_per_s.get(need) is None:
+                supported = ", ".join(p for p, v in g.gpu.peak_flops_per_s.items() if v)
+                also = f" (fp8 keeps the rest in {need})" if need != precision else ""
+                raise SpecError("training.precision", f"{g.gpu.name} (cluster.nodes[{g_idx}]) "
+                                                      f"has no {need} support{also}; use one "
+                                                      f"of {supported}")
     _check_overhead(cluster, training)
     return Spec(cluster=cluster, model=model, training=training, path=path,
                 sha256=_content_hash(data))
@@ -506,6 +529,13 @@ def spec_fingerprint(spec: Spec) -> dict:
                     default = Layer.__dataclass_fields__[k].default
                     if type(layer[k]) is type(default) and layer[k] == default:
                         del layer[k]
+        if name == "cluster" and spec.training.precision != "fp8":
+            # the FP8 figures count only for fp8 training, so that a plan made before the
+            # catalog had them stays valid
+            for part in ("node_groups", "nodes", "devices"):
+                for item in section[part]:
+                    item["gpu"]["peak_flops_per_s"].pop("fp8", None)
+                    item["gpu"].pop("gemm_fp8_max_efficiency", None)
         text = json.dumps(section, sort_keys=True, default=str)
         out[name] = hashlib.sha256(text.encode()).hexdigest()
     return out

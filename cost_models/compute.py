@@ -72,6 +72,26 @@ class DeviceSpeed:
     """eff_max: the fraction of peak large GEMMs reach."""
     gemm_half_flops: float = 2e9
     """F_half: the GEMM size (FLOPs per call) at which efficiency is half of eff_max."""
+    linear_peak_flops_per_s: float | None = None
+    """Dense peak of the linear layers' GEMMs where they run in a narrower precision than the
+    rest (FP8 under Transformer Engine: the attention core and the memory-bound work stay in
+    BF16, `peak_flops_per_s`); None: the same peak."""
+    linear_gemm_max_efficiency: float | None = None
+    """eff_max of those narrower GEMMs (their F_half scales with the peak, the same fixed
+    time per call); None: gemm_max_efficiency."""
+
+    def linear(self) -> "DeviceSpeed":
+        """The speed the linear layers' GEMMs run at: this one, or the narrower precision's
+        peak and efficiency, with F_half scaled by the peaks' ratio (the same fixed time per
+        GEMM call: F_half / (peak eff_max) is a time)."""
+        if self.linear_peak_flops_per_s is None:
+            return self
+        eff = self.linear_gemm_max_efficiency or self.gemm_max_efficiency
+        half = self.gemm_half_flops * (self.linear_peak_flops_per_s * eff
+                                       / (self.peak_flops_per_s * self.gemm_max_efficiency))
+        return DeviceSpeed(peak_flops_per_s=self.linear_peak_flops_per_s,
+                           memory_bandwidth_bytes_per_s=self.memory_bandwidth_bytes_per_s,
+                           gemm_max_efficiency=eff, gemm_half_flops=half)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,7 +145,8 @@ def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed
     move what `cost_models.layers.elementwise_bytes_by_pass` counts for the framework, and
     unfused attention under megatron what `standard_attention_backward_bytes` counts (the
     trial layers under deepspeed: twice the forward, as before these were counted)."""
-    gemm = sum(gemm_time_s(f * mbs, device) for f in gemm_flops(layer, tmp))
+    linear = device.linear()
+    gemm = sum(gemm_time_s(f * mbs, linear) for f in gemm_flops(layer, tmp))
     core = attention_time_s(layer, tmp=tmp, mbs=mbs, device=device,
                             bytes_per_element=bytes_per_element, attention=attention)
     core_backward = 2.0 * core
@@ -207,13 +228,14 @@ def synced_overlapped_time_s(host_forward_s, device_forward_s, host_s, device_s)
             + np.maximum(host_s - host_forward_s, device_s - device_forward_s))
 
 
-ADAM_BYTES_PER_PARAM = {"fp32": 28, "bf16": 42, "fp16": 42}
+ADAM_BYTES_PER_PARAM = {"fp32": 28, "bf16": 42, "fp16": 42, "fp8": 42}
 """Memory traffic of one optimizer step per parameter. fp32 Adam: read the weight, gradient and
 two moments (16 B), write the weight and the moments (12 B). Mixed precision adds the passes
 over the gradients before the step: copy the fp16/bf16 gradient into an fp32 main gradient
 (read 2, write 4), unscale and check it for inf/NaN (read 4), and after the step write the
 fp16/bf16 weights (2) and zero the gradient (2): 42 B, as the vTrain A100 data shows (41-43 B
-per parameter where the shards are not tiny). The step is elementwise, so memory-bound."""
+per parameter where the shards are not tiny). The step is elementwise, so memory-bound. fp8
+(Transformer Engine) keeps BF16 weights and gradients beside the fp32 master: bf16's 42 B."""
 
 
 def optimizer_step_time_s(n_params: float, *, memory_bandwidth_bytes_per_s: float,

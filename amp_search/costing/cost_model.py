@@ -30,7 +30,7 @@ from cost_models.recompute import selective_recompute_time_s, sequence_parallel_
 
 from ..errors import UsageError
 from ..measurements import NO_MEASUREMENTS, Measurements
-from ..partition import optimal_partition, uniform_partition
+from ..partition import interleaved_partition, optimal_partition, uniform_partition
 from ..placement import DeviceOrder, as_tuple, megatron_placement
 from ..records import Breakdown, Estimate, Strategy, micro_batches
 from ..search_space import Candidate
@@ -337,7 +337,7 @@ class CostModel:
         optimizer = np.zeros((c.pp, L))
         optimizer_share = memory_model.optimizer_shards(
             framework=self.spec.training.backend, zero_stage=c.zero_stage,
-            precision=self.spec.training.precision, dp=c.dp)
+            precision=self.spec.training.storage_precision, dp=c.dp)
         ckpt = c.activation_checkpointing
         rows: dict = {}                 # stages holding the same device types cost the same
         for j in range(c.pp):
@@ -540,12 +540,12 @@ class CostModel:
         # gradient_reduce_overlaps_backward says so (not by default); dp_overlap is calibrated
         # (Megatron-LM: its gradient buffer's dtype, fp32 with bf16)
         framework = self.spec.training.backend
-        grad_scale = comm.gradient_reduce_bytes_per_element(self.spec.training.precision,
+        grad_scale = comm.gradient_reduce_bytes_per_element(self.spec.training.storage_precision,
                                                             framework=framework) / bpe
         lat = self.link_latencies_s("all_reduce", crosses, layout)
         gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
         gather_weights = framework == "deepspeed" and memory_model.deepspeed_engine(
-            zero_stage=c.zero_stage, precision=self.spec.training.precision) == "bf16_optimizer"
+            zero_stage=c.zero_stage, precision=self.spec.training.storage_precision) == "bf16_optimizer"
 
         def sync(element_bytes: float) -> np.ndarray:      # [pp]: one parameter's bytes
             return pipeline.exposed_time_s(comm.data_parallel_sync_time_s(
@@ -563,12 +563,11 @@ class CostModel:
         if isinstance(partition, tuple):
             return partition
         if c.virtual_stages > 1:
-            # The interleaved schedule's chunks: Megatron-LM's uniform split of the blocks
-            # into v*pp chunks (--num-layers-per-virtual-pipeline-stage), chunk k on stage
-            # k mod pp, the embedding with chunk 0 and the head with the last; the only
+            # The interleaved schedule's chunks: Megatron-LM's uniform split into v*pp
+            # chunks (partition.interleaved_partition), chunk k on stage k mod pp; the only
             # assignment Megatron runs, so the DP does not move layers between chunks.
-            return uniform_partition(self.num_layers, c.virtual_stages * c.pp,
-                                     first=self.first_fixed, last=self.last_fixed)
+            return interleaved_partition(self.num_layers, c.virtual_stages * c.pp,
+                                         first=self.first_fixed, last=self.last_fixed)
         if partition == "uniform":
             return uniform_partition(self.num_layers, c.pp, first=self.first_fixed,
                                      last=self.last_fixed)
@@ -617,7 +616,7 @@ class CostModel:
             lin = memory_model.linear_stage_memory(
                 self.spec.model.layers, dp=c.dp, tmp=c.tmp, mbs=c.mbs, gas=gas,
                 zero_stage=c.zero_stage, recompute=c.activation_checkpointing,
-                precision=t.precision, framework_overhead_bytes=t.framework_overhead_bytes,
+                precision=t.storage_precision, framework_overhead_bytes=t.framework_overhead_bytes,
                 attention_scores=scores, sequence_parallel=c.sequence_parallel,
                 selective=c.selective_recompute, framework=t.backend)
             self._mem_cache[key] = lin

@@ -17,7 +17,7 @@ import numpy as np
 from cost_models.compute import DeviceSpeed, analytic_layer_time, optimizer_step_time_s
 from cost_models.layers import Layer, param_count
 
-from ..spec import GPU, Spec
+from ..spec import GPU, STORAGE_PRECISION, Spec
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,18 @@ class LayerTimes:
 
 
 def device_speed(gpu: GPU, precision: str) -> DeviceSpeed:
-    """The catalog's numbers of `gpu` that the analytic layer time uses."""
-    return DeviceSpeed(peak_flops_per_s=gpu.peak_flops_per_s[precision],
+    """The catalog's numbers of `gpu` that the analytic layer time uses; under fp8 the linear
+    layers' GEMMs run at the FP8 peak and the rest at the storage precision's (bf16)."""
+    storage = STORAGE_PRECISION.get(precision, precision)
+    narrower = storage != precision
+    return DeviceSpeed(peak_flops_per_s=gpu.peak_flops_per_s[storage],
                        memory_bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s,
                        gemm_max_efficiency=gpu.gemm_max_efficiency,
-                       gemm_half_flops=gpu.gemm_half_flops)
+                       gemm_half_flops=gpu.gemm_half_flops,
+                       linear_peak_flops_per_s=gpu.peak_flops_per_s[precision] if narrower
+                       else None,
+                       linear_gemm_max_efficiency=gpu.gemm_fp8_max_efficiency if narrower
+                       else None)
 
 
 @dataclass
@@ -107,7 +114,7 @@ class LayerTimer:
                 out[i] = optimizer_step_time_s(
                     param_count(layer, tmp),
                     memory_bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s,
-                    precision=training.precision)
+                    precision=training.storage_precision)
         self._cache[key] = out
         return out
 

@@ -37,7 +37,7 @@ The strategy maps to its arguments:
                              master weights sharded over dp; gradients reduce-scattered,
                              weights all-gathered); zero_stage 2/3 do not exist in Megatron-LM
                              (`megatron_unsupported`, which the launcher's preflight asks)
-    precision                --bf16 / --fp16 (fp32: neither)
+    precision                --bf16 / --fp16 (fp32: neither); fp8: --bf16 --fp8-format hybrid
 
 Megatron numbers ranks as the launcher does (it has no rank map like amp_search.trial.run), in
 the same tp-dp-pp order as DeepSpeed. So the placement is honoured by ordering the nodes by
@@ -139,11 +139,22 @@ def virtual_stage_args(layers: tuple[Layer, ...], strategy: Strategy) -> list[st
     if s.virtual_stages <= 1:
         return []
     counts = stage_layer_counts(layers, s.partition)
-    if len(counts) != s.virtual_stages * s.pp or len(set(counts)) != 1 or counts[0] < 1:
-        raise UsageError(f"{s.label()}: Megatron-LM's interleaved schedule needs the "
-                         f"transformer blocks split evenly over the {s.virtual_stages * s.pp} "
-                         f"model chunks; blocks per chunk are {counts}")
-    return ["--num-layers-per-virtual-pipeline-stage", str(counts[0])]
+    sizes = [b - a for a, b in zip(s.partition[:-1], s.partition[1:])]
+    chunks = s.virtual_stages * s.pp
+    if len(counts) == chunks and len(set(counts)) == 1 and counts[0] >= 1:
+        return ["--num-layers-per-virtual-pipeline-stage", str(counts[0])]
+    lead = [x.kind for x in layers[:s.partition[1]]].count("embedding")
+    tail = [x.kind for x in layers[s.partition[-2]:]].count("head")
+    if len(sizes) == chunks and len(set(sizes)) == 1 and lead <= 1 and tail <= 1 \
+            and len(set(counts[1:-1])) <= 1 and min(counts[1:-1] or [1]) >= 1:
+        # every layer counted alike: the embedding and the loss take a block's place
+        return (["--num-virtual-stages-per-pipeline-rank", str(s.virtual_stages)]
+                + (["--account-for-embedding-in-pipeline-split"] if lead else [])
+                + (["--account-for-loss-in-pipeline-split"] if tail else []))
+    raise UsageError(f"{s.label()}: Megatron-LM's interleaved schedule needs the "
+                     f"transformer blocks split evenly over the {chunks} model chunks, with "
+                     f"or without the embedding and the head counted as a layer each; "
+                     f"blocks per chunk are {counts}")
 
 
 def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: str,
@@ -185,6 +196,8 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         args += ["--use-distributed-optimizer"]
     if precision in ("bf16", "fp16"):
         args += [f"--{precision}"]
+    elif precision == "fp8":        # Transformer Engine: FP8 GEMMs (E4M3 forward, E5M2
+        args += ["--bf16", "--fp8-format", "hybrid"]   # gradients), BF16 elsewhere
     return args
 
 

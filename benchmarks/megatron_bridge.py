@@ -1,0 +1,314 @@
+"""Does the default cost model predict today's large runs? 278 published Megatron-Core runs.
+
+    python benchmarks/megatron_bridge.py [--data benchmarks/data/megatron-bridge-performance.csv]
+                                         [--json out.json] [--csv predictions.csv] [--rows]
+                                         [--fit]
+
+The data (benchmarks/data/megatron-bridge-performance.csv, provenance and license in
+benchmarks/data/README.md) are NVIDIA's published throughputs of tuned Megatron-Bridge
+recipes on DGX H100, B200, B300, GB200 and GB300 systems, 8 to 1,024 GPUs. Each row is one
+recipe: its model, system, precision, GPUs, global and micro-batch, sequence, and TP, PP, CP,
+VP, EP and FSDP sizes. The measured iteration time is global batch x sequence / (tokens/s/GPU x
+GPUs).
+
+1. every row the planner can express becomes a spec built in code:
+   - the model by name from profiles/models.yaml (Llama 3 8B and 70B, Llama 3.1 405B), at the
+     row's sequence length;
+   - the system from the catalog (SYSTEMS): DGX nodes of 8 GPUs with NVLink inside (450 GB/s a
+     direction on H100, 900 GB/s on Blackwell) and one NIC per GPU (400 Gb/s ConnectX-7, 800 Gb/s
+     ConnectX-8 on B300/GB300); an NVL72 rack (GB200, GB300) as a node of 64 GPUs, the usual
+     job segment of 16 trays of 4, so that tensor, context and data groups inside it pay NVLink;
+   - training as Megatron-Bridge's performance recipes run it: backend megatron, the distributed
+     optimizer (zero_stage 1), sequence parallelism where tp > 1, no recomputation, the row's
+     precision (FP8, FP8-CS, MXFP8 and FP8-MX are all `fp8`: FP8 GEMMs, BF16 elsewhere);
+2. it is costed with the public library call only, the default model with no coefficient given:
+   `estimate(spec, pp, dp, tmp, mbs, virtual_stages=vp, zero_stage=1, sequence_parallel=tp > 1,
+   activation_checkpointing="none")`, the interleaved chunks as Megatron-LM splits them;
+3. figures: MAPE and mean signed error over the expressible rows, per system, per precision and
+   per model; the rows that cannot be expressed are counted with their reason.
+
+`--fit` fits the one free coefficient these rows need, the fraction of the FP8 dense peak that
+large FP8 GEMMs reach (`gemm_efficiency.fp8_max` in profiles/gpus.yaml), on the Hopper rows and
+scores it on the Blackwell rows, and the other way round (split by GPU type, never by row).
+
+The script exits 1 when the MAPE target is missed and 2 when a row cannot be costed.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from amp_search import estimate  # noqa: E402
+from amp_search.errors import AmpSearchError  # noqa: E402
+from amp_search.spec import parse_spec  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "data" / "megatron-bridge-performance.csv"
+
+TARGET_MAPE = 0.15                   # the modern-models issue: <= 15% (goal 10%)
+
+NVL72_SEGMENT_GPUS = 64
+"""GPUs of an NVL72 rack one job uses as its NVLink domain (16 compute trays of 4)."""
+
+
+@dataclass(frozen=True)
+class System:
+    gpu: str
+    gpus_per_node: int
+    intra_node_bandwidth: str
+    nic_gbps: int
+    """One NIC per GPU, Gb/s one direction."""
+
+
+SYSTEMS = {
+    # DGX H100: NVLink 4, 900 GB/s bidirectional per GPU; 8 x ConnectX-7 400 Gb/s
+    "DGX-H100": System("H100-80GB", 8, "450 GB/s", 400),
+    # DGX B200: NVLink 5, 1.8 TB/s bidirectional per GPU; 8 x ConnectX-7 400 Gb/s
+    "DGX-B200": System("B200-180GB", 8, "900 GB/s", 400),
+    # DGX B300: NVLink 5; 8 x ConnectX-8 800 Gb/s
+    "DGX-B300": System("B300-288GB", 8, "900 GB/s", 800),
+    # GB200 NVL72: 72 GPUs on one NVLink 5 domain; one ConnectX-7 400 Gb/s per GPU
+    "DGX-GB200": System("GB200-186GB", NVL72_SEGMENT_GPUS, "900 GB/s", 400),
+    # GB300 NVL72: one ConnectX-8 800 Gb/s per GPU
+    "DGX-GB300": System("GB300-288GB", NVL72_SEGMENT_GPUS, "900 GB/s", 800),
+}
+
+MODELS = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b",
+          "LLAMA3.1_405B": "llama3.1-405b"}
+"""The file's model names -> profiles/models.yaml."""
+
+PRECISIONS = {"BF16": "bf16", "FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "fp8", "FP8-MX": "fp8"}
+"""The file's precisions -> training.precision (FP8 recipes differ in their scaling: delayed,
+current (CS) or per-block (MX); all run the linear layers' GEMMs in FP8)."""
+
+
+def unexpressed(row: dict) -> str:
+    """Why a row cannot be costed yet ('' if it can)."""
+    model = row["model"]
+    if row["workload"] != "pre-training":
+        return f"{row['workload']}: fine-tuning is not modelled"
+    if model.startswith(("DeepSeek", "Kimi")):
+        return "mixture-of-experts with multi-head latent attention is not modelled"
+    if model.startswith("Nemotron"):
+        return "hybrid Mamba layers are not modelled"
+    if model.startswith(("Qwen3", "GPT OSS")):
+        return "mixture-of-experts is not modelled yet"
+    if model not in MODELS:
+        return f"model {model} has no preset"
+    if row["precision"] == "NVFP4":
+        return "NVFP4 is not modelled"
+    if row["precision"] not in PRECISIONS:
+        return f"precision {row['precision']} (the release's table states none)"
+    if row["fsdp"] not in ("", "0"):
+        return "Megatron FSDP is not modelled"
+    if int(row["cp"]) > 1:
+        return "context parallelism is not modelled yet"
+    if row["system"] not in SYSTEMS:
+        return f"system {row['system']} is not in SYSTEMS"
+    return ""
+
+
+def spec_dict(row: dict) -> dict:
+    """The spec a user would write for the row's run."""
+    sysm = SYSTEMS[row["system"]]
+    gpus = int(row["gpus"])
+    per_node = min(sysm.gpus_per_node, gpus)
+    if gpus % per_node:
+        raise ValueError(f"{gpus} GPUs do not fill nodes of {per_node}")
+    return {
+        "cluster": {"nodes": [{
+            "gpu": sysm.gpu, "count": gpus // per_node, "gpus_per_node": per_node,
+            "intra_node_bandwidth": sysm.intra_node_bandwidth,
+            "inter_node_bandwidth": f"{sysm.nic_gbps * per_node} Gbps"}]},
+        "model": {"preset": MODELS[row["model"]], "seq_length": int(row["seq"])},
+        "training": {"global_batch_size": int(row["gbs"]),
+                     "precision": PRECISIONS[row["precision"]], "backend": "megatron",
+                     "zero_stage": 1, "activation_checkpointing": "none",
+                     "sequence_parallel": int(row["tp"]) > 1, "framework_overhead": "2 GiB"},
+    }
+
+
+def measured_s(row: dict) -> float:
+    return int(row["gbs"]) * int(row["seq"]) / (float(row["tokens_per_s_per_gpu"])
+                                                   * int(row["gpus"]))
+
+
+def virtual(row: dict) -> int:
+    return 1 if row["vp"] in ("", "n/a") else int(row["vp"])
+
+
+@dataclass
+class Result:
+    row: dict
+    measured_s: float
+    predicted_s: float
+    fits: bool
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.measured_s - 1.0
+
+    def label(self) -> str:
+        r = self.row
+        return (f"{r['model']} {r['system']} {r['precision']} {r['gpus']} GPUs tp{r['tp']} "
+                f"pp{r['pp']} vp{virtual(r)} mbs{r['mbs']} gbs{r['gbs']}")
+
+
+@dataclass
+class Scored:
+    results: list[Result] = field(default_factory=list)
+    skipped: Counter = field(default_factory=Counter)
+
+
+def cost_rows(rows: list[dict], fp8_max: float | None = None) -> Scored:
+    out = Scored()
+    for row in rows:
+        why = unexpressed(row)
+        if why:
+            out.skipped[why] += 1
+            continue
+        d = spec_dict(row)
+        if fp8_max is not None:      # the fit: an inline copy of the catalog entry
+            from amp_search.spec import load_catalog
+            gpu = load_catalog()[d["cluster"]["nodes"][0]["gpu"]]
+            d["cluster"]["nodes"][0]["gpu"] = inline_gpu(gpu, fp8_max)
+        spec = parse_spec(d)
+        tp, pp = int(row["tp"]), int(row["pp"])
+        dp = int(row["gpus"]) // (tp * pp * int(row["cp"]))
+        e = estimate(spec, pp=pp, dp=dp, tmp=tp, mbs=int(row["mbs"]),
+                     virtual_stages=virtual(row), zero_stage=1,
+                     activation_checkpointing="none", sequence_parallel=tp > 1)
+        out.results.append(Result(row, measured_s(row), e.iteration_time_s, e.fits))
+    return out
+
+
+def inline_gpu(gpu, fp8_max: float) -> dict:
+    """A catalog GPU written out inline with another FP8 GEMM efficiency."""
+    peak = {p: (v / 1e12 if v else None) for p, v in gpu.peak_flops_per_s.items()}
+    return {"name": gpu.name, "kind": gpu.kind, "memory": f"{gpu.memory_bytes} B",
+            "memory_bandwidth": f"{gpu.memory_bandwidth_bytes_per_s / 1e9} GB/s",
+            "peak_tflops": peak,
+            "gemm_efficiency": {"max": gpu.gemm_max_efficiency,
+                                "half_at": f"{gpu.gemm_half_flops / 1e9} GFLOP",
+                                "fp8_max": fp8_max},
+            "kernel_floor": f"{gpu.kernel_floor_s * 1e6} us",
+            "host_time": {"block_pass": f"{gpu.host_block_pass_s * 1e6} us",
+                          "tp_allreduce_per_rank": f"{gpu.host_tp_allreduce_per_rank_s * 1e6} us"},
+            "flash_attention": gpu.flash_attention,
+            "link_latency": {"intra": f"{gpu.link_latency_intra_s * 1e6} us",
+                             "inter": f"{gpu.link_latency_inter_s * 1e6} us"}}
+
+
+def mape(results: list[Result]) -> float:
+    return statistics.fmean(abs(r.error) for r in results) if results else float("nan")
+
+
+def signed(results: list[Result]) -> float:
+    return statistics.fmean(r.error for r in results) if results else float("nan")
+
+
+def groups(results: list[Result], key) -> dict[str, list[Result]]:
+    out = defaultdict(list)
+    for r in results:
+        out[key(r)].append(r)
+    return dict(sorted(out.items()))
+
+
+def family(system: str) -> str:
+    return "Hopper" if system == "DGX-H100" else "Blackwell"
+
+
+def report(scored: Scored, show_rows: bool) -> dict:
+    res = scored.results
+    print(f"{len(res)} rows costed, {sum(scored.skipped.values())} not expressible:")
+    for why, n in scored.skipped.most_common():
+        print(f"  {n:4d}  {why}")
+    if show_rows:
+        print("\n  measured  predicted   error  fits  run")
+        for r in res:
+            print(f"  {r.measured_s:8.2f}  {r.predicted_s:9.2f}  {r.error:+6.1%}  "
+                  f"{'yes' if r.fits else 'NO':>4}  {r.label()}")
+    out = {"rows": len(res), "skipped": dict(scored.skipped), "mape": mape(res),
+           "signed": signed(res), "by": {}}
+    print(f"\nMAPE {mape(res):.1%} (mean signed {signed(res):+.1%}) over {len(res)} rows; "
+          f"{sum(not r.fits for r in res)} predicted not to fit in memory")
+    for name, key in (("system", lambda r: r.row["system"]),
+                      ("precision", lambda r: r.row["precision"]),
+                      ("model", lambda r: r.row["model"])):
+        print(f"  by {name}:")
+        out["by"][name] = {}
+        for k, rs in groups(res, key).items():
+            print(f"    {k:14s} {len(rs):3d} rows  MAPE {mape(rs):6.1%}  signed {signed(rs):+6.1%}")
+            out["by"][name][k] = {"rows": len(rs), "mape": mape(rs), "signed": signed(rs)}
+    return out
+
+
+def fit(rows: list[dict]) -> dict:
+    """The FP8 GEMM efficiency that minimises MAPE on one GPU family, scored on the other."""
+    grid = [round(0.30 + 0.01 * i, 2) for i in range(61)]
+    by_value = {v: cost_rows(rows, v).results for v in grid}
+    out = {}
+    for train in ("Hopper", "Blackwell"):
+        test = "Blackwell" if train == "Hopper" else "Hopper"
+        best = min(grid, key=lambda v: mape([r for r in by_value[v]
+                                             if family(r.row["system"]) == train]))
+        fitted = [r for r in by_value[best] if family(r.row["system"]) == train]
+        held = [r for r in by_value[best] if family(r.row["system"]) == test]
+        print(f"fit on {train} ({len(fitted)} rows): fp8_max {best:.2f}, MAPE {mape(fitted):.1%}; "
+              f"held-out {test} ({len(held)} rows): MAPE {mape(held):.1%} "
+              f"(signed {signed(held):+.1%})")
+        out[train] = {"fp8_max": best, "fit_mape": mape(fitted), "held_out": test,
+                      "held_out_mape": mape(held), "held_out_signed": signed(held)}
+    best_all = min(grid, key=lambda v: mape(by_value[v]))
+    print(f"fit on all rows: fp8_max {best_all:.2f}, MAPE {mape(by_value[best_all]):.1%}")
+    out["all"] = {"fp8_max": best_all, "mape": mape(by_value[best_all])}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--csv", type=Path, help="write one line per costed row here")
+    ap.add_argument("--rows", action="store_true", help="print every costed row")
+    ap.add_argument("--fit", action="store_true",
+                    help="fit the FP8 GEMM efficiency, split by GPU family")
+    a = ap.parse_args(argv)
+    with open(a.data, newline="") as f:
+        rows = list(csv.DictReader(f))
+    try:
+        scored = cost_rows(rows)
+    except (AmpSearchError, ValueError) as exc:
+        print(f"megatron_bridge: a row cannot be costed: {exc}", file=sys.stderr)
+        return 2
+    out = report(scored, a.rows)
+    if a.fit:
+        out["fit"] = fit(rows)
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["model", "system", "precision", "gpus", "tp", "pp", "vp", "mbs", "gbs",
+                        "measured_s", "predicted_s", "error", "fits"])
+            for r in scored.results:
+                x = r.row
+                w.writerow([x["model"], x["system"], x["precision"], x["gpus"], x["tp"],
+                            x["pp"], virtual(x), x["mbs"], x["gbs"], f"{r.measured_s:.4f}",
+                            f"{r.predicted_s:.4f}", f"{r.error:.4f}", r.fits])
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=2) + "\n")
+    if out["mape"] > TARGET_MAPE:
+        print(f"MISSED: MAPE {out['mape']:.1%} > {TARGET_MAPE:.0%}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""training.precision: fp8 (Transformer Engine: FP8 GEMMs, BF16 elsewhere) and the interleaved
+chunks that count the embedding and the loss as layers (Megatron-LM's
+--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from amp_search.errors import SpecError, UsageError
+from amp_search.export import export_strategy
+from amp_search.launch.megatron import megatron_args
+from amp_search.partition import interleaved_partition
+from amp_search.planner import estimate
+from amp_search.spec import load_catalog, parse_spec
+from amp_search.costing.layer_times import device_speed
+from cost_models.compute import analytic_layer_time, attention_time_s
+from cost_models.layers import Layer
+
+
+def _spec(precision="fp8", gpu="H100-80GB", backend="megatron", layers=8, count=1):
+    return parse_spec({
+        "cluster": {"nodes": [{"gpu": gpu, "count": count, "gpus_per_node": 8,
+                               "intra_node_bandwidth": "450 GB/s",
+                               "inter_node_bandwidth": "3200 Gbps"}]},
+        "model": {"preset": "llama3-8b", "num_layers": layers, "seq_length": 4096},
+        "training": {"global_batch_size": 64, "precision": precision, "backend": backend,
+                     "zero_stage": 1, "activation_checkpointing": "none"}})
+
+
+def test_fp8_is_megatron_only_and_needs_an_fp8_rate():
+    assert _spec().training.storage_precision == "bf16"
+    assert _spec(precision="bf16").training.storage_precision == "bf16"
+    with pytest.raises(SpecError) as err:
+        _spec(backend="deepspeed")
+    assert "training.precision" in str(err.value) and "megatron" in str(err.value)
+    with pytest.raises(SpecError) as err:
+        _spec(gpu="A100-80GB")
+    msg = str(err.value)
+    assert "A100-80GB" in msg and "no fp8 support" in msg and "bf16" in msg
+
+
+def test_catalog_fp8_rates_are_twice_bf16_on_hopper_and_blackwell():
+    cat = load_catalog()
+    for name in ("H100-80GB", "H200-141GB", "B200-180GB", "B300-288GB", "GB200-186GB",
+                 "GB300-288GB", "L4-24GB"):
+        peak = cat[name].peak_flops_per_s
+        assert peak["fp8"] == pytest.approx(2 * peak["bf16"], rel=3e-3), name
+    for name in ("A100-80GB", "V100-16GB", "T4-16GB"):
+        assert cat[name].peak_flops_per_s["fp8"] is None
+
+
+def test_fp8_speeds_up_the_linear_gemms_only():
+    gpu = load_catalog()["H100-80GB"]
+    layer = _spec().model.layers[1]
+    assert layer.kind == "transformer"
+    bf16, fp8 = device_speed(gpu, "bf16"), device_speed(gpu, "fp8")
+    # the attention core and the memory-bound work run in BF16 either way
+    assert fp8.peak_flops_per_s == bf16.peak_flops_per_s
+    assert attention_time_s(layer, tmp=1, mbs=1, device=fp8, bytes_per_element=2,
+                            attention="flash") == attention_time_s(
+        layer, tmp=1, mbs=1, device=bf16, bytes_per_element=2, attention="flash")
+    assert fp8.linear().peak_flops_per_s == gpu.peak_flops_per_s["fp8"]
+    # the same fixed time per GEMM call: F_half / (peak eff_max) unchanged
+    lin = fp8.linear()
+    assert lin.gemm_half_flops / (lin.peak_flops_per_s * lin.gemm_max_efficiency) == \
+        pytest.approx(bf16.gemm_half_flops / (bf16.peak_flops_per_s * bf16.gemm_max_efficiency))
+    t16 = analytic_layer_time(layer, tmp=1, mbs=1, device=bf16, bytes_per_element=2)
+    t8 = analytic_layer_time(layer, tmp=1, mbs=1, device=fp8, bytes_per_element=2)
+    assert 0.5 * t16.forward_s < t8.forward_s < t16.forward_s
+
+
+def test_fp8_plan_is_faster_keeps_bf16_memory_and_exports_te_flags():
+    bf = estimate(_spec(precision="bf16"), pp=2, dp=2, tmp=2, mbs=1)
+    f8 = estimate(_spec(), pp=2, dp=2, tmp=2, mbs=1)
+    assert f8.iteration_time_s < bf.iteration_time_s
+    assert [m.peak_bytes for m in f8.memory] == [m.peak_bytes for m in bf.memory]
+    args = megatron_args(_spec().model.layers, f8.strategy, precision="fp8", iters=10)
+    i = args.index("--fp8-format")
+    assert args[i + 1] == "hybrid" and "--bf16" in args
+
+
+def test_interleaved_partition_counts_embedding_and_loss_where_blocks_do_not_split():
+    # blocks split evenly: Megatron's --num-layers-per-virtual-pipeline-stage
+    assert interleaved_partition(10, 4, first=1, last=1) == (0, 3, 5, 7, 10)
+    # Llama 3.1 405B: 126 blocks + embedding + head = 128 layers in 32 chunks of 4
+    b = interleaved_partition(128, 32, first=1, last=1)
+    assert len(b) == 33 and all(y - x == 4 for x, y in zip(b, b[1:]))
+    # 128 chunks: the embedding alone in the first, the head alone in the last
+    b = interleaved_partition(128, 128, first=1, last=1)
+    assert b == tuple(range(129))
+    with pytest.raises(ValueError, match="do not split"):
+        interleaved_partition(11, 4, first=1, last=1)       # 9 blocks, 11 layers
+
+
+def test_estimate_and_export_of_uneven_blocks(tmp_path):
+    spec = _spec(layers=14, count=1)       # 14 blocks + embedding + head = 16 layers
+    with pytest.raises(Exception) as err:  # 14 blocks do not split into 8 chunks ...
+        estimate(_spec(layers=13), pp=4, dp=1, tmp=2, mbs=1, virtual_stages=2)
+    assert "account-for-embedding" in str(err.value)
+    e = estimate(spec, pp=4, dp=1, tmp=2, mbs=1, virtual_stages=2)  # ... 16 layers do
+    assert e.strategy.partition == tuple(range(0, 17, 2))
+    ex = export_strategy(spec, e.strategy, fmt="megatron", estimate=e, iters=10, warmup=5)
+    args = json.loads(next(f.text for f in ex.files if f.path == "megatron_args.json"))
+    assert args[args.index("--num-virtual-stages-per-pipeline-rank") + 1] == "2"
+    assert "--account-for-embedding-in-pipeline-split" in args
+    assert "--account-for-loss-in-pipeline-split" in args
+    assert "--num-layers-per-virtual-pipeline-stage" not in args
+    with pytest.raises(UsageError):
+        megatron_args(spec.model.layers,
+                      e.strategy.__class__(**{**e.strategy.__dict__,
+                                              "partition": (0, 1, 3, 5, 7, 9, 11, 13, 16)}),
+                      precision="fp8", iters=10)
