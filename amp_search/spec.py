@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,7 +38,7 @@ from .resources import catalog_path
 from .spec_reader import MappingReader, key_text, read_name, read_number, show_value
 from .units import (DEVICE_MEMORY, FIXED_COST_TIME, GEMM_SIZE, MEMORY_BANDWIDTH,
                     NETWORK_BANDWIDTH, OVERHEAD_MEMORY, parse_bandwidth, parse_duration,
-                    parse_flops, parse_size)
+                    parse_flops, parse_node_bandwidth, parse_size)
 from .yaml_io import load_yaml_file, show_path
 
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
@@ -374,8 +374,8 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
                                 n.at("intra_node_bandwidth"), NETWORK_BANDWIDTH)
         inter = None
         if n.has("inter_node_bandwidth"):
-            inter = parse_bandwidth(n.raw("inter_node_bandwidth"), n.at("inter_node_bandwidth"),
-                                    NETWORK_BANDWIDTH)
+            inter = parse_node_bandwidth(n.raw("inter_node_bandwidth"),
+                                         n.at("inter_node_bandwidth"), NETWORK_BANDWIDTH)
         fields.append(dict(gpu=gpu, count=count, gpus_per_node=per,
                            intra_node_bandwidth_bytes_per_s=intra,
                            inter_node_bandwidth_bytes_per_s=inter, hosts=tuple(hosts)))
@@ -464,7 +464,13 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
     catalog = load_catalog() if catalog is None else catalog
     cluster = _cluster(r.raw("cluster", required=True), catalog)
     model = parse_model(r.raw("model", required=True))
-    training = _training(r.raw("training", required=True))
+    training_data = r.raw("training", required=True)
+    training = _training(training_data)
+    if "precision" not in training_data and all(g.gpu.kind == "cpu"
+                                                for g in cluster.node_groups):
+        # CPUs have no fast half precision to train in (DeepSpeed's fp16 needs CUDA): the
+        # default there is fp32, not the 0.001 TFLOP/s fp16 of the catalog's CPU entry
+        training = replace(training, precision="fp32")
     precision = training.precision
     if precision == "fp8" and training.backend != "megatron":
         raise SpecError("training.precision", "fp8 is costed as Megatron-LM runs it with "

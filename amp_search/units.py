@@ -114,6 +114,27 @@ def parse_bandwidth(text, path: str, bounds: Bounds | None = None) -> float:
     return value * scale
 
 
+_LINK_COUNT = re.compile(r"^\s*(\d{1,4})\s*[x\u00d7*]\s*(\S.*)$")
+MAX_LINKS = 1024
+"""The most links a node's bandwidth may be written as ('8 x 400 Gbps')."""
+
+
+def parse_node_bandwidth(text, path: str, bounds: Bounds | None = None) -> float:
+    """A node's network bandwidth: '3200 Gbps', or as its NICs are sold, 'N x B' ('8 x 400
+    Gbps', also '8x400Gbps' or with '*'): N links of B each, N x B in all. Within `bounds`."""
+    m = _LINK_COUNT.match(text) if isinstance(text, str) and len(text) <= MAX_QUANTITY_CHARS \
+        else None
+    if m is None:
+        return parse_bandwidth(text, path, bounds)
+    count = int(m.group(1))
+    if not 1 <= count <= MAX_LINKS:
+        raise SpecError(path, f"{_shown(text)}: the link count must be from 1 to {MAX_LINKS}")
+    total = count * parse_bandwidth(m.group(2), path)
+    if bounds is not None:
+        bounds.check(total, _shown(text), path)
+    return total
+
+
 def parse_size(text, path: str, bounds: Bounds | None = None) -> int:
     """'16 GiB' -> bytes.
 

@@ -399,7 +399,7 @@ print(json.dumps({"code": code, "imported": [m for m in watched if m in sys.modu
     ["plan", "configs/cpu-tiny.yaml", "--json", "-"],
     ["estimate", "configs/cpu-tiny.yaml", "--pp", "2", "--dp", "1", "--tmp", "2", "--mbs", "1",
      "--json", "-"],
-    ["timeline", "configs/cpu-tiny.yaml", "--rank", "1"],
+    ["timeline", "configs/cpu-tiny.yaml", "--rank", "1", "--no-files"],
 ])
 def test_the_planning_commands_import_no_framework(argv):
     """plan, estimate and timeline (without --png) import neither torch, DeepSpeed nor

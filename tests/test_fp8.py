@@ -111,3 +111,32 @@ def test_estimate_and_export_of_uneven_blocks(tmp_path):
                       e.strategy.__class__(**{**e.strategy.__dict__,
                                               "partition": (0, 1, 3, 5, 7, 9, 11, 13, 16)}),
                       precision="fp8", iters=10)
+
+
+def _cpu(training):
+    return parse_spec({
+        "cluster": {"nodes": [{"gpu": "CPU-local", "count": 1, "gpus_per_node": 2,
+                               "intra_node_bandwidth": "10 GB/s"}]},
+        "model": {"preset": "gpt", "num_layers": 2, "hidden_size": 64,
+                  "num_attention_heads": 2, "seq_length": 32, "vocab_size": 128},
+        "training": {"global_batch_size": 4, **training}})
+
+
+def test_cpu_clusters_default_to_fp32_and_inter_node_bandwidth_takes_nic_counts():
+    assert _cpu({}).training.precision == "fp32"            # not the 0.001 TFLOP/s fp16
+    assert _cpu({"precision": "fp16"}).training.precision == "fp16"   # written: kept
+    assert _spec(precision="bf16").training.precision == "bf16"
+    base = {"gpu": "H100-80GB", "count": 2, "gpus_per_node": 8,
+            "intra_node_bandwidth": "450 GB/s"}
+    model = {"preset": "llama3-8b", "num_layers": 4}
+    training = {"global_batch_size": 16, "precision": "bf16"}
+    nics = parse_spec({"cluster": {"nodes": [{**base, "inter_node_bandwidth": "8 x 400 Gbps"}]},
+                       "model": model, "training": training})
+    total = parse_spec({"cluster": {"nodes": [{**base, "inter_node_bandwidth": "3200 Gbps"}]},
+                        "model": model, "training": training})
+    assert nics.cluster.node_groups[0].inter_node_bandwidth_bytes_per_s == \
+        total.cluster.node_groups[0].inter_node_bandwidth_bytes_per_s == 3200e9 / 8
+    with pytest.raises(SpecError) as err:
+        parse_spec({"cluster": {"nodes": [{**base, "inter_node_bandwidth": "0 x 400 Gbps"}]},
+                    "model": model, "training": training})
+    assert "cluster.nodes[0].inter_node_bandwidth" in str(err.value)

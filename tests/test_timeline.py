@@ -194,7 +194,7 @@ def test_registering_the_command_imports_no_numpy():
      "accepted: 1f1b, gpipe"),
     (["--rank", "1", "--pp", "2"], "exclude each other"),
     (["--pp", "1", "--dp", "16", "--tmp", "1", "--mbs", "1", "--zero-stage", "2",
-      "--partition", "uniform"], None),
+      "--partition", "uniform", "--no-files"], None),
 ])
 def test_timeline_command_usage(argv, match, monkeypatch, capsys):
     from amp_search.errors import UsageError
@@ -206,3 +206,24 @@ def test_timeline_command_usage(argv, match, monkeypatch, capsys):
         return
     with pytest.raises(UsageError, match=match):
         _run([spec, *argv], monkeypatch, capsys)
+
+
+def test_timeline_writes_both_files_by_default_named_after_the_spec(tmp_path, monkeypatch,
+                                                                    capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out = _run([str(ROOT / "configs" / "amp-hetero-gpt2.yaml"), "--rank", "1"],
+                     monkeypatch, capsys)
+    assert code == 0
+    trace = tmp_path / "amp-hetero-gpt2-timeline.json"
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert f"wrote Chrome trace {trace.name}" in out
+    png = tmp_path / "amp-hetero-gpt2-timeline.png"
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert png.read_bytes()[:4] == b"\x89PNG" and f"wrote Gantt chart {png.name}" in out
+    else:
+        assert not png.exists() and "no Gantt chart without matplotlib" in out
+    for f in tmp_path.iterdir():
+        f.unlink()
+    code, out = _run([str(ROOT / "configs" / "amp-hetero-gpt2.yaml"), "--rank", "1",
+                      "--no-files"], monkeypatch, capsys)
+    assert code == 0 and "wrote" not in out and not any(tmp_path.iterdir())

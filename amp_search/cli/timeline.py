@@ -44,7 +44,8 @@ def add_parser(sub) -> None:
                     "given by --pp --dp --tmp --mbs, event by event (1F1B or GPipe, P2P, "
                     "data-parallel buckets, optimizer step), print simulated against "
                     "analytic time and each stage's busy and idle time, and write a Chrome "
-                    "trace and a PNG Gantt chart.")
+                    "trace and a PNG Gantt chart (by default SPEC-timeline.json and "
+                    "SPEC-timeline.png in the current folder; --no-files: neither).")
     p.add_argument("spec", type=Path, help="YAML cluster + model + training spec")
     add_strategy_choice(p, rank_help="simulate the plan's N-th strategy (1: the best)")
     add_strategy_knobs(p, zero_stages=(0, 1, 2), given="with a given strategy: ",
@@ -59,9 +60,13 @@ def add_parser(sub) -> None:
                    help=f"gradient bucket size in elements (default "
                         f"{_BUCKET_ELEMENTS_DEFAULT})")
     p.add_argument("--trace", type=Path, metavar="FILE.json",
-                   help="write a Chrome trace (open in ui.perfetto.dev or chrome://tracing)")
+                   help="write the Chrome trace here (open in ui.perfetto.dev or "
+                        "chrome://tracing); default: SPEC-timeline.json in the current folder")
     p.add_argument("--png", type=Path, metavar="FILE.png",
-                   help="write a Gantt chart (needs matplotlib)")
+                   help="write the Gantt chart here (needs matplotlib); default: "
+                        "SPEC-timeline.png in the current folder")
+    p.add_argument("--no-files", action="store_true",
+                   help="write neither file, print the table only")
     p.add_argument("--max-search-seconds", type=positive_float, default=120.0, metavar="S",
                    help="with --rank: refuse a search estimated to take longer (default 120)")
     add_profiles_argument(p)
@@ -119,9 +124,20 @@ def run(args) -> int:
         args.bucket_elements = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
     spec = load_spec(args.spec)
     measurements = measurements_for(spec, args)
+    default_png = args.png is None and args.trace is None and not args.no_files
+    if args.no_files:
+        args.trace = args.png = None
+    elif args.trace is None and args.png is None:       # both, named after the spec
+        args.trace = Path(f"{args.spec.stem}-timeline.json")
+        args.png = Path(f"{args.spec.stem}-timeline.png")
     if args.png is None:
         return _run(args, spec, measurements, None)
     if importlib.util.find_spec("matplotlib") is None:
+        if default_png:
+            print("note: no Gantt chart without matplotlib (pip install matplotlib); "
+                  "writing the Chrome trace only")
+            args.png = None
+            return _run(args, spec, measurements, None)
         raise UsageError("--png needs matplotlib: pip install matplotlib")
     with PngWriter() as png:        # imports matplotlib in its own process while we plan
         return _run(args, spec, measurements, png)
