@@ -126,13 +126,13 @@ def ranking_key(e: Estimate) -> tuple[float, int, str]:
 
 
 def rank(estimates: list[Estimate], pruned: Counter) -> list[Estimate]:
-    """Sort by `ranking_key` and keep one strategy per layout (pp, dp, tmp, mbs): the others
+    """Sort by `ranking_key` and keep one strategy per layout (pp, dp, tmp, cp, mbs): the others
     differ only in ZeRO stage or recomputation, which trade memory for time, and a faster
     setting of them fits; they are counted under SLOWER_KNOBS_SAME_LAYOUT."""
     seen, out = set(), []
     for e in sorted(estimates, key=ranking_key):
         s = e.strategy
-        layout = (s.pp, s.dp, s.tmp, s.mbs)
+        layout = (s.pp, s.dp, s.tmp, s.mbs) + ((s.cp,) if s.cp > 1 else ())
         if layout in seen:
             pruned[Reason.SLOWER_KNOBS_SAME_LAYOUT.value] += 1
             continue
@@ -194,7 +194,7 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
              measurements: Measurements = NO_MEASUREMENTS,
              cost_params: CostParams | None = None, simulate: bool = False,
              sequence_parallel: bool | None = None,
-             virtual_stages: int | None = None) -> Estimate:
+             virtual_stages: int | None = None, cp: int = 1) -> Estimate:
     """Predict one given strategy (the best of the placement orders unless one is named).
     It must satisfy the search space's rules (Infeasible otherwise, naming the rule). A
     strategy that does not fit in memory is still estimated, with `fits` False. simulate:
@@ -203,13 +203,16 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
     is full, False none); None and `sequence_parallel` None take the spec's first value.
     `virtual_stages`: model chunks per stage (None: the spec's first value; > 1 the
     interleaved schedule, with Megatron-LM's uniform chunks unless `partition` gives v*pp+1
-    boundaries)."""
+    boundaries). `cp`: context-parallel ranks per sequence (Megatron-LM's ring attention;
+    pp * dp * cp * tmp devices)."""
     n, L = spec.cluster.num_devices, spec.model.num_layers
-    for name, v in (("pp", pp), ("dp", dp), ("tmp", tmp), ("mbs", mbs)):
+    for name, v in (("pp", pp), ("dp", dp), ("tmp", tmp), ("mbs", mbs), ("cp", cp)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise UsageError(f"--{name} must be a positive integer, got {v!r}")
-    if pp * dp * tmp != n:
-        raise UsageError(f"pp*dp*tmp = {pp}*{dp}*{tmp} = {pp * dp * tmp}, but the cluster has "
+    if pp * dp * tmp * cp != n:
+        names, values = ("pp*dp*tmp", f"{pp}*{dp}*{tmp}") if cp == 1 else \
+            ("pp*dp*cp*tmp", f"{pp}*{dp}*{cp}*{tmp}")
+        raise UsageError(f"{names} = {values} = {pp * dp * tmp * cp}, but the cluster has "
                          f"{n} devices; the product must equal {n}")
     zero = spec.training.zero_stage[0] if zero_stage is None else zero_stage
     if zero not in (0, 1, 2, 3):
@@ -228,7 +231,7 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
     if isinstance(vs, bool) or not isinstance(vs, int) or vs < 1:
         raise UsageError(f"--virtual-stages must be a positive integer, got {vs!r}")
     c = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero, recompute=ckpt,
-                     sequence_parallel=sp, virtual_stages=vs)
+                       sequence_parallel=sp, virtual_stages=vs, cp=cp)
     violation = first_violation(SearchSpace.of(spec), c)
     if violation is not None:
         raise violation.error()

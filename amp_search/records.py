@@ -35,7 +35,8 @@ class Strategy:
     partition[k] .. partition[k+1]-1 on stage k mod pp; with v = 1, stage j runs layers
     partition[j] .. partition[j+1]-1."""
     placement: Placement
-    """Device id of each (stage, replica, tensor rank)."""
+    """Device id of each (stage, replica, tensor rank); the replicas are dp x cp, a data
+    replica's cp context-parallel ranks side by side (replica d * cp + c)."""
     placement_order: str = "listed"
     """Which node order the placement came from: listed | fastest-first | slowest-first | given."""
     zero_stage: int = 0
@@ -50,6 +51,9 @@ class Strategy:
     virtual_stages: int = 1
     """Model chunks per pipeline stage: v > 1 runs Megatron-LM's interleaved 1F1B schedule
     (Narayanan et al., SC'21, section 2.2.2); 1 is plain 1F1B."""
+    cp: int = 1
+    """Context-parallel degree: each sequence split over cp ranks (Megatron-LM's ring
+    attention, --context-parallel-size); 1 is none."""
 
     def stage_layer_ranges(self, stage: int) -> tuple[tuple[int, int], ...]:
         """The (first, end) layer ranges pipeline stage `stage` runs: its v model chunks
@@ -79,14 +83,15 @@ class Strategy:
 
     @property
     def num_devices(self) -> int:
-        return self.pp * self.dp * self.tmp
+        return self.pp * self.dp * self.cp * self.tmp
 
     def label(self) -> str:
         return f"pp{self.pp}-dp{self.dp}-tmp{self.tmp}-mbs{self.mbs}-z{self.zero_stage}" + (
             "-ckpt" if self.activation_checkpointing else "") + (
             "-sel" if self.selective_recompute and not self.activation_checkpointing else "") + (
             "-sp" if self.sequence_parallel else "") + (
-            f"-v{self.virtual_stages}" if self.virtual_stages > 1 else "")
+            f"-v{self.virtual_stages}" if self.virtual_stages > 1 else "") + (
+            f"-cp{self.cp}" if self.cp > 1 else "")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -109,6 +114,7 @@ class Strategy:
                                            d.get("recompute") == "selective")),
             sequence_parallel=bool(d.get("sequence_parallel", False)),
             virtual_stages=int(d.get("virtual_stages", 1)),
+            cp=int(d.get("cp", 1)),
         )
 
 

@@ -37,6 +37,17 @@ rules are written once:
     interleaved_backend         interleaved_under_deepspeed   DeepSpeed's PipelineEngine has no
                                                               interleaved schedule (search
                                                               for the deepspeed backend only)
+    context_parallel_backend    context_parallel_under_deepspeed  cp > 1: Megatron-LM's ring
+                                                              attention; the deepspeed
+                                                              backend has none
+    sequence_divides_cp         sequence_not_divisible_by_cp  cp > 1 splits each sequence into
+                                                              2 cp chunks (causal load
+                                                              balance), and each cp rank's
+                                                              s/cp tokens over tmp under
+                                                              sequence parallelism
+    context_parallel_needs_flash  context_parallel_with_standard_attention  cp > 1 runs the
+                                                              fused attention kernels of
+                                                              Transformer Engine
 
 and one equivalence, applied by the search only (an equivalent point is a valid strategy, so
 `estimate` accepts it):
@@ -88,6 +99,9 @@ class Reason(str, Enum):
     MICROBATCHES_NOT_MULTIPLE_OF_PP = "microbatches_not_multiple_of_pp"
     BLOCKS_NOT_DIVISIBLE_BY_CHUNKS = "blocks_not_divisible_by_chunks"
     INTERLEAVED_UNDER_DEEPSPEED = "interleaved_under_deepspeed"
+    CONTEXT_PARALLEL_UNDER_DEEPSPEED = "context_parallel_under_deepspeed"
+    SEQUENCE_NOT_DIVISIBLE_BY_CP = "sequence_not_divisible_by_cp"
+    CONTEXT_PARALLEL_WITH_STANDARD_ATTENTION = "context_parallel_with_standard_attention"
     OUT_OF_MEMORY = "out_of_memory"
     SLOWER_KNOBS_SAME_LAYOUT = "slower_knobs_same_layout"
     """Same (pp, dp, tmp, mbs) as a faster ranked strategy that fits: only its ZeRO stage,
@@ -114,6 +128,16 @@ class Candidate:
     sequence_parallel: bool = False
     virtual_stages: int = 1
     """Model chunks per pipeline stage (> 1: the interleaved 1F1B schedule)."""
+    cp: int = 1
+    """Context-parallel degree: each sequence split over cp ranks (Megatron-LM's ring
+    attention); the devices are pp x dp x cp x tmp."""
+
+    @property
+    def replicas(self) -> int:
+        """Model replicas of the placement, dp x cp: the context-parallel ranks of a data
+        replica sit beside each other (Megatron-LM's order tp, cp, dp, pp) and reduce their
+        gradients together."""
+        return self.dp * self.cp
 
     @classmethod
     def of(cls, strategy) -> "Candidate":
@@ -123,16 +147,17 @@ class Candidate:
                    activation_checkpointing=strategy.activation_checkpointing,
                    selective_recompute=strategy.selective_recompute,
                    sequence_parallel=strategy.sequence_parallel,
-                   virtual_stages=strategy.virtual_stages)
+                   virtual_stages=strategy.virtual_stages, cp=strategy.cp)
 
     @classmethod
     def make(cls, *, pp: int, dp: int, tmp: int, mbs: int, zero_stage: int, recompute: str,
-             sequence_parallel: bool = False, virtual_stages: int = 1) -> "Candidate":
+             sequence_parallel: bool = False, virtual_stages: int = 1,
+             cp: int = 1) -> "Candidate":
         """A candidate from a recomputation mode: none | selective | full."""
         return cls(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero_stage,
                    activation_checkpointing=recompute == "full",
                    selective_recompute=recompute == "selective",
-                   sequence_parallel=sequence_parallel, virtual_stages=virtual_stages)
+                   sequence_parallel=sequence_parallel, virtual_stages=virtual_stages, cp=cp)
 
     @property
     def recompute(self) -> str:
@@ -179,6 +204,8 @@ class SearchSpace:
     interleaved schedule's chunks split evenly."""
     num_leading: int = 0
     """The leading embedding layers."""
+    context_parallel: tuple[int, ...] = (1,)
+    """Context-parallel degrees searched (training.context_parallel)."""
     backend: str = "deepspeed"
     """The framework the plan is for (deepspeed | megatron): training.backend, unless the
     caller names another (`launch --backend`)."""
@@ -192,6 +219,7 @@ class SearchSpace:
         lead = next((i for i, k in enumerate(kinds) if k != "embedding"), len(kinds))
         tail = next((i for i, k in enumerate(kinds[::-1]) if k != "head"), len(kinds))
         return cls(virtual_stages=t.virtual_pipeline_stages,
+                   context_parallel=t.context_parallel,
                    num_blocks=max(len(kinds) - lead - tail, 0), num_leading=lead,
                    num_devices=spec.cluster.num_devices, num_layers=spec.model.num_layers,
                    global_batch_size=t.global_batch_size, tp_divisors=spec.model.tp_divisors,
@@ -337,6 +365,40 @@ def interleaved_backend(s: SearchSpace, c: Candidate) -> Violation | None:
     return None
 
 
+def context_parallel_backend(s: SearchSpace, c: Candidate) -> Violation | None:
+    if c.cp > 1 and s.backend != "megatron":
+        return Violation(Reason.CONTEXT_PARALLEL_UNDER_DEEPSPEED,
+                         f"cp = {c.cp}: context parallelism is Megatron-LM's ring attention; "
+                         f"the {s.backend} backend has none (use backend megatron, or cp 1)")
+    return None
+
+
+def sequence_divides_cp(s: SearchSpace, c: Candidate) -> Violation | None:
+    if c.cp == 1:
+        return None
+    bad = [n for n in s.seq_lengths if n % (2 * c.cp)]
+    if bad:
+        return Violation(Reason.SEQUENCE_NOT_DIVISIBLE_BY_CP,
+                         f"cp = {c.cp}: the sequence length {bad[0]} is not divisible by "
+                         f"2 x cp = {2 * c.cp} (Megatron-LM splits each sequence into 2 cp "
+                         f"chunks to balance the causal mask)")
+    bad = [n for n in s.seq_lengths if (n // c.cp) % c.tmp] if c.sequence_parallel else []
+    if bad:
+        return Violation(Reason.SEQUENCE_NOT_DIVISIBLE_BY_CP,
+                         f"cp = {c.cp} with sequence parallelism at tmp = {c.tmp}: a cp "
+                         f"rank's {bad[0] // c.cp} tokens do not split over tmp")
+    return None
+
+
+def context_parallel_needs_flash(s: SearchSpace, c: Candidate) -> Violation | None:
+    if c.cp > 1 and s.attention_scores:
+        return Violation(Reason.CONTEXT_PARALLEL_WITH_STANDARD_ATTENTION,
+                         f"cp = {c.cp} with standard (unfused) attention: Megatron-LM's "
+                         f"context parallelism runs Transformer Engine's fused attention "
+                         f"(training.attention flash, on GPUs that have it)")
+    return None
+
+
 def zero_without_data_parallel(s: SearchSpace, c: Candidate) -> Violation | None:
     lowest = min(s.zero_stages)
     if c.dp == 1 and c.zero_stage != lowest:
@@ -356,7 +418,10 @@ FEASIBILITY_RULES: tuple[Rule, ...] = LAYOUT_RULES + (mbs_divides_replica_batch,
                                                       virtual_stages_need_pipeline,
                                                       interleaved_microbatches,
                                                       chunks_split_blocks,
-                                                      interleaved_backend)
+                                                      interleaved_backend,
+                                                      context_parallel_backend,
+                                                      sequence_divides_cp,
+                                                      context_parallel_needs_flash)
 """Everything a strategy must satisfy to run (what `estimate` checks)."""
 EQUIVALENCE_RULES: tuple[Rule, ...] = (zero_without_data_parallel, selective_needs_scores)
 """Points that repeat (or are beaten by) another point's plan (the search keeps one)."""
@@ -385,14 +450,18 @@ def degrees(num_devices: int):
 
 
 def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]:
-    """Every (pp, dp, tmp, mbs, zero, recompute, sequence parallel) that satisfies the rules,
-    one per equivalent group; what is dropped is counted in `pruned` under its reason."""
+    """Every (pp, dp, tmp, cp, mbs, zero, recompute, sequence parallel, virtual stages) that
+    satisfies the rules, one per equivalent group; what is dropped is counted in `pruned`
+    under its reason (a cp that does not divide the devices is no point of the space)."""
     knobs = len(space.zero_stages) * len(space.recompute) * len(space.sequence_parallel) \
         * len(space.virtual_stages)
     out = []
-    for pp, dp, tmp in degrees(space.num_devices):
+    layouts = ((pp, dp, tmp, cp) for cp in space.context_parallel
+               if space.num_devices % cp == 0
+               for pp, dp, tmp in degrees(space.num_devices // cp))
+    for pp, dp, tmp, cp in layouts:
         probe = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=1, zero_stage=space.zero_stages[0],
-                             recompute=space.recompute[0])
+                               recompute=space.recompute[0], cp=cp)
         v = first_violation(space, probe, LAYOUT_RULES)
         if v is not None:
             pruned[v.reason.value] += knobs
@@ -403,8 +472,8 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
                     for sp, vs in ((sp, vs) for sp in space.sequence_parallel
                                    for vs in space.virtual_stages):
                         c = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=z,
-                                         recompute=ck, sequence_parallel=sp,
-                                         virtual_stages=vs)
+                                           recompute=ck, sequence_parallel=sp,
+                                           virtual_stages=vs, cp=cp)
                         v = first_violation(space, c, FEASIBILITY_RULES[len(LAYOUT_RULES):]
                                             + EQUIVALENCE_RULES)
                         if v is not None:
@@ -448,7 +517,7 @@ class SearchCost:
 
 
 def search_cost(space: SearchSpace, candidates: list[Candidate], orders: int) -> SearchCost:
-    layouts = len({(c.pp, c.dp, c.tmp) for c in candidates})
+    layouts = len({(c.pp, c.dp, c.tmp, c.cp) for c in candidates})
     return SearchCost(candidates=len(candidates), evaluations=len(candidates) * orders,
                       layers=space.num_layers,
                       dp_cells=orders * space.num_layers * sum(c.pp for c in candidates),

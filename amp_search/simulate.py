@@ -151,7 +151,7 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
         device[j] = cache[types]
 
     tp = np.zeros((c.pp, 3, L))
-    if c.tmp > 1:
+    if c.tmp > 1 or c.cp > 1:
         for k in range(3):      # the cost model's table of collectives, pass by pass
             tp[:, k, :] = model.tp_time_s(c, layout, part=k)
 
@@ -230,7 +230,8 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
                     p2p_mode=p2p_mode)
     if s.pp > 1:
         bw, crosses = layout.p2p_links
-        shard = s.tmp if s.sequence_parallel else 1      # SP sends [s/t, b, h] shards
+        # SP sends [s/t, b, h] shards; each context-parallel rank its s/cp tokens
+        shard = (s.tmp if s.sequence_parallel else 1) * s.cp
         kw.update(p2p_bytes=np.array([model.out_bytes[bounds[j + 1] - 1] * s.mbs / shard
                                       for j in range(s.pp - 1)]),
                   p2p_latency_s=model.link_latencies_s("p2p", crosses, layout,
@@ -246,7 +247,7 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
                   zero3_layer_forward_s=layer[0],
                   zero3_layer_backward_s=layer[1] + layer[2],
                   zero3_param_bytes=params * bpe, zero3_grad_bytes=params * grad_bpe)
-    elif s.dp > 1:
+    elif s.dp * s.cp > 1:        # the gradients are reduced over dp x cp
         bw, crosses = layout.dp_links
         grad = pipeline.stage_totals(
             model.params_per_layer(s.tmp)[None, :].repeat(s.pp, axis=0), bounds) * bpe
@@ -260,7 +261,7 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
         else:
             engine = memory_model.deepspeed_engine(zero_stage=s.zero_stage, precision=precision)
             gather, weights = s.zero_stage in (1, 2) or engine == "bf16_optimizer", grad
-        kw.update(dp=s.dp, gradient_bytes=grad,
+        kw.update(dp=s.dp * s.cp, gradient_bytes=grad,
                   dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(bw, dtype=float),
                   bucket_bytes=float(bucket_elements) * bpe, overlap=overlap,
@@ -287,16 +288,16 @@ def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
     bw, crosses = layout.p2p_links
     lat = np.asarray(model.link_latencies_s("p2p", crosses, layout, boundaries=True), float)
     bw = np.asarray(bw, dtype=float)
-    shard = s.tmp if s.sequence_parallel else 1
+    shard = (s.tmp if s.sequence_parallel else 1) * s.cp
     kw.update(p2p_bytes=np.array([model.out_bytes[bounds[k + 1] - 1] * s.mbs / shard
                                   for k in range(v * pp - 1)]),
               p2p_latency_s=np.array([lat[k % pp] if (k + 1) % pp else lat.max()
                                       for k in range(v * pp - 1)]),
               p2p_bandwidth_bytes_per_s=np.concatenate([bw, [bw.min()]]))
-    if s.dp > 1:
+    if s.dp * s.cp > 1:
         bpe = model.spec.training.bytes_per_element
         dbw, dcross = layout.dp_links
-        kw.update(dp=s.dp, gradient_bytes=pipeline.chunk_device_totals(
+        kw.update(dp=s.dp * s.cp, gradient_bytes=pipeline.chunk_device_totals(
                       model.params_per_layer(s.tmp)[None, :].repeat(pp, axis=0), bounds, pp)
                   * bpe, dp_latency_s=model.link_latencies_s("all_reduce", dcross, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(dbw, dtype=float),

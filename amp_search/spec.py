@@ -159,6 +159,10 @@ class Cluster:
 MAX_VIRTUAL_STAGES = 64
 """The largest training.virtual_pipeline_stages accepted (each chunk needs a layer per stage)."""
 VIRTUAL_STAGES_SEARCH = (1, 2, 3, 4, 6, 8)
+CONTEXT_PARALLEL_SEARCH = (1, 2, 4, 8, 16, 32)
+"""The context-parallel degrees `context_parallel: search` tries (those that divide the devices
+and the sequence: search_space's rules)."""
+MAX_CONTEXT_PARALLEL = 1024
 """The model chunks per stage `virtual_pipeline_stages: search` tries; the search space's rules
 keep those that split the transformer blocks evenly (search_space.chunks_split_blocks)."""
 
@@ -186,6 +190,10 @@ class TrainingSpec:
     virtual_pipeline_stages: tuple[int, ...] = (1,)
     """Model chunks per pipeline stage to search: (1,) plain 1F1B (the default), (v,) for a
     given v, or VIRTUAL_STAGES_SEARCH for `search` (v > 1: Megatron-LM's interleaved 1F1B)."""
+    context_parallel: tuple[int, ...] = (1,)
+    """Context-parallel degrees to search: (1,) none (the default), (c,) a given one, or
+    CONTEXT_PARALLEL_SEARCH for `search`; megatron backend only (Megatron-LM's ring
+    attention)."""
     backend: str = "deepspeed"
     """The training framework the plan is for (BACKENDS): deepspeed (the trial program) or
     megatron (Megatron-LM: zero_stage 1 is its distributed optimizer, ZeRO 2/3 do not
@@ -394,7 +402,7 @@ def _training(data) -> TrainingSpec:
     r = MappingReader(data, "training", ("global_batch_size", "precision", "activation_checkpointing",
                                    "zero_stage", "memory_headroom", "framework_overhead",
                                    "optimizer", "attention", "sequence_parallel",
-                                   "virtual_pipeline_stages", "backend"))
+                                   "virtual_pipeline_stages", "backend", "context_parallel"))
     ckpt = r.raw("activation_checkpointing", "none")
     modes = ("none", "selective", "full")
     if isinstance(ckpt, list) and ckpt and all(isinstance(m, str) and m in modes for m in ckpt) \
@@ -423,6 +431,20 @@ def _training(data) -> TrainingSpec:
         raise SpecError(r.at("virtual_pipeline_stages"),
                         f"got {show_value(vps)}; accepted: an integer from 1 to {MAX_VIRTUAL_STAGES} "
                         f"(model chunks per pipeline stage; 1 is plain 1F1B) or search")
+    cps = r.raw("context_parallel", 1)
+    if cps == "search":
+        context_parallel = CONTEXT_PARALLEL_SEARCH
+    elif isinstance(cps, int) and not isinstance(cps, bool) and 1 <= cps <= MAX_CONTEXT_PARALLEL:
+        context_parallel = (cps,)
+    elif isinstance(cps, list) and cps and all(
+            isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_CONTEXT_PARALLEL
+            for x in cps) and len(set(cps)) == len(cps):
+        context_parallel = tuple(sorted(cps))
+    else:
+        raise SpecError(r.at("context_parallel"),
+                        f"got {show_value(cps)}; accepted: an integer from 1 to "
+                        f"{MAX_CONTEXT_PARALLEL} (ranks each sequence is split over; 1: none), "
+                        f"a list of them such as [1, 2], or search")
     zero = r.raw("zero_stage", 0)
     if isinstance(zero, str) and zero == "search":
         zero_stages = (0, 1, 2, 3)
@@ -447,6 +469,7 @@ def _training(data) -> TrainingSpec:
         activation_checkpointing=ckpt_modes,
         sequence_parallel=sequence_parallel,
         virtual_pipeline_stages=virtual_stages,
+        context_parallel=context_parallel,
         zero_stage=zero_stages,
         memory_headroom=float(headroom),
         framework_overhead_bytes=parse_size(r.raw("framework_overhead", "1 GiB"),
@@ -542,6 +565,8 @@ def spec_fingerprint(spec: Spec) -> dict:
                 for item in section[part]:
                     item["gpu"]["peak_flops_per_s"].pop("fp8", None)
                     item["gpu"].pop("gemm_fp8_max_efficiency", None)
+        if name == "training" and section["context_parallel"] == (1,):
+            del section["context_parallel"]      # as before the key existed
         text = json.dumps(section, sort_keys=True, default=str)
         out[name] = hashlib.sha256(text.encode()).hexdigest()
     return out

@@ -22,8 +22,9 @@ GPUs).
      optimizer (zero_stage 1), sequence parallelism where tp > 1, no recomputation, the row's
      precision (FP8, FP8-CS, MXFP8 and FP8-MX are all `fp8`: FP8 GEMMs, BF16 elsewhere);
 2. it is costed with the public library call only, the default model with no coefficient given:
-   `estimate(spec, pp, dp, tmp, mbs, virtual_stages=vp, zero_stage=1, sequence_parallel=tp > 1,
-   activation_checkpointing="none")`, the interleaved chunks as Megatron-LM splits them;
+   `estimate(spec, pp, dp, tmp, mbs, cp=cp, virtual_stages=vp, zero_stage=1,
+   sequence_parallel=tp > 1, activation_checkpointing="none")`, the interleaved chunks as
+   Megatron-LM splits them, dp = GPUs / (tp pp cp);
 3. figures: MAPE and mean signed error over the expressible rows, per system, per precision and
    per model; the rows that cannot be expressed are counted with their reason.
 
@@ -109,8 +110,6 @@ def unexpressed(row: dict) -> str:
         return f"precision {row['precision']} (the release's table states none)"
     if row["fsdp"] not in ("", "0"):
         return "Megatron FSDP is not modelled"
-    if int(row["cp"]) > 1:
-        return "context parallelism is not modelled yet"
     if row["system"] not in SYSTEMS:
         return f"system {row['system']} is not in SYSTEMS"
     return ""
@@ -159,7 +158,7 @@ class Result:
     def label(self) -> str:
         r = self.row
         return (f"{r['model']} {r['system']} {r['precision']} {r['gpus']} GPUs tp{r['tp']} "
-                f"pp{r['pp']} vp{virtual(r)} mbs{r['mbs']} gbs{r['gbs']}")
+                f"pp{r['pp']} cp{r['cp']} vp{virtual(r)} mbs{r['mbs']} gbs{r['gbs']}")
 
 
 @dataclass
@@ -181,9 +180,9 @@ def cost_rows(rows: list[dict], fp8_max: float | None = None) -> Scored:
             gpu = load_catalog()[d["cluster"]["nodes"][0]["gpu"]]
             d["cluster"]["nodes"][0]["gpu"] = inline_gpu(gpu, fp8_max)
         spec = parse_spec(d)
-        tp, pp = int(row["tp"]), int(row["pp"])
-        dp = int(row["gpus"]) // (tp * pp * int(row["cp"]))
-        e = estimate(spec, pp=pp, dp=dp, tmp=tp, mbs=int(row["mbs"]),
+        tp, pp, cp = int(row["tp"]), int(row["pp"]), int(row["cp"])
+        dp = int(row["gpus"]) // (tp * pp * cp)
+        e = estimate(spec, pp=pp, dp=dp, tmp=tp, mbs=int(row["mbs"]), cp=cp,
                      virtual_stages=virtual(row), zero_stage=1,
                      activation_checkpointing="none", sequence_parallel=tp > 1)
         out.results.append(Result(row, measured_s(row), e.iteration_time_s, e.fits))
@@ -295,12 +294,12 @@ def main(argv=None) -> int:
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["model", "system", "precision", "gpus", "tp", "pp", "vp", "mbs", "gbs",
+            w.writerow(["model", "system", "precision", "gpus", "tp", "pp", "cp", "vp", "mbs", "gbs",
                         "measured_s", "predicted_s", "error", "fits"])
             for r in scored.results:
                 x = r.row
                 w.writerow([x["model"], x["system"], x["precision"], x["gpus"], x["tp"],
-                            x["pp"], virtual(x), x["mbs"], x["gbs"], f"{r.measured_s:.4f}",
+                            x["pp"], x["cp"], virtual(x), x["mbs"], x["gbs"], f"{r.measured_s:.4f}",
                             f"{r.predicted_s:.4f}", f"{r.error:.4f}", r.fits])
     if a.json:
         a.json.write_text(json.dumps(out, indent=2) + "\n")

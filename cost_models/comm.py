@@ -127,6 +127,20 @@ def stage_boundary_time_s(activation_bytes, bandwidth_bytes_per_s, latency_s=0.0
     return 2.0 * p2p_time_s(activation_bytes, bandwidth_bytes_per_s, latency_s)
 
 
+def context_parallel_ring_time_s(kv_bytes, cp: int, core_s, bandwidth_bytes_per_s,
+                                 latency_s=0.0, *, backward: bool = False):
+    """The exposed time of one pass of one layer's context-parallel ring (Megatron-LM's
+    default cp_comm_type p2p, ring attention): cp - 1 steps, each sending this rank's K/V
+    chunk (`kv_bytes`, both directions of the ring at once) to the next rank while the
+    attention core runs on the chunk it holds, so each step hides up to core_s / cp of it.
+    The backward passes the K/V and their gradients: twice the bytes per step, against the
+    backward core (core_s is the pass's own core time). Arrays broadcast."""
+    if cp <= 1:
+        return 0.0
+    step = p2p_time_s(kv_bytes * (2.0 if backward else 1.0), bandwidth_bytes_per_s, latency_s)
+    return (cp - 1) * np.maximum(step - np.asarray(core_s) / cp, 0.0)
+
+
 def link_latency_s(crosses_nodes, intra_s, inter_s):
     """Per-message (per ring step) latency of a ring or P2P link: the inter-node latency where
     it crosses nodes, else the intra-node one (arrays broadcast elementwise)."""

@@ -125,35 +125,43 @@ def gemm_time_s(flops, device: DeviceSpeed):
 
 
 def attention_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
-                     bytes_per_element: int, attention: str) -> float:
-    """The attention core of one forward pass (see the module docstring)."""
+                     bytes_per_element: int, attention: str, cp: int = 1) -> float:
+    """The attention core of one forward pass (see the module docstring); one context-parallel
+    rank's share, 1/cp of it, with cp > 1."""
     if attention not in ATTENTION_KINDS:
         raise ValueError(f"attention {attention!r}; accepted: {', '.join(ATTENTION_KINDS)}")
     if attention == "flash":
-        return gemm_time_s(attention_core_flops(layer, tmp) * mbs, device)
-    return (attention_score_elements(layer, tmp) * mbs
+        return gemm_time_s(attention_core_flops(layer, tmp) * mbs / cp, device)
+    return (attention_score_elements(layer, tmp) * mbs / cp
             * standard_attention_bytes(bytes_per_element) / device.memory_bandwidth_bytes_per_s)
 
 
 def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
                         bytes_per_element: int, attention: str = "flash",
-                        framework: str = "deepspeed") -> LayerTime:
+                        framework: str = "deepspeed", cp: int = 1) -> LayerTime:
     """Forward and backward device time of one micro-batch of `mbs` samples through one tensor
     rank's shard of `layer`, its size-dependent work only (collectives: cost_models.comm;
     fixed costs: `kernel_floor_time_s`, `host_time_s`). The GEMMs and a fused attention take
     twice their forward time in backward (input and weight gradients); the memory-bound ops
     move what `cost_models.layers.elementwise_bytes_by_pass` counts for the framework, and
     unfused attention under megatron what `standard_attention_backward_bytes` counts (the
-    trial layers under deepspeed: twice the forward, as before these were counted)."""
+    trial layers under deepspeed: twice the forward, as before these were counted).
+
+    With context parallelism (cp > 1) the rank holds s/cp of each sequence's tokens: every
+    GEMM call is cp times smaller (so a little less efficient), the memory-bound work is 1/cp,
+    and the attention core, its queries against every key (the K/V passed around the ring,
+    cost_models.comm.context_parallel_ring_time_s), 1/cp of the whole core, the causal mask
+    balanced over the ranks as Megatron-LM's 2 cp chunks do."""
     linear = device.linear()
-    gemm = sum(gemm_time_s(f * mbs, linear) for f in gemm_flops(layer, tmp))
+    gemm = sum(gemm_time_s(f * mbs / cp, linear) for f in gemm_flops(layer, tmp))
     core = attention_time_s(layer, tmp=tmp, mbs=mbs, device=device,
-                            bytes_per_element=bytes_per_element, attention=attention)
+                            bytes_per_element=bytes_per_element, attention=attention, cp=cp)
     core_backward = 2.0 * core
     if attention == "standard" and framework == "megatron":
         core_backward = core * (standard_attention_backward_bytes(bytes_per_element)
                                 / standard_attention_bytes(bytes_per_element))
     ew_forward, ew_backward = elementwise_bytes_by_pass(layer, tmp, bytes_per_element, framework)
+    ew_forward, ew_backward = ew_forward / cp, ew_backward / cp
     bw = device.memory_bandwidth_bytes_per_s
     return LayerTime(forward_s=gemm + core + ew_forward * mbs / bw,
                      backward_s=2.0 * gemm + core_backward + ew_backward * mbs / bw)

@@ -335,6 +335,16 @@ def gemm_flops(layer: Layer, tmp: int = 1) -> tuple[float, ...]:
     return ()
 
 
+def kv_elements_per_token(layer: Layer, tmp: int = 1) -> int:
+    """Elements of one token's keys and values on one tensor rank (2 g d / t; a key/value group
+    that tmp splits below one is replicated on each rank): what context parallelism's ring
+    passes from rank to rank. 0 for the other layers."""
+    if layer.kind != "transformer":
+        return 0
+    per_rank = max(layer.query_groups // tmp, 1)
+    return 2 * per_rank * layer.kv_channels
+
+
 def attention_core_flops(layer: Layer, tmp: int = 1) -> float:
     """QK^T and attention x V of one forward pass per sample: 4 s^2 h / t (Narayanan et al.
     2021); transformer layers only. With a head width d: 4 s^2 a d / t (grouped-query

@@ -429,8 +429,13 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
                 zero_stage: int, recompute: bool, precision: str,
                 buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
                 attention_scores: bool = False, sequence_parallel: bool = False,
-                selective: bool = False, framework: str = "deepspeed") -> StageBytes:
-    """All parts for the device of one stage (every tensor rank holds the same shapes)."""
+                selective: bool = False, framework: str = "deepspeed",
+                cp: int = 1) -> StageBytes:
+    """All parts for the device of one stage (every tensor rank holds the same shapes). With
+    context parallelism (cp > 1; dp is then the dp x cp ranks the optimizer states are sharded
+    over) a rank keeps the activations of its s/cp tokens: 1/cp of every activation and
+    buffer term (each is per token, the stored scores of standard attention too: s/cp
+    queries against s keys)."""
     per_layer = [param_tensor_numels(x, tmp) for x in layers]
     states = model_state_bytes(
         tuple(n for ts in per_layer for n in ts), precision=precision, zero_stage=zero_stage,
@@ -447,6 +452,7 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
     act += pipeline_buffer_bytes(layers, stage=stage, pp=pp, gas=gas, mbs=mbs, tmp=tmp,
                                  bytes_per_element=g,
                                  pipelined=pipeline_engine(pp=pp, zero_stage=zero_stage))
+    act = act // cp if cp > 1 else act
     return StageBytes(parameter_bytes=states.parameter_bytes,
                       gradient_bytes=states.gradient_bytes,
                       optimizer_bytes=states.optimizer_bytes,
@@ -500,8 +506,10 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
                         recompute: bool, precision: str, framework_overhead_bytes: int,
                         buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
                         attention_scores: bool = False, sequence_parallel: bool = False,
-                        selective: bool = False, framework: str = "deepspeed") -> LinearMemory:
-    """`LinearMemory` of a pipelined strategy (see there); the same terms as `stage_bytes`."""
+                        selective: bool = False, framework: str = "deepspeed",
+                        cp: int = 1) -> LinearMemory:
+    """`LinearMemory` of a pipelined strategy (see there); the same terms as `stage_bytes`
+    (with cp > 1, 1/cp of the activation terms)."""
     g = BYTES_PER_ELEMENT[precision]
     numels = [param_tensor_numels(x, tmp) for x in layers]
     flat = tuple(n for ts in numels for n in ts)
@@ -514,7 +522,7 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
     selective = selective and not recompute
     fixed = float(framework_overhead_bytes + states.buffer_bytes)
     if recompute or selective:
-        fixed += recompute_working_set_bytes(layers, selective=selective, **kw)
+        fixed += recompute_working_set_bytes(layers, selective=selective, **kw) / cp
     by_signature: dict = {}
     for x in layers[:-1]:
         if x.signature not in by_signature:
@@ -525,8 +533,8 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
         state_bytes=per_param * np.array([sum(ts) for ts in numels], dtype=float),
         activation_bytes=np.array([layer_activation_bytes(x, recompute=recompute,
                                                           selective=selective, **kw)
-                                   for x in layers], dtype=float),
-        fixed_bytes=fixed, output_buffer_bytes=max(by_signature.values(), default=0.0),
+                                   for x in layers], dtype=float) / cp,
+        fixed_bytes=fixed, output_buffer_bytes=max(by_signature.values(), default=0.0) / cp,
         last_buffer_bytes=stage_output_buffer_bytes(last, mbs=mbs, tmp=tmp,
-                                                    bytes_per_element=g),
+                                                    bytes_per_element=g) / cp,
         last_buffers_aliased=head_buffers_aliased(g) if last.kind == "head" else 0)

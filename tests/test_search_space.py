@@ -37,7 +37,7 @@ def test_each_rule_names_its_reason():
         assert v is not None and v.reason == reason, (c, v)
         assert isinstance(v.error(), Infeasible) and v.error().reason == reason.value
     assert first_violation(space, cand(2, 2, 2, mbs=3, zero=1)) is None
-    assert len(FEASIBILITY_RULES) == 12     # 4 of them on virtual stages (test_interleaved)
+    assert len(FEASIBILITY_RULES) == 15     # 4 on virtual stages (test_interleaved), 3 on cp
 
 
 def test_enumeration_counts_prunes_and_collapses_zero_without_dp():

@@ -114,6 +114,10 @@ def add_strategy_knobs(parser: argparse.ArgumentParser, *, zero_stages=(0, 1, 2,
                             help=f"{given}sequence parallelism over the tensor group (tmp > 1; "
                                  f"default: the spec's; off if it says 'search')")
     if sequence_knobs:
+        parser.add_argument("--cp", type=positive_int, default=None, metavar="C",
+                            help=f"{given}context-parallel ranks per sequence (Megatron-LM's "
+                                 f"ring attention, backend megatron; pp x dp x cp x tmp = the "
+                                 f"cluster's GPUs; default 1)")
         parser.add_argument("--virtual-stages", type=positive_int, default=None, metavar="V",
                             help=f"{given}model chunks per pipeline stage: V > 1 runs "
                                  f"Megatron-LM's interleaved 1F1B (needs pp > 1 and the "

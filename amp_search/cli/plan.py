@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
                        ("mbs", "micro-batch size: samples per micro-batch per replica")):
         e.add_argument(*DEGREE_FLAGS.get(name, (f"--{name}",)), dest=name, type=positive_int,
                        required=True, metavar="N",
-                       help=f"{what} (required; pp x dp x tmp = the cluster's GPUs)"
+                       help=f"{what} (required; pp x dp x tmp (x cp) = the cluster's GPUs)"
                        if name == "pp" else f"{what} (required)")
     add_strategy_knobs(e, sequence_knobs=True)
     e.add_argument("--no-simulate", action="store_true",
@@ -126,8 +126,9 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> 
     some shown time was simulated and differs from it."""
     both = any(_differs(e) for _, e, _ in rows)
     chunked = any(e.strategy.virtual_stages > 1 for _, e, _ in rows)   # a 'v' column
-    head = ("rank", "pp", "dp", "tmp", "mbs", "zero", "ckpt", "sp") + (("v",) if chunked
-                                                                        else ()) + (
+    context = any(e.strategy.cp > 1 for _, e, _ in rows)                # a 'cp' column
+    head = ("rank", "pp", "dp", "tmp") + (("cp",) if context else ()) + (
+            "mbs", "zero", "ckpt", "sp") + (("v",) if chunked else ()) + (
             "layers/stage",
             "placement", "mem GiB", "iter s") + (("eq.5 s",) if both else ()) \
         + ("samples/s", "vs Megatron")
@@ -136,7 +137,8 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> 
         s = e.strategy
         analytic = (f"{e.analytic_iteration_time_s:.4g}" if _differs(e) else "=",) \
             if both else ()
-        cells.append((label, str(s.pp), str(s.dp), str(s.tmp), str(s.mbs), str(s.zero_stage),
+        cells.append((label, str(s.pp), str(s.dp), str(s.tmp),
+                      *((str(s.cp),) if context else ()), str(s.mbs), str(s.zero_stage),
                       {"none": "-", "selective": "sel"}.get(s.recompute, s.recompute),
                       "yes" if s.sequence_parallel else "-",
                       *((str(s.virtual_stages),) if chunked else ()),
@@ -146,7 +148,8 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> 
                                                      else ""),
                       *analytic, f"{e.samples_per_s:.4g}",
                       "-" if speedup is None else f"{speedup:.2f}x"))
-    return render_table(head, cells, left=(9, 10) if chunked else (8, 9))
+    first = 8 + chunked + context           # layers/stage and placement: left-aligned
+    return render_table(head, cells, left=(first, first + 1))
 
 
 LEGEND_WIDTH = 100
@@ -185,6 +188,9 @@ def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> list[s
              f"{_placement_example(spec, rows)} (dp x tmp devices per stage). mem GiB: peak / "
              f"usable memory of the fullest device. ckpt: activation recomputation (full: "
              f"each block, sel: the attention core only); sp: sequence parallelism."]
+    if any(e.strategy.cp > 1 for _, e, _ in rows):
+        lines.append("cp: context-parallel ranks per sequence (Megatron-LM's ring attention); "
+                     "a stage then holds dp x cp x tmp devices.")
     if any(e.strategy.virtual_stages > 1 for _, e, _ in rows):
         lines.append("v: model chunks per stage (Megatron-LM's interleaved 1F1B; stage j runs "
                      "chunks j, j + pp, ...); where v > 1, layers/stage lists the layers per "
@@ -310,6 +316,7 @@ def chosen_strategy(spec: Spec, args, measurements) -> tuple[Estimate, str]:
                  activation_checkpointing=args.activation_checkpointing,
                  sequence_parallel=getattr(args, "sequence_parallel", None),
                  virtual_stages=getattr(args, "virtual_stages", None),
+                 cp=getattr(args, "cp", None) or 1,
                  placement_order=args.placement_order, measurements=measurements)
     return e, "given strategy"
 
@@ -389,7 +396,8 @@ def run_estimate(args) -> int:
                  activation_checkpointing=args.activation_checkpointing,
                  placement_order=args.placement_order,
                  measurements=measurements_for(spec, args), simulate=not args.no_simulate,
-                 sequence_parallel=args.sequence_parallel, virtual_stages=args.virtual_stages)
+                 sequence_parallel=args.sequence_parallel, virtual_stages=args.virtual_stages,
+                 cp=args.cp or 1)
     if not e.fits:      # said first: the time below is what it would take with the memory
         worst = max(e.memory, key=lambda m: m.peak_bytes / m.capacity_bytes)
         print(f"amp-search: this strategy does not fit: stage {worst.stage} needs "

@@ -21,10 +21,11 @@ import numpy as np
 from cost_models import comm
 from cost_models import memory as memory_model
 from cost_models import pipeline
-from cost_models.compute import (HostCosts, block_passes, host_time_by_pass_s,
-                                 kernel_floor_time_s, synced_overlapped_time_s)
-from cost_models.layers import (leading_layers, output_elements, param_count,
-                                 tp_collectives_by_pass)
+from cost_models.compute import (HostCosts, attention_time_s, block_passes,
+                                 host_time_by_pass_s, kernel_floor_time_s,
+                                 synced_overlapped_time_s)
+from cost_models.layers import (kv_elements_per_token, leading_layers, output_elements,
+                                 param_count, tp_collectives_by_pass)
 from cost_models.params import CostParams
 from cost_models.recompute import selective_recompute_time_s, sequence_parallel_time_s
 
@@ -92,6 +93,9 @@ class PlacedLayout:
     tp_kind_links: dict | None = None
     """The tensor rings' links for the collectives with their own measured fit (all-gather,
     reduce-scatter: profile-comm measures each), as tp_links; the others use tp_links."""
+    cp_links: tuple | None = None
+    """The same for the context-parallel rings (the cp ranks of one data replica and tensor
+    rank); None: cp 1."""
 
 
 def measured_overheads(measurements: Measurements) -> tuple[CostParams, str]:
@@ -217,15 +221,50 @@ class CostModel:
         their own on gloo), else the all-reduce's."""
         out = np.zeros((c.pp, self.num_layers))
         bpe = self.spec.training.bytes_per_element
+        if c.cp > 1:
+            out = out + self.cp_time_s(c, layout, part)
+        if c.tmp == 1:
+            return out
         for kind, (elements, calls) in self.tp_collectives(
                 c.activation_checkpointing, c.sequence_parallel, part).items():
             bw, crosses = (layout.tp_kind_links or {}).get(kind, layout.tp_links)
             measured = (kind, "intra") in self.measurements.link_fits or \
                 (kind, "inter") in self.measurements.link_fits
             lat = self.link_latencies_s(kind if measured else "all_reduce", crosses, layout)
-            out = out + comm.collective_time_s(kind, elements[None, :] * bpe * c.mbs, c.tmp,
-                                            bw[:, None], lat[:, None],
-                                            messages=calls[None, :])
+            out = out + comm.collective_time_s(kind, elements[None, :] * bpe * c.mbs / c.cp,
+                                               c.tmp, bw[:, None], lat[:, None],
+                                               messages=calls[None, :])
+        return out
+
+    def cp_time_s(self, c: Candidate, layout: PlacedLayout, part: int | None = None
+                  ) -> np.ndarray:
+        """[pp, L]: the exposed time of each layer's context-parallel ring in one micro-batch
+        (all passes, or pass `part`), on each stage's slowest cp ring, against the attention
+        core of its slowest device type (cost_models.comm.context_parallel_ring_time_s): the
+        forward, the backward (K/V and their gradients) and, with full recomputation, the
+        forward again."""
+        t = self.spec.training
+        bpe = t.bytes_per_element
+        layers = self.spec.model.layers
+        kv = np.array([kv_elements_per_token(x, c.tmp) * x.seq_length / c.cp for x in layers],
+                      dtype=float) * c.mbs * bpe
+        bw, crosses = layout.cp_links
+        lat = self.link_latencies_s("p2p", crosses, layout)
+        out = np.zeros((c.pp, self.num_layers))
+        passes = [(0, False), (1, True)] + ([(2, False)] if c.activation_checkpointing else [])
+        for j, types in enumerate(layout.stage_gpus):
+            core = np.zeros(self.num_layers)
+            for g in types:
+                gpu = self.gpus[g]
+                device = device_speed(gpu, t.precision)
+                core = np.maximum(core, [attention_time_s(
+                    x, tmp=c.tmp, mbs=c.mbs, device=device, bytes_per_element=bpe,
+                    attention=self.spec.attention_for(gpu), cp=c.cp) for x in layers])
+            for k, backward in passes:
+                if part in (None, k):
+                    out[j] += comm.context_parallel_ring_time_s(
+                        kv, c.cp, core * (2.0 if backward else 1.0), bw[j], lat[j],
+                        backward=backward)
         return out
 
     def latency(self, collective: str, link: str, catalog_s=None):
@@ -272,7 +311,7 @@ class CostModel:
                             activation_checkpointing=c.activation_checkpointing,
                             selective_recompute=c.selective_recompute,
                             sequence_parallel=c.sequence_parallel,
-                            virtual_stages=c.virtual_stages)
+                            virtual_stages=c.virtual_stages, cp=c.cp)
         return self._assemble(strategy, costs, layout.capacity_bytes,
                               scores if with_memory else None)
 
@@ -295,13 +334,14 @@ class CostModel:
         p = self.params
         scale = dict(intra_scale=p.bandwidth("intra"), inter_scale=p.bandwidth("inter"))
         key = None if placement is not None else (order.name, c.pp, c.dp, c.tmp,
-                                                  tuple(scale.values()))
+                                                  tuple(scale.values())) + (
+            (c.cp,) if c.cp > 1 else ())
         hit = self._placement_cache.get(key) if key is not None else None
         if hit is not None:
             return hit
         if placement is None:
-            placement = megatron_placement(order, c.pp, c.dp, c.tmp)
-        tp = dp = p2p = None
+            placement = megatron_placement(order, c.pp, c.replicas, c.tmp)
+        tp = dp = p2p = cp = None
         tp_kind = {}
         if c.tmp > 1:
             r = ring_links(self.cluster_for["all_reduce"], placement, **scale)
@@ -311,9 +351,13 @@ class CostModel:
                     r = ring_links(self.cluster_for[kind], placement, **scale)
                     tp_kind[kind] = (r.bandwidth_bytes_per_s.min(axis=1),
                                      r.crosses_nodes.any(axis=1))
-        if c.dp > 1:
+        if c.replicas > 1:        # the gradients are reduced over dp x cp
             r = ring_links(self.cluster_for["all_reduce"], placement.transpose(0, 2, 1), **scale)
             dp = (r.bandwidth_bytes_per_s.min(axis=1), r.crosses_nodes.any(axis=1))
+        if c.cp > 1:              # [stage, replica d, tensor rank, cp rank]
+            rings = placement.reshape(c.pp, c.dp, c.cp, c.tmp).transpose(0, 1, 3, 2)
+            r = ring_links(self.cluster_for["p2p"], rings.reshape(c.pp, -1, c.cp), **scale)
+            cp = (r.bandwidth_bytes_per_s.min(axis=1), r.crosses_nodes.any(axis=1))
         if c.pp > 1:
             r = p2p_links(self.cluster_for["p2p"], placement, **scale)
             p2p = (r.bandwidth_bytes_per_s, r.crosses_nodes)
@@ -321,7 +365,7 @@ class CostModel:
             placement=placement, placement_tuple=as_tuple(placement),
             stage_gpus=[np.unique(self.gpu_of_device[placement[j]]) for j in range(c.pp)],
             capacity_bytes=self.capacity_bytes[placement.reshape(c.pp, -1)].min(axis=1),
-            tp_links=tp, dp_links=dp, p2p_links=p2p, tp_kind_links=tp_kind)
+            tp_links=tp, dp_links=dp, p2p_links=p2p, tp_kind_links=tp_kind, cp_links=cp)
         if key is not None:
             self._placement_cache[key] = hit
         return hit
@@ -337,7 +381,7 @@ class CostModel:
         optimizer = np.zeros((c.pp, L))
         optimizer_share = memory_model.optimizer_shards(
             framework=self.spec.training.backend, zero_stage=c.zero_stage,
-            precision=self.spec.training.storage_precision, dp=c.dp)
+            precision=self.spec.training.storage_precision, dp=c.replicas)
         ckpt = c.activation_checkpointing
         rows: dict = {}                 # stages holding the same device types cost the same
         for j in range(c.pp):
@@ -349,7 +393,7 @@ class CostModel:
                 for g in types:         # a stage runs at its slowest device type's pace
                     gpu = self.gpus[g]
                     scale = p.compute(gpu.name)
-                    lt = self.timer.times(gpu, c.tmp, c.mbs)
+                    lt = self.timer.times(gpu, c.tmp, c.mbs, c.cp)
                     _, issue, issue_forward = self._fixed_costs(gpu, c.tmp, ckpt,
                                                                 c.sequence_parallel)
                     issue = np.where(lt.analytic, issue, 0.0)
@@ -365,7 +409,7 @@ class CostModel:
             compute[j], host[j], optimizer[j], compute_forward[j], host_forward[j] = rows[types]
 
         tensor_parallel = tensor_parallel_forward = np.zeros((c.pp, L))
-        if c.tmp > 1:       # each stage's tensor rings run on its slowest ring's links
+        if c.tmp > 1 or c.cp > 1:   # each stage's rings run on its slowest ring's links
             tensor_parallel = self.tp_time_s(c, layout)
             if host.any():  # the forward's share matters only beside a host time
                 tensor_parallel_forward = self.tp_time_s(c, layout, part=0)
@@ -375,7 +419,8 @@ class CostModel:
             bw, crosses = layout.p2p_links
             lat = self.link_latencies_s("p2p", crosses, layout, boundaries=True)
             # sequence parallelism hands each tensor rank's s/t shard to the next stage
-            shard = c.tmp if c.sequence_parallel else 1
+            # (and each context-parallel rank its s/cp tokens)
+            shard = (c.tmp if c.sequence_parallel else 1) * c.cp
             cut[1:, 1:L] = comm.stage_boundary_time_s(
                 self.out_bytes[None, :L - 1] * c.mbs / shard, bw[:, None], lat[:, None])
 
@@ -385,7 +430,7 @@ class CostModel:
                           cut_s=cut,
                           sync_s=sync, sync_fixed_s=sync_fixed, optimizer_s=optimizer,
                           microbatch_overhead_s=p.microbatch_overhead_s,
-                          step_overhead_s=p.step_overhead(c.pp, c.dp),
+                          step_overhead_s=p.step_overhead(c.pp, c.replicas),
                           layer_s=synced_overlapped_time_s(
                               host_forward, compute_forward + tensor_parallel_forward, host,
                               compute + tensor_parallel))
@@ -420,10 +465,11 @@ class CostModel:
         framework_s = self.params.layer_overhead(c.pp) / 2
         key = ("passes", gpu.name, c.tmp, c.mbs, ckpt, c.selective_recompute,
                c.sequence_parallel, scale, floor_s, framework_s,
-               self.params.zero_cost("zero_microbatch_s_per_param", c.zero_stage))
+               self.params.zero_cost("zero_microbatch_s_per_param", c.zero_stage)) + (
+            (c.cp,) if c.cp > 1 else ())
         hit = self._fixed_cache.get(key)
         if hit is None:
-            lt = self.timer.times(gpu, c.tmp, c.mbs)
+            lt = self.timer.times(gpu, c.tmp, c.mbs, c.cp)
             floor = self._fixed_costs(gpu, c.tmp, ckpt)[0]
             per_pass = np.where(lt.analytic, floor / self._floor_passes[ckpt], 0.0)
             fwd = lt.forward_s * scale + per_pass + framework_s
@@ -470,7 +516,9 @@ class CostModel:
                         layer, recompute=c.activation_checkpointing, **kw).total_s
                 out.append(x)
             hit = self._fixed_cache[key] = np.array(out)
-        return hit
+        # one context-parallel rank's share: both knobs' work is per token (the recomputed
+        # core too: its queries against every key, 1/cp of the whole)
+        return hit / c.cp if c.cp > 1 else hit
 
     def _fixed_costs(self, gpu, tmp: int, recompute: bool, sequence_parallel: bool = False
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -531,7 +579,7 @@ class CostModel:
         """The data-parallel sync of stage j is linear in the parameters it holds
         (cost_models.comm.data_parallel_sync_time_s on the stage's slowest dp ring):
         sync_j = fixed[j] + sum over its layers of per_layer[j, l], less what overlap hides."""
-        if c.dp == 1:
+        if c.replicas == 1:
             return np.zeros((c.pp, self.num_layers)), np.zeros(c.pp)
         bw, crosses = layout.dp_links
         bpe = self.spec.training.bytes_per_element
@@ -549,7 +597,7 @@ class CostModel:
 
         def sync(element_bytes: float) -> np.ndarray:      # [pp]: one parameter's bytes
             return pipeline.exposed_time_s(comm.data_parallel_sync_time_s(
-                param_bytes=element_bytes, grad_bytes=element_bytes * grad_scale, n=c.dp,
+                param_bytes=element_bytes, grad_bytes=element_bytes * grad_scale, n=c.replicas,
                 bandwidth_bytes_per_s=bw, latency_s=lat,
                 zero_stage=c.zero_stage, gas=gas, gather_weights_after_step=gather_weights,
                 framework=framework), self.params.dp_overlap)
@@ -609,12 +657,12 @@ class CostModel:
         if c.pp == 1:
             return None, None
         key = (c.tmp, c.dp, c.mbs, gas, c.zero_stage, c.activation_checkpointing, scores,
-               c.selective_recompute, c.sequence_parallel)
+               c.selective_recompute, c.sequence_parallel, c.cp)
         lin = self._mem_cache.get(key)
         if lin is None:
             t = self.spec.training
             lin = memory_model.linear_stage_memory(
-                self.spec.model.layers, dp=c.dp, tmp=c.tmp, mbs=c.mbs, gas=gas,
+                self.spec.model.layers, dp=c.replicas, tmp=c.tmp, mbs=c.mbs, gas=gas, cp=c.cp,
                 zero_stage=c.zero_stage, recompute=c.activation_checkpointing,
                 precision=t.storage_precision, framework_overhead_bytes=t.framework_overhead_bytes,
                 attention_scores=scores, sequence_parallel=c.sequence_parallel,

@@ -58,10 +58,10 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
             st = _interleaved_stage_bytes(spec, s, j, bool(attention_scores[j]))
         else:
             st = _stage_bytes(spec.model.layers[s.partition[j]:s.partition[j + 1]], j, s.pp,
-                              s.dp, s.tmp, s.mbs, s.gas, s.zero_stage,
+                              s.dp * s.cp, s.tmp, s.mbs, s.gas, s.zero_stage,
                               s.activation_checkpointing, t.storage_precision,
                               bool(attention_scores[j]), s.sequence_parallel,
-                              s.selective_recompute, t.backend)
+                              s.selective_recompute, t.backend, s.cp)
         capacity = capacity_bytes[j]
         overhead = t.framework_overhead_bytes + st.buffer_bytes
         peak = (st.parameter_bytes + st.gradient_bytes + st.optimizer_bytes
@@ -86,7 +86,7 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
     layers = spec.model.layers
     chunks = [layers[a:z] for a, z in s.stage_layer_ranges(j)]
     device = tuple(x for c in chunks for x in c)
-    st = _stage_bytes(device, s.pp - 1, s.pp, s.dp, s.tmp, s.mbs, s.gas, s.zero_stage,
+    st = _stage_bytes(device, s.pp - 1, s.pp, s.dp * s.cp, s.tmp, s.mbs, s.gas, s.zero_stage,
                       s.activation_checkpointing, t.storage_precision, attention_scores,
                       s.sequence_parallel, s.selective_recompute, t.backend)
     g = t.bytes_per_element
@@ -102,6 +102,7 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
                                          selective=s.selective_recompute, **kw)
     act = activations.interleaved_saved_activation_bytes(per_chunk, stage=j, pp=s.pp,
                                                           gas=s.gas) + one - sum(per_chunk)
+    act = act // s.cp if s.cp > 1 else act      # a context-parallel rank's s/cp tokens
     return memory_model.StageBytes(parameter_bytes=st.parameter_bytes,
                                    gradient_bytes=st.gradient_bytes,
                                    optimizer_bytes=st.optimizer_bytes,
@@ -112,10 +113,12 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
 def _stage_bytes(layers: tuple[Layer, ...], stage: int, pp: int, dp: int, tmp: int, mbs: int,
                  gas: int, zero_stage: int, recompute: bool, precision: str,
                  attention_scores: bool, sequence_parallel: bool = False,
-                 selective: bool = False, backend: str = "deepspeed") -> memory_model.StageBytes:
-    """One stage's parts, cached: the search asks for the same stage many times."""
+                 selective: bool = False, backend: str = "deepspeed",
+                 cp: int = 1) -> memory_model.StageBytes:
+    """One stage's parts, cached: the search asks for the same stage many times (dp: the
+    ranks the optimizer states are sharded over, dp x cp)."""
     return memory_model.stage_bytes(layers, stage=stage, pp=pp, dp=dp, tmp=tmp, mbs=mbs, gas=gas,
                          zero_stage=zero_stage, recompute=recompute, precision=precision,
                          attention_scores=attention_scores,
                          sequence_parallel=sequence_parallel, selective=selective,
-                         framework=backend)
+                         framework=backend, cp=cp)

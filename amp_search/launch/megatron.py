@@ -28,6 +28,8 @@ The strategy maps to its arguments:
                              --recompute-num-layers 1
     selective_recompute      --recompute-granularity selective (the attention core only)
     sequence_parallel        --sequence-parallel
+    cp > 1                   --context-parallel-size (ring attention; Megatron's rank order
+                             tp-cp-dp-pp, the placement's replicas d * cp + c)
     virtual_stages v > 1     --num-layers-per-virtual-pipeline-stage (blocks / (v * pp)): the
                              interleaved 1F1B schedule over Megatron's uniform chunks
                              (megatron/training/arguments.py, v0.7: needs pp > 2 and the blocks
@@ -192,6 +194,8 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         args += ["--recompute-granularity", "selective"]
     if s.sequence_parallel:
         args += ["--sequence-parallel"]
+    if s.cp > 1:
+        args += ["--context-parallel-size", str(s.cp)]
     if s.zero_stage == 1:
         args += ["--use-distributed-optimizer"]
     if precision in ("bf16", "fp16"):

@@ -264,6 +264,9 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
     if not splits_layers(p, n, chunks):
         return (f"partition {list(p)} does not split {n} layers into {chunks} non-empty "
                 f"{'stages' if s.virtual_stages == 1 else 'model chunks'}")
+    if s.cp > 1 and backend == "deepspeed":
+        return (f"cp {s.cp}: context parallelism is Megatron-LM's ring attention; DeepSpeed's "
+                f"PipelineEngine has none (use the megatron backend, or cp 1)")
     if s.virtual_stages > 1 and backend == "deepspeed":
         return (f"virtual_stages {s.virtual_stages}: DeepSpeed's PipelineEngine has no "
                 f"interleaved schedule (use the megatron backend, or virtual_stages 1)")

@@ -6,7 +6,9 @@ DeepSpeed's `PipeModelDataParallelTopology(num_pp, num_mp, num_dp)` orders its a
     g = stage * (dp * tmp) + replica * tmp + tensor          (ranks_test checks it)
 
 and megatron-core's default order "tp-cp-ep-dp-pp" gives the same tensor / data / pipeline
-groups, so megatron's tensor rank of g equals DeepSpeed's slice-parallel rank.
+groups, so megatron's tensor rank of g equals DeepSpeed's slice-parallel rank. With context
+parallelism (megatron only) the replicas are the dp x cp ranks, replica = d * cp + c, which is
+megatron's order with cp between tp and dp.
 
 The plan's placement[stage][replica][tensor] names the device of each coordinate, hence of
 each global rank. Launchers do not number processes that way: they number them node after node
@@ -71,7 +73,7 @@ def assign_ranks(strategy: Strategy, device_node: dict[int, tuple[int, int]],
     device_node: device id -> (node id, local device index); node_host: node id -> host."""
     out = []
     for g in range(strategy.num_devices):
-        j, r, t = coords(g, dp=strategy.dp, tmp=strategy.tmp)
+        j, r, t = coords(g, dp=strategy.dp * strategy.cp, tmp=strategy.tmp)
         dev = strategy.placement[j][r][t]
         node, local = device_node[dev]
         out.append(RankAssignment(rank=g, stage=j, replica=r, tensor=t, device=dev, node=node,
