@@ -57,6 +57,13 @@ keeps per score element: the softmax output (g), the attention-dropout mask (1 B
 dropout output (g), (2g + 1) a s^2 / t per sample (Korthikanti et al. 2022, "Reducing
 activation recomputation", section 4.1: 5 a s^2 b bytes per layer in fp16).
 
+FP8 (training.precision fp8, Transformer Engine): a linear layer saves an FP8 copy of its input
+(1 B per element) for the backward instead of the BF16 tensor: the QKV and fc1 inputs (the norm
+outputs, h each, which the fused norm-linear then does not keep in BF16) and the fc2 input
+(the activation's output, f/t) shrink to 1 B per element; the projection's input, the
+attention output that the fused attention keeps in BF16 for its own backward, gains its 1 B
+FP8 copy (a d/t). Per token: (g - 1) (2h + f/t) fewer bytes and a d/t more (`fp8`).
+
 Sequence parallelism (Korthikanti et al. 2022, tmp > 1) stores the replicated per-token terms
 (the LayerNorm inputs and outputs, their mean and rstd, an input projection's input) for the
 rank's s/t tokens only: transformer g (4h/t + 4h/t + 2f/t + 4/t) + 4a/t, their Table 2's
@@ -98,7 +105,7 @@ def sequence_shards(tmp: int, sequence_parallel: bool) -> int:
 
 def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
                       attention_scores: bool = False, sequence_parallel: bool = False,
-                      selective: bool = False) -> int:
+                      selective: bool = False, fp8: bool = False) -> int:
     """Bytes autograd saves for backward in one forward of the trial layer (no full
     recomputation), per micro-batch; the per-token terms are in the module docstring.
 
@@ -124,6 +131,8 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
         replicated, split = _llama_saved_per_token(layer, tmp=t, bytes_per_element=g,
                                                    attention_scores=attention_scores,
                                                    selective=selective)
+        if fp8:
+            replicated, split = _fp8_saved_per_token(layer, replicated, split, t, g)
         return ((replicated + proj_in * (k != "head")) * s // q + split * s) * mbs
     if k == "transformer":
         replicated = g * (4 * h + 4) + proj_in
@@ -140,7 +149,25 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
         return g * layer.custom_output_elements * mbs
     else:
         raise ValueError(f"unknown layer kind {k!r}")
+    if fp8:
+        replicated, split = _fp8_saved_per_token(layer, replicated, split, t, g)
     return (replicated * s // q + split * s) * mbs
+
+
+def _fp8_saved_per_token(layer: Layer, replicated: int, split: int, tmp: int,
+                         g: int) -> tuple[int, int]:
+    """(replicated, split) per token under FP8 (module docstring): the linear layers' saved
+    inputs as FP8 copies, for the transformer and mlp layers (the head's GEMM stays in BF16
+    under Transformer Engine's recipes)."""
+    k = layer.kind
+    if k not in ("transformer", "mlp"):
+        return replicated, split
+    h, f = layer.hidden_size, layer.ffn_hidden_size
+    norms = 2 if k == "transformer" else 1               # QKV and fc1 inputs, or fc1's
+    split -= (g - 1) * (f // tmp)                        # fc2 input
+    if k == "transformer":
+        split += layer.attention_width // tmp            # the projection input's FP8 copy
+    return replicated - (g - 1) * norms * h, split
 
 
 def _llama_saved_per_token(layer: Layer, *, tmp: int, bytes_per_element: int,
@@ -180,7 +207,8 @@ def checkpoint_input_bytes(layer: Layer, *, mbs: int, bytes_per_element: int,
 
 def layer_activation_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
                            recompute: bool, attention_scores: bool = False,
-                           sequence_parallel: bool = False, selective: bool = False) -> int:
+                           sequence_parallel: bool = False, selective: bool = False,
+                           fp8: bool = False) -> int:
     """Bytes the layer keeps for backward per micro-batch: everything it saves, or with full
     recomputation only a block's input (embedding and head are not recomputed)."""
     if recompute and layer.kind in CHECKPOINTED_KINDS:
@@ -188,7 +216,7 @@ def layer_activation_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_elemen
                                       tmp=tmp, sequence_parallel=sequence_parallel)
     return layer_saved_bytes(layer, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
                              attention_scores=attention_scores,
-                             sequence_parallel=sequence_parallel, selective=selective)
+                             sequence_parallel=sequence_parallel, selective=selective, fp8=fp8)
 
 
 def selective_working_set_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
@@ -246,7 +274,7 @@ def interleaved_saved_activation_bytes(chunk_bytes, *, stage: int, pp: int, gas:
 
 def recompute_working_set_bytes(layers, *, mbs: int, tmp: int, bytes_per_element: int,
                                 attention_scores: bool = False, sequence_parallel: bool = False,
-                                selective: bool = False) -> int:
+                                selective: bool = False, fp8: bool = False) -> int:
     """Extra bytes while a recomputed block runs its backward: its full saved set minus the
     input it already kept (the recomputation saves the same input storage), largest block;
     with `selective`, the largest `selective_working_set_bytes`."""
@@ -259,7 +287,7 @@ def recompute_working_set_bytes(layers, *, mbs: int, tmp: int, bytes_per_element
         elif x.kind in CHECKPOINTED_KINDS:
             full = layer_saved_bytes(x, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
                                      attention_scores=attention_scores,
-                                     sequence_parallel=sequence_parallel)
+                                     sequence_parallel=sequence_parallel, fp8=fp8)
             best = max(best, full - checkpoint_input_bytes(
                 x, mbs=mbs, bytes_per_element=bytes_per_element, tmp=tmp,
                 sequence_parallel=sequence_parallel))
@@ -269,7 +297,7 @@ def recompute_working_set_bytes(layers, *, mbs: int, tmp: int, bytes_per_element
 def stage_saved_activation_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tmp: int,
                                  bytes_per_element: int, recompute: bool,
                                  attention_scores: bool = False, sequence_parallel: bool = False,
-                                 selective: bool = False) -> int:
+                                 selective: bool = False, fp8: bool = False) -> int:
     """The most bytes saved for backward that stage j holds at once:
     n = in_flight_microbatches micro-batches of its layers' saved activations; with
     recomputation (full or selective), plus one block's (one attention core's) working set
@@ -277,7 +305,7 @@ def stage_saved_activation_bytes(layers, *, stage: int, pp: int, gas: int, mbs: 
     the head's bytes are not counted twice)."""
     n = in_flight_microbatches(stage, pp, gas)
     kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
-              attention_scores=attention_scores, sequence_parallel=sequence_parallel)
+              attention_scores=attention_scores, sequence_parallel=sequence_parallel, fp8=fp8)
     selective = selective and not recompute
     per_mb = sum(layer_activation_bytes(x, recompute=recompute, selective=selective, **kw)
                  for x in layers)

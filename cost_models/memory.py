@@ -61,7 +61,7 @@ from .activations import (FP32_BYTES, head_buffers_aliased, in_flight_microbatch
                           stage_saved_activation_bytes)
 from .layers import Layer, block_tensor_numels, padded_vocab_size
 
-BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
+BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 """g: bytes of a weight, gradient or activation element in each training precision."""
 ADAM_STATE_BYTES = 8
 """Adam's two fp32 moments (exp_avg, exp_avg_sq) per parameter."""
@@ -147,7 +147,8 @@ def deepspeed_engine(*, zero_stage: int, precision: str) -> str:
         raise ValueError(f"precision {precision!r}; accepted: {', '.join(BYTES_PER_ELEMENT)}")
     if zero_stage:
         return f"zero{zero_stage}"
-    return {"fp32": "torch_adam", "bf16": "bf16_optimizer", "fp16": "fp16_optimizer"}[precision]
+    return {"fp32": "torch_adam", "bf16": "bf16_optimizer", "fp16": "fp16_optimizer",
+            "fp8": "bf16_optimizer"}[precision]
 
 
 def pipeline_engine(*, pp: int, zero_stage: int) -> bool:
@@ -448,7 +449,7 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
                                        bytes_per_element=g, recompute=recompute,
                                        attention_scores=attention_scores,
                                        sequence_parallel=sequence_parallel,
-                                       selective=selective)
+                                       selective=selective, fp8=precision == "fp8")
     act += pipeline_buffer_bytes(layers, stage=stage, pp=pp, gas=gas, mbs=mbs, tmp=tmp,
                                  bytes_per_element=g,
                                  pipelined=pipeline_engine(pp=pp, zero_stage=zero_stage))
@@ -518,7 +519,7 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
     per_param = (states.parameter_bytes + states.gradient_bytes + states.optimizer_bytes) \
         / max(sum(flat), 1)
     kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=g, attention_scores=attention_scores,
-              sequence_parallel=sequence_parallel)
+              sequence_parallel=sequence_parallel, fp8=precision == "fp8")
     selective = selective and not recompute
     fixed = float(framework_overhead_bytes + states.buffer_bytes)
     if recompute or selective:

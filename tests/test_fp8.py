@@ -70,11 +70,27 @@ def test_fp8_speeds_up_the_linear_gemms_only():
     assert 0.5 * t16.forward_s < t8.forward_s < t16.forward_s
 
 
-def test_fp8_plan_is_faster_keeps_bf16_memory_and_exports_te_flags():
+def test_fp8_saved_linear_inputs_by_hand():
+    from cost_models.activations import layer_saved_bytes
+
+    layer = _spec().model.layers[1]          # Llama 3 8B block: h 4096, f 14336, a d 4096
+    kw = dict(mbs=2, tmp=2, bytes_per_element=2)
+    delta = layer_saved_bytes(layer, **kw) - layer_saved_bytes(layer, **kw, fp8=True)
+    # QKV and fc1 inputs 2 -> 1 B (h each), fc2 input 2 -> 1 B (f/t), + the FP8 copy of the
+    # projection input (a d / t), per token, s = 4096 tokens, mbs 2
+    assert delta == (2 * 4096 + 14336 // 2 - 4096 // 2) * 4096 * 2
+    head = _spec().model.layers[-1]
+    assert layer_saved_bytes(head, **kw) == layer_saved_bytes(head, **kw, fp8=True)
+
+
+def test_fp8_plan_is_faster_keeps_bf16_states_and_exports_te_flags():
     bf = estimate(_spec(precision="bf16"), pp=2, dp=2, tmp=2, mbs=1)
     f8 = estimate(_spec(), pp=2, dp=2, tmp=2, mbs=1)
     assert f8.iteration_time_s < bf.iteration_time_s
-    assert [m.peak_bytes for m in f8.memory] == [m.peak_bytes for m in bf.memory]
+    for m8, m16 in zip(f8.memory, bf.memory):     # BF16 weights, FP32 grads and optimizer
+        assert (m8.parameter_bytes, m8.gradient_bytes, m8.optimizer_bytes) == \
+            (m16.parameter_bytes, m16.gradient_bytes, m16.optimizer_bytes)
+        assert m8.activation_bytes < m16.activation_bytes
     args = megatron_args(_spec().model.layers, f8.strategy, precision="fp8", iters=10)
     i = args.index("--fp8-format")
     assert args[i + 1] == "hybrid" and "--bf16" in args

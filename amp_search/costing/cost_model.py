@@ -664,7 +664,7 @@ class CostModel:
             lin = memory_model.linear_stage_memory(
                 self.spec.model.layers, dp=c.replicas, tmp=c.tmp, mbs=c.mbs, gas=gas, cp=c.cp,
                 zero_stage=c.zero_stage, recompute=c.activation_checkpointing,
-                precision=t.storage_precision, framework_overhead_bytes=t.framework_overhead_bytes,
+                precision=t.precision, framework_overhead_bytes=t.framework_overhead_bytes,
                 attention_scores=scores, sequence_parallel=c.sequence_parallel,
                 selective=c.selective_recompute, framework=t.backend)
             self._mem_cache[key] = lin

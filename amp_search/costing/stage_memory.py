@@ -59,7 +59,7 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
         else:
             st = _stage_bytes(spec.model.layers[s.partition[j]:s.partition[j + 1]], j, s.pp,
                               s.dp * s.cp, s.tmp, s.mbs, s.gas, s.zero_stage,
-                              s.activation_checkpointing, t.storage_precision,
+                              s.activation_checkpointing, t.precision,
                               bool(attention_scores[j]), s.sequence_parallel,
                               s.selective_recompute, t.backend, s.cp)
         capacity = capacity_bytes[j]
@@ -87,11 +87,11 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
     chunks = [layers[a:z] for a, z in s.stage_layer_ranges(j)]
     device = tuple(x for c in chunks for x in c)
     st = _stage_bytes(device, s.pp - 1, s.pp, s.dp * s.cp, s.tmp, s.mbs, s.gas, s.zero_stage,
-                      s.activation_checkpointing, t.storage_precision, attention_scores,
+                      s.activation_checkpointing, t.precision, attention_scores,
                       s.sequence_parallel, s.selective_recompute, t.backend)
     g = t.bytes_per_element
     kw = dict(mbs=s.mbs, tmp=s.tmp, bytes_per_element=g, attention_scores=attention_scores,
-              sequence_parallel=s.sequence_parallel)
+              sequence_parallel=s.sequence_parallel, fp8=t.precision == "fp8")
     selective = s.selective_recompute and not s.activation_checkpointing
     per_chunk = [sum(activations.layer_activation_bytes(x, recompute=s.activation_checkpointing,
                                               selective=selective, **kw) for x in c)
