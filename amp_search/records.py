@@ -259,7 +259,7 @@ class Estimate:
             "zero_stage": s.zero_stage,
             "activation_checkpointing": s.activation_checkpointing,
             "recompute": s.recompute, "sequence_parallel": s.sequence_parallel,
-            "virtual_stages": s.virtual_stages,
+            "virtual_stages": s.virtual_stages, "cp": s.cp,
             "partition": list(s.partition),
             "placement": [[list(r) for r in st] for st in s.placement],
             "placement_order": s.placement_order,

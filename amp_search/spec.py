@@ -540,23 +540,40 @@ FINGERPRINT_KEY = "spec_fingerprint"
 FINGERPRINT_SECTIONS = ("cluster", "model", "training")
 
 
+def _as_dict(obj, memo: dict):
+    """dataclasses.asdict, with each record converted once (`memo` by id): a cluster of 16,384
+    devices names the same GPU record 16,384 times. The dicts of a repeated record are shared,
+    so a caller that edits them edits every occurrence alike."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        hit = memo.get(id(obj))
+        if hit is None:
+            hit = memo[id(obj)] = {f.name: _as_dict(getattr(obj, f.name), memo)
+                                   for f in dataclasses.fields(obj)}
+        return hit
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_as_dict(x, memo) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _as_dict(v, memo) for k, v in obj.items()}
+    return obj
+
+
 def spec_fingerprint(spec: Spec) -> dict:
     """What a plan JSON carries to name the spec it was made for: the spec's sha256 and a
     hash of each parsed section (cluster, model, training), so a plan is refused for
     another spec but not for the same spec written differently. `amp-search plan --json`
     writes it under FINGERPRINT_KEY; `launch --plan` checks it."""
-    import dataclasses
-
     out = {"spec_sha256": spec.sha256}
     for name in FINGERPRINT_SECTIONS:
-        section = dataclasses.asdict(getattr(spec, name))
+        section = _as_dict(getattr(spec, name), {})
         if name == "model":
             # the Llama-family Layer fields count only where they differ from the GPT block,
             # so a GPT model hashes as it did before they existed (its plans stay valid)
-            for layer in section["layers"]:
+            for layer in {id(x): x for x in section["layers"]}.values():
                 for k in ARCH_KEYS:
                     default = Layer.__dataclass_fields__[k].default
-                    if type(layer[k]) is type(default) and layer[k] == default:
+                    if k in layer and type(layer[k]) is type(default) and layer[k] == default:
                         del layer[k]
         if name == "cluster" and spec.training.precision != "fp8":
             # the FP8 figures count only for fp8 training, so that a plan made before the

@@ -87,6 +87,10 @@ group; under sequence parallelism it is the rank's [s/t, b, h] shard).
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
+import numpy as np
+
 from .layers import Layer, padded_vocab_size
 
 FP32_BYTES = 4
@@ -103,6 +107,7 @@ def sequence_shards(tmp: int, sequence_parallel: bool) -> int:
     return tmp if sequence_parallel and tmp > 1 else 1
 
 
+@lru_cache(maxsize=65536)      # a pure function; the search asks for the same layer often
 def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
                       attention_scores: bool = False, sequence_parallel: bool = False,
                       selective: bool = False, fp8: bool = False) -> int:
@@ -260,16 +265,25 @@ def interleaved_saved_activation_bytes(chunk_bytes, *, stage: int, pp: int, gas:
     order (cost_models.schedule.interleaved_order) and takes the largest sum over the chunks
     of (micro-batches held) x chunk_bytes[c]; with equal chunks that is
     `interleaved_in_flight_chunks` x chunk_bytes."""
+    counts = _held_chunk_counts(pp, len(chunk_bytes), gas, stage)
+    return int(max(0, (counts @ np.array([int(x) for x in chunk_bytes], dtype=np.int64)).max()))
+
+
+@lru_cache(maxsize=4096)
+def _held_chunk_counts(pp: int, virtual_stages: int, gas: int, stage: int) -> np.ndarray:
+    """[events, v] int64: after each step of device `stage`'s interleaved order, how many
+    micro-batches of each of its chunks it holds (forwards run whose backward has not);
+    cached, as the search asks for the same schedule for every candidate of its shape."""
     from .schedule import interleaved_order
 
-    v = len(chunk_bytes)
-    kinds, _, chunk = interleaved_order(pp, v, gas)
-    size = [int(x) for x in chunk_bytes]
-    held = best = 0
-    for kind, c in zip(kinds[stage].tolist(), chunk[stage].tolist()):
-        held += size[c] if kind == 0 else -size[c]
-        best = max(best, held)
-    return best
+    kinds, _, chunk = interleaved_order(pp, virtual_stages, gas)
+    step = np.zeros((kinds.shape[1], virtual_stages), dtype=np.int64)
+    valid = chunk[stage] >= 0
+    rows = np.flatnonzero(valid)
+    step[rows, chunk[stage][valid]] = np.where(kinds[stage][valid] == 0, 1, -1)
+    out = np.cumsum(step, axis=0)
+    out.setflags(write=False)
+    return out
 
 
 def recompute_working_set_bytes(layers, *, mbs: int, tmp: int, bytes_per_element: int,

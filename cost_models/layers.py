@@ -29,7 +29,7 @@ each function documents its Llama terms; GPT layers take the GPT formulas unchan
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 LAYER_KINDS = ("embedding", "transformer", "mlp", "head", "custom")
 MLP_KINDS = ("gelu", "swiglu")
@@ -95,9 +95,30 @@ class Layer:
     name: str = field(default="")
     """A label for tables, e.g. 'block3'."""
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once per layer: the search keys its caches by layers
+        and by tuples of a hundred of them."""
+        h = self.__dict__.get("_cached_hash")
+        if h is None:
+            h = self.__dict__["_cached_hash"] = hash(
+                tuple(getattr(self, f.name) for f in fields(self)))
+        return h
+
+    def __getstate__(self) -> dict:
+        """Pickled without the cached hash and signature (string hashes differ between
+        processes)."""
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_cached")}
+
     @property
     def signature(self) -> str:
-        """A key naming the layer's shape; layers with equal signatures cost the same."""
+        """A key naming the layer's shape; layers with equal signatures cost the same
+        (computed once per layer)."""
+        sig = self.__dict__.get("_cached_signature")
+        if sig is None:
+            sig = self.__dict__["_cached_signature"] = self._signature()
+        return sig
+
+    def _signature(self) -> str:
         if self.kind == "custom":
             return (f"custom:f{self.custom_forward_flops:g}:p{self.custom_params}"
                     f":o{self.custom_output_elements}")

@@ -52,6 +52,7 @@ Activations saved for backward, and the pipeline buffers: cost_models.activation
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -158,6 +159,7 @@ def pipeline_engine(*, pp: int, zero_stage: int) -> bool:
 
 # ----------------------------------------------------------------------------- parameters
 
+@lru_cache(maxsize=65536)      # a pure function; the search asks for the same layer often
 def param_tensor_numels(layer: Layer, tmp: int = 1) -> tuple[int, ...]:
     """Elements of each parameter tensor of the trial layer on one tensor rank, in module
     registration order (the order DeepSpeed flattens them); sums to `param_count`. A layer

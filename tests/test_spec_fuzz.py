@@ -177,7 +177,7 @@ def inline_gpu(draw, precision: str):
     bandwidth, _ = draw(quantity(2e9, 5e13, BANDWIDTH_UNITS_BYTES_PER_S))
     peak = {}
     for p in PRECISIONS:
-        if p == precision or draw(st.booleans()):
+        if p in _needed(precision) or draw(st.booleans()):
             peak[p] = draw(st.floats(0.002, 50_000))
         elif draw(st.booleans()):
             peak[p] = None
@@ -189,9 +189,15 @@ def inline_gpu(draw, precision: str):
     return gpu, memory_b
 
 
+def _needed(precision: str) -> tuple[str, ...]:
+    """The rates a GPU needs for `precision`: fp8 keeps the rest in bf16."""
+    return (precision, "bf16") if precision == "fp8" else (precision,)
+
+
 @st.composite
 def cluster(draw, precision: str, max_groups=3, max_count=4, per_node=(1, 2, 3, 4, 8)):
-    names = [n for n, g in CATALOG.items() if g.peak_flops_per_s[precision] is not None]
+    names = [n for n, g in CATALOG.items()
+             if all(g.peak_flops_per_s[p] is not None for p in _needed(precision))]
     groups, memories = [], []
     for _ in range(draw(st.integers(1, max_groups))):
         if draw(st.booleans()):
@@ -267,6 +273,8 @@ def valid_spec(draw, small: bool = False):
         c, min_memory = draw(cluster(precision))
     t = {"global_batch_size": draw(st.integers(1, 64 if small else 4096)),
          "precision": precision}
+    if precision == "fp8":              # Transformer Engine's: the megatron backend only
+        t["backend"] = "megatron"
     for key, options in (("activation_checkpointing", ["none", "full", "search"]),
                          ("zero_stage", [0, 1, 2, 3, "search"])):
         if draw(st.booleans()):

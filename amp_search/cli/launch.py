@@ -111,19 +111,20 @@ def check_plan_row(spec: Spec, s: Strategy) -> str:
     """The first rule a plan row breaks ('' if none): degrees of at least 1 that multiply to
     the devices its placement uses, on the cluster's devices, each once; a layer split into
     pp x virtual_stages non-empty parts; micro-batches that make the global batch."""
-    for name in ("pp", "dp", "tmp", "mbs", "virtual_stages"):
+    for name in ("pp", "dp", "tmp", "mbs", "virtual_stages", "cp"):
         if getattr(s, name) < 1:
             return f"{name} {getattr(s, name)}: must be at least 1"
     if not 0 <= s.zero_stage <= 3:
         return f"zero_stage {s.zero_stage}: must be 0, 1, 2 or 3"
     have = len(spec.cluster.devices)
+    cp = f" x cp {s.cp}" if s.cp > 1 else ""
     if s.num_devices > have:
-        return (f"pp {s.pp} x dp {s.dp} x tmp {s.tmp} = {s.num_devices} devices, but the "
+        return (f"pp {s.pp} x dp {s.dp}{cp} x tmp {s.tmp} = {s.num_devices} devices, but the "
                 f"cluster has {have}")
     shape = [[len(r) for r in st] for st in s.placement]
-    if len(shape) != s.pp or any(len(st) != s.dp for st in shape) or \
+    if len(shape) != s.pp or any(len(st) != s.dp * s.cp for st in shape) or \
             any(n != s.tmp for st in shape for n in st):
-        return (f"placement is not pp {s.pp} stages x dp {s.dp} replicas x tmp {s.tmp} "
+        return (f"placement is not pp {s.pp} stages x dp {s.dp}{cp} replicas x tmp {s.tmp} "
                 f"devices")
     used = [d for st in s.placement for r in st for d in r]
     bad = [d for d in used if not 0 <= d < have]

@@ -243,29 +243,45 @@ class CostModel:
         core of its slowest device type (cost_models.comm.context_parallel_ring_time_s): the
         forward, the backward (K/V and their gradients) and, with full recomputation, the
         forward again."""
-        t = self.spec.training
-        bpe = t.bytes_per_element
-        layers = self.spec.model.layers
-        kv = np.array([kv_elements_per_token(x, c.tmp) * x.seq_length / c.cp for x in layers],
-                      dtype=float) * c.mbs * bpe
+        kv, cores = self._cp_arrays(c)
         bw, crosses = layout.cp_links
         lat = self.link_latencies_s("p2p", crosses, layout)
+        core = np.array([np.max([cores[g] for g in types], axis=0)
+                         for types in layout.stage_gpus])                    # [pp, L]
+        bw, lat = np.asarray(bw, dtype=float)[:, None], np.asarray(lat, dtype=float)[:, None]
         out = np.zeros((c.pp, self.num_layers))
         passes = [(0, False), (1, True)] + ([(2, False)] if c.activation_checkpointing else [])
-        for j, types in enumerate(layout.stage_gpus):
-            core = np.zeros(self.num_layers)
-            for g in types:
-                gpu = self.gpus[g]
-                device = device_speed(gpu, t.precision)
-                core = np.maximum(core, [attention_time_s(
-                    x, tmp=c.tmp, mbs=c.mbs, device=device, bytes_per_element=bpe,
-                    attention=self.spec.attention_for(gpu), cp=c.cp) for x in layers])
-            for k, backward in passes:
-                if part in (None, k):
-                    out[j] += comm.context_parallel_ring_time_s(
-                        kv, c.cp, core * (2.0 if backward else 1.0), bw[j], lat[j],
-                        backward=backward)
+        for k, backward in passes:
+            if part in (None, k):
+                out += comm.context_parallel_ring_time_s(
+                    kv[None, :], c.cp, core * (2.0 if backward else 1.0), bw, lat,
+                    backward=backward)
         return out
+
+    def _cp_arrays(self, c: Candidate) -> tuple[np.ndarray, list[np.ndarray]]:
+        """[L] K/V bytes one cp rank passes per ring step, and per device type [L] its
+        attention core's forward time, for one micro-batch; cached."""
+        key = ("cp", c.tmp, c.mbs, c.cp)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            t = self.spec.training
+            bpe = t.bytes_per_element
+            layers = self.spec.model.layers
+            kv = np.array([kv_elements_per_token(x, c.tmp) * x.seq_length / c.cp
+                           for x in layers], dtype=float) * c.mbs * bpe
+            cores = []
+            for gpu in self.gpus:
+                device = device_speed(gpu, t.precision)
+                attention = self.spec.attention_for(gpu)
+                by_signature: dict = {}
+                for x in layers:
+                    if x.signature not in by_signature:
+                        by_signature[x.signature] = attention_time_s(
+                            x, tmp=c.tmp, mbs=c.mbs, device=device, bytes_per_element=bpe,
+                            attention=attention, cp=c.cp)
+                cores.append(np.array([by_signature[x.signature] for x in layers]))
+            hit = self._fixed_cache[key] = (kv, cores)
+        return hit
 
     def latency(self, collective: str, link: str, catalog_s=None):
         """Calibrated latency plus the per-message latency of the link: the measured one
