@@ -97,6 +97,9 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
         shown = tqdm(candidates, desc="searching", unit="strategy", leave=False,
                      mininterval=0.25)
     for c in shown:
+        if model.states_cannot_fit(c):
+            pruned[Reason.OUT_OF_MEMORY.value] += 1
+            continue
         # the fastest placement order, then its memory (the others' is never looked at)
         best, order = min(((model.evaluate(c, o, with_memory=False), o) for o in orders),
                           key=lambda eo: eo[0].iteration_time_s)

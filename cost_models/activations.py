@@ -269,14 +269,21 @@ def interleaved_saved_activation_bytes(chunk_bytes, *, stage: int, pp: int, gas:
     return int(max(0, (counts @ np.array([int(x) for x in chunk_bytes], dtype=np.int64)).max()))
 
 
+@lru_cache(maxsize=256)
+def _interleaved_kinds_chunks(pp: int, virtual_stages: int, gas: int):
+    """cost_models.schedule.interleaved_order's kinds and chunks, once per shape."""
+    from .schedule import interleaved_order
+
+    kinds, _, chunk = interleaved_order(pp, virtual_stages, gas)
+    return kinds, chunk
+
+
 @lru_cache(maxsize=4096)
 def _held_chunk_counts(pp: int, virtual_stages: int, gas: int, stage: int) -> np.ndarray:
     """[events, v] int64: after each step of device `stage`'s interleaved order, how many
     micro-batches of each of its chunks it holds (forwards run whose backward has not);
     cached, as the search asks for the same schedule for every candidate of its shape."""
-    from .schedule import interleaved_order
-
-    kinds, _, chunk = interleaved_order(pp, virtual_stages, gas)
+    kinds, chunk = _interleaved_kinds_chunks(pp, virtual_stages, gas)
     step = np.zeros((kinds.shape[1], virtual_stages), dtype=np.int64)
     valid = chunk[stage] >= 0
     rows = np.flatnonzero(valid)

@@ -65,7 +65,8 @@ class LinksAndRoutes:
         self.bw: list[float] = []
         for link, b in bandwidth.items():
             self.add(link, b)
-        self.parts: list[tuple[np.ndarray, np.ndarray, int]] = []
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        """Blocks of consecutive flows: (links per flow, their link indices, their copies)."""
         self.streams: dict[int, set] = {}
 
     def add(self, link, bandwidth: float) -> None:
@@ -93,19 +94,32 @@ class LinksAndRoutes:
             merged[li] = merged.get(li, 0.0) + float(copies)
         for li in merged:
             self.streams.setdefault(li, set()).add(stream)
-        self.parts.append((np.fromiter(merged.keys(), dtype=np.int64, count=len(merged)),
-                           np.fromiter(merged.values(), dtype=float, count=len(merged)),
-                           int(count)))
+        li = np.fromiter(merged.keys(), dtype=np.int64, count=len(merged))
+        m = np.fromiter(merged.values(), dtype=float, count=len(merged))
+        count = int(count)
+        self.parts.append((np.full(count, len(li), dtype=np.int64), np.tile(li, count),
+                           np.tile(m, count)))
+
+    def route_each(self, links, streams) -> None:
+        """One flow per item, in order: flow k over the single link links[k] (one copy), of
+        stream streams[k]; what `route([links[k]], streams[k])` for each k does, at once."""
+        if len(links) != len(streams):
+            raise ValueError(f"{len(links)} links for {len(streams)} streams")
+        try:
+            li = np.array([self.index[x] for x in links], dtype=np.int64)
+        except KeyError as exc:
+            raise ValueError(f"link {exc.args[0]!r} of a route has no bandwidth") from None
+        for i, stream in set(zip(li.tolist(), streams)):
+            self.streams.setdefault(i, set()).add(stream)
+        self.parts.append((np.ones(len(li), dtype=np.int64), li, np.ones(len(li))))
 
     def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ptr [flows + 1], link [entries], copies [entries]) in the order routed."""
-        degree = np.concatenate([np.full(c, len(li), dtype=np.int64)
-                                 for li, _, c in self.parts] or [np.zeros(0, np.int64)])
+        degree = np.concatenate([d for d, _, _ in self.parts] or [np.zeros(0, np.int64)])
         ptr = np.concatenate([[0], np.cumsum(degree)]).astype(np.int64)
-        link = np.concatenate([np.tile(li, c) for li, _, c in self.parts]
+        link = np.concatenate([li for _, li, _ in self.parts]
                               or [np.zeros(0, np.int64)]).astype(np.int64)
-        mult = np.concatenate([np.tile(m, c) for _, m, c in self.parts]
-                              or [np.zeros(0)]).astype(float)
+        mult = np.concatenate([m for _, _, m in self.parts] or [np.zeros(0)]).astype(float)
         return ptr, link, mult
 
     def slot_ptr(self) -> np.ndarray:
@@ -549,6 +563,7 @@ def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, 
 
     # ---- P2P flows, numbered in the order their senders produce them (each stream a FIFO)
     f_stream, f_wake, f_lat, f_bytes, f_mb, f_owner = [], [], [], [], [], []
+    f_link = []
     op_dep = np.full((pp, K), -1, dtype=np.int64)
     op_out = np.full((pp, K), -1, dtype=np.int64)
     act_id: dict = {}
@@ -559,11 +574,11 @@ def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, 
             m = int(micro[j, i])
             if kinds[j, i] == FORWARD and vs < V - 1:       # activation to vs + 1
                 b, stream, to = vs, 3 * j, (j + 1) % pp
-                lk.route([("p2p", j, "activation")], stream)
+                f_link.append(("p2p", j, "activation"))
                 act_id[(b, m)] = op_out[j, i] = len(f_stream)
             elif kinds[j, i] == BACKWARD and vs > 0:        # gradient to vs - 1
                 b, stream, to = vs - 1, 3 * j + 1, (j - 1) % pp
-                lk.route([("p2p", (j - 1) % pp, "gradient")], stream)
+                f_link.append(("p2p", (j - 1) % pp, "gradient"))
                 grad_id[(b, m)] = op_out[j, i] = len(f_stream)
             else:
                 continue
@@ -582,6 +597,7 @@ def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, 
             elif kinds[j, i] == BACKWARD and vs < V - 1:
                 op_dep[j, i] = grad_id[(vs, m)]
     n_p2p = len(f_stream)
+    lk.route_each(f_link, f_stream)
     f_kind = [FLOW_P2P] * n_p2p
     b_frac = [0.0] * n_p2p
     f_peer = list(f_wake)

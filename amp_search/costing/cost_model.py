@@ -331,6 +331,28 @@ class CostModel:
         return self._assemble(strategy, costs, layout.capacity_bytes,
                               scores if with_memory else None)
 
+    def states_cannot_fit(self, c: Candidate) -> bool:
+        """Whether the model states alone cannot fit, whatever the split and the placement
+        (Megatron-LM's optimizers, whose states are linear in the parameters: some stage
+        holds at least 1/pp of them, and no device has more memory than the largest); such a
+        candidate is out of memory without being costed. False where it may fit, and for
+        DeepSpeed (its ZeRO partitions are not linear in the parameters)."""
+        t = self.spec.training
+        if t.backend != "megatron" or c.zero_stage > 1:
+            return False
+        key = ("states", c.tmp, c.replicas, c.zero_stage)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            per_param = memory_model.megatron_model_state_bytes(
+                1, precision=t.precision, zero_stage=0, dp=1)
+            sharded = per_param.optimizer_bytes / (c.replicas if c.zero_stage == 1 else 1)
+            per_param_bytes = per_param.parameter_bytes + per_param.gradient_bytes + sharded
+            hit = self._fixed_cache[key] = float(self.params_per_layer(c.tmp).sum()) \
+                * per_param_bytes
+        usable = self.capacity_bytes.max() * (1.0 - t.memory_headroom) \
+            - t.framework_overhead_bytes
+        return hit / c.pp > usable
+
     def _attention_scores(self, layout: PlacedLayout) -> list[bool]:
         """Per stage: whether any of its device types runs standard attention (stores the
         attention scores)."""

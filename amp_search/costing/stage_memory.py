@@ -25,10 +25,7 @@ search_space.Reason.OUT_OF_MEMORY.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 from cost_models import activations
-
 from cost_models import memory as memory_model
 from cost_models.layers import Layer
 
@@ -57,8 +54,8 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
         if s.virtual_stages > 1:
             st = _interleaved_stage_bytes(spec, s, j, bool(attention_scores[j]))
         else:
-            st = _stage_bytes(spec.model.layers[s.partition[j]:s.partition[j + 1]], j, s.pp,
-                              s.dp * s.cp, s.tmp, s.mbs, s.gas, s.zero_stage,
+            st = _stage_bytes(spec.model.layers, ((s.partition[j], s.partition[j + 1]),), j,
+                              s.pp, s.dp * s.cp, s.tmp, s.mbs, s.gas, s.zero_stage,
                               s.activation_checkpointing, t.precision,
                               bool(attention_scores[j]), s.sequence_parallel,
                               s.selective_recompute, t.backend, s.cp)
@@ -84,22 +81,14 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
     DeepSpeed pipeline buffers (Megatron sends and frees its outputs)."""
     t = spec.training
     layers = spec.model.layers
-    chunks = [layers[a:z] for a, z in s.stage_layer_ranges(j)]
-    device = tuple(x for c in chunks for x in c)
-    st = _stage_bytes(device, s.pp - 1, s.pp, s.dp * s.cp, s.tmp, s.mbs, s.gas, s.zero_stage,
-                      s.activation_checkpointing, t.precision, attention_scores,
+    ranges = s.stage_layer_ranges(j)
+    st = _stage_bytes(layers, ranges, s.pp - 1, s.pp, s.dp * s.cp, s.tmp, s.mbs, s.gas,
+                      s.zero_stage, s.activation_checkpointing, t.precision, attention_scores,
                       s.sequence_parallel, s.selective_recompute, t.backend)
-    g = t.bytes_per_element
-    kw = dict(mbs=s.mbs, tmp=s.tmp, bytes_per_element=g, attention_scores=attention_scores,
-              sequence_parallel=s.sequence_parallel, fp8=t.precision == "fp8")
-    selective = s.selective_recompute and not s.activation_checkpointing
-    per_chunk = [sum(activations.layer_activation_bytes(x, recompute=s.activation_checkpointing,
-                                              selective=selective, **kw) for x in c)
-                 for c in chunks]
-    # one micro-batch in flight (the last stage's count): per-micro-batch bytes + working set
-    one = activations.stage_saved_activation_bytes(device, stage=s.pp - 1, pp=s.pp, gas=s.gas,
-                                         recompute=s.activation_checkpointing,
-                                         selective=s.selective_recompute, **kw)
+    per_chunk, one = _chunk_activations(
+        layers, ranges, s.mbs, s.tmp, t.bytes_per_element, attention_scores,
+        s.sequence_parallel, t.precision == "fp8", s.activation_checkpointing,
+        s.selective_recompute)
     act = activations.interleaved_saved_activation_bytes(per_chunk, stage=j, pp=s.pp,
                                                           gas=s.gas) + one - sum(per_chunk)
     act = act // s.cp if s.cp > 1 else act      # a context-parallel rank's s/cp tokens
@@ -109,16 +98,72 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
                                    buffer_bytes=st.buffer_bytes, activation_bytes=int(act))
 
 
-@lru_cache(maxsize=65536)
-def _stage_bytes(layers: tuple[Layer, ...], stage: int, pp: int, dp: int, tmp: int, mbs: int,
-                 gas: int, zero_stage: int, recompute: bool, precision: str,
-                 attention_scores: bool, sequence_parallel: bool = False,
-                 selective: bool = False, backend: str = "deepspeed",
-                 cp: int = 1) -> memory_model.StageBytes:
-    """One stage's parts, cached: the search asks for the same stage many times (dp: the
-    ranks the optimizer states are sharded over, dp x cp)."""
-    return memory_model.stage_bytes(layers, stage=stage, pp=pp, dp=dp, tmp=tmp, mbs=mbs, gas=gas,
-                         zero_stage=zero_stage, recompute=recompute, precision=precision,
-                         attention_scores=attention_scores,
-                         sequence_parallel=sequence_parallel, selective=selective,
-                         framework=backend, cp=cp)
+_MODEL_CACHES: dict[int, tuple[tuple, dict]] = {}
+"""id(model layers) -> (the layers, {key: value}): per model, the stage terms the search asks
+for again and again, keyed by small tuples of numbers (hashing a hundred layers per lookup
+cost more than the terms). The entry holds the layers, so their id is not reused while it
+lives."""
+MAX_CACHED_MODELS = 8
+MAX_CACHED_TERMS = 200_000
+
+
+def _memo(layers: tuple[Layer, ...], key: tuple, compute):
+    """compute(), cached per model (`_MODEL_CACHES`) under `key`."""
+    entry = _MODEL_CACHES.get(id(layers))
+    if entry is None or entry[0] is not layers:
+        if len(_MODEL_CACHES) >= MAX_CACHED_MODELS:
+            _MODEL_CACHES.clear()
+        entry = _MODEL_CACHES[id(layers)] = (layers, {})
+    cache = entry[1]
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) >= MAX_CACHED_TERMS:
+            cache.clear()
+        hit = cache[key] = compute()
+    return hit
+
+
+def _chunk_activations(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...],
+                       mbs: int, tmp: int, g: int, attention_scores: bool,
+                       sequence_parallel: bool, fp8: bool, recompute: bool,
+                       selective_recompute: bool) -> tuple[tuple[int, ...], int]:
+    """One device's chunks (layer `ranges`) under the interleaved schedule: each chunk's saved
+    activations of one micro-batch, and one micro-batch of all of them with the
+    recomputation working set (the last stage's count, one in flight); cached, as every
+    data-parallel degree of the search asks for the same chunks."""
+    args = (ranges, mbs, tmp, g, attention_scores, sequence_parallel, fp8, recompute,
+            selective_recompute)
+    return _memo(layers, ("chunks",) + args, lambda: _chunk_activation_terms(layers, *args))
+
+
+def _chunk_activation_terms(layers, ranges, mbs, tmp, g, attention_scores, sequence_parallel,
+                            fp8, recompute, selective_recompute):
+    chunks = [layers[a:z] for a, z in ranges]
+    kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=g, attention_scores=attention_scores,
+              sequence_parallel=sequence_parallel, fp8=fp8)
+    selective = selective_recompute and not recompute
+    per_chunk = tuple(sum(activations.layer_activation_bytes(x, recompute=recompute,
+                                                             selective=selective, **kw)
+                          for x in c) for c in chunks)
+    device = tuple(x for c in chunks for x in c)
+    one = activations.stage_saved_activation_bytes(device, stage=0, pp=1, gas=1,
+                                                   recompute=recompute,
+                                                   selective=selective_recompute, **kw)
+    return per_chunk, one
+
+
+def _stage_bytes(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...], stage: int,
+                 pp: int, dp: int, tmp: int, mbs: int, gas: int, zero_stage: int,
+                 recompute: bool, precision: str, attention_scores: bool,
+                 sequence_parallel: bool = False, selective: bool = False,
+                 backend: str = "deepspeed", cp: int = 1) -> memory_model.StageBytes:
+    """The parts of one device holding the model's layers in `ranges`, cached: the search asks
+    for the same stage many times (dp: the ranks the optimizer states are sharded over,
+    dp x cp)."""
+    args = (ranges, stage, pp, dp, tmp, mbs, gas, zero_stage, recompute, precision,
+            attention_scores, sequence_parallel, selective, backend, cp)
+    return _memo(layers, ("stage",) + args, lambda: memory_model.stage_bytes(
+        tuple(x for a, z in ranges for x in layers[a:z]), stage=stage, pp=pp, dp=dp, tmp=tmp,
+        mbs=mbs, gas=gas, zero_stage=zero_stage, recompute=recompute, precision=precision,
+        attention_scores=attention_scores, sequence_parallel=sequence_parallel,
+        selective=selective, framework=backend, cp=cp))
