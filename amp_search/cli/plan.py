@@ -335,6 +335,12 @@ def run_plan(args) -> int:
         rows.append(("megatron", result.baseline, 1.0))
     to_stdout = args.json is not None and str(args.json) == "-"
     if not to_stdout:
+        import shutil
+
+        from .plan_header import header_lines
+
+        width = max(60, shutil.get_terminal_size((100, 24)).columns)
+        print("\n".join(header_lines(spec, result, width)) + "\n")
         print(format_table(spec, rows))
         print("\n" + "\n".join(legend(spec, rows)))
         pruned = ", ".join(f"{k} {v}" for k, v in sorted(result.pruned.items())) or "none"

@@ -1,0 +1,54 @@
+"""The header `amp-search plan` prints before its table: backend, precision, what was searched
+and what was fixed, the baseline's rule, the model's sources, and a warning for a node's
+network written as one NIC's."""
+from __future__ import annotations
+
+import yaml
+
+from amp_search.cli import main
+from amp_search.cli.plan_header import header_lines
+from amp_search.planner import plan
+from amp_search.spec import load_spec
+
+
+def _spec(write_spec, inter="3200 Gbps", **training):
+    return write_spec({
+        "cluster": {"nodes": [{"gpu": "H100-80GB", "count": 2, "gpus_per_node": 8,
+                               "intra_node_bandwidth": "450 GB/s",
+                               "inter_node_bandwidth": inter}]},
+        "model": {"preset": "llama3-8b", "num_layers": 8, "seq_length": 4096},
+        "training": {"global_batch_size": 32, "precision": "bf16", **training}})
+
+
+def test_header_names_backend_precision_space_and_baseline(write_spec):
+    path = _spec(write_spec, backend="megatron", zero_stage=1,
+                 activation_checkpointing="search")
+    spec = load_spec(path)
+    lines = header_lines(spec, plan(spec, simulate_top=0), width=80)
+    text = " ".join(x.strip() for x in lines)
+    assert "16 GPUs, 2 nodes x 8 H100-80GB" in text and "400 Gb/s per GPU" in text
+    assert "costed as Megatron-LM (training.backend megatron), precision bf16" in text
+    assert "searched: pp x dp x tmp over the 16 GPUs" in text
+    assert "recomputation none/selective/full" in text
+    assert "fixed by the spec or its defaults: ZeRO 1 (the distributed optimizer)" in text
+    assert "baseline ('megatron' row" in text and "smallest tmp x pp" in text
+    assert "coefficients uncalibrated" in text
+    assert "note:" not in text                        # 400 Gb/s of 450 GB/s is a DGX's share
+    assert all(len(x) <= 80 for x in lines)
+
+
+def test_header_warns_of_a_node_network_written_as_one_nic(write_spec):
+    spec = load_spec(_spec(write_spec, inter="200 Gbps"))
+    text = " ".join(x.strip() for x in header_lines(spec, plan(spec, simulate_top=0)))
+    assert "note: the H100-80GB nodes get 25 Gb/s of network per GPU" in text
+    assert "'8 x 400 Gbps'" in text
+    assert "DeepSpeed's pipeline engine (training.backend deepspeed)" in text
+
+
+def test_plan_prints_the_header_first_within_the_width(write_spec, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["plan", str(_spec(write_spec)), "--top-k", "2", "--no-simulate"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("plan for ")
+    head = out[:out.index("")]
+    assert len(head) >= 5 and all(len(x) <= 80 for x in head)
