@@ -52,3 +52,24 @@ def test_plan_prints_the_header_first_within_the_width(write_spec, capsys, monke
     assert out[0].startswith("plan for ")
     head = out[:out.index("")]
     assert len(head) >= 5 and all(len(x) <= 80 for x in head)
+
+
+def test_plan_output_fits_80_and_120_columns_and_wide_keeps_every_column(write_spec, capsys,
+                                                                         monkeypatch):
+    from pathlib import Path
+
+    spec = str(Path(__file__).resolve().parent.parent / "configs" / "amp-hetero-gpt2.yaml")
+    for width in (80, 120):
+        monkeypatch.setenv("COLUMNS", str(width))
+        assert main(["plan", spec, "--top-k", "5", "--no-progress"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert max(map(len, out)) <= width, max(out, key=len)
+        head = next(line for line in out if line.lstrip().startswith("rank"))
+        assert "iter s" in head and "vs Megatron" in head and "mem GiB" in head
+    assert "placement" not in head or width >= 120
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["plan", spec, "--top-k", "5", "--no-progress", "--wide"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    head = next(line for line in out if line.lstrip().startswith("rank"))
+    assert "placement" in head and "layers/stage" in head and len(head) > 80
+    assert not any("left out for the terminal" in line for line in out)

@@ -1,6 +1,7 @@
 """`amp-search plan` and `amp-search estimate`."""
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from itertools import groupby
@@ -18,6 +19,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="rank every strategy for a spec",
                        description="Rank every (pp, dp, tmp, mbs) strategy of a YAML spec.")
     p.add_argument("spec", type=Path, help="YAML cluster + model + training spec")
+    p.add_argument("--wide", action="store_true",
+                   help="print every column, however wide (by default the table leaves out "
+                        "placement, layers/stage, ... until it fits the terminal)")
     p.add_argument("--top-k", type=positive_int, default=10, metavar="K",
                    help="rows to show and write (default 10)")
     p.add_argument("--json", type=Path, metavar="FILE",
@@ -121,9 +125,15 @@ def _differs(e: Estimate) -> bool:
     return f"{e.iteration_time_s:.4g}" != f"{e.analytic_iteration_time_s:.4g}"
 
 
-def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> str:
+NARROW_DROP_ORDER = ("placement", "layers/stage", "eq.5 s", "samples/s", "sp", "zero")
+"""The columns a table narrower than the terminal leaves out first (`--wide` keeps them)."""
+
+
+def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
+                 width: int | None = None, dropped: list | None = None) -> str:
     """The strategies as a table; an 'eq.5 s' column (the closed form) beside 'iter s' when
-    some shown time was simulated and differs from it."""
+    some shown time was simulated and differs from it. `width`: leave out columns, in
+    NARROW_DROP_ORDER, until every line fits (their names are appended to `dropped`)."""
     both = any(_differs(e) for _, e, _ in rows)
     chunked = any(e.strategy.virtual_stages > 1 for _, e, _ in rows)   # a 'v' column
     context = any(e.strategy.cp > 1 for _, e, _ in rows)                # a 'cp' column
@@ -149,7 +159,21 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> 
                       *analytic, f"{e.samples_per_s:.4g}",
                       "-" if speedup is None else f"{speedup:.2f}x"))
     first = 8 + chunked + context           # layers/stage and placement: left-aligned
-    return render_table(head, cells, left=(first, first + 1))
+    left = (head[first], head[first + 1])
+    table = render_table(head, cells, left=(first, first + 1))
+    for name in NARROW_DROP_ORDER:
+        if width is None or max(map(len, table.splitlines())) <= width:
+            break
+        if name not in head:
+            continue
+        k = head.index(name)
+        head = head[:k] + head[k + 1:]
+        cells = [c[:k] + c[k + 1:] for c in cells]
+        if dropped is not None:
+            dropped.append(name)
+        table = render_table(head, cells, left=tuple(i for i, h in enumerate(head)
+                                                     if h in left))
+    return table
 
 
 LEGEND_WIDTH = 100
@@ -170,9 +194,11 @@ def _placement_example(spec: Spec, rows) -> str:
     return f"'{n} stages x {shown}' is {n} consecutive stages of {held} each"
 
 
-def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> list[str]:
+def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
+           width: int = LEGEND_WIDTH, dropped: tuple[str, ...] = ()) -> list[str]:
     """The lines under a table that say how to read it: what layers/stage sums to, what the
-    placement column lists, and which shown times tie."""
+    placement column lists, and which shown times tie; wrapped to `width`. `dropped`: the
+    columns the table left out for the terminal's width (said first)."""
     layers = spec.model.layers
     n = len(layers)
     blocks = sum(1 for x in layers if x.kind == "transformer")
@@ -182,12 +208,17 @@ def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> list[s
                 f"as layers")
     else:
         what = "every layer of the chain (model.layers)"
-    lines = [f"layers/stage: layers per pipeline stage, first to last; a row sums to {n}, "
-             f"{what}.",
-             f"placement: the node order, then what the stages hold, first to last; "
-             f"{_placement_example(spec, rows)} (dp x tmp devices per stage). mem GiB: peak / "
-             f"usable memory of the fullest device. ckpt: activation recomputation (full: "
-             f"each block, sel: the attention core only); sp: sequence parallelism."]
+    lines = [f"left out for the terminal's width: {', '.join(dropped)} (--wide shows every "
+             f"column)."] if dropped else []
+    if "layers/stage" not in dropped:
+        lines.append(f"layers/stage: layers per pipeline stage, first to last; a row sums to "
+                     f"{n}, {what}.")
+    lines.append((f"placement: the node order, then what the stages hold, first to last; "
+                  f"{_placement_example(spec, rows)} (dp x tmp devices per stage). "
+                  if "placement" not in dropped else "")
+                 + "mem GiB: peak / usable memory of the fullest device. ckpt: activation "
+                   "recomputation (full: each block, sel: the attention core only)"
+                 + ("; sp: sequence parallelism." if "sp" not in dropped else "."))
     if any(e.strategy.cp > 1 for _, e, _ in rows):
         lines.append("cp: context-parallel ranks per sequence (Megatron-LM's ring attention); "
                      "a stage then holds dp x cp x tmp devices.")
@@ -211,8 +242,7 @@ def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]]) -> list[s
         shown = "; ".join(", ".join(g) for g in ties)
         lines.append(f"Ranks {shown} show the same iter s: equal times are ordered by lower "
                      f"peak memory.")
-    return [w for line in lines for w in textwrap.wrap(line, LEGEND_WIDTH,
-                                                       break_on_hyphens=False)]
+    return [w for line in lines for w in textwrap.wrap(line, width, break_on_hyphens=False)]
 
 
 _cold_start_said = False
@@ -339,20 +369,25 @@ def run_plan(args) -> int:
 
         from .plan_header import header_lines
 
-        width = max(60, shutil.get_terminal_size((100, 24)).columns)
+        # the terminal's width (COLUMNS where set); output to a file or a pipe is not cut
+        terminal = bool(os.environ.get("COLUMNS")) or sys.stdout.isatty()
+        width = max(60, shutil.get_terminal_size((LEGEND_WIDTH, 24)).columns) if terminal \
+            else LEGEND_WIDTH
         print("\n".join(header_lines(spec, result, width)) + "\n")
-        print(format_table(spec, rows))
-        print("\n" + "\n".join(legend(spec, rows)))
+        dropped: list[str] = []
+        print(format_table(spec, rows, width=width if terminal and not args.wide else None,
+                           dropped=dropped))
+        print("\n" + "\n".join(legend(spec, rows, min(width, LEGEND_WIDTH), tuple(dropped))))
         pruned = ", ".join(f"{k} {v}" for k, v in sorted(result.pruned.items())) or "none"
         sources = "; ".join(result.best.timing_sources)
         n_sim = sum(e.simulated for e in result.strategies)
         sim = f"; the best {n_sim} simulated and re-ranked" if n_sim else ""
-        print(f"{len(result.strategies)} feasible of {result.candidates} candidates "
-              f"({result.evaluated} placements costed{sim}; pruned: {pruned}) in "
-              f"{result.search_time_s:.2f} s. Layer times: {sources}.")
+        footer = (f"{len(result.strategies)} feasible of {result.candidates} candidates "
+                  f"({result.evaluated} placements costed{sim}; pruned: {pruned}) in "
+                  f"{result.search_time_s:.2f} s. Layer times: {sources}.")
         note = vocab_note(spec, sorted({e.strategy.tmp for _, e, _ in rows}))
-        if note:
-            print(note)
+        for line in [footer] + ([note] if note else []):
+            print("\n".join(textwrap.wrap(line, width, break_on_hyphens=False)))
     if args.json is not None:
         write_json(args.json, {**result.to_dict(top_k=args.top_k),
                                FINGERPRINT_KEY: spec_fingerprint(spec)})

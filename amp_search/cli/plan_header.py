@@ -83,8 +83,8 @@ def header_lines(spec: Spec, plan: Plan, width: int = 100) -> list[str]:
                 per_gpu < NETWORK_SHARE_WARNING * g.intra_node_bandwidth_bytes_per_s:
             lines.append(f"note: the {g.gpu.name} nodes get {_bandwidth(per_gpu)} of network "
                          f"per GPU, under a tenth of their "
-                         f"{g.intra_node_bandwidth_bytes_per_s / 1e9:.4g} GB/s inside a node: "
-                         f"inter_node_bandwidth is the whole node's (all its NICs, e.g. "
-                         f"'8 x 400 Gbps'), not one NIC's")
+                         f"{g.intra_node_bandwidth_bytes_per_s / 1e9:.4g} GB/s inside a node; "
+                         f"if that is one NIC's, write the node's: inter_node_bandwidth counts "
+                         f"all its NICs (e.g. '8 x 400 Gbps')")
     return [w for line in lines for w in textwrap.wrap(line, width=width,
                                                           subsequent_indent="  ")]
