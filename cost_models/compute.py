@@ -120,8 +120,12 @@ def gemm_time_s(flops, device: DeviceSpeed):
     """One GEMM call of `flops` FLOPs at its size's efficiency."""
     if flops <= 0:
         return 0.0
-    return flops / (device.peak_flops_per_s * gemm_efficiency(
-        flops, max_efficiency=device.gemm_max_efficiency, half_flops=device.gemm_half_flops))
+    eff = gemm_efficiency(flops, max_efficiency=device.gemm_max_efficiency,
+                          half_flops=device.gemm_half_flops)
+    if eff <= 0.0:      # so small that eff underflows: the same time, (F + F_half)/(peak eff_max)
+        return (flops + device.gemm_half_flops) / (device.peak_flops_per_s
+                                                   * device.gemm_max_efficiency)
+    return flops / (device.peak_flops_per_s * eff)
 
 
 def attention_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,

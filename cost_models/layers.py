@@ -299,6 +299,14 @@ def param_count(layer: Layer, tmp: int = 1) -> int:
     raise ValueError(f"unknown layer kind {k!r}")
 
 
+def model_flops_per_sample(layers) -> float:
+    """Model FLOPs of one training sample (one sequence): three times the forward pass's GEMMs
+    and attention core (forward, and the input and weight gradients), full attention as
+    Narayanan et al. 2021 count it, no recomputation, the vocabulary padded as at tmp 1; what
+    "model TFLOP/s per GPU" divides by the time (recomputed work is not model work)."""
+    return 3.0 * sum(sum(gemm_flops(x, 1)) + attention_core_flops(x, 1) for x in layers)
+
+
 def model_param_count(layers) -> int:
     """The model's parameters as model cards publish them: every layer at tmp 1 with the
     unpadded vocabulary, and a tied embedding matrix (`Layer.tie_embeddings` on the

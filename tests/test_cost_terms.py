@@ -626,3 +626,14 @@ def test_best_of_the_top_k_is_what_launch_top_k_keeps():
     assert b["top_k_regret"][2] == pytest.approx(0.2) and b["top_k_regret"][3] == 0.0
     assert f["top_k"][2] == {"worst": pytest.approx(0.2), "groups_above_target": 1}
     assert f["top_k"][3]["groups_above_target"] == 0
+
+
+def test_a_gemm_too_small_for_its_efficiency_costs_the_fixed_time():
+    """A custom layer's forward_flops of 5e-324 (found by the spec fuzz): eff(F) underflows
+    to 0, the time is the limit (F + F_half) / (peak eff_max), not a division by zero."""
+    from cost_models.compute import DeviceSpeed, gemm_time_s
+
+    d = DeviceSpeed(peak_flops_per_s=19.5e12, memory_bandwidth_bytes_per_s=1e12)
+    fixed = d.gemm_half_flops / (d.peak_flops_per_s * d.gemm_max_efficiency)
+    assert gemm_time_s(5e-324, d) == pytest.approx(fixed)
+    assert gemm_time_s(1e-300, d) == pytest.approx(fixed)

@@ -73,3 +73,25 @@ def test_plan_output_fits_80_and_120_columns_and_wide_keeps_every_column(write_s
     head = next(line for line in out if line.lstrip().startswith("rank"))
     assert "placement" in head and "layers/stage" in head and len(head) > 80
     assert not any("left out for the terminal" in line for line in out)
+
+
+def test_model_flops_by_hand_and_the_tflops_column(write_spec, capsys, monkeypatch):
+    from cost_models.layers import Layer, model_flops_per_sample
+
+    h, f, s, v, a = 64, 256, 32, 128, 4
+    gpt = [Layer(kind="embedding", seq_length=s, hidden_size=h, vocab_size=v),
+           Layer(kind="transformer", seq_length=s, hidden_size=h, num_attention_heads=a,
+                 ffn_hidden_size=f),
+           Layer(kind="head", seq_length=s, hidden_size=h, vocab_size=v)]
+    forward = (2 * s * h * 3 * h + 2 * s * h * h + 2 * s * h * f + 2 * s * f * h  # QKV, proj, MLP
+               + 4 * s * s * h                                                  # attention core
+               + 2 * s * h * v)                                                 # logits
+    assert model_flops_per_sample(gpt) == 3 * forward
+    from amp_search.cli.plan import format_table
+
+    spec = load_spec(_spec(write_spec))
+    e = plan(spec, simulate_top=0).best
+    expected = model_flops_per_sample(spec.model.layers) * 32 / e.iteration_time_s / 16 / 1e12
+    table = format_table(spec, [("1", e, 1.0)]).splitlines()
+    assert "TFLOP/s/GPU" in table[0]
+    assert f"  {expected:.4g}  " in table[2]

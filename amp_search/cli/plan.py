@@ -10,6 +10,8 @@ from pathlib import Path
 from ._args import (DEGREE_FLAGS, STRATEGY_DEGREES, add_profiles_argument, add_strategy_knobs,
                     layers_per_stage, measurements_for, nonnegative_int, positive_float,
                     positive_int, render_table, write_json)
+from cost_models.layers import model_flops_per_sample
+
 from ..errors import UsageError
 from ..records import Estimate, Plan
 from ..spec import FINGERPRINT_KEY, Spec, load_spec, spec_fingerprint
@@ -141,7 +143,8 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
             "mbs", "zero", "ckpt", "sp") + (("v",) if chunked else ()) + (
             "layers/stage",
             "placement", "mem GiB", "iter s") + (("eq.5 s",) if both else ()) \
-        + ("samples/s", "vs Megatron")
+        + ("samples/s", "TFLOP/s/GPU", "vs Megatron")
+    flops = model_flops_per_sample(spec.model.layers) * spec.training.global_batch_size
     cells = []
     for label, e, speedup in rows:
         s = e.strategy
@@ -157,6 +160,7 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
                                                      if any(r[1].simulated for r in rows)
                                                      else ""),
                       *analytic, f"{e.samples_per_s:.4g}",
+                      f"{flops / e.iteration_time_s / s.num_devices / 1e12:.4g}",
                       "-" if speedup is None else f"{speedup:.2f}x"))
     first = 8 + chunked + context           # layers/stage and placement: left-aligned
     left = (head[first], head[first + 1])
@@ -219,6 +223,9 @@ def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
                  + "mem GiB: peak / usable memory of the fullest device. ckpt: activation "
                    "recomputation (full: each block, sel: the attention core only)"
                  + ("; sp: sequence parallelism." if "sp" not in dropped else "."))
+    lines.append("TFLOP/s/GPU: the model's FLOPs per second per GPU (3x the forward's GEMMs "
+                 "and attention, recomputed work not counted); over the GPU's dense peak it is "
+                 "the MFU.")
     if any(e.strategy.cp > 1 for _, e, _ in rows):
         lines.append("cp: context-parallel ranks per sequence (Megatron-LM's ring attention); "
                      "a stage then holds dp x cp x tmp devices.")
