@@ -92,6 +92,12 @@ class GPU:
     inside a node (NVLink or PCIe: cost_models.comm.NCCL_RING_STEP_LATENCY_S)."""
     link_latency_inter_s: float = 0.0
     """The same across nodes (the network)."""
+    prediction_error: float = 0.0
+    """The default model's measured error of iteration time on this GPU (a fraction: mean
+    absolute percentage error over published runs); `plan` marks the plans whose predicted
+    times lie within it of the best as tied. 0: unknown."""
+    prediction_error_source: str = ""
+    """Where `prediction_error` was measured."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,7 +266,7 @@ def catalog_defaults() -> dict:
 
 
 GPU_MODEL_KEYS = ("gemm_efficiency", "kernel_floor", "host_time", "flash_attention",
-                  "link_latency")
+                  "link_latency", "prediction_error")
 """Keys of a catalog entry (or inline GPU) for the analytic model; missing ones come from the
 catalog's `defaults:`."""
 
@@ -336,6 +342,21 @@ def _gpu_model(r: "MappingReader", defaults: dict) -> dict:
             raise SpecError(r.at("flash_attention"), f"got {show_value(flash)}; accepted: true, "
                                                      f"false")
         out["flash_attention"] = flash
+    err = get("prediction_error")
+    if err is not None:
+        e = MappingReader(err, r.at("prediction_error"), ("mape", "source"))
+        raw = e.raw("mape", required=True)
+        text = raw.strip() if isinstance(raw, str) else ""
+        try:
+            value = float(text[:-1]) / 100 if text.endswith("%") else float("nan")
+        except ValueError:
+            value = float("nan")
+        if not 0.0 <= value <= 1.0:
+            raise SpecError(e.at("mape"), f"got {show_value(raw)}; accepted: a percentage "
+                                          f"from 0% to 100%, e.g. '6.4%'")
+        out["prediction_error"] = value
+        out["prediction_error_source"] = read_name(e.raw("source", required=True),
+                                                   e.at("source"), "", MAX_SOURCE_CHARS)
     lat = get("link_latency")
     if lat is not None:
         k = MappingReader(lat, r.at("link_latency"), ("intra", "inter"))
@@ -582,6 +603,11 @@ def spec_fingerprint(spec: Spec) -> dict:
                 for item in section[part]:
                     item["gpu"]["peak_flops_per_s"].pop("fp8", None)
                     item["gpu"].pop("gemm_fp8_max_efficiency", None)
+        if name == "cluster":       # what the model's error is does not change a plan
+            for part in ("node_groups", "nodes", "devices"):
+                for item in section[part]:
+                    item["gpu"].pop("prediction_error", None)
+                    item["gpu"].pop("prediction_error_source", None)
         if name == "training" and section["context_parallel"] == (1,):
             del section["context_parallel"]      # as before the key existed
         text = json.dumps(section, sort_keys=True, default=str)

@@ -95,3 +95,33 @@ def test_model_flops_by_hand_and_the_tflops_column(write_spec, capsys, monkeypat
     table = format_table(spec, [("1", e, 1.0)]).splitlines()
     assert "TFLOP/s/GPU" in table[0]
     assert f"  {expected:.4g}  " in table[2]
+
+
+def test_ties_within_the_models_measured_error_are_marked_and_counted(write_spec, capsys,
+                                                                      monkeypatch):
+    from amp_search.cli.plan import model_error, tie_note, tied_count
+    from amp_search.spec import load_catalog
+
+    cat = load_catalog()
+    assert cat["A100-80GB"].prediction_error == __import__("pytest").approx(0.064)
+    assert "gpu_accuracy.py" in cat["A100-80GB"].prediction_error_source
+    assert cat["V100-16GB"].prediction_error == __import__("pytest").approx(0.162)  # the largest
+    assert "not measured" in cat["V100-16GB"].prediction_error_source
+    spec = load_spec(_spec(write_spec))
+    error, gpu = model_error(spec)
+    assert gpu.name == "H100-80GB" and error == __import__("pytest").approx(0.029)
+    result = plan(spec, simulate_top=0)
+    times = [e.iteration_time_s for e in result.strategies]
+    limit = times[0] * (1 + error) / (1 - error)
+    assert tied_count(result, error) == sum(t <= limit for t in times)
+    assert tied_count(result, 0.0) == 1
+    note = tie_note(spec, 3, error, gpu)
+    assert "Ranks 1-3 ('~')" in note and "--top-k 3" in note and "±2.9% on H100-80GB" in note
+    assert "No other plan" in tie_note(spec, 1, error, gpu)
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["plan", str(_spec(write_spec)), "--top-k", "5", "--no-simulate"]) == 0
+    out = capsys.readouterr().out
+    n = tied_count(result, error)
+    assert ("Ranks 1-" in out) == (n > 1)
+    assert sum(line.lstrip().split(" ")[0].endswith("~") for line in out.splitlines()) == \
+        min(n, 5) - 1

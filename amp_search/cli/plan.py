@@ -358,6 +358,35 @@ def chosen_strategy(spec: Spec, args, measurements) -> tuple[Estimate, str]:
     return e, "given strategy"
 
 
+def model_error(spec: Spec) -> tuple[float, object]:
+    """The default model's measured error (a fraction) on the cluster's least known GPU type,
+    and that GPU (the catalog's prediction_error)."""
+    gpu = max((g.gpu for g in spec.cluster.node_groups), key=lambda g: g.prediction_error)
+    return gpu.prediction_error, gpu
+
+
+def tied_count(result: Plan, error: float) -> int:
+    """How many ranked plans tie with the best within the model's error: their error bands
+    overlap the best's, t <= t_best (1 + e) / (1 - e)."""
+    if not result.strategies or not 0.0 < error < 1.0:
+        return 1
+    limit = result.strategies[0].iteration_time_s * (1 + error) / (1 - error)
+    return sum(e.iteration_time_s <= limit for e in result.strategies)
+
+
+def tie_note(spec: Spec, tied: int, error: float, gpu) -> str:
+    """What the tie with the best means for the user, in one line."""
+    if error <= 0.0:
+        return "The model's error on these GPUs is not known: measure the best few plans."
+    where = (f"±{error:.1%} on {gpu.name}"
+             + (f", {gpu.prediction_error_source}" if gpu.prediction_error_source else ""))
+    if tied <= 1:
+        return (f"No other plan lies within the model's error of the best ({where}).")
+    path = spec.path if spec.path is not None else "SPEC"
+    return (f"Ranks 1-{tied} ('~') lie within the model's error of the best ({where}): "
+            f"`amp-search launch {path} --top-k {tied}` measures them and keeps the fastest.")
+
+
 def run_plan(args) -> int:
     from ..planner import plan
 
@@ -366,8 +395,10 @@ def run_plan(args) -> int:
                         progress=not args.no_progress and sys.stderr.isatty(),
                         max_search_s=args.max_search_seconds, on_start=announce,
                         simulate_top=0 if args.no_simulate else args.simulate_top)
-    rows = [(str(i), e, result.speedup(e)) for i, e in enumerate(result.strategies[:args.top_k],
-                                                                  1)]
+    error, gpu = model_error(spec)
+    tied = tied_count(result, error)
+    rows = [(f"{i}~" if 1 < i <= tied else str(i), e, result.speedup(e))
+            for i, e in enumerate(result.strategies[:args.top_k], 1)]
     if result.baseline is not None:
         rows.append(("megatron", result.baseline, 1.0))
     to_stdout = args.json is not None and str(args.json) == "-"
@@ -393,7 +424,7 @@ def run_plan(args) -> int:
                   f"({result.evaluated} placements costed{sim}; pruned: {pruned}) in "
                   f"{result.search_time_s:.2f} s. Layer times: {sources}.")
         note = vocab_note(spec, sorted({e.strategy.tmp for _, e, _ in rows}))
-        for line in [footer] + ([note] if note else []):
+        for line in [tie_note(spec, tied, error, gpu), footer] + ([note] if note else []):
             print("\n".join(textwrap.wrap(line, width, break_on_hyphens=False)))
     if args.json is not None:
         write_json(args.json, {**result.to_dict(top_k=args.top_k),
