@@ -28,6 +28,11 @@ GPUs).
 3. figures: MAPE and mean signed error over the expressible rows, per system, per precision and
    per model; the rows that cannot be expressed are counted with their reason.
 
+`--ranks` plans each distinct recipe's cluster and global batch with tp, pp, dp, cp, virtual
+stages, micro-batch, recomputation and sequence parallelism searched (closed form), and reports
+where the published recipe ranks (or that it is predicted not to fit) and how the best plan's
+predicted time compares with the recipe's (minutes: some of these are 1,024-GPU searches).
+
 `--fit` fits the one free coefficient these rows need, the fraction of the FP8 dense peak that
 large FP8 GEMMs reach (`gemm_efficiency.fp8_max` in profiles/gpus.yaml), on the Hopper rows and
 scores it on the Blackwell rows, and the other way round (split by GPU type, never by row).
@@ -179,14 +184,23 @@ def cost_rows(rows: list[dict], fp8_max: float | None = None) -> Scored:
             from amp_search.spec import load_catalog
             gpu = load_catalog()[d["cluster"]["nodes"][0]["gpu"]]
             d["cluster"]["nodes"][0]["gpu"] = inline_gpu(gpu, fp8_max)
-        spec = parse_spec(d)
-        tp, pp, cp = int(row["tp"]), int(row["pp"]), int(row["cp"])
-        dp = int(row["gpus"]) // (tp * pp * cp)
-        e = estimate(spec, pp=pp, dp=dp, tmp=tp, mbs=int(row["mbs"]), cp=cp,
-                     virtual_stages=virtual(row), zero_stage=1,
-                     activation_checkpointing="none", sequence_parallel=tp > 1)
+        e = estimate_recipe(parse_spec(d), row)
         out.results.append(Result(row, measured_s(row), e.iteration_time_s, e.fits))
     return out
+
+
+def layout_of(row: dict) -> tuple[int, int, int, int, int, int]:
+    """(pp, dp, tp, cp, mbs, virtual stages) of a recipe; dp = GPUs / (tp pp cp)."""
+    tp, pp, cp = int(row["tp"]), int(row["pp"]), int(row["cp"])
+    return pp, int(row["gpus"]) // (tp * pp * cp), tp, cp, int(row["mbs"]), virtual(row)
+
+
+def estimate_recipe(spec, row: dict):
+    """The recipe as published: its layout, the distributed optimizer, sequence parallelism
+    where tp > 1, no recomputation."""
+    pp, dp, tp, cp, mbs, vp = layout_of(row)
+    return estimate(spec, pp=pp, dp=dp, tmp=tp, mbs=mbs, cp=cp, virtual_stages=vp,
+                    zero_stage=1, activation_checkpointing="none", sequence_parallel=tp > 1)
 
 
 def inline_gpu(gpu, fp8_max: float) -> dict:
@@ -272,6 +286,66 @@ def fit(rows: list[dict]) -> dict:
     return out
 
 
+def recipe_ranks(rows: list[dict]) -> list[dict]:
+    """For each distinct expressible pre-training recipe (model, system, GPUs, batch,
+    precision): plan the same cluster and batch with tp, pp, dp, cp, virtual stages, mbs,
+    recomputation and sequence parallelism searched (the closed form, no simulation), and
+    find the published recipe in the ranking: its rank, or why it is not ranked (pruned as
+    out of memory), and the best plan's predicted time against the recipe's."""
+    from amp_search.planner import NoFeasibleStrategy, plan
+
+    seen, out = set(), []
+    for row in rows:
+        if unexpressed(row) or row["workload"] != "pre-training":
+            continue
+        key = tuple(row[k] for k in ("model", "system", "gpus", "gbs", "mbs", "seq", "tp", "pp",
+                                     "cp", "vp", "precision"))
+        if key in seen:
+            continue
+        seen.add(key)
+        d = spec_dict(row)
+        d["training"].update(virtual_pipeline_stages="search", context_parallel="search",
+                             activation_checkpointing="search", sequence_parallel="search")
+        spec = parse_spec(d)
+        recipe = estimate_recipe(spec, row)
+        pp, dp, tp, cp, _, _ = layout_of(row)
+        try:
+            result = plan(spec, simulate_top=0)
+        except NoFeasibleStrategy:
+            result = None
+        ranked = result.strategies if result is not None else ()
+        layout = layout_of(row)
+        rank = next((i for i, e in enumerate(ranked, 1)
+                     if (e.strategy.pp, e.strategy.dp, e.strategy.tmp, e.strategy.cp,
+                         e.strategy.mbs, e.strategy.virtual_stages) == layout), None)
+        best = ranked[0] if ranked else None
+        out.append({"recipe": f"{row['model']} {row['system']} {row['precision']} "
+                              f"{row['gpus']} GPUs gbs {row['gbs']}: tp{tp} pp{pp} cp{cp} "
+                              f"vp{virtual(row)} mbs{row['mbs']}",
+                    "rank": rank, "ranked": len(ranked), "recipe_fits": recipe.fits,
+                    "recipe_predicted_s": recipe.iteration_time_s,
+                    "measured_s": measured_s(row),
+                    "best_predicted_s": best.iteration_time_s if best else None,
+                    "best": best.strategy.label() if best else None})
+    return out
+
+
+def report_ranks(ranks: list[dict]) -> None:
+    print(f"\nThe published recipe in the plan of its cluster and batch "
+          f"({len(ranks)} distinct recipes; closed form):")
+    for r in ranks:
+        where = (f"rank {r['rank']} of {r['ranked']}" if r["rank"] is not None else
+                 "not ranked: predicted not to fit" if not r["recipe_fits"] else
+                 "not ranked (a faster setting of its knobs is kept)")
+        best = (f"best {r['best']} {r['best_predicted_s']:.4g} s, "
+                f"{r['best_predicted_s'] / r['recipe_predicted_s'] - 1:+.1%} against the "
+                f"recipe's predicted {r['recipe_predicted_s']:.4g} s"
+                if r["best"] else "no plan fits")
+        print(f"  {r['recipe']}: {where}; {best}; measured {r['measured_s']:.4g} s")
+    top10 = sum(r["rank"] is not None and r["rank"] <= 10 for r in ranks)
+    print(f"in the top 10: {top10} of {len(ranks)}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=DATA)
@@ -280,6 +354,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", action="store_true", help="print every costed row")
     ap.add_argument("--fit", action="store_true",
                     help="fit the FP8 GEMM efficiency, split by GPU family")
+    ap.add_argument("--ranks", action="store_true",
+                    help="plan each recipe's cluster and batch and find the recipe's rank "
+                         "(minutes)")
     a = ap.parse_args(argv)
     with open(a.data, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -291,6 +368,9 @@ def main(argv=None) -> int:
     out = report(scored, a.rows)
     if a.fit:
         out["fit"] = fit(rows)
+    if a.ranks:
+        out["ranks"] = recipe_ranks(rows)
+        report_ranks(out["ranks"])
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             w = csv.writer(f)
