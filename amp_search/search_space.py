@@ -57,6 +57,11 @@ and one equivalence, applied by the search only (an equivalent point is a valid 
                                                               only the lowest searched stage
                                                               is kept
 
+and the spec's limits, applied by the search only (`estimate` costs any strategy):
+
+    within_search_limits        outside_search_limits         the `search:` section allows
+                                                              other tp, pp, dp or mbs values
+
 and one dominance, applied by the search only:
 
     selective_needs_scores      selective_with_flash_attention  selective recomputation
@@ -79,7 +84,7 @@ from cost_models.memory import zero_allowed
 
 from .errors import Infeasible, SpecError
 from .records import micro_batches
-from .spec import Spec
+from .spec import SearchLimits, Spec
 
 
 class Reason(str, Enum):
@@ -102,6 +107,9 @@ class Reason(str, Enum):
     CONTEXT_PARALLEL_UNDER_DEEPSPEED = "context_parallel_under_deepspeed"
     SEQUENCE_NOT_DIVISIBLE_BY_CP = "sequence_not_divisible_by_cp"
     CONTEXT_PARALLEL_WITH_STANDARD_ATTENTION = "context_parallel_with_standard_attention"
+    OUTSIDE_SEARCH_LIMITS = "outside_search_limits"
+    """A degree the spec's `search:` section does not allow (the search only; `estimate`
+    costs any strategy)."""
     OUT_OF_MEMORY = "out_of_memory"
     SLOWER_KNOBS_SAME_LAYOUT = "slower_knobs_same_layout"
     """Same (pp, dp, tmp, mbs) as a faster ranked strategy that fits: only its ZeRO stage,
@@ -206,6 +214,8 @@ class SearchSpace:
     """The leading embedding layers."""
     context_parallel: tuple[int, ...] = (1,)
     """Context-parallel degrees searched (training.context_parallel)."""
+    limits: SearchLimits = SearchLimits()
+    """The spec's `search:` section: the tp, pp, dp and mbs the search may try."""
     backend: str = "deepspeed"
     """The framework the plan is for (deepspeed | megatron): training.backend, unless the
     caller names another (`launch --backend`)."""
@@ -219,7 +229,7 @@ class SearchSpace:
         lead = next((i for i, k in enumerate(kinds) if k != "embedding"), len(kinds))
         tail = next((i for i, k in enumerate(kinds[::-1]) if k != "head"), len(kinds))
         return cls(virtual_stages=t.virtual_pipeline_stages,
-                   context_parallel=t.context_parallel,
+                   context_parallel=t.context_parallel, limits=spec.search,
                    num_blocks=max(len(kinds) - lead - tail, 0), num_leading=lead,
                    num_devices=spec.cluster.num_devices, num_layers=spec.model.num_layers,
                    global_batch_size=t.global_batch_size, tp_divisors=spec.model.tp_divisors,
@@ -399,6 +409,15 @@ def context_parallel_needs_flash(s: SearchSpace, c: Candidate) -> Violation | No
     return None
 
 
+def within_search_limits(s: SearchSpace, c: Candidate) -> Violation | None:
+    for name, value in (("tp", c.tmp), ("pp", c.pp), ("dp", c.dp), ("mbs", c.mbs)):
+        if not s.limits.admits(name, value):
+            return Violation(Reason.OUTSIDE_SEARCH_LIMITS,
+                             f"{name} = {value} is outside the spec's search limits "
+                             f"({s.limits.describe()})")
+    return None
+
+
 def zero_without_data_parallel(s: SearchSpace, c: Candidate) -> Violation | None:
     lowest = min(s.zero_stages)
     if c.dp == 1 and c.zero_stage != lowest:
@@ -463,6 +482,9 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
         probe = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=1, zero_stage=space.zero_stages[0],
                                recompute=space.recompute[0], cp=cp)
         v = first_violation(space, probe, LAYOUT_RULES)
+        if v is None and not all(space.limits.admits(k, x)
+                                  for k, x in (("tp", tmp), ("pp", pp), ("dp", dp))):
+            v = within_search_limits(space, probe)
         if v is not None:
             pruned[v.reason.value] += knobs
             continue
@@ -475,7 +497,7 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
                                            recompute=ck, sequence_parallel=sp,
                                            virtual_stages=vs, cp=cp)
                         v = first_violation(space, c, FEASIBILITY_RULES[len(LAYOUT_RULES):]
-                                            + EQUIVALENCE_RULES)
+                                            + EQUIVALENCE_RULES + (within_search_limits,))
                         if v is not None:
                             pruned[v.reason.value] += 1
                             continue

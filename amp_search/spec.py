@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -217,10 +217,74 @@ class TrainingSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SearchLimits:
+    """The optional `search:` section: the degrees the planner may try, as NeMo's
+    auto-configurator users limit them. Per degree (tp, pp, dp, mbs) a set of allowed values
+    or a maximum; None: any. Context parallelism and virtual stages take their values from
+    training.context_parallel and training.virtual_pipeline_stages."""
+
+    allowed: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """(degree, its allowed values ascending) pairs."""
+    maximum: tuple[tuple[str, int], ...] = ()
+    """(degree, the largest allowed value) pairs."""
+
+    def admits(self, name: str, value: int) -> bool:
+        allowed = dict(self.allowed).get(name)
+        return (allowed is None or value in allowed) and \
+            value <= dict(self.maximum).get(name, value)
+
+    def describe(self) -> str:
+        """'tp 1/2/4, pp at most 8' ('' when nothing is limited)."""
+        out = [f"{k} {'/'.join(map(str, v))}" for k, v in self.allowed]
+        out += [f"{k} at most {v}" for k, v in self.maximum]
+        return ", ".join(out)
+
+
+SEARCH_DEGREES = {"tp": "tensor_parallel_sizes", "pp": "pipeline_parallel_sizes",
+                  "dp": "data_parallel_sizes", "mbs": "micro_batch_sizes"}
+"""The `search:` keys, each with the name NeMo's auto-configurator gives it (accepted too)."""
+MAX_SEARCH_VALUE = 1_000_000
+
+
+def _search_limits(data) -> SearchLimits:
+    """search: {tp: [1, 2, 4], pp: {max: 8}, mbs: 2, ...} (a list of allowed values, one value
+    to pin it, or {max: N}); NeMo's names (tensor_parallel_sizes, ...) are accepted."""
+    if data is None:
+        return SearchLimits()
+    aliases = {v: k for k, v in SEARCH_DEGREES.items()}
+    r = MappingReader(data, "search", tuple(SEARCH_DEGREES) + tuple(aliases))
+    allowed, maximum = {}, {}
+    for key in list(SEARCH_DEGREES) + list(aliases):
+        if not r.has(key):
+            continue
+        name = aliases.get(key, key)
+        if name in allowed or name in maximum:
+            raise SpecError(r.at(key), f"{name} is limited twice (as {name} and "
+                                       f"{SEARCH_DEGREES[name]}); give it once")
+        v = r.raw(key)
+        accepted = (f"accepted: a positive integer (pins {name}), a list of them such as "
+                    f"[1, 2, 4], or {{max: N}}")
+        if isinstance(v, dict):
+            m = MappingReader(v, r.at(key), ("max",))
+            maximum[name] = m.int("max", required=True, hi=MAX_SEARCH_VALUE)
+        elif isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SEARCH_VALUE:
+            allowed[name] = (v,)
+        elif isinstance(v, list) and v and all(
+                isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_SEARCH_VALUE
+                for x in v):
+            allowed[name] = tuple(sorted(set(v)))
+        else:
+            raise SpecError(r.at(key), f"got {show_value(v)}; {accepted}")
+    return SearchLimits(allowed=tuple(allowed.items()), maximum=tuple(maximum.items()))
+
+
+@dataclass(frozen=True, kw_only=True)
 class Spec:
     cluster: Cluster
     model: ModelSpec
     training: TrainingSpec
+    search: SearchLimits = field(default_factory=SearchLimits)
+    """Limits on the degrees the planner tries (the `search:` section; none by default)."""
     path: Path | None = None
     sha256: str = ""
     """Hash of the parsed spec content (what the results database keys trials by)."""
@@ -504,7 +568,7 @@ def _training(data) -> TrainingSpec:
 def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None = None) -> Spec:
     """Build a Spec from already-parsed YAML data (or any Python data: nothing but SpecError or
     UsageError is raised for it)."""
-    r = MappingReader(data, "", ("cluster", "model", "training"))
+    r = MappingReader(data, "", ("cluster", "model", "training", "search"))
     catalog = load_catalog() if catalog is None else catalog
     cluster = _cluster(r.raw("cluster", required=True), catalog)
     model = parse_model(r.raw("model", required=True))
@@ -529,7 +593,8 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
                                                       f"has no {need} support{also}; use one "
                                                       f"of {supported}")
     _check_overhead(cluster, training)
-    return Spec(cluster=cluster, model=model, training=training, path=path,
+    return Spec(cluster=cluster, model=model, training=training,
+                search=_search_limits(r.raw("search")), path=path,
                 sha256=_content_hash(data))
 
 

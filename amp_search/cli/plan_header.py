@@ -62,7 +62,9 @@ def header_lines(spec: Spec, plan: Plan, width: int = 100) -> list[str]:
                 f"{n} GPUs", "mbs (every divisor of the batch per replica)"] + \
         [text for text, many in knobs if many]
     fixed = [text for text, many in knobs if not many]
-    lines.append("searched: " + ", ".join(searched))
+    limits = spec.search.describe()
+    lines.append("searched: " + ", ".join(searched)
+                 + (f"; within the spec's search limits: {limits}" if limits else ""))
     if fixed:
         lines.append("fixed by the spec or its defaults: " + ", ".join(fixed)
                      + " (a spec key set to 'search' searches it)")
