@@ -29,11 +29,12 @@ def test_export_takes_tp(tmp_path, capsys):
         p.read_text() for p in out.rglob("*") if p.is_file())
 
 
-def test_a_strategy_that_does_not_fit_says_so_first(capsys):
+def test_a_strategy_that_does_not_fit_says_so_first_and_in_its_exit_status(capsys):
     assert main(["estimate", SPEC, "--pp", "1", "--dp", "32", "--tp", "1", "--mbs", "8",
-                 "--no-simulate"]) == 0
-    err = capsys.readouterr().err
-    assert err.startswith("amp-search: this strategy does not fit: stage 0 needs "), err
+                 "--no-simulate"]) == 1
+    out = capsys.readouterr()
+    assert out.err.startswith("amp-search: this strategy does not fit: stage 0 needs "), out.err
+    assert "DOES NOT FIT" in out.out          # the estimate is printed all the same
 
 
 def test_a_strategy_that_fits_says_nothing_of_it(capsys):

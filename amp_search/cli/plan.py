@@ -513,4 +513,9 @@ def run_estimate(args) -> int:
                   + ("" if m.fits else "  DOES NOT FIT"))
     if args.json is not None:
         write_json(args.json, e.to_dict())
-    return 0
+    return 0 if e.fits else ESTIMATE_DOES_NOT_FIT
+
+
+ESTIMATE_DOES_NOT_FIT = 1
+"""`estimate`'s exit status for a strategy that does not fit in memory (its estimate is printed
+all the same; 2 stays bad input)."""
