@@ -135,7 +135,7 @@ def rank(estimates: list[Estimate], pruned: Counter) -> list[Estimate]:
     seen, out = set(), []
     for e in sorted(estimates, key=ranking_key):
         s = e.strategy
-        layout = (s.pp, s.dp, s.tmp, s.mbs) + ((s.cp,) if s.cp > 1 else ())
+        layout = (s.pp, s.dp, s.cp, s.tmp, s.mbs)
         if layout in seen:
             pruned[Reason.SLOWER_KNOBS_SAME_LAYOUT.value] += 1
             continue

@@ -82,8 +82,13 @@ class Strategy:
         return micro_batches(self.global_batch_size, self.dp, self.mbs)
 
     @property
+    def replicas(self) -> int:
+        """Replicas of the placement, dp x cp (search_space.Candidate.replicas)."""
+        return self.dp * self.cp
+
+    @property
     def num_devices(self) -> int:
-        return self.pp * self.dp * self.cp * self.tmp
+        return self.pp * self.replicas * self.tmp
 
     def label(self) -> str:
         return f"pp{self.pp}-dp{self.dp}-tmp{self.tmp}-mbs{self.mbs}-z{self.zero_stage}" + (

@@ -59,8 +59,8 @@ and one equivalence, applied by the search only (an equivalent point is a valid 
 
 and the spec's limits, applied by the search only (`estimate` costs any strategy):
 
-    within_search_limits        outside_search_limits         the `search:` section allows
-                                                              other tp, pp, dp or mbs values
+    degrees_within_search_limits  outside_search_limits       the `search:` section allows
+    mbs_within_search_limits                                  other tp, pp, dp or mbs values
 
 and one dominance, applied by the search only:
 
@@ -409,13 +409,21 @@ def context_parallel_needs_flash(s: SearchSpace, c: Candidate) -> Violation | No
     return None
 
 
-def within_search_limits(s: SearchSpace, c: Candidate) -> Violation | None:
-    for name, value in (("tp", c.tmp), ("pp", c.pp), ("dp", c.dp), ("mbs", c.mbs)):
+def _outside_limits(s: SearchSpace, degrees) -> Violation | None:
+    for name, value in degrees:
         if not s.limits.admits(name, value):
             return Violation(Reason.OUTSIDE_SEARCH_LIMITS,
                              f"{name} = {value} is outside the spec's search limits "
                              f"({s.limits.describe()})")
     return None
+
+
+def degrees_within_search_limits(s: SearchSpace, c: Candidate) -> Violation | None:
+    return _outside_limits(s, (("tp", c.tmp), ("pp", c.pp), ("dp", c.dp)))
+
+
+def mbs_within_search_limits(s: SearchSpace, c: Candidate) -> Violation | None:
+    return _outside_limits(s, (("mbs", c.mbs),))
 
 
 def zero_without_data_parallel(s: SearchSpace, c: Candidate) -> Violation | None:
@@ -481,10 +489,7 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
     for pp, dp, tmp, cp in layouts:
         probe = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=1, zero_stage=space.zero_stages[0],
                                recompute=space.recompute[0], cp=cp)
-        v = first_violation(space, probe, LAYOUT_RULES)
-        if v is None and not all(space.limits.admits(k, x)
-                                  for k, x in (("tp", tmp), ("pp", pp), ("dp", dp))):
-            v = within_search_limits(space, probe)
+        v = first_violation(space, probe, LAYOUT_RULES + (degrees_within_search_limits,))
         if v is not None:
             pruned[v.reason.value] += knobs
             continue
@@ -497,7 +502,7 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
                                            recompute=ck, sequence_parallel=sp,
                                            virtual_stages=vs, cp=cp)
                         v = first_violation(space, c, FEASIBILITY_RULES[len(LAYOUT_RULES):]
-                                            + EQUIVALENCE_RULES + (within_search_limits,))
+                                            + EQUIVALENCE_RULES + (mbs_within_search_limits,))
                         if v is not None:
                             pruned[v.reason.value] += 1
                             continue

@@ -240,18 +240,18 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     if s.dp > 1 and s.zero_stage == 3:          # pp = 1: per-layer gathers, reduce-scatters
         bw, crosses = layout.dp_links
         params = model.params_per_layer(s.tmp).astype(float)
-        grad_bpe = comm.gradient_reduce_bytes_per_element(model.spec.training.storage_precision)
+        grad_bpe = comm.gradient_reduce_bytes_per_element(model.spec.training.precision)
         layer = t.layer_s[0]
         kw.update(dp=s.dp, dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(bw, dtype=float),
                   zero3_layer_forward_s=layer[0],
                   zero3_layer_backward_s=layer[1] + layer[2],
                   zero3_param_bytes=params * bpe, zero3_grad_bytes=params * grad_bpe)
-    elif s.dp * s.cp > 1:        # the gradients are reduced over dp x cp
+    elif s.replicas > 1:         # the gradients are reduced over dp x cp
         bw, crosses = layout.dp_links
         grad = pipeline.stage_totals(
             model.params_per_layer(s.tmp)[None, :].repeat(s.pp, axis=0), bounds) * bpe
-        precision = model.spec.training.storage_precision
+        precision = model.spec.training.precision
         if model.spec.training.backend == "megatron":
             # Megatron-LM reduces its gradient buffer's dtype (fp32 with bf16); only its
             # distributed optimizer (zero_stage 1) all-gathers the updated weights
@@ -261,7 +261,7 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
         else:
             engine = memory_model.deepspeed_engine(zero_stage=s.zero_stage, precision=precision)
             gather, weights = s.zero_stage in (1, 2) or engine == "bf16_optimizer", grad
-        kw.update(dp=s.dp * s.cp, gradient_bytes=grad,
+        kw.update(dp=s.replicas, gradient_bytes=grad,
                   dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(bw, dtype=float),
                   bucket_bytes=float(bucket_elements) * bpe, overlap=overlap,
@@ -294,10 +294,10 @@ def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
               p2p_latency_s=np.array([lat[k % pp] if (k + 1) % pp else lat.max()
                                       for k in range(v * pp - 1)]),
               p2p_bandwidth_bytes_per_s=np.concatenate([bw, [bw.min()]]))
-    if s.dp * s.cp > 1:
+    if s.replicas > 1:
         bpe = model.spec.training.bytes_per_element
         dbw, dcross = layout.dp_links
-        kw.update(dp=s.dp * s.cp, gradient_bytes=pipeline.chunk_device_totals(
+        kw.update(dp=s.replicas, gradient_bytes=pipeline.chunk_device_totals(
                       model.params_per_layer(s.tmp)[None, :].repeat(pp, axis=0), bounds, pp)
                   * bpe, dp_latency_s=model.link_latencies_s("all_reduce", dcross, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(dbw, dtype=float),

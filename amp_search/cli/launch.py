@@ -122,7 +122,7 @@ def check_plan_row(spec: Spec, s: Strategy) -> str:
         return (f"pp {s.pp} x dp {s.dp}{cp} x tmp {s.tmp} = {s.num_devices} devices, but the "
                 f"cluster has {have}")
     shape = [[len(r) for r in st] for st in s.placement]
-    if len(shape) != s.pp or any(len(st) != s.dp * s.cp for st in shape) or \
+    if len(shape) != s.pp or any(len(st) != s.replicas for st in shape) or \
             any(n != s.tmp for st in shape for n in st):
         return (f"placement is not pp {s.pp} stages x dp {s.dp}{cp} replicas x tmp {s.tmp} "
                 f"devices")

@@ -371,9 +371,8 @@ class CostModel:
         """The placement of (pp, dp, tmp): Megatron's over `order` (cached) or the one given."""
         p = self.params
         scale = dict(intra_scale=p.bandwidth("intra"), inter_scale=p.bandwidth("inter"))
-        key = None if placement is not None else (order.name, c.pp, c.dp, c.tmp,
-                                                  tuple(scale.values())) + (
-            (c.cp,) if c.cp > 1 else ())
+        key = None if placement is not None else (order.name, c.pp, c.dp, c.cp, c.tmp,
+                                                  tuple(scale.values()))
         hit = self._placement_cache.get(key) if key is not None else None
         if hit is not None:
             return hit
@@ -419,7 +418,7 @@ class CostModel:
         optimizer = np.zeros((c.pp, L))
         optimizer_share = memory_model.optimizer_shards(
             framework=self.spec.training.backend, zero_stage=c.zero_stage,
-            precision=self.spec.training.storage_precision, dp=c.replicas)
+            precision=self.spec.training.precision, dp=c.replicas)
         ckpt = c.activation_checkpointing
         rows: dict = {}                 # stages holding the same device types cost the same
         for j in range(c.pp):
@@ -503,8 +502,7 @@ class CostModel:
         framework_s = self.params.layer_overhead(c.pp) / 2
         key = ("passes", gpu.name, c.tmp, c.mbs, ckpt, c.selective_recompute,
                c.sequence_parallel, scale, floor_s, framework_s,
-               self.params.zero_cost("zero_microbatch_s_per_param", c.zero_stage)) + (
-            (c.cp,) if c.cp > 1 else ())
+               self.params.zero_cost("zero_microbatch_s_per_param", c.zero_stage), c.cp)
         hit = self._fixed_cache.get(key)
         if hit is None:
             lt = self.timer.times(gpu, c.tmp, c.mbs, c.cp)
@@ -537,7 +535,7 @@ class CostModel:
         sp = c.sequence_parallel and c.tmp > 1
         if not sel and not sp:
             return 0.0
-        key = ("knobs", gpu.name, c.tmp, c.mbs, sel, sp, c.activation_checkpointing)
+        key = ("knobs", gpu.name, c.tmp, c.mbs, sel, sp, c.activation_checkpointing, c.cp)
         hit = self._fixed_cache.get(key)
         if hit is None:
             t = self.spec.training
@@ -553,10 +551,10 @@ class CostModel:
                     x += sequence_parallel_time_s(
                         layer, recompute=c.activation_checkpointing, **kw).total_s
                 out.append(x)
-            hit = self._fixed_cache[key] = np.array(out)
-        # one context-parallel rank's share: both knobs' work is per token (the recomputed
-        # core too: its queries against every key, 1/cp of the whole)
-        return hit / c.cp if c.cp > 1 else hit
+            # one context-parallel rank's share: both knobs' work is per token (the
+            # recomputed core too: its queries against every key, 1/cp of the whole)
+            hit = self._fixed_cache[key] = np.array(out) / c.cp
+        return hit
 
     def _fixed_costs(self, gpu, tmp: int, recompute: bool, sequence_parallel: bool = False
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -626,12 +624,12 @@ class CostModel:
         # gradient_reduce_overlaps_backward says so (not by default); dp_overlap is calibrated
         # (Megatron-LM: its gradient buffer's dtype, fp32 with bf16)
         framework = self.spec.training.backend
-        grad_scale = comm.gradient_reduce_bytes_per_element(self.spec.training.storage_precision,
+        grad_scale = comm.gradient_reduce_bytes_per_element(self.spec.training.precision,
                                                             framework=framework) / bpe
         lat = self.link_latencies_s("all_reduce", crosses, layout)
         gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
         gather_weights = framework == "deepspeed" and memory_model.deepspeed_engine(
-            zero_stage=c.zero_stage, precision=self.spec.training.storage_precision) == "bf16_optimizer"
+            zero_stage=c.zero_stage, precision=self.spec.training.precision) == "bf16_optimizer"
 
         def sync(element_bytes: float) -> np.ndarray:      # [pp]: one parameter's bytes
             return pipeline.exposed_time_s(comm.data_parallel_sync_time_s(

@@ -61,7 +61,7 @@ class LayerTimer:
         """Forward and backward time per layer for one micro-batch on one tensor rank of
         `gpu` (one context-parallel rank's share with cp > 1: analytic, the profiles being
         measured on whole sequences), and which of them are analytic."""
-        key = (gpu.name, tmp, mbs) if cp == 1 else (gpu.name, tmp, mbs, cp)
+        key = (gpu.name, tmp, mbs, cp)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -116,7 +116,7 @@ class LayerTimer:
                 out[i] = optimizer_step_time_s(
                     param_count(layer, tmp),
                     memory_bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s,
-                    precision=training.storage_precision)
+                    precision=training.precision)
         self._cache[key] = out
         return out
 

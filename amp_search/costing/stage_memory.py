@@ -55,7 +55,7 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
             st = _interleaved_stage_bytes(spec, s, j, bool(attention_scores[j]))
         else:
             st = _stage_bytes(spec.model.layers, ((s.partition[j], s.partition[j + 1]),), j,
-                              s.pp, s.dp * s.cp, s.tmp, s.mbs, s.gas, s.zero_stage,
+                              s.pp, s.replicas, s.tmp, s.mbs, s.gas, s.zero_stage,
                               s.activation_checkpointing, t.precision,
                               bool(attention_scores[j]), s.sequence_parallel,
                               s.selective_recompute, t.backend, s.cp)
@@ -82,7 +82,7 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
     t = spec.training
     layers = spec.model.layers
     ranges = s.stage_layer_ranges(j)
-    st = _stage_bytes(layers, ranges, s.pp - 1, s.pp, s.dp * s.cp, s.tmp, s.mbs, s.gas,
+    st = _stage_bytes(layers, ranges, s.pp - 1, s.pp, s.replicas, s.tmp, s.mbs, s.gas,
                       s.zero_stage, s.activation_checkpointing, t.precision, attention_scores,
                       s.sequence_parallel, s.selective_recompute, t.backend)
     per_chunk, one = _chunk_activations(

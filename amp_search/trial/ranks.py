@@ -73,7 +73,7 @@ def assign_ranks(strategy: Strategy, device_node: dict[int, tuple[int, int]],
     device_node: device id -> (node id, local device index); node_host: node id -> host."""
     out = []
     for g in range(strategy.num_devices):
-        j, r, t = coords(g, dp=strategy.dp * strategy.cp, tmp=strategy.tmp)
+        j, r, t = coords(g, dp=strategy.replicas, tmp=strategy.tmp)
         dev = strategy.placement[j][r][t]
         node, local = device_node[dev]
         out.append(RankAssignment(rank=g, stage=j, replica=r, tensor=t, device=dev, node=node,
