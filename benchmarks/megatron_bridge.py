@@ -47,7 +47,7 @@ import json
 import statistics
 import sys
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from amp_search import estimate  # noqa: E402
 from amp_search.errors import AmpSearchError  # noqa: E402
-from amp_search.spec import parse_spec  # noqa: E402
+from amp_search.spec import load_catalog, parse_spec  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "megatron-bridge-performance.csv"
 
@@ -179,12 +179,11 @@ def cost_rows(rows: list[dict], fp8_max: float | None = None) -> Scored:
         if why:
             out.skipped[why] += 1
             continue
-        d = spec_dict(row)
-        if fp8_max is not None:      # the fit: an inline copy of the catalog entry
-            from amp_search.spec import load_catalog
-            gpu = load_catalog()[d["cluster"]["nodes"][0]["gpu"]]
-            d["cluster"]["nodes"][0]["gpu"] = inline_gpu(gpu, fp8_max)
-        e = estimate_recipe(parse_spec(d), row)
+        catalog = None
+        if fp8_max is not None:      # the fit: the catalog with another FP8 GEMM efficiency
+            catalog = {name: replace(gpu, gemm_fp8_max_efficiency=fp8_max)
+                       for name, gpu in load_catalog().items()}
+        e = estimate_recipe(parse_spec(spec_dict(row), catalog=catalog), row)
         out.results.append(Result(row, measured_s(row), e.iteration_time_s, e.fits))
     return out
 
@@ -201,23 +200,6 @@ def estimate_recipe(spec, row: dict):
     pp, dp, tp, cp, mbs, vp = layout_of(row)
     return estimate(spec, pp=pp, dp=dp, tmp=tp, mbs=mbs, cp=cp, virtual_stages=vp,
                     zero_stage=1, activation_checkpointing="none", sequence_parallel=tp > 1)
-
-
-def inline_gpu(gpu, fp8_max: float) -> dict:
-    """A catalog GPU written out inline with another FP8 GEMM efficiency."""
-    peak = {p: (v / 1e12 if v else None) for p, v in gpu.peak_flops_per_s.items()}
-    return {"name": gpu.name, "kind": gpu.kind, "memory": f"{gpu.memory_bytes} B",
-            "memory_bandwidth": f"{gpu.memory_bandwidth_bytes_per_s / 1e9} GB/s",
-            "peak_tflops": peak,
-            "gemm_efficiency": {"max": gpu.gemm_max_efficiency,
-                                "half_at": f"{gpu.gemm_half_flops / 1e9} GFLOP",
-                                "fp8_max": fp8_max},
-            "kernel_floor": f"{gpu.kernel_floor_s * 1e6} us",
-            "host_time": {"block_pass": f"{gpu.host_block_pass_s * 1e6} us",
-                          "tp_allreduce_per_rank": f"{gpu.host_tp_allreduce_per_rank_s * 1e6} us"},
-            "flash_attention": gpu.flash_attention,
-            "link_latency": {"intra": f"{gpu.link_latency_intra_s * 1e6} us",
-                             "inter": f"{gpu.link_latency_inter_s * 1e6} us"}}
 
 
 def mape(results: list[Result]) -> float:
