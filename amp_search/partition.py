@@ -31,9 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models import _jit
-
-from .partition_kernels import KERNELS_WHAT, PYTHON_TWINS, kernels_cached, solve
+from .partition_kernels import GROUP, KERNELS_WHAT, kernels_cached
 
 __all__ = ["KERNELS_WHAT", "PartitionResult", "kernels_cached", "optimal_partition",
            "pipeline_objective", "uniform_partition", "interleaved_partition"]
@@ -167,8 +165,7 @@ def optimal_partition(
     mem_layer, mem_budget, has_mem = _check_pair(
         memory_layer_bytes, memory_budget_bytes, pp, L, "memory_layer_bytes",
         "memory_budget_bytes", stage_inf_ok=True)
-    kernel = _jit.pick("partition", solve, PYTHON_TWINS["solve"], kernels_cached) \
-        if use_numba else PYTHON_TWINS["solve"]
+    kernel = GROUP.kernel("solve", use_numba)
     bounds, stage_time, stage_sync, objective, _ = kernel(
         times, cuts, gas, sync_layer, sync_fixed, has_sync, mem_layer, mem_budget, has_mem)
     if bounds.size == 0:

@@ -82,18 +82,19 @@ median of 10 to 35 solves and 25 to 250 us; it climbs to hundreds of solves
 frontiers, mostly for gas 2 to 8 with several device speeds and sync
 coefficients (benchmarks/partition_dp.py --mode full).
 
-Kernels are ``numba.njit(cache=True)`` functions (``_kernel``: without an on-disk cache,
-and one warning saying so, where numba finds no writable cache folder; cost_models._jit).
-``solve`` is the entry point; ``PYTHON_TWINS`` holds the very same code as plain Python
-(``_python_twins``), which amp_search.partition runs for ``use_numba=False`` and, through
+The kernels form a cost_models._jit.KernelGroup (``GROUP``): built ahead of time into an
+extension module that loads without numba (cost_models._aot), else ``numba.njit(cache=True)``
+functions from their first call (``_kernel``: without an on-disk cache, and one warning
+saying so, where numba finds no writable cache folder), so that importing this module does
+not import numba.  ``solve`` is the entry point; ``PYTHON_TWINS`` holds the very same code as
+plain Python, which amp_search.partition runs for ``use_numba=False`` and, through
 cost_models._jit.pick, until the compiled kernels are in the cache; the tests compare the
-two.  ``kernels_cached`` tells whether that cache holds them.
+two.  ``kernels_cached`` tells whether a compiled build is there.
 """
 
 from __future__ import annotations
 
 import math
-import types
 
 import numpy as np
 
@@ -101,6 +102,17 @@ from cost_models import _jit
 
 KERNELS_WHAT = "partition kernels"
 """The name of this module's kernels in cost_models._jit's warnings."""
+
+
+_KERNEL_NAMES = ("_capped_min_sum", "_suffix_bound", "_min_bottleneck", "_trace", "_bottleneck",
+                 "_push_interval", "_capped_min_sum_by_axis", "_coordinate", "_take_solution",
+                 "_min_inner_objective", "_optimal_boundaries", "_prefix", "solve")
+"""The kernels, callees before callers (the order numba compiles them in)."""
+
+GROUP = _jit.KernelGroup(globals(), group="partition", what=KERNELS_WHAT, names=_KERNEL_NAMES,
+                         entries=("solve",))
+"""The kernels' three ways to run: ahead of time, numba, plain Python (cost_models._jit)."""
+_lazy = GROUP.lazy
 
 
 def _kernel(fn):
@@ -118,7 +130,7 @@ def _kernel(fn):
 #   because every stage before it and after it needs at least one layer.
 
 
-@_kernel
+@_lazy
 def _capped_min_sum(prefix, cut, cap, sprefix, sfixed, scap, mprefix, mbudget, has_mem,
                     rest, s_max, cost, start, window, window_key):
     """f(cap, scap): min of sum_j T_j + sum_j cut_j over memory-feasible partitions with
@@ -263,7 +275,7 @@ def _capped_min_sum(prefix, cut, cap, sprefix, sfixed, scap, mprefix, mbudget, h
     return cost[pp - 1, L]
 
 
-@_kernel
+@_lazy
 def _suffix_bound(prefix, cut, mprefix, mbudget, has_mem, rest, window, window_key):
     """rest[j, b] (out, pp+1 x L+1): min of sum (T_i + cut_i) over stages i = j..pp-1
     covering layers [b, L) within the memory budgets, with no time or sync cap, cut_j
@@ -302,7 +314,7 @@ def _suffix_bound(prefix, cut, mprefix, mbudget, has_mem, rest, window, window_k
                 rest[j, b] = window_key[head] - pre[b] + cut[j, b]
 
 
-@_kernel
+@_lazy
 def _min_bottleneck(prefix, offset, mprefix, mbudget, has_mem, upper, worst):
     """Smallest achievable max_j q_j, q_j = offset[j] + prefix[j, b_{j+1}] - prefix[j, b_j],
     over the memory-feasible partitions (min-max DP).
@@ -347,7 +359,7 @@ def _min_bottleneck(prefix, offset, mprefix, mbudget, has_mem, upper, worst):
     return worst[pp - 1, L]
 
 
-@_kernel
+@_lazy
 def _trace(start, L):
     """Boundaries b_0..b_pp of the optimum stored in start[j, b] (see _capped_min_sum)."""
     pp = start.shape[0]
@@ -359,7 +371,7 @@ def _trace(start, L):
     return bounds
 
 
-@_kernel
+@_lazy
 def _bottleneck(prefix, offset, bounds):
     """max_j (offset[j] + stage j's prefix difference), by the same prefix differences the
     DP compares: max_j T_j with offset 0, max_j sync_j with the sync prefix."""
@@ -371,7 +383,7 @@ def _bottleneck(prefix, offset, bounds):
     return m
 
 
-@_kernel
+@_lazy
 def _push_interval(stack, top, lo, hi, s_low, probe):
     """Push a walk's pending interval [lo, hi] of its coordinate, with s_low (the lower
     bound on the rest of the objective there) and probe (1.0: solve it at its midpoint,
@@ -386,7 +398,7 @@ def _push_interval(stack, top, lo, hi, s_low, probe):
     return stack, top + 1
 
 
-@_kernel
+@_lazy
 def _capped_min_sum_by_axis(q, ws, o, cap_o, cap_i, s_max, rest):
     """f with the caps given per walk axis: cap_o on axis o and cap_i on the other one
     (axis 0: time, so the cap on max_j T_j; axis 1: sync, the cap on max_j sync_j), pruned
@@ -401,7 +413,7 @@ def _capped_min_sum_by_axis(q, ws, o, cap_o, cap_i, s_max, rest):
                            has_mem, rest, s_max, cost, start, window, window_key)
 
 
-@_kernel
+@_lazy
 def _coordinate(q, use, a, bounds):
     """Coordinate a of a partition: max_j T_j (a = 0) or max_j sync_j (a = 1), and 0 when
     that term is not in the objective."""
@@ -412,7 +424,7 @@ def _coordinate(q, use, a, bounds):
     return _bottleneck(q[1], q[2], bounds)
 
 
-@_kernel
+@_lazy
 def _take_solution(q, use, o, w_o, w_i, start, L, s, best, best_bounds, h, h_o):
     """The solution a solve of value s (finite) left in `start`: traced, its inner value
     w_i * (coordinate i) + s and its coordinate o; it replaces the incumbent (best,
@@ -432,7 +444,7 @@ def _take_solution(q, use, o, w_o, w_i, start, L, s, best, best_bounds, h, h_o):
     return c_i, best, best_bounds, h, h_o
 
 
-@_kernel
+@_lazy
 def _min_inner_objective(q, ws, use, weight, o, cap_o, w_lo, i_lb, best, best_bounds, rest,
                          pending):
     """h(cap_o) = min over partitions with coordinate o <= cap_o of the inner objective
@@ -496,7 +508,7 @@ def _min_inner_objective(q, ws, use, weight, o, cap_o, w_lo, i_lb, best, best_bo
     return h, h_o, not (h < best - w_lo), best, best_bounds, solves
 
 
-@_kernel
+@_lazy
 def _optimal_boundaries(prefix, cut, gas, sprefix, sfixed, has_sync, mprefix, mbudget, has_mem):
     """Boundaries minimising the full objective, and the number of f solves: the set-up and
     the outer walk of the module docstring, parts 2 to 4.  The boundaries are empty when no
@@ -595,7 +607,7 @@ def _optimal_boundaries(prefix, cut, gas, sprefix, sfixed, has_sync, mprefix, mb
     return best_bounds, solves
 
 
-@_kernel
+@_lazy
 def _prefix(values):
     """(pp, L+1) running sums of the rows of values (pp, L)."""
     pp, L = values.shape
@@ -606,7 +618,7 @@ def _prefix(values):
     return prefix
 
 
-@_kernel
+@_lazy
 def solve(times, cut, gas, sync_layer, sync_fixed, has_sync, mem_layer, mem_budget, has_mem):
     """amp_search.partition.optimal_partition's kernel: (boundaries, T_j per stage, sync_j
     per stage, full objective, f solves).  The boundaries are empty when nothing is
@@ -646,31 +658,12 @@ def solve(times, cut, gas, sync_layer, sync_fixed, has_sync, mem_layer, mem_budg
     return bounds, stage_time, stage_sync, objective, solves
 
 
-def _python_twins(*kernels):
-    """Plain-Python copies of ``kernels`` whose calls to one another stay in Python.
-
-    ``kernel.py_func`` alone would still call the compiled helpers, so each copy
-    gets a globals dict in which the kernel names point at the other copies.
-    """
-    namespace = dict(globals())
-    for kernel in kernels:
-        fn = kernel.py_func
-        namespace[fn.__name__] = types.FunctionType(
-            fn.__code__, namespace, fn.__name__, fn.__defaults__
-        )
-    return namespace
-
-
-_KERNELS = (_capped_min_sum, _suffix_bound, _min_bottleneck, _trace, _bottleneck, _push_interval,
-            _capped_min_sum_by_axis, _coordinate, _take_solution, _min_inner_objective,
-            _optimal_boundaries, _prefix, solve)
-PYTHON_TWINS = _python_twins(*_KERNELS)
+PYTHON_TWINS = GROUP.twins
+"""Plain-Python twins of the kernels (use_numba=False)."""
 
 
 def kernels_cached() -> bool:
-    """Whether numba's on-disk cache holds a current compiled ``solve`` for this machine, so
-    the first ``optimal_partition`` call loads it instead of compiling (~15 s).
-
-    Loading ``solve`` from the cache needs none of the kernels it calls, so its index alone
-    decides (cost_models._jit.in_cache)."""
-    return _jit.in_cache(solve)
+    """Whether ``solve`` runs compiled without compiling here (~15 s): built ahead of time,
+    or in numba's on-disk cache for this machine (loading ``solve`` from that cache needs
+    none of the kernels it calls, so its index alone decides; cost_models._jit.in_cache)."""
+    return GROUP.cached()

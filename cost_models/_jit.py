@@ -24,7 +24,9 @@ cached kernel, 1.02 s of CPU with numba's dispatcher, 0.49 s with this one.
 from __future__ import annotations
 
 import time
+import types
 import warnings
+from pathlib import Path
 
 _warned: set[str] = set()
 _dispatcher_class = None
@@ -158,3 +160,159 @@ def pick(group: str, compiled, twin, cached):
             return compiled
         _interim[group] = now
     return twin
+
+
+class _LazyKernel:
+    """A kernel of a `KernelGroup` before numba has seen it: calling it turns the whole group
+    into numba dispatchers (`KernelGroup.materialize`) and calls its own. Importing a kernel
+    module therefore does not import numba."""
+
+    def __init__(self, group: "KernelGroup", fn):
+        self.group = group
+        self.py_func = fn
+        self.__name__ = fn.__name__
+        self.__qualname__ = fn.__qualname__
+        self.__doc__ = fn.__doc__
+        self.__module__ = fn.__module__
+
+    def __call__(self, *args):
+        self.group.materialize()
+        return self.group.namespace[self.__name__](*args)
+
+    def __reduce__(self):      # by reference, as numba pickles its dispatchers
+        return _module_attribute, (self.__module__, self.__name__)
+
+
+def _module_attribute(module: str, name: str):
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+class KernelGroup:
+    """The numba kernels of one module, with three ways to run them.
+
+    - Ahead-of-time compiled (cost_models._aot): an extension module built once, in the
+      background, which loads without importing numba. Used whenever a current build exists
+      and a call's arguments have the types it was built for.
+    - numba's dispatchers (`njit`, with the on-disk cache): the kernels are declared with
+      `lazy` and become dispatchers on first use (`materialize`), callees first, so that the
+      module imports without numba.
+    - Plain-Python twins (`twins`, the very same code), for use_numba=False (the tests
+      compare them) and while `python_until_cached` waits for a background compile.
+
+    `kernel(name)` gives the one to call. `entries` are the kernels called from Python: the
+    ones whose cache entries say the group is cached, and the ones built ahead of time.
+    """
+
+    def __init__(self, namespace: dict, *, group: str, what: str, names: tuple[str, ...],
+                 entries: tuple[str, ...], **options):
+        self.namespace = namespace
+        self.group = group
+        self.what = what
+        self.names = names          # callees before callers: the order numba needs
+        self.entries = entries
+        self.options = options
+        self.source = Path(namespace["__file__"])
+        self._twins: dict | None = None
+        self._aot: dict | None = None
+        self._aot_looked = False
+        self.aot_misses = 0
+        """Calls that the compiled module could not take (argument types), run by numba."""
+
+    def lazy(self, fn) -> _LazyKernel:
+        return _LazyKernel(self, fn)
+
+    def materialize(self) -> None:
+        """Replace every lazy kernel of the module by its numba dispatcher (compiled on
+        first call, or loaded from numba's cache), callees first."""
+        for name in self.names:
+            kernel = self.namespace[name]
+            if isinstance(kernel, _LazyKernel):
+                self.namespace[name] = njit(kernel.py_func, what=self.what, **self.options)
+
+    @property
+    def twins(self) -> dict:
+        """Plain-Python copies of the kernels whose calls to one another stay in Python:
+        each copy's globals point the kernel names at the other copies."""
+        if self._twins is None:
+            namespace = dict(self.namespace)
+            for name in self.names:
+                fn = self.namespace[name].py_func
+                namespace[name] = types.FunctionType(fn.__code__, namespace, fn.__name__,
+                                                     fn.__defaults__)
+            self._twins = namespace
+        return self._twins
+
+    # ------------------------------------------------------------------ the caches
+    def numba_cached(self) -> bool:
+        """Whether numba's on-disk cache holds the entry kernels for this machine."""
+        try:
+            self.materialize()
+        except Exception:  # noqa: BLE001 - a guess about a cache must never fail a run
+            return False
+        return all(in_cache(self.namespace[name]) for name in self.entries)
+
+    def aot(self) -> dict | None:
+        """{entry: guarded compiled function} from the ahead-of-time build, or None where
+        there is none for the current source (looked for once per process, and again after
+        `forget_aot`)."""
+        if not self._aot_looked:
+            self._aot_looked = True
+            from . import _aot
+
+            found = _aot.load(self.group, self.source)
+            if found is not None:
+                module, specs = found
+                if set(self.entries) <= set(specs):
+                    self._aot = {name: self._guarded(name, getattr(module, name),
+                                                     _aot.checker(specs[name]))
+                                 for name in self.entries}
+        return self._aot
+
+    def forget_aot(self) -> None:
+        """Look for the ahead-of-time build again on the next call (after a build)."""
+        self._aot, self._aot_looked = None, False
+
+    def cached(self) -> bool:
+        """Whether the kernels run compiled without compiling here: an ahead-of-time build,
+        or numba's cache."""
+        return self.aot() is not None or self.numba_cached()
+
+    def _guarded(self, name: str, fast, check):
+        def call(*args):
+            if check(args):
+                return fast(*args)
+            self.aot_misses += 1
+            self.materialize()
+            return self.namespace[name](*args)
+        call.__name__ = name
+        return call
+
+    def kernel(self, name: str, use_numba: bool = True):
+        """The kernel `name` to call: its twin (use_numba False), else the ahead-of-time
+        build, else numba's dispatcher (or the twin while `python_until_cached` waits)."""
+        if not use_numba:
+            return self.twins[name]
+        aot = self.aot()
+        if aot is not None and name in aot:
+            return aot[name]
+        return pick(self.group, self.namespace[name], self.twins[name], self.numba_cached)
+
+    def build_aot(self):
+        """Build the entry kernels ahead of time (cost_models._aot.build), after they have
+        been called through numba (their signatures are read off the dispatchers); returns
+        the module's path. _aot.AotUnavailable when it cannot be built."""
+        from . import _aot
+
+        self.materialize()
+        path = _aot.build(self.group, self.source,
+                          {name: self.namespace[name] for name in self.entries})
+        self.forget_aot()
+        return path
+
+    def aot_failed(self) -> str | None:
+        """Why the last ahead-of-time build of the current source failed, or None."""
+        from . import _aot
+
+        return _aot.failed(self.group, self.source)

@@ -8,23 +8,22 @@ flows are in flight while its compute stream is idle. The loop is O(E log E) in 
 where flows can share a link the events are taken in time order (a binary heap), otherwise
 every duration is fixed and they are taken from a stack.
 
-A kernel becomes a numba function (``numba.njit(cache=True, error_model="numpy")`` through
-`cost_models._jit`, with numba's on-disk cache) on the first call of any kernel, so that
-importing this module does not import numba; `kernels_cached` says whether the cache holds
-them (amp_search.kernels compiles them in the background). `pick` gives the kernel to call:
-compiled, or its plain-Python twin (`_python_twins`: the very same code), for
+The kernels form a `cost_models._jit.KernelGroup` (`GROUP`): built ahead of time into an
+extension module that loads without numba (cost_models._aot), else a numba function
+(``numba.njit(cache=True, error_model="numpy")``, with numba's on-disk cache) from the first
+call of any kernel, so that importing this module does not import numba; `kernels_cached`
+says whether either is there (amp_search.kernels builds both in the background). `pick`
+gives the kernel to call: compiled, or its plain-Python twin (the very same code), for
 ``use_numba=False`` (the tests compare the two) and while `cost_models._jit.
 python_until_cached` waits for the cache.
 """
 from __future__ import annotations
 
 import math
-import types
 
 import numpy as np
 
 from . import _jit
-from ._jit import in_cache
 
 KERNELS_WHAT = "schedule simulator kernels"
 """The name of this module's kernels in cost_models._jit's warnings."""
@@ -45,50 +44,35 @@ def _compile(fn):
     return _jit.njit(fn, what=KERNELS_WHAT, error_model="numpy")
 
 
-class _LazyKernel:
-    """A kernel that becomes a numba function on its first call, so that importing this
-    module (the CLI does, for its choices) does not import numba. On that call every kernel
-    of the module is replaced by its jitted version, helpers first, so that the kernels find
-    one another compiled (numba types a callee's global name when it compiles the caller)."""
+_KERNEL_NAMES = ("_heap_push", "_heap_pop", "_wake_stream", "event_loop", "exposed_comm_time")
+"""The kernels, callees before callers (the order `materialize` compiles them in)."""
 
-    def __init__(self, fn):
-        self.py_func = fn
-        self.__name__ = fn.__name__
-        self.__doc__ = fn.__doc__
-
-    def __call__(self, *args):
-        materialize()
-        return globals()[self.__name__](*args)
+GROUP = _jit.KernelGroup(globals(), group="simulator", what=KERNELS_WHAT, names=_KERNEL_NAMES,
+                         entries=("event_loop", "exposed_comm_time"), error_model="numpy")
+"""The kernels' three ways to run: ahead of time, numba, plain Python (cost_models._jit)."""
+_kernel = GROUP.lazy
 
 
 def materialize() -> None:
-    """Replace every `_LazyKernel` of the module by its numba dispatcher (compiled on first
+    """Replace every lazy kernel of the module by its numba dispatcher (compiled on first
     call, or loaded from the on-disk cache), helpers first."""
-    for name in _KERNEL_NAMES:
-        kernel = globals()[name]
-        if isinstance(kernel, _LazyKernel):
-            globals()[name] = _compile(kernel.py_func)
+    GROUP.materialize()
 
 
 def kernels_cached() -> bool:
-    """Whether numba's on-disk cache holds the compiled simulator kernels for this machine
-    (the two that the simulator calls; they load without their callees)."""
-    try:
-        materialize()
-    except Exception:  # noqa: BLE001 - a guess about a cache must never fail a run
-        return False
-    return in_cache(globals()["event_loop"]) and in_cache(globals()["exposed_comm_time"])
+    """Whether the simulator kernels run compiled without compiling in this process: built
+    ahead of time, or in numba's on-disk cache for this machine (the two that the simulator
+    calls; they load without their callees)."""
+    return GROUP.cached()
 
 
 def pick(name: str, use_numba: bool):
-    """The kernel `name` to call: compiled, or its plain-Python twin (use_numba False, or
-    while cost_models._jit.python_until_cached waits for the cache)."""
-    if not use_numba:
-        return _PYTHON_TWINS[name]
-    return _jit.pick("simulator", globals()[name], _PYTHON_TWINS[name], kernels_cached)
+    """The kernel `name` to call: built ahead of time, numba's, or its plain-Python twin
+    (use_numba False, or while cost_models._jit.python_until_cached waits for the cache)."""
+    return GROUP.kernel(name, use_numba)
 
 
-@_LazyKernel
+@_kernel
 def _heap_push(h_t, h_s, h_k, n, t, s, k, ordered):
     """Push (t, s, k) on the binary min-heap of the first n entries, ordered by (t, s), or
     (ordered False) on top of a stack. The arrays must have room for n + 1 entries."""
@@ -106,7 +90,7 @@ def _heap_push(h_t, h_s, h_k, n, t, s, k, ordered):
     h_k[i] = k
 
 
-@_LazyKernel
+@_kernel
 def _wake_stream(s, sm_in, sm_stack, n_sm):
     """Put communication stream s on the stack of streams to serve (once); returns the new
     stack size."""
@@ -117,7 +101,7 @@ def _wake_stream(s, sm_in, sm_stack, n_sm):
     return n_sm
 
 
-@_LazyKernel
+@_kernel
 def _heap_pop(h_t, h_s, h_k, n, ordered):
     """Remove the least of the first n > 0 entries (ordered False: the top of the stack);
     returns its (t, k)."""
@@ -149,12 +133,12 @@ def _heap_pop(h_t, h_s, h_k, n, ordered):
     return t0, k0
 
 
-@_LazyKernel
+@_kernel
 def event_loop(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, stage_bptr,
                stage_buckets, f_stream, f_wake, f_kind, f_lat, f_bytes, f_alone, b_frac,
                f_lptr, f_link, f_mult, s_ptr, s_flow, l_bw, l_ptr, ordered, op_xfer,
                blocking, op_pre):
-    """The discrete-event loop (numba-compiled; `_PYTHON_TWINS` holds the same code as plain
+    """The discrete-event loop (numba-compiled; `GROUP.twins` holds the same code as plain
     Python). cost_models.simulator_inputs builds its arguments.
 
     Every task starts at the latest of its constraints (its stream's previous task, its
@@ -573,7 +557,7 @@ def event_loop(pp, op_dur, op_dep, op_out, op_emit, overlap, stage_nb, stage_bpt
 
 
 
-@_LazyKernel
+@_kernel
 def exposed_comm_time(c_start, c_end, f_start, f_end, s_ptr, s_flow):
     """Per stage j: the length of the union of its communication intervals less the part
     its compute intervals (c_start[j], c_end[j]: disjoint, in order) cover. Stage j's
@@ -625,21 +609,3 @@ def exposed_comm_time(c_start, c_end, f_start, f_end, s_ptr, s_flow):
             cur_s = f_start[f]
             cur_e = f_end[f]
     return total
-
-
-def _python_twins(*kernels):
-    """Plain-Python copies of `kernels` whose calls to one another stay in Python (as in
-    amp_search.partition): each copy's globals point the kernel names at the other copies."""
-    namespace = dict(globals())
-    for kernel in kernels:
-        fn = kernel.py_func
-        namespace[fn.__name__] = types.FunctionType(fn.__code__, namespace, fn.__name__,
-                                                    fn.__defaults__)
-    return namespace
-
-
-_KERNEL_NAMES = ("_heap_push", "_heap_pop", "_wake_stream", "event_loop", "exposed_comm_time")
-"""The kernels, callees before callers (the order `materialize` compiles them in)."""
-
-_PYTHON_TWINS = _python_twins(*(globals()[name] for name in _KERNEL_NAMES))
-"""Plain-Python twins of the kernels (use_numba=False)."""

@@ -134,8 +134,10 @@ def test_cold_start_line_once_and_says_what_happens(terminal, capsys):
 
 
 def test_kernels_prepared_only_when_not_cached(monkeypatch):
-    """Cached kernels: nothing started, numba from the first call. Not cached: one background
-    compile, the Python twins meanwhile, and the one line; once per process."""
+    """Built ahead of time: nothing started. In numba's cache only: a background process
+    builds them ahead of time (unless that failed before), numba from the first call. Not
+    cached: one background compile, the Python twins meanwhile, and the one line; once per
+    process."""
     from amp_search import kernels
     from cost_models import _jit
 
@@ -143,10 +145,22 @@ def test_kernels_prepared_only_when_not_cached(monkeypatch):
     monkeypatch.setattr(kernels, "start_background_compile", lambda: started.append(1))
     monkeypatch.setattr(cli_plan, "cold_start_note", lambda background: said.append(background))
     monkeypatch.setattr(_jit, "_interim", None)
+    monkeypatch.setattr(kernels, "aot_ready", lambda: True)
     monkeypatch.setattr(kernels, "kernels_cached", lambda: True)
     monkeypatch.setattr(cli_plan, "_kernels_prepared", False)
     cli_plan.prepare_kernels()
     assert started == [] and said == [] and _jit._interim is None
+    monkeypatch.setattr(kernels, "aot_ready", lambda: False)
+    monkeypatch.setattr(kernels, "aot_buildable", lambda: False)   # a build failed before
+    monkeypatch.setattr(cli_plan, "_kernels_prepared", False)
+    cli_plan.prepare_kernels()
+    assert started == [] and said == [] and _jit._interim is None
+    monkeypatch.setattr(kernels, "aot_buildable", lambda: True)
+    monkeypatch.setattr(kernels, "cache_writable", lambda: True)
+    monkeypatch.setattr(cli_plan, "_kernels_prepared", False)
+    cli_plan.prepare_kernels()
+    assert started == [1] and said == [] and _jit._interim is None
+    started.clear()
     monkeypatch.setattr(kernels, "kernels_cached", lambda: False)
     monkeypatch.setattr(kernels, "cache_writable", lambda: True)
     monkeypatch.setattr(cli_plan, "_kernels_prepared", False)
@@ -186,22 +200,29 @@ def test_no_cold_start_line_on_errors_or_off_a_terminal(tiny, monkeypatch, capsy
 def test_kernels_cached_reads_the_cache_and_never_raises(monkeypatch):
     import numpy as np
 
-    partition.optimal_partition(np.ones((2, 4)), np.zeros((2, 5)), 2)  # compiled or loaded
     from amp_search import partition_kernels
     from cost_models import _jit
+
+    group = partition_kernels.GROUP
+    group.materialize()
+    partition.optimal_partition(np.ones((2, 4)), np.zeros((2, 5)), 2)   # as the planner calls
+    partition_kernels.solve(np.ones((2, 4)), np.zeros((2, 5)), 2, np.zeros((2, 1)),
+                            np.zeros(2), False, np.zeros((2, 1)), np.zeros(2), False)
     if partition.KERNELS_WHAT not in _jit._warned:  # a writable cache: the index holds solve
-        assert partition.kernels_cached() is True
+        assert group.numba_cached() is True
     monkeypatch.setattr(partition_kernels, "solve", object())  # numba internals not as expected
+    assert group.numba_cached() is False
+    monkeypatch.setattr(group, "_aot", None)                   # nor built ahead of time
+    monkeypatch.setattr(group, "_aot_looked", True)
     assert partition.kernels_cached() is False
 
 
 def test_kernels_not_cached_in_an_empty_cache_folder(tmp_path):
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    r = subprocess.run([sys.executable, "-c", "from amp_search.partition import "
-                        "kernels_cached; print(kernels_cached())"], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "amp_search.kernels", "--status"], env=env,
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "False"
+    assert json.loads(r.stdout) == {"cached": False, "aot": False, "aot_failed": None}
 
 
 # ----------------------------------------------------------------------------- 4. ties
@@ -390,8 +411,11 @@ code = main(sys.argv[1:])
 watched = ("torch", "deepspeed", "matplotlib", "amp_search.launch", "amp_search.export",
            "tqdm", "scipy.linalg")
 from amp_search import partition_kernels
+solve = partition_kernels.solve
+aot = partition_kernels.GROUP._aot is not None
 print(json.dumps({"code": code, "imported": [m for m in watched if m in sys.modules],
-                  "kernels_from_cache": sum(partition_kernels.solve._cache_hits.values()) > 0}))
+                  "numba": "numba" in sys.modules, "aot": aot,
+                  "kernels_from_cache": aot or sum(getattr(solve, "_cache_hits", {}).values()) > 0}))
 """
 
 
@@ -404,7 +428,8 @@ print(json.dumps({"code": code, "imported": [m for m in watched if m in sys.modu
 def test_the_planning_commands_import_no_framework(argv):
     """plan, estimate and timeline (without --png) import neither torch, DeepSpeed nor
     matplotlib, nor the launchers, the exporter or the progress bar (--json -: no bar);
-    scipy.linalg neither, when numba loads the kernels from its cache (cost_models._jit)."""
+    scipy.linalg neither, when numba loads the kernels from its cache (cost_models._jit), and
+    not numba itself when they are built ahead of time (cost_models._aot)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-m", "amp_search", *argv], cwd=ROOT, env=env,
                    capture_output=True, check=True)           # the kernels are cached after it
@@ -415,3 +440,5 @@ def test_the_planning_commands_import_no_framework(argv):
     assert out["code"] == 0
     allowed = set() if out["kernels_from_cache"] else {"scipy.linalg"}
     assert set(out["imported"]) <= allowed, out["imported"]
+    if out["aot"]:                  # built ahead of time: numba is not even imported
+        assert not out["numba"]

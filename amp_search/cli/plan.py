@@ -267,7 +267,8 @@ def prepare_kernels() -> None:
     """Before a search: where numba's cache does not hold the search kernels yet (the first
     run after an install), compile them in a background process (amp_search.kernels) and run
     their plain-Python twins meanwhile, switching to the compiled ones once they are cached;
-    say so in one line (`cold_start_note`). Once per process; where numba has no writable
+    say so in one line (`cold_start_note`). Where numba's cache holds them but they are not
+    built ahead of time yet, the background process builds them (this run uses numba's). Once per process; where numba has no writable
     cache folder the kernels compile here, as before."""
     global _kernels_prepared
     if _kernels_prepared:
@@ -277,7 +278,12 @@ def prepare_kernels() -> None:
 
     from .. import kernels
 
+    kernels.use_numba_cache_dir(os.environ.get("NUMBA_CACHE_DIR"))
+    if kernels.aot_ready():
+        return                      # the modules built ahead of time: numba is not imported
     if kernels.kernels_cached():
+        if kernels.aot_buildable() and kernels.cache_writable():
+            kernels.start_background_compile()     # builds the modules for the next runs
         return
     background = kernels.cache_writable()
     if background:

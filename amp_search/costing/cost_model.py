@@ -400,7 +400,8 @@ class CostModel:
             p2p = (r.bandwidth_bytes_per_s, r.crosses_nodes)
         hit = PlacedLayout(
             placement=placement, placement_tuple=as_tuple(placement),
-            stage_gpus=[np.unique(self.gpu_of_device[placement[j]]) for j in range(c.pp)],
+            stage_gpus=[np.flatnonzero(np.bincount(self.gpu_of_device[placement[j]].ravel()))
+                        for j in range(c.pp)],   # np.unique, without importing numpy.ma
             capacity_bytes=self.capacity_bytes[placement.reshape(c.pp, -1)].min(axis=1),
             tp_links=tp, dp_links=dp, p2p_links=p2p, tp_kind_links=tp_kind, cp_links=cp)
         if key is not None:
