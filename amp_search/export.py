@@ -71,6 +71,7 @@ STRATEGY_KNOBS: tuple[tuple[str, str], ...] = (
     ("sequence_parallel", "sequence parallelism over the tensor group"),
     ("virtual_stages", "model chunks per stage (> 1: Megatron-LM's interleaved 1F1B)"),
     ("cp", "context-parallel ranks per sequence (Megatron-LM's ring attention)"),
+    ("ep", "expert-parallel ranks (a model with experts; expert tensor parallelism 1)"),
     ("placement_order", "node order the ranks were placed over"),
 )
 """What the exported README lists about the strategy: one line per knob (a knob's flags come

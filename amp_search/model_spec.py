@@ -15,7 +15,8 @@ from .resources import models_path
 from .spec_reader import MappingReader, read_name, show_value
 from .yaml_io import load_yaml_file, show_path
 
-MODEL_PRESETS = ("llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-8b", "qwen3-32b")
+MODEL_PRESETS = ("llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-8b", "qwen3-32b",
+                 "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b")
 """Named models (profiles/models.yaml): `model: {preset: NAME, seq_length: ...}` takes every
 size from there; any size key the spec gives overrides it."""
 PRESETS = ("gpt", "bert", "layers") + MODEL_PRESETS
@@ -46,12 +47,21 @@ class ModelSpec:
         sizes = set()
         for layer in self.layers:
             if layer.kind == "transformer":
-                sizes |= {layer.num_attention_heads, layer.ffn_hidden_size, layer.hidden_size}
+                sizes |= {layer.num_attention_heads, layer.hidden_size}
+                if not layer.is_moe:      # the experts are whole on a rank (ETP 1)
+                    sizes.add(layer.ffn_hidden_size)
+                elif layer.moe_shared_expert_size:
+                    sizes.add(layer.moe_shared_expert_size)
                 if layer.num_query_groups:      # Megatron-LM: tp | num_query_groups
                     sizes.add(layer.num_query_groups)
             elif layer.kind == "mlp":
                 sizes |= {layer.ffn_hidden_size}
         return tuple(sorted(sizes))
+
+    @property
+    def num_experts(self) -> int:
+        """Routed experts of the model's mixture-of-experts blocks (0: a dense model)."""
+        return max((l.num_experts for l in self.layers), default=0)
 
     @property
     def vocab_size(self) -> int:
@@ -64,8 +74,16 @@ ARCH_KEYS = ("num_query_groups", "head_dim", "mlp", "norm", "bias", "position_em
 """The Llama-family keys (cost_models.layers.Layer's fields of the same names); absent, a
 model is the GPT block of before: MHA, head_dim h/a, GELU, LayerNorm, biases, learned
 positions, untied head."""
+MOE_KEYS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+            "moe_shared_expert_intermediate_size")
+"""The mixture-of-experts keys, Megatron-LM's argument names (--num-experts, ...): every
+transformer block's MLP becomes E routed experts (k per token, each of width
+moe_ffn_hidden_size) beside optional shared experts."""
+MOE_LAYER_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+                    "moe_shared_expert_size")
+"""The cost_models.layers.Layer fields MOE_KEYS fill, in the same order."""
 MODEL_KEYS = ("preset", "num_layers", "hidden_size", "num_attention_heads", "seq_length",
-               "vocab_size", "ffn_hidden_size", "layers", "name") + ARCH_KEYS
+               "vocab_size", "ffn_hidden_size", "layers", "name") + ARCH_KEYS + MOE_KEYS
 LAYER_KEYS = ("kind", "count", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                "vocab_size", "forward_flops", "params", "output_elements", "name") + ARCH_KEYS
 _LAYER_ARCH = {"embedding": ("position_embedding", "tie_embeddings"),
@@ -154,6 +172,22 @@ def _attention(r: MappingReader, h: int, a: int, note=lambda k: "") -> dict:
     return {"num_query_groups": g, "head_dim": d}
 
 
+def _experts(r: MappingReader, f: int) -> dict:
+    """The MOE_KEYS as Layer fields ({} for a dense model): num_experts E >= 2 with
+    1 <= moe_router_topk <= E (required with experts), moe_ffn_hidden_size (default
+    ffn_hidden_size) and moe_shared_expert_intermediate_size (default 0, none)."""
+    if not r.has("num_experts"):
+        for k in MOE_KEYS[1:]:
+            if r.has(k):
+                raise SpecError(r.at(k), "only with num_experts (a mixture-of-experts model)")
+        return {}
+    e = r.int("num_experts", lo=2, hi=MAX_WIDTH)
+    k = r.int("moe_router_topk", required=True, hi=e)
+    fe = r.int("moe_ffn_hidden_size", f, hi=4 * MAX_WIDTH)
+    fs = r.int("moe_shared_expert_intermediate_size", 0, lo=0, hi=4 * MAX_WIDTH)
+    return dict(zip(MOE_LAYER_FIELDS, (e, k, fe, fs)))
+
+
 def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None) -> ModelSpec:
     """preset gpt, bert or a named model (`given`: the keys the spec itself wrote)."""
     def note(key: str) -> str:
@@ -176,7 +210,7 @@ def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None)
     tied = _flag(r, "tie_embeddings", False)
     block = Layer(kind="transformer", seq_length=seq, hidden_size=h, num_attention_heads=a,
                   ffn_hidden_size=f, **attention, mlp=mlp, norm=norm, bias=bias,
-                  position_embedding=pos)
+                  position_embedding=pos, **_experts(r, f))
     layers = ((Layer(kind="embedding", seq_length=seq, hidden_size=h, vocab_size=v,
                      position_embedding=pos, tie_embeddings=tied, name="embedding"),)
               + tuple(Layer(**{**block.__dict__, "name": f"block{i}"}) for i in range(L))
@@ -204,7 +238,7 @@ def parse_model(data) -> ModelSpec:
     if preset != "layers":
         return _gpt_model(r, preset, seq, given)
     for k in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
-              "ffn_hidden_size") + ARCH_KEYS:
+              "ffn_hidden_size") + ARCH_KEYS + MOE_KEYS:
         if r.has(k):
             raise SpecError(r.at(k), "not used with preset: layers; give sizes per layer "
                                      "in model.layers")

@@ -197,7 +197,8 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
              measurements: Measurements = NO_MEASUREMENTS,
              cost_params: CostParams | None = None, simulate: bool = False,
              sequence_parallel: bool | None = None,
-             virtual_stages: int | None = None, cp: int = 1) -> Estimate:
+             virtual_stages: int | None = None, cp: int = 1,
+             ep: int | None = None) -> Estimate:
     """Predict one given strategy (the best of the placement orders unless one is named).
     It must satisfy the search space's rules (Infeasible otherwise, naming the rule). A
     strategy that does not fit in memory is still estimated, with `fits` False. simulate:
@@ -207,8 +208,12 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
     `virtual_stages`: model chunks per stage (None: the spec's first value; > 1 the
     interleaved schedule, with Megatron-LM's uniform chunks unless `partition` gives v*pp+1
     boundaries). `cp`: context-parallel ranks per sequence (Megatron-LM's ring attention;
-    pp * dp * cp * tmp devices)."""
+    pp * dp * cp * tmp devices). `ep`: expert-parallel ranks (a model with experts; None:
+    the spec's first training.expert_parallel value)."""
     n, L = spec.cluster.num_devices, spec.model.num_layers
+    ep = spec.training.expert_parallel[0] if ep is None else ep
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise UsageError(f"--ep must be a positive integer, got {ep!r}")
     for name, v in (("pp", pp), ("dp", dp), ("tmp", tmp), ("mbs", mbs), ("cp", cp)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise UsageError(f"--{name} must be a positive integer, got {v!r}")
@@ -234,7 +239,7 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
     if isinstance(vs, bool) or not isinstance(vs, int) or vs < 1:
         raise UsageError(f"--virtual-stages must be a positive integer, got {vs!r}")
     c = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero, recompute=ckpt,
-                       sequence_parallel=sp, virtual_stages=vs, cp=cp)
+                       sequence_parallel=sp, virtual_stages=vs, cp=cp, ep=ep)
     violation = first_violation(SearchSpace.of(spec), c)
     if violation is not None:
         raise violation.error()

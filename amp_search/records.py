@@ -54,6 +54,9 @@ class Strategy:
     cp: int = 1
     """Context-parallel degree: each sequence split over cp ranks (Megatron-LM's ring
     attention, --context-parallel-size); 1 is none."""
+    ep: int = 1
+    """Expert-parallel degree (a model with experts): groups of ep consecutive ranks of a
+    stage split the experts (--expert-model-parallel-size, expert tensor parallelism 1)."""
 
     def stage_layer_ranges(self, stage: int) -> tuple[tuple[int, int], ...]:
         """The (first, end) layer ranges pipeline stage `stage` runs: its v model chunks
@@ -96,7 +99,8 @@ class Strategy:
             "-sel" if self.selective_recompute and not self.activation_checkpointing else "") + (
             "-sp" if self.sequence_parallel else "") + (
             f"-v{self.virtual_stages}" if self.virtual_stages > 1 else "") + (
-            f"-cp{self.cp}" if self.cp > 1 else "")
+            f"-cp{self.cp}" if self.cp > 1 else "") + (
+            f"-ep{self.ep}" if self.ep > 1 else "")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -120,6 +124,7 @@ class Strategy:
             sequence_parallel=bool(d.get("sequence_parallel", False)),
             virtual_stages=int(d.get("virtual_stages", 1)),
             cp=int(d.get("cp", 1)),
+            ep=int(d.get("ep", 1)),
         )
 
 
@@ -264,7 +269,7 @@ class Estimate:
             "zero_stage": s.zero_stage,
             "activation_checkpointing": s.activation_checkpointing,
             "recompute": s.recompute, "sequence_parallel": s.sequence_parallel,
-            "virtual_stages": s.virtual_stages, "cp": s.cp,
+            "virtual_stages": s.virtual_stages, "cp": s.cp, "ep": s.ep,
             "partition": list(s.partition),
             "placement": [[list(r) for r in st] for st in s.placement],
             "placement_order": s.placement_order,

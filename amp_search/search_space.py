@@ -48,6 +48,14 @@ rules are written once:
     context_parallel_needs_flash  context_parallel_with_standard_attention  cp > 1 runs the
                                                               fused attention kernels of
                                                               Transformer Engine
+    ep_divides_experts          ep_does_not_divide_experts    each expert-parallel rank holds
+                                                              E/ep whole experts
+    ep_within_stage_ranks       ep_exceeds_stage_ranks        expert tensor parallelism 1: the
+                                                              ep ranks are a stage's dp x cp x
+                                                              tmp ranks, so ep divides them
+    moe_tensor_parallel_needs_sp  moe_tensor_parallel_without_sp  Megatron-LM requires
+                                                              sequence parallelism for MoE
+                                                              with tmp > 1
 
 and one equivalence, applied by the search only (an equivalent point is a valid strategy, so
 `estimate` accepts it):
@@ -106,6 +114,9 @@ class Reason(str, Enum):
     INTERLEAVED_UNDER_DEEPSPEED = "interleaved_under_deepspeed"
     CONTEXT_PARALLEL_UNDER_DEEPSPEED = "context_parallel_under_deepspeed"
     SEQUENCE_NOT_DIVISIBLE_BY_CP = "sequence_not_divisible_by_cp"
+    EP_DOES_NOT_DIVIDE_EXPERTS = "ep_does_not_divide_experts"
+    EP_EXCEEDS_STAGE_RANKS = "ep_exceeds_stage_ranks"
+    MOE_TENSOR_PARALLEL_WITHOUT_SP = "moe_tensor_parallel_without_sp"
     CONTEXT_PARALLEL_WITH_STANDARD_ATTENTION = "context_parallel_with_standard_attention"
     OUTSIDE_SEARCH_LIMITS = "outside_search_limits"
     """A degree the spec's `search:` section does not allow (the search only; `estimate`
@@ -139,6 +150,16 @@ class Candidate:
     cp: int = 1
     """Context-parallel degree: each sequence split over cp ranks (Megatron-LM's ring
     attention); the devices are pp x dp x cp x tmp."""
+    ep: int = 1
+    """Expert-parallel degree (a model with experts): each of a stage's groups of ep
+    consecutive ranks splits the experts (Megatron-LM's --expert-model-parallel-size with
+    expert tensor parallelism 1); it places no device of its own."""
+
+    @property
+    def layer_collectives(self) -> bool:
+        """Whether its layers communicate inside each micro-batch: tensor-parallel
+        collectives, the context-parallel ring, expert-parallel all-to-alls."""
+        return self.tmp > 1 or self.cp > 1 or self.ep > 1
 
     @property
     def replicas(self) -> int:
@@ -155,17 +176,18 @@ class Candidate:
                    activation_checkpointing=strategy.activation_checkpointing,
                    selective_recompute=strategy.selective_recompute,
                    sequence_parallel=strategy.sequence_parallel,
-                   virtual_stages=strategy.virtual_stages, cp=strategy.cp)
+                   virtual_stages=strategy.virtual_stages, cp=strategy.cp, ep=strategy.ep)
 
     @classmethod
     def make(cls, *, pp: int, dp: int, tmp: int, mbs: int, zero_stage: int, recompute: str,
              sequence_parallel: bool = False, virtual_stages: int = 1,
-             cp: int = 1) -> "Candidate":
+             cp: int = 1, ep: int = 1) -> "Candidate":
         """A candidate from a recomputation mode: none | selective | full."""
         return cls(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero_stage,
                    activation_checkpointing=recompute == "full",
                    selective_recompute=recompute == "selective",
-                   sequence_parallel=sequence_parallel, virtual_stages=virtual_stages, cp=cp)
+                   sequence_parallel=sequence_parallel, virtual_stages=virtual_stages, cp=cp,
+                   ep=ep)
 
     @property
     def recompute(self) -> str:
@@ -214,6 +236,10 @@ class SearchSpace:
     """The leading embedding layers."""
     context_parallel: tuple[int, ...] = (1,)
     """Context-parallel degrees searched (training.context_parallel)."""
+    expert_parallel: tuple[int, ...] = (1,)
+    """Expert-parallel degrees searched (training.expert_parallel)."""
+    num_experts: int = 0
+    """The model's routed experts (0: dense)."""
     limits: SearchLimits = SearchLimits()
     """The spec's `search:` section: the tp, pp, dp and mbs the search may try."""
     backend: str = "deepspeed"
@@ -230,6 +256,7 @@ class SearchSpace:
         tail = next((i for i, k in enumerate(kinds[::-1]) if k != "head"), len(kinds))
         return cls(virtual_stages=t.virtual_pipeline_stages,
                    context_parallel=t.context_parallel, limits=spec.search,
+                   expert_parallel=t.expert_parallel, num_experts=spec.model.num_experts,
                    num_blocks=max(len(kinds) - lead - tail, 0), num_leading=lead,
                    num_devices=spec.cluster.num_devices, num_layers=spec.model.num_layers,
                    global_batch_size=t.global_batch_size, tp_divisors=spec.model.tp_divisors,
@@ -400,6 +427,33 @@ def sequence_divides_cp(s: SearchSpace, c: Candidate) -> Violation | None:
     return None
 
 
+def ep_divides_experts(s: SearchSpace, c: Candidate) -> Violation | None:
+    if c.ep > 1 and s.num_experts % c.ep:
+        return Violation(Reason.EP_DOES_NOT_DIVIDE_EXPERTS,
+                         f"ep = {c.ep} does not divide the model's {s.num_experts} experts"
+                         if s.num_experts else
+                         f"ep = {c.ep}: the model has no experts (model.num_experts)")
+    return None
+
+
+def ep_within_stage_ranks(s: SearchSpace, c: Candidate) -> Violation | None:
+    ranks = c.dp * c.cp * c.tmp
+    if c.ep > 1 and ranks % c.ep:
+        return Violation(Reason.EP_EXCEEDS_STAGE_RANKS,
+                         f"ep = {c.ep} does not divide a stage's dp x cp x tmp = {ranks} ranks "
+                         f"(expert tensor parallelism 1: the experts are split over them)")
+    return None
+
+
+def moe_tensor_parallel_needs_sp(s: SearchSpace, c: Candidate) -> Violation | None:
+    if s.num_experts and c.tmp > 1 and not c.sequence_parallel:
+        return Violation(Reason.MOE_TENSOR_PARALLEL_WITHOUT_SP,
+                         f"tmp = {c.tmp} with experts needs sequence parallelism (Megatron-LM "
+                         f"requires it for MoE with tensor parallelism; "
+                         f"training.sequence_parallel: true or search)")
+    return None
+
+
 def context_parallel_needs_flash(s: SearchSpace, c: Candidate) -> Violation | None:
     if c.cp > 1 and s.attention_scores:
         return Violation(Reason.CONTEXT_PARALLEL_WITH_STANDARD_ATTENTION,
@@ -448,7 +502,10 @@ FEASIBILITY_RULES: tuple[Rule, ...] = LAYOUT_RULES + (mbs_divides_replica_batch,
                                                       interleaved_backend,
                                                       context_parallel_backend,
                                                       sequence_divides_cp,
-                                                      context_parallel_needs_flash)
+                                                      context_parallel_needs_flash,
+                                                      ep_divides_experts,
+                                                      ep_within_stage_ranks,
+                                                      moe_tensor_parallel_needs_sp)
 """Everything a strategy must satisfy to run (what `estimate` checks)."""
 EQUIVALENCE_RULES: tuple[Rule, ...] = (zero_without_data_parallel, selective_needs_scores)
 """Points that repeat (or are beaten by) another point's plan (the search keeps one)."""
@@ -481,7 +538,7 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
     satisfies the rules, one per equivalent group; what is dropped is counted in `pruned`
     under its reason (a cp that does not divide the devices is no point of the space)."""
     knobs = len(space.zero_stages) * len(space.recompute) * len(space.sequence_parallel) \
-        * len(space.virtual_stages)
+        * len(space.virtual_stages) * len(space.expert_parallel)
     out = []
     layouts = ((pp, dp, tmp, cp) for cp in space.context_parallel
                if space.num_devices % cp == 0
@@ -496,11 +553,12 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
         for mbs in divisors(space.global_batch_size // dp):
             for z in space.zero_stages:
                 for ck in space.recompute:
-                    for sp, vs in ((sp, vs) for sp in space.sequence_parallel
-                                   for vs in space.virtual_stages):
+                    for sp, vs, ep in ((sp, vs, ep) for sp in space.sequence_parallel
+                                       for vs in space.virtual_stages
+                                       for ep in space.expert_parallel):
                         c = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=z,
                                            recompute=ck, sequence_parallel=sp,
-                                           virtual_stages=vs, cp=cp)
+                                           virtual_stages=vs, cp=cp, ep=ep)
                         v = first_violation(space, c, FEASIBILITY_RULES[len(LAYOUT_RULES):]
                                             + EQUIVALENCE_RULES + (mbs_within_search_limits,))
                         if v is not None:

@@ -151,7 +151,7 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
         device[j] = cache[types]
 
     tp = np.zeros((c.pp, 3, L))
-    if c.tmp > 1 or c.cp > 1:
+    if c.layer_collectives:
         for k in range(3):      # the cost model's table of collectives, pass by pass
             tp[:, k, :] = model.tp_time_s(c, layout, part=k)
 
@@ -250,7 +250,8 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     elif s.replicas > 1:         # the gradients are reduced over dp x cp
         bw, crosses = layout.dp_links
         grad = pipeline.stage_totals(
-            model.params_per_layer(s.tmp)[None, :].repeat(s.pp, axis=0), bounds) * bpe
+            model.synced_params_per_layer(Candidate.of(s))[None, :].repeat(s.pp, axis=0),
+            bounds) * bpe
         precision = model.spec.training.precision
         if model.spec.training.backend == "megatron":
             # Megatron-LM reduces its gradient buffer's dtype (fp32 with bf16); only its

@@ -33,7 +33,7 @@ from cost_models.layers import Layer
 
 from .errors import SpecError, UsageError
 from .hosts import validate_hostname
-from .model_spec import ARCH_KEYS, ModelSpec, parse_model
+from .model_spec import ARCH_KEYS, MOE_LAYER_FIELDS, ModelSpec, parse_model
 from .resources import catalog_path
 from .spec_reader import MappingReader, key_text, read_name, read_number, show_value
 from .units import (DEVICE_MEMORY, FIXED_COST_TIME, GEMM_SIZE, MEMORY_BANDWIDTH,
@@ -169,6 +169,10 @@ CONTEXT_PARALLEL_SEARCH = (1, 2, 4, 8, 16, 32)
 """The context-parallel degrees `context_parallel: search` tries (those that divide the devices
 and the sequence: search_space's rules)."""
 MAX_CONTEXT_PARALLEL = 1024
+EXPERT_PARALLEL_SEARCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+"""The expert-parallel degrees `expert_parallel: search` tries (the default for a model with
+experts; the search space keeps those that divide the experts and the stage's ranks)."""
+MAX_EXPERT_PARALLEL = 4096
 """The model chunks per stage `virtual_pipeline_stages: search` tries; the search space's rules
 keep those that split the transformer blocks evenly (search_space.chunks_split_blocks)."""
 
@@ -200,6 +204,10 @@ class TrainingSpec:
     """Context-parallel degrees to search: (1,) none (the default), (c,) a given one, or
     CONTEXT_PARALLEL_SEARCH for `search`; megatron backend only (Megatron-LM's ring
     attention)."""
+    expert_parallel: tuple[int, ...] = (1,)
+    """Expert-parallel degrees to search (a model with experts): (e,) a given one, a list, or
+    EXPERT_PARALLEL_SEARCH for `search`, the default for such a model; megatron backend only
+    (Megatron-LM's --expert-model-parallel-size, with expert tensor parallelism 1)."""
     backend: str = "deepspeed"
     """The training framework the plan is for (BACKENDS): deepspeed (the trial program) or
     megatron (Megatron-LM: zero_stage 1 is its distributed optimizer, ZeRO 2/3 do not
@@ -483,11 +491,29 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
     return Cluster.from_groups(tuple(NodeGroup(**f) for f in fields))
 
 
+def _degrees(r: MappingReader, key: str, default, search: tuple[int, ...], maximum: int,
+             meaning: str) -> tuple[int, ...]:
+    """A parallel degree key: an integer, a list of distinct ones, or search (`search`)."""
+    value = r.raw(key, default)
+    if value == "search":
+        return search
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= maximum:
+        return (value,)
+    if isinstance(value, list) and value and all(
+            isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= maximum
+            for x in value) and len(set(value)) == len(value):
+        return tuple(sorted(value))
+    raise SpecError(r.at(key), f"got {show_value(value)}; accepted: an integer from 1 to "
+                               f"{maximum} ({meaning}), a list of them such as [1, 2], "
+                               f"or search")
+
+
 def _training(data) -> TrainingSpec:
     r = MappingReader(data, "training", ("global_batch_size", "precision", "activation_checkpointing",
                                    "zero_stage", "memory_headroom", "framework_overhead",
                                    "optimizer", "attention", "sequence_parallel",
-                                   "virtual_pipeline_stages", "backend", "context_parallel"))
+                                   "virtual_pipeline_stages", "backend", "context_parallel",
+                                   "expert_parallel"))
     ckpt = r.raw("activation_checkpointing", "none")
     modes = ("none", "selective", "full")
     if isinstance(ckpt, list) and ckpt and all(isinstance(m, str) and m in modes for m in ckpt) \
@@ -516,20 +542,10 @@ def _training(data) -> TrainingSpec:
         raise SpecError(r.at("virtual_pipeline_stages"),
                         f"got {show_value(vps)}; accepted: an integer from 1 to {MAX_VIRTUAL_STAGES} "
                         f"(model chunks per pipeline stage; 1 is plain 1F1B) or search")
-    cps = r.raw("context_parallel", 1)
-    if cps == "search":
-        context_parallel = CONTEXT_PARALLEL_SEARCH
-    elif isinstance(cps, int) and not isinstance(cps, bool) and 1 <= cps <= MAX_CONTEXT_PARALLEL:
-        context_parallel = (cps,)
-    elif isinstance(cps, list) and cps and all(
-            isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_CONTEXT_PARALLEL
-            for x in cps) and len(set(cps)) == len(cps):
-        context_parallel = tuple(sorted(cps))
-    else:
-        raise SpecError(r.at("context_parallel"),
-                        f"got {show_value(cps)}; accepted: an integer from 1 to "
-                        f"{MAX_CONTEXT_PARALLEL} (ranks each sequence is split over; 1: none), "
-                        f"a list of them such as [1, 2], or search")
+    context_parallel = _degrees(r, "context_parallel", 1, CONTEXT_PARALLEL_SEARCH,
+                                MAX_CONTEXT_PARALLEL, "ranks each sequence is split over; 1: none")
+    expert_parallel = _degrees(r, "expert_parallel", "search", EXPERT_PARALLEL_SEARCH,
+                               MAX_EXPERT_PARALLEL, "ranks the experts are split over; 1: none")
     zero = r.raw("zero_stage", 0)
     if isinstance(zero, str) and zero == "search":
         zero_stages = (0, 1, 2, 3)
@@ -555,6 +571,7 @@ def _training(data) -> TrainingSpec:
         sequence_parallel=sequence_parallel,
         virtual_pipeline_stages=virtual_stages,
         context_parallel=context_parallel,
+        expert_parallel=expert_parallel,
         zero_stage=zero_stages,
         memory_headroom=float(headroom),
         framework_overhead_bytes=parse_size(r.raw("framework_overhead", "1 GiB"),
@@ -579,6 +596,18 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
         # CPUs have no fast half precision to train in (DeepSpeed's fp16 needs CUDA): the
         # default there is fp32, not the 0.001 TFLOP/s fp16 of the catalog's CPU entry
         training = replace(training, precision="fp32")
+    experts = model.num_experts
+    if not experts:
+        if training.expert_parallel != EXPERT_PARALLEL_SEARCH and training.expert_parallel != (1,):
+            raise SpecError("training.expert_parallel",
+                            f"{'/'.join(map(str, training.expert_parallel))}: the model has no "
+                            f"experts (model.num_experts); accepted: 1")
+        training = replace(training, expert_parallel=(1,))
+    elif training.backend != "megatron":
+        raise SpecError("training.backend", f"{training.backend}: a mixture-of-experts model "
+                                            f"({experts} experts) is costed as Megatron-LM runs "
+                                            f"it (expert parallelism, grouped GEMMs); accepted: "
+                                            f"megatron")
     precision = training.precision
     if precision == "fp8" and training.backend != "megatron":
         raise SpecError("training.precision", "fp8 is costed as Megatron-LM runs it with "
@@ -657,7 +686,7 @@ def spec_fingerprint(spec: Spec) -> dict:
             # the Llama-family Layer fields count only where they differ from the GPT block,
             # so a GPT model hashes as it did before they existed (its plans stay valid)
             for layer in {id(x): x for x in section["layers"]}.values():
-                for k in ARCH_KEYS:
+                for k in ARCH_KEYS + MOE_LAYER_FIELDS:
                     default = Layer.__dataclass_fields__[k].default
                     if k in layer and type(layer[k]) is type(default) and layer[k] == default:
                         del layer[k]
@@ -675,6 +704,8 @@ def spec_fingerprint(spec: Spec) -> dict:
                     item["gpu"].pop("prediction_error_source", None)
         if name == "training" and section["context_parallel"] == (1,):
             del section["context_parallel"]      # as before the key existed
+        if name == "training" and section["expert_parallel"] == (1,):
+            del section["expert_parallel"]       # (a model without experts)
         text = json.dumps(section, sort_keys=True, default=str)
         out[name] = hashlib.sha256(text.encode()).hexdigest()
     return out

@@ -41,6 +41,10 @@ megatron-core saves them:
         (fc2 input, f/t): 3f/t; GELU as above 2f/t                              F/t
       attention log-sum-exp (fp32, one per query head)                          4a/t bytes
   mlp:  g (2h + n + F/t);   head: g (2h + n) + 4V/t + 9.
+  A mixture-of-experts block (E experts, k per token, width f_e, shared width f_s) saves,
+  instead of the MLP's F/t, g (k (2h + F_e + f_e) + F_s + f_s)/t + 8E/t: each routed copy's
+  permuted input, fc1 and activation outputs and the expert's output, the shared experts
+  as a dense MLP, and the router's fp32 logits and probabilities (`_moe_saved_elements`).
 Biases save nothing. No dropout masks (the trial layers have none; Llama recipes train
 without dropout). With standard attention the (2g + 1) a s^2/t score bytes per query head
 as above (megatron-core's unfused attention also keeps K and V repeated to a heads under
@@ -169,6 +173,10 @@ def _fp8_saved_per_token(layer: Layer, replicated: int, split: int, tmp: int,
         return replicated, split
     h, f = layer.hidden_size, layer.ffn_hidden_size
     norms = 2 if k == "transformer" else 1               # QKV and fc1 inputs, or fc1's
+    if layer.is_moe:   # the experts' fc1 (k h) and fc2 (k f_e) inputs; the pre-MLP norm's
+        norms = 1      # output stays in BF16, the router's input
+        f = layer.moe_shared_expert_size
+        split -= (g - 1) * layer.moe_router_topk * (layer.expert_ffn + h) // tmp
     split -= (g - 1) * (f // tmp)                        # fc2 input
     if k == "transformer":
         split += layer.attention_width // tmp            # the projection input's FP8 copy
@@ -194,12 +202,27 @@ def _llama_saved_per_token(layer: Layer, *, tmp: int, bytes_per_element: int,
     attention = layer.qkv_width + layer.attention_width
     if layer.position_embedding == "rope":
         attention += (a + kv) * d
+    if layer.is_moe:
+        mlp = _moe_saved_elements(layer)
     split = g * ((attention + mlp) // t)
+    if layer.is_moe:
+        split += 2 * FP32_BYTES * layer.num_experts // t     # the router's fp32 probabilities
     if not selective:
         split += FP32_BYTES * a // t
         if attention_scores:
             split += (2 * g + 1) * a * layer.seq_length // t
     return g * (4 * h + 2 * stats), split
+
+
+def _moe_saved_elements(layer: Layer) -> int:
+    """Elements per token a mixture-of-experts MLP saves (its rank's tokens, s/t of them
+    under sequence parallelism, which Megatron-LM requires of MoE with tmp > 1): for each of
+    the token's k copies the permuted input (fc1 input, h), fc1's output (F_e) and the
+    activation's (fc2 input, f_e) and the expert's output (kept for the weighted
+    combination's gradient, h); the shared experts as a dense MLP of width f_s."""
+    k, h = layer.moe_router_topk, layer.hidden_size
+    act = 3 if layer.mlp == "swiglu" else 2
+    return k * (2 * h + act * layer.expert_ffn) + act * layer.moe_shared_expert_size
 
 
 def checkpoint_input_bytes(layer: Layer, *, mbs: int, bytes_per_element: int,

@@ -141,6 +141,21 @@ def context_parallel_ring_time_s(kv_bytes, cp: int, core_s, bandwidth_bytes_per_
     return (cp - 1) * np.maximum(step - np.asarray(core_s) / cp, 0.0)
 
 
+def all_to_all_time_s(message_bytes, seconds_per_byte, latency_s=0.0, messages=1.0):
+    """`messages` all-to-alls, each rank holding `message_bytes` for the others (1/n of it to
+    each member, sent at once): bytes x the group's seconds per byte of message (its links,
+    amp_search.costing.links.all_to_all_links) plus one latency each (the n-1 sends are
+    posted together)."""
+    return messages * (latency_s + message_bytes * seconds_per_byte)
+
+
+def expert_dispatch_bytes(tokens, topk: int, hidden: int, bytes_per_element: float):
+    """One rank's message in one dispatch (or combine) all-to-all of a mixture-of-experts
+    layer: each of its tokens goes to k experts, h elements each (BF16 even under FP8, which
+    Megatron-LM dispatches unquantised by default)."""
+    return tokens * topk * hidden * bytes_per_element
+
+
 def link_latency_s(crosses_nodes, intra_s, inter_s):
     """Per-message (per ring step) latency of a ring or P2P link: the inter-node latency where
     it crosses nodes, else the intra-node one (arrays broadcast elementwise)."""

@@ -142,7 +142,7 @@ def attention_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
 
 def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
                         bytes_per_element: int, attention: str = "flash",
-                        framework: str = "deepspeed", cp: int = 1) -> LayerTime:
+                        framework: str = "deepspeed", cp: int = 1, ep: int = 1) -> LayerTime:
     """Forward and backward device time of one micro-batch of `mbs` samples through one tensor
     rank's shard of `layer`, its size-dependent work only (collectives: cost_models.comm;
     fixed costs: `kernel_floor_time_s`, `host_time_s`). The GEMMs and a fused attention take
@@ -155,9 +155,11 @@ def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed
     GEMM call is cp times smaller (so a little less efficient), the memory-bound work is 1/cp,
     and the attention core, its queries against every key (the K/V passed around the ring,
     cost_models.comm.context_parallel_ring_time_s), 1/cp of the whole core, the causal mask
-    balanced over the ranks as Megatron-LM's 2 cp chunks do."""
+    balanced over the ranks as Megatron-LM's 2 cp chunks do. `ep`: a mixture-of-experts
+    layer's expert-parallel degree, which sets how many tokens each local expert's GEMM
+    gets (`cost_models.layers.gemm_flops`)."""
     linear = device.linear()
-    gemm = sum(gemm_time_s(f * mbs / cp, linear) for f in gemm_flops(layer, tmp))
+    gemm = sum(gemm_time_s(f * mbs / cp, linear) for f in gemm_flops(layer, tmp, ep))
     core = attention_time_s(layer, tmp=tmp, mbs=mbs, device=device,
                             bytes_per_element=bytes_per_element, attention=attention, cp=cp)
     core_backward = 2.0 * core

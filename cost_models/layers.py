@@ -86,6 +86,17 @@ class Layer:
     """embedding and head: the head's projection is the embedding's matrix. The model holds it
     once; a pipeline keeps a copy on the last stage too, as Megatron-LM does (its default;
     --untie-embeddings-and-output-weights unties)."""
+    num_experts: int = 0
+    """transformer: routed experts E of a mixture-of-experts MLP (0: a dense MLP). Each token
+    goes to moe_router_topk of them; Megatron-LM's --num-experts."""
+    moe_router_topk: int = 0
+    """k: experts per token (--moe-router-topk)."""
+    moe_ffn_hidden_size: int = 0
+    """f_e: one expert's inner width (--moe-ffn-hidden-size); 0: ffn_hidden_size. The
+    expert's MLP is `mlp` (SwiGLU: gate and up h -> f_e each, down f_e -> h)."""
+    moe_shared_expert_size: int = 0
+    """f_s: the inner width of the shared experts every token also passes through (their
+    widths summed, --moe-shared-expert-intermediate-size); 0: none."""
     custom_forward_flops: float = 0.0
     """custom only: forward FLOPs per sample."""
     custom_params: int = 0
@@ -144,7 +155,32 @@ class Layer:
             parts += ["nobias"]
         if self.tie_embeddings:
             parts += ["tied"]
+        if self.is_moe:
+            parts += [f"e{self.num_experts}", f"k{self.moe_router_topk}",
+                      f"fe{self.expert_ffn}"]
+            if self.moe_shared_expert_size:
+                parts += [f"fs{self.moe_shared_expert_size}"]
         return ":".join(parts)
+
+    @property
+    def is_moe(self) -> bool:
+        """A transformer block whose MLP is a mixture of experts."""
+        return self.kind == "transformer" and self.num_experts > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        """f_e: one expert's inner width."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    @property
+    def expert_fc1_width(self) -> int:
+        """One expert's fc1 output width: f_e (GELU) or 2 f_e (SwiGLU, gate and up fused)."""
+        return (2 if self.mlp == "swiglu" else 1) * self.expert_ffn
+
+    @property
+    def shared_fc1_width(self) -> int:
+        """The shared experts' fc1 output width (0 without them)."""
+        return (2 if self.mlp == "swiglu" else 1) * self.moe_shared_expert_size
 
     @property
     def in_hidden(self) -> int:
@@ -171,7 +207,7 @@ class Layer:
         (the Llama formulas give the same numbers). tie_embeddings changes no layer's cost
         (see `model_param_count`)."""
         a = self.num_attention_heads
-        return ((self.num_query_groups in (0, a))
+        return (not self.num_experts and (self.num_query_groups in (0, a))
                 and (not self.head_dim or self.head_dim * a == self.hidden_size)
                 and self.mlp == "gelu" and self.norm == "layernorm" and self.bias
                 and self.position_embedding == "learned")
@@ -221,7 +257,7 @@ def _check_options(layer: Layer) -> None:
             raise ValueError(f"{what} {value!r}; known: {', '.join(known)}")
 
 
-def block_tensor_numels(layer: Layer, tmp: int = 1, vocab: int | None = None
+def block_tensor_numels(layer: Layer, tmp: int = 1, vocab: int | None = None, ep: int = 1
                         ) -> tuple[int, ...]:
     """Elements of each parameter tensor of a layer with the Llama-family options on one
     tensor rank, in megatron-core's registration order (the order a flat buffer holds them);
@@ -237,7 +273,14 @@ def block_tensor_numels(layer: Layer, tmp: int = 1, vocab: int | None = None
     mlp:         [input projection], norm, fc1, fc2 as above
     head:        final norm, output_layer V h / t [+ V / t]
     Column-parallel weights and biases are divided by t, row-parallel biases and norms
-    replicated; Megatron-LM requires t | g (each rank holds whole K/V groups) and t | a."""
+    replicated; Megatron-LM requires t | g (each rank holds whole K/V groups) and t | a.
+
+    A mixture-of-experts block (`Layer.is_moe`) has, after the pre-MLP norm, the router
+    (E x h, replicated, no bias), the shared experts (an MLP of width f_s, tensor-parallel
+    as above) and E/ep routed experts of this expert-parallel rank, each fc1 h F_e [+ F_e]
+    and fc2 f_e h [+ h] (F_e = f_e or 2 f_e), whole: the experts are not split by tensor
+    parallelism (expert tensor parallelism 1, as Megatron-Bridge's MoE recipes set
+    --expert-tensor-parallel-size 1)."""
     _check_options(layer)
     h, f, s, t = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length, tmp
     v = padded_vocab_size(layer.vocab_size, tmp) if vocab is None else vocab
@@ -254,8 +297,17 @@ def block_tensor_numels(layer: Layer, tmp: int = 1, vocab: int | None = None
         return (v * h // t,) + ((s * h,) if layer.position_embedding == "learned" else ())
     if k == "transformer":
         qkv, ad = layer.qkv_width, layer.attention_width
-        return (proj + norm + (h * qkv // t,) + ((qkv // t,) if b else ())
-                + (ad * h // t,) + ((h,) if b else ()) + norm + mlp)
+        attention = (proj + norm + (h * qkv // t,) + ((qkv // t,) if b else ())
+                     + (ad * h // t,) + ((h,) if b else ()) + norm)
+        if not layer.is_moe:
+            return attention + mlp
+        fs, fs1 = layer.moe_shared_expert_size, layer.shared_fc1_width
+        shared = ((h * fs1 // t,) + ((fs1 // t,) if b else ())
+                  + (fs * h // t,) + ((h,) if b else ())) if fs else ()
+        fe, fe1 = layer.expert_ffn, layer.expert_fc1_width
+        expert = (h * fe1,) + ((fe1,) if b else ()) + (fe * h,) + ((h,) if b else ())
+        return attention + (layer.num_experts * h,) + shared \
+            + expert * (layer.num_experts // ep)
     if k == "mlp":
         return proj + norm + mlp
     if k == "head":
@@ -265,8 +317,9 @@ def block_tensor_numels(layer: Layer, tmp: int = 1, vocab: int | None = None
     raise ValueError(f"unknown layer kind {k!r}")
 
 
-def param_count(layer: Layer, tmp: int = 1) -> int:
-    """Parameters held by one tensor-parallel rank.
+def param_count(layer: Layer, tmp: int = 1, ep: int = 1) -> int:
+    """Parameters held by one tensor-parallel rank (of a mixture-of-experts block: with its
+    expert-parallel rank's E/ep experts, `block_tensor_numels`).
 
     transformer: LN 2h + QKV (3h*h + 3h)/t + proj h*h/t + h + LN 2h + fc1 (h*f + f)/t + fc2 f*h/t + h
     (row-parallel biases and LayerNorms are replicated, as in Megatron).
@@ -281,7 +334,7 @@ def param_count(layer: Layer, tmp: int = 1) -> int:
     stage); `model_param_count` counts it once.
     """
     if not layer.is_gpt_block and layer.kind != "custom":
-        return sum(block_tensor_numels(layer, tmp))
+        return sum(block_tensor_numels(layer, tmp, ep=ep))
     h, f, s = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length
     v = padded_vocab_size(layer.vocab_size, tmp)
     k = layer.kind
@@ -297,6 +350,17 @@ def param_count(layer: Layer, tmp: int = 1) -> int:
     if k == "custom":
         return layer.custom_params
     raise ValueError(f"unknown layer kind {k!r}")
+
+
+def expert_param_count(layer: Layer, ep: int = 1) -> int:
+    """Parameters of the routed experts one expert-parallel rank holds (E/ep of them, whole);
+    0 for a layer without experts. Their gradients are reduced, and their optimizer state
+    sharded, over the expert-data-parallel ranks (dp x cp x tmp / ep), not over dp x cp."""
+    if not layer.is_moe:
+        return 0
+    h, fe, fe1 = layer.hidden_size, layer.expert_ffn, layer.expert_fc1_width
+    per_expert = h * fe1 + fe * h + ((fe1 + h) if layer.bias else 0)
+    return per_expert * (layer.num_experts // ep)
 
 
 def model_flops_per_sample(layers) -> float:
@@ -329,7 +393,7 @@ def forward_flops(layer: Layer, tmp: int = 1) -> float:
     return sum(gemm_flops(layer, tmp)) + attention_core_flops(layer, tmp)
 
 
-def gemm_flops(layer: Layer, tmp: int = 1) -> tuple[float, ...]:
+def gemm_flops(layer: Layer, tmp: int = 1, ep: int = 1) -> tuple[float, ...]:
     """FLOPs of each dense GEMM call of one forward pass per sample on one tensor rank (the
     attention core, QK^T and attention x V, is `attention_core_flops`). What sets a GEMM's
     efficiency is its size (`cost_models.compute.gemm_efficiency`).
@@ -341,13 +405,30 @@ def gemm_flops(layer: Layer, tmp: int = 1) -> tuple[float, ...]:
     With the Llama-family options (g query groups, head width d, F = fc1 width: f for GELU,
     2f for SwiGLU): QKV 2s h (a + 2g) d / t, projection 2s a d h / t, fc1 2s h F / t (one GEMM:
     megatron-core runs SwiGLU's gate and up as one fused linear_fc1 of h x 2f), fc2
-    2s f h / t. Biases, norms, RoPE and the SiLU are memory-bound (`elementwise_bytes`)."""
+    2s f h / t. Biases, norms, RoPE and the SiLU are memory-bound (`elementwise_bytes`).
+
+    A mixture-of-experts block (expert tensor parallelism 1, sequence parallelism with
+    tmp > 1, so a rank routes s/t tokens): the router 2s h E / t, the routed experts'
+    fc1 2s k h F_e / t and fc2 2s k f_e h / t (each rank's tokens go to k experts; with the
+    tokens balanced over the experts every expert-parallel rank gets as many as it sends),
+    as E/ep calls each, one per local expert of its ep s k / (E t) tokens (--moe-grouped-gemm
+    runs them in one kernel, but each expert's GEMM is as small as its tokens make it: ep
+    sets how efficient they are), and the shared experts' fc1 and fc2 as a dense MLP of
+    width f_s."""
     h, f, s = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length
     v = padded_vocab_size(layer.vocab_size, tmp)
     proj = (2.0 * s * layer.input_hidden_size * h,) if _projection_params(layer) else ()
     k = layer.kind
     if k in ("transformer", "mlp") and not layer.is_gpt_block:
         mlp = (2.0 * s * h * layer.fc1_width / tmp, 2.0 * s * f * h / tmp)
+        if layer.is_moe:
+            local = layer.num_experts // ep
+            tk, fs = s * layer.moe_router_topk / local, layer.moe_shared_expert_size
+            mlp = (2.0 * s * h * layer.num_experts / tmp,) \
+                + (2.0 * tk * h * layer.expert_fc1_width / tmp,) * local \
+                + (2.0 * tk * layer.expert_ffn * h / tmp,) * local \
+                + ((2.0 * s * h * layer.shared_fc1_width / tmp, 2.0 * s * fs * h / tmp)
+                   if fs else ())
         if k == "mlp":
             return proj + mlp
         return proj + (2.0 * s * h * layer.qkv_width / tmp,
@@ -421,8 +502,9 @@ def elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
             n = (3.0 if layer.position_embedding == "learned" else 2.0) * s * h
         else:
             n = (16.0 if k == "transformer" else 8.0) * s * h \
-                + _activation_elements(layer) * s * f / tmp \
+                + _activation_elements(layer) * s * _mlp_inner(layer) / tmp \
                 + (_rope_elements(layer) / tmp if k == "transformer" else 0.0)
+            return n * bytes_per_element + _moe_routing_bytes(layer, tmp, bytes_per_element)
         return n * bytes_per_element
     if k == "embedding":
         n = 3.0 * s * h
@@ -481,6 +563,31 @@ def _activation_elements(layer: Layer) -> float:
     return 2.0 + (2.0 if layer.bias else 0.0)
 
 
+def _mlp_inner(layer: Layer) -> int:
+    """Per token, the inner width the MLP's activation runs on: f, or for a mixture of
+    experts k f_e (the token's k routed experts) + f_s (the shared experts)."""
+    if layer.is_moe:
+        return layer.moe_router_topk * layer.expert_ffn + layer.moe_shared_expert_size
+    return layer.ffn_hidden_size
+
+
+def _moe_routing_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
+    """Bytes per sample that one pass of a mixture-of-experts block's routing moves on one
+    rank (its s/t tokens): the router's softmax and top-k over E fp32 logits (read and
+    write, 8E), the permutation of each token into its k experts' order (read h, write k h)
+    and the weighted combination back (read k h and the k weights, write h):
+    s (g (2h + 2k h) + 8E) / t; 0 for other layers."""
+    if not layer.is_moe:
+        return 0.0
+    h, k = layer.hidden_size, layer.moe_router_topk
+    return layer.seq_length * (bytes_per_element * (2.0 * h + 2.0 * k * h)
+                               + 2 * FP32_ROUTER_BYTES * layer.num_experts) / tmp
+
+
+FP32_ROUTER_BYTES = 4
+"""Megatron-LM's router computes its logits and probabilities in fp32."""
+
+
 def _rope_elements(layer: Layer) -> float:
     """Elements per sample times t that RoPE reads and writes on q and k in one pass:
     2 s (a + g) d (0 without RoPE)."""
@@ -511,9 +618,11 @@ def _megatron_llama_elementwise_bytes(layer: Layer, tmp: int, bytes_per_element:
     RoPE's (the inverse rotation of dq', dk': 2g (a + g) d / t):
     (16g + 2) h [+ 2g h] + 2g a d + act + rope.
     The mlp layer: one norm, one bias-dropout-add, one residual sum and the activation. With
-    the GPT values these are the GPT formulas ((12g + 2) h + 2g f/t, (20g + 2) h + 4g f/t)."""
+    the GPT values these are the GPT formulas ((12g + 2) h + 2g f/t, (20g + 2) h + 4g f/t).
+    A mixture-of-experts block: the activation on k f_e + f_s per token (`_mlp_inner`) and
+    the routing's permutations in each pass (`_moe_routing_bytes`)."""
     g = float(bytes_per_element)
-    s, h, f = layer.seq_length, float(layer.hidden_size), float(layer.ffn_hidden_size)
+    s, h, f = layer.seq_length, float(layer.hidden_size), float(_mlp_inner(layer))
     bias = 1.0 if layer.bias else 0.0
     if layer.mlp == "swiglu":
         act_f, act_b = 3 * g * f / tmp, (5 + 2 * bias) * g * f / tmp
@@ -523,7 +632,7 @@ def _megatron_llama_elementwise_bytes(layer: Layer, tmp: int, bytes_per_element:
         return (s * ((5 * g + 1) * h + act_f),
                 s * ((8 * g + 1) * h + bias * g * h + act_b))
     ad = float(layer.attention_width)
-    rope = g * _rope_elements(layer) / tmp
+    rope = g * _rope_elements(layer) / tmp + _moe_routing_bytes(layer, tmp, bytes_per_element)
     return (s * ((10 * g + 2) * h + 2 * g * ad + act_f) + rope,
             s * ((16 * g + 2) * h + 2 * bias * g * h + 2 * g * ad + act_b) + rope)
 
@@ -558,10 +667,13 @@ def tp_allreduce_elements_by_pass(layer: Layer, recompute: bool = False
     1 of s*h in backward (column-parallel input gradient);
     custom: none (replicated).
     With full recomputation a block's forward runs again inside its backward, all-reduces
-    included (transformer 2 more, mlp 1 more).
+    included (transformer 2 more, mlp 1 more). A mixture-of-experts block without shared
+    experts has the attention's only (the experts' tokens move by all-to-all).
     """
     s, h = layer.seq_length, layer.hidden_size
     k = layer.kind
+    if k == "transformer" and layer.is_moe and not layer.moe_shared_expert_size:
+        return (s * h,), (s * h,), ((s * h,) if recompute else ())   # the attention's only
     if k == "transformer":
         return (s * h, s * h), (s * h, s * h), ((s * h, s * h) if recompute else ())
     if k == "mlp":
@@ -641,6 +753,8 @@ def tp_collectives_by_pass(layer: Layer, recompute: bool = False,
     shard_weights = norm_tensors + (1 if layer.bias else 0)
     if k in ("transformer", "mlp"):
         gemm_pairs = 2 if k == "transformer" else 1
+        if layer.is_moe:     # the experts keep their tokens sharded (all-to-all, not TP)
+            gemm_pairs = 1 + (1 if layer.moe_shared_expert_size else 0)
         forward = (TpCollective(ag, s * h), TpCollective(rs, s * h)) * gemm_pairs
         backward = (TpCollective(ag, s * h), TpCollective(ag, s * h),
                     TpCollective(rs, s * h)) * gemm_pairs

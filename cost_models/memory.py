@@ -51,7 +51,7 @@ Activations saved for backward, and the pipeline buffers: cost_models.activation
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 
 import numpy as np
@@ -60,7 +60,7 @@ from .activations import (FP32_BYTES, head_buffers_aliased, in_flight_microbatch
                           layer_activation_bytes, pipe_buffer_count, pipeline_buffer_bytes,
                           recompute_working_set_bytes, stage_output_buffer_bytes,
                           stage_saved_activation_bytes)
-from .layers import Layer, block_tensor_numels, padded_vocab_size
+from .layers import Layer, block_tensor_numels, expert_param_count, padded_vocab_size
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 """g: bytes of a weight, gradient or activation element in each training precision."""
@@ -160,13 +160,13 @@ def pipeline_engine(*, pp: int, zero_stage: int) -> bool:
 # ----------------------------------------------------------------------------- parameters
 
 @lru_cache(maxsize=65536)      # a pure function; the search asks for the same layer often
-def param_tensor_numels(layer: Layer, tmp: int = 1) -> tuple[int, ...]:
+def param_tensor_numels(layer: Layer, tmp: int = 1, ep: int = 1) -> tuple[int, ...]:
     """Elements of each parameter tensor of the trial layer on one tensor rank, in module
     registration order (the order DeepSpeed flattens them); sums to `param_count`. A layer
     with Llama-family options: `cost_models.layers.block_tensor_numels` (megatron-core's
     order: norm, linear_qkv, linear_proj, norm, linear_fc1, linear_fc2)."""
     if not layer.is_gpt_block and layer.kind != "custom":
-        return block_tensor_numels(layer, tmp)
+        return block_tensor_numels(layer, tmp, ep=ep)
     h, f, s, t = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length, tmp
     v = padded_vocab_size(layer.vocab_size, tmp)
     proj = ()
@@ -185,6 +185,13 @@ def param_tensor_numels(layer: Layer, tmp: int = 1) -> tuple[int, ...]:
     if k == "custom":
         return (layer.custom_params,)
     raise ValueError(f"unknown layer kind {k!r}")
+
+
+def expert_data_parallel(dp: int, tmp: int, ep: int) -> int:
+    """The ranks that hold the same experts of a stage (expert tensor parallelism 1): the
+    stage's dp x tmp ranks (dp here the data x context-parallel ranks) over the ep ranks
+    that split the experts."""
+    return max(dp * tmp // ep, 1)
 
 
 def flat_numel(params: int, dp: int) -> int:
@@ -395,17 +402,27 @@ def megatron_model_state_bytes(params: int, *, precision: str, zero_stage: int,
 def model_state_bytes(tensor_numels: tuple[int, ...], *, precision: str, zero_stage: int,
                       dp: int, gas: int, zero3_inflight_numel: int = 0,
                       buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
-                      framework: str = "deepspeed") -> ModelStates:
+                      framework: str = "deepspeed", expert_numel: int = 0,
+                      expert_dp: int = 1) -> ModelStates:
     """Weights, gradients, optimizer states and bucket of one device holding the parameter
     tensors `tensor_numels` (one stage, one tensor rank, in flattening order);
     `zero3_inflight_numel` is `zero3_inflight_gather_numel` of its layers (ZeRO 3 only).
-    `framework` "megatron": Megatron-LM's optimizers (`megatron_model_state_bytes`)."""
+    `framework` "megatron": Megatron-LM's optimizers (`megatron_model_state_bytes`), where
+    `expert_numel` of the parameters are routed experts, whose optimizer state the
+    distributed optimizer shards over the `expert_dp` expert-data-parallel ranks instead of
+    the dp ones."""
     params = sum(tensor_numels)
     if framework not in MEMORY_FRAMEWORKS:
         raise ValueError(f"framework {framework!r}; known: {', '.join(MEMORY_FRAMEWORKS)}")
     if framework == "megatron":
-        return megatron_model_state_bytes(params, precision=precision, zero_stage=zero_stage,
-                                          dp=dp)
+        dense = megatron_model_state_bytes(params - expert_numel, precision=precision,
+                                           zero_stage=zero_stage, dp=dp)
+        if not expert_numel:
+            return dense
+        expert = megatron_model_state_bytes(expert_numel, precision=precision,
+                                            zero_stage=zero_stage, dp=expert_dp)
+        return ModelStates(**{f.name: getattr(dense, f.name) + getattr(expert, f.name)
+                              for f in fields(ModelStates)})
     engine = deepspeed_engine(zero_stage=zero_stage, precision=precision)
     straddle = straddling_partition_numel(tensor_numels, dp) if zero_stage in (1, 2) else 0
     zero3 = zero_stage == 3 and dp > 1     # only then are the per-tensor partitions used
@@ -433,19 +450,21 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
                 buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
                 attention_scores: bool = False, sequence_parallel: bool = False,
                 selective: bool = False, framework: str = "deepspeed",
-                cp: int = 1) -> StageBytes:
+                cp: int = 1, ep: int = 1) -> StageBytes:
     """All parts for the device of one stage (every tensor rank holds the same shapes). With
     context parallelism (cp > 1; dp is then the dp x cp ranks the optimizer states are sharded
     over) a rank keeps the activations of its s/cp tokens: 1/cp of every activation and
     buffer term (each is per token, the stored scores of standard attention too: s/cp
-    queries against s keys)."""
-    per_layer = [param_tensor_numels(x, tmp) for x in layers]
+    queries against s keys). A mixture-of-experts block's rank holds E/ep experts, their
+    optimizer state sharded over dp x tmp / ep ranks (`model_state_bytes`)."""
+    per_layer = [param_tensor_numels(x, tmp, ep) for x in layers]
     states = model_state_bytes(
         tuple(n for ts in per_layer for n in ts), precision=precision, zero_stage=zero_stage,
         dp=dp, gas=gas, buckets=buckets,
         zero3_inflight_numel=zero3_inflight_gather_numel(per_layer, buckets)
         if zero_stage == 3 and dp > 1 else 0,       # only ZeRO 3 over dp > 1 reads it
-        framework=framework)
+        framework=framework, expert_numel=sum(expert_param_count(x, ep) for x in layers),
+        expert_dp=expert_data_parallel(dp, tmp, ep))
     g = BYTES_PER_ELEMENT[precision]
     act = stage_saved_activation_bytes(layers, stage=stage, pp=pp, gas=gas, mbs=mbs, tmp=tmp,
                                        bytes_per_element=g, recompute=recompute,
@@ -510,16 +529,29 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
                         buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
                         attention_scores: bool = False, sequence_parallel: bool = False,
                         selective: bool = False, framework: str = "deepspeed",
-                        cp: int = 1) -> LinearMemory:
+                        cp: int = 1, ep: int = 1) -> LinearMemory:
     """`LinearMemory` of a pipelined strategy (see there); the same terms as `stage_bytes`
-    (with cp > 1, 1/cp of the activation terms)."""
+    (with cp > 1, 1/cp of the activation terms; routed experts' states per parameter as
+    their own sharding gives them)."""
     g = BYTES_PER_ELEMENT[precision]
-    numels = [param_tensor_numels(x, tmp) for x in layers]
+    numels = [param_tensor_numels(x, tmp, ep) for x in layers]
     flat = tuple(n for ts in numels for n in ts)
+    experts = np.array([expert_param_count(x, ep) for x in layers], dtype=float)
     states = model_state_bytes(flat, precision=precision, zero_stage=zero_stage, dp=dp, gas=gas,
-                               buckets=buckets, framework=framework)
-    per_param = (states.parameter_bytes + states.gradient_bytes + states.optimizer_bytes) \
-        / max(sum(flat), 1)
+                               buckets=buckets, framework=framework,
+                               expert_numel=int(experts.sum()),
+                               expert_dp=expert_data_parallel(dp, tmp, ep))
+    total = (states.parameter_bytes + states.gradient_bytes + states.optimizer_bytes)
+    per_param = total / max(sum(flat), 1)
+    per_expert_param = per_param
+    if experts.any():               # the experts' and the rest's bytes per parameter
+        ex = model_state_bytes((int(experts.sum()),), precision=precision,
+                               zero_stage=zero_stage, dp=dp, gas=gas, buckets=buckets,
+                               framework=framework, expert_numel=int(experts.sum()),
+                               expert_dp=expert_data_parallel(dp, tmp, ep))
+        ex_total = ex.parameter_bytes + ex.gradient_bytes + ex.optimizer_bytes
+        per_expert_param = ex_total / experts.sum()
+        per_param = (total - ex_total) / max(sum(flat) - experts.sum(), 1)
     kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=g, attention_scores=attention_scores,
               sequence_parallel=sequence_parallel, fp8=precision == "fp8")
     selective = selective and not recompute
@@ -533,7 +565,8 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
                                                                   bytes_per_element=g)
     last = layers[-1]
     return LinearMemory(
-        state_bytes=per_param * np.array([sum(ts) for ts in numels], dtype=float),
+        state_bytes=per_param * (np.array([sum(ts) for ts in numels], dtype=float) - experts)
+        + per_expert_param * experts,
         activation_bytes=np.array([layer_activation_bytes(x, recompute=recompute,
                                                           selective=selective, **kw)
                                    for x in layers], dtype=float) / cp,

@@ -118,6 +118,11 @@ def add_strategy_knobs(parser: argparse.ArgumentParser, *, zero_stages=(0, 1, 2,
                             help=f"{given}context-parallel ranks per sequence (Megatron-LM's "
                                  f"ring attention, backend megatron; pp x dp x cp x tmp = the "
                                  f"cluster's GPUs; default 1)")
+        parser.add_argument("--ep", type=positive_int, default=None, metavar="E",
+                            help=f"{given}expert-parallel ranks (a model with experts, backend "
+                                 f"megatron; groups of E consecutive ranks of a stage split the "
+                                 f"experts; default: the spec's first training.expert_parallel "
+                                 f"value)")
         parser.add_argument("--virtual-stages", type=positive_int, default=None, metavar="V",
                             help=f"{given}model chunks per pipeline stage: V > 1 runs "
                                  f"Megatron-LM's interleaved 1F1B (needs pp > 1 and the "

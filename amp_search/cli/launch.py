@@ -111,7 +111,7 @@ def check_plan_row(spec: Spec, s: Strategy) -> str:
     """The first rule a plan row breaks ('' if none): degrees of at least 1 that multiply to
     the devices its placement uses, on the cluster's devices, each once; a layer split into
     pp x virtual_stages non-empty parts; micro-batches that make the global batch."""
-    for name in ("pp", "dp", "tmp", "mbs", "virtual_stages", "cp"):
+    for name in ("pp", "dp", "tmp", "mbs", "virtual_stages", "cp", "ep"):
         if getattr(s, name) < 1:
             return f"{name} {getattr(s, name)}: must be at least 1"
     if not 0 <= s.zero_stage <= 3:

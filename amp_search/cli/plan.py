@@ -139,7 +139,9 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
     both = any(_differs(e) for _, e, _ in rows)
     chunked = any(e.strategy.virtual_stages > 1 for _, e, _ in rows)   # a 'v' column
     context = any(e.strategy.cp > 1 for _, e, _ in rows)                # a 'cp' column
+    experts = bool(spec.model.num_experts)                              # an 'ep' column
     head = ("rank", "pp", "dp", "tmp") + (("cp",) if context else ()) + (
+            ("ep",) if experts else ()) + (
             "mbs", "zero", "ckpt", "sp") + (("v",) if chunked else ()) + (
             "layers/stage",
             "placement", "mem GiB", "iter s") + (("eq.5 s",) if both else ()) \
@@ -151,7 +153,8 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
         analytic = (f"{e.analytic_iteration_time_s:.4g}" if _differs(e) else "=",) \
             if both else ()
         cells.append((label, str(s.pp), str(s.dp), str(s.tmp),
-                      *((str(s.cp),) if context else ()), str(s.mbs), str(s.zero_stage),
+                      *((str(s.cp),) if context else ()),
+                      *((str(s.ep),) if experts else ()), str(s.mbs), str(s.zero_stage),
                       {"none": "-", "selective": "sel"}.get(s.recompute, s.recompute),
                       "yes" if s.sequence_parallel else "-",
                       *((str(s.virtual_stages),) if chunked else ()),
@@ -229,6 +232,10 @@ def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
     if any(e.strategy.cp > 1 for _, e, _ in rows):
         lines.append("cp: context-parallel ranks per sequence (Megatron-LM's ring attention); "
                      "a stage then holds dp x cp x tmp devices.")
+    if spec.model.num_experts:
+        lines.append(f"ep: expert-parallel ranks: groups of ep consecutive ranks of a stage "
+                     f"split the {spec.model.num_experts} experts (expert tensor parallelism "
+                     f"1); the tokens reach their experts by all-to-all.")
     if any(e.strategy.virtual_stages > 1 for _, e, _ in rows):
         lines.append("v: model chunks per stage (Megatron-LM's interleaved 1F1B; stage j runs "
                      "chunks j, j + pp, ...); where v > 1, layers/stage lists the layers per "
@@ -359,7 +366,7 @@ def chosen_strategy(spec: Spec, args, measurements) -> tuple[Estimate, str]:
                  activation_checkpointing=args.activation_checkpointing,
                  sequence_parallel=getattr(args, "sequence_parallel", None),
                  virtual_stages=getattr(args, "virtual_stages", None),
-                 cp=getattr(args, "cp", None) or 1,
+                 cp=getattr(args, "cp", None) or 1, ep=getattr(args, "ep", None),
                  placement_order=args.placement_order, measurements=measurements)
     return e, "given strategy"
 
@@ -482,7 +489,7 @@ def run_estimate(args) -> int:
                  placement_order=args.placement_order,
                  measurements=measurements_for(spec, args), simulate=not args.no_simulate,
                  sequence_parallel=args.sequence_parallel, virtual_stages=args.virtual_stages,
-                 cp=args.cp or 1)
+                 cp=args.cp or 1, ep=args.ep)
     if not e.fits:      # said first: the time below is what it would take with the memory
         worst = max(e.memory, key=lambda m: m.peak_bytes / m.capacity_bytes)
         print(f"amp-search: this strategy does not fit: stage {worst.stage} needs "

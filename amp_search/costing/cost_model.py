@@ -24,8 +24,8 @@ from cost_models import pipeline
 from cost_models.compute import (HostCosts, attention_time_s, block_passes,
                                  host_time_by_pass_s, kernel_floor_time_s,
                                  synced_overlapped_time_s)
-from cost_models.layers import (kv_elements_per_token, leading_layers, output_elements,
-                                 param_count, tp_collectives_by_pass)
+from cost_models.layers import (expert_param_count, kv_elements_per_token, leading_layers,
+                                 output_elements, param_count, tp_collectives_by_pass)
 from cost_models.params import CostParams
 from cost_models.recompute import selective_recompute_time_s, sequence_parallel_time_s
 
@@ -37,7 +37,7 @@ from ..records import Breakdown, Estimate, Strategy, micro_batches
 from ..search_space import Candidate
 from ..spec import Spec
 from .layer_times import LayerTimer, device_speed
-from .links import ClusterArrays, p2p_links, ring_links
+from .links import ClusterArrays, all_to_all_links, p2p_links, ring_links
 from .stage_memory import stage_memory
 
 __all__ = ["CostModel", "PlacedLayout", "StageCosts", "measured_overheads"]
@@ -223,6 +223,8 @@ class CostModel:
         bpe = self.spec.training.bytes_per_element
         if c.cp > 1:
             out = out + self.cp_time_s(c, layout, part)
+        if c.ep > 1:
+            out = out + self.ep_time_s(c, layout, part)
         if c.tmp == 1:
             return out
         for kind, (elements, calls) in self.tp_collectives(
@@ -257,6 +259,43 @@ class CostModel:
                     kv[None, :], c.cp, core * (2.0 if backward else 1.0), bw, lat,
                     backward=backward)
         return out
+
+    def ep_time_s(self, c: Candidate, layout: PlacedLayout, part: int | None = None
+                  ) -> np.ndarray:
+        """[pp, L]: each mixture-of-experts layer's all-to-alls of one micro-batch (all
+        passes, or pass `part`) on each stage's slowest expert-parallel group, not overlapped
+        with compute (Megatron-LM's alltoall token dispatcher without its EP-overlap
+        options): the dispatch and the combine in the forward, their gradients in the
+        backward, again in a recomputed forward. A rank sends each of its mbs s / (tmp cp)
+        tokens (sequence parallelism: s/t) to k experts (cost_models.comm)."""
+        spb, crosses = self._ep_links(c, layout)
+        lat = self.link_latencies_s("p2p", crosses, layout)
+        bpe = self.spec.training.bytes_per_element
+        per_layer = np.array([comm.expert_dispatch_bytes(
+            c.mbs * x.seq_length / (c.tmp * c.cp), x.moe_router_topk, x.hidden_size, bpe)
+            if x.is_moe else 0.0 for x in self.spec.model.layers])
+        moe = per_layer > 0
+        passes = (1, 1, 1 if c.activation_checkpointing else 0)
+        calls = 2.0 * (sum(passes) if part is None else passes[part])
+        out = comm.all_to_all_time_s(per_layer[None, :], spb[:, None], lat[:, None], calls)
+        return np.where(moe[None, :], out, 0.0)
+
+    def _ep_links(self, c: Candidate, layout: PlacedLayout) -> tuple[np.ndarray, np.ndarray]:
+        """Per stage: the seconds per byte of its slowest expert-parallel group's
+        all-to-all, and whether any of them crosses nodes. A stage's ranks in Megatron-LM's
+        order (tensor rank fastest, then context, then data) form groups of ep consecutive
+        ranks."""
+        key = ("ep", id(layout), c.ep)
+        hit = self._fixed_cache.get(key)
+        if hit is None or hit[0] is not layout:
+            p = self.params
+            groups = layout.placement.reshape(c.pp, -1, c.ep)
+            links = all_to_all_links(self.cluster_for["p2p"], groups,
+                                     intra_scale=p.bandwidth("intra"),
+                                     inter_scale=p.bandwidth("inter"))
+            hit = self._fixed_cache[key] = (layout, links.seconds_per_byte.max(axis=1),
+                                            links.crosses_nodes.any(axis=1))
+        return hit[1], hit[2]
 
     def _cp_arrays(self, c: Candidate) -> tuple[np.ndarray, list[np.ndarray]]:
         """[L] K/V bytes one cp rank passes per ring step, and per device type [L] its
@@ -294,11 +333,11 @@ class CostModel:
             catalog_s = max(getattr(g, f"link_latency_{link}_s") for g in self.gpus)
         return self.params.latency(link) + catalog_s
 
-    def params_per_layer(self, tmp: int) -> np.ndarray:
-        if tmp not in self._params:
-            self._params[tmp] = np.array([param_count(l, tmp) for l in self.spec.model.layers],
-                                         dtype=float)
-        return self._params[tmp]
+    def params_per_layer(self, tmp: int, ep: int = 1) -> np.ndarray:
+        if (tmp, ep) not in self._params:
+            self._params[tmp, ep] = np.array(
+                [param_count(x, tmp, ep) for x in self.spec.model.layers], dtype=float)
+        return self._params[tmp, ep]
 
     def sources(self) -> tuple[str, ...]:
         """Where the numbers came from: layer times per device type, links, coefficients."""
@@ -327,7 +366,7 @@ class CostModel:
                             activation_checkpointing=c.activation_checkpointing,
                             selective_recompute=c.selective_recompute,
                             sequence_parallel=c.sequence_parallel,
-                            virtual_stages=c.virtual_stages, cp=c.cp)
+                            virtual_stages=c.virtual_stages, cp=c.cp, ep=c.ep)
         return self._assemble(strategy, costs, layout.capacity_bytes,
                               scores if with_memory else None)
 
@@ -340,15 +379,19 @@ class CostModel:
         t = self.spec.training
         if t.backend != "megatron" or c.zero_stage > 1:
             return False
-        key = ("states", c.tmp, c.replicas, c.zero_stage)
+        key = ("states", c.tmp, c.replicas, c.zero_stage, c.ep)
         hit = self._fixed_cache.get(key)
         if hit is None:
             per_param = memory_model.megatron_model_state_bytes(
                 1, precision=t.precision, zero_stage=0, dp=1)
-            sharded = per_param.optimizer_bytes / (c.replicas if c.zero_stage == 1 else 1)
-            per_param_bytes = per_param.parameter_bytes + per_param.gradient_bytes + sharded
-            hit = self._fixed_cache[key] = float(self.params_per_layer(c.tmp).sum()) \
-                * per_param_bytes
+            held = per_param.parameter_bytes + per_param.gradient_bytes
+            experts = float(sum(expert_param_count(x, c.ep) for x in self.spec.model.layers))
+            edp = memory_model.expert_data_parallel(c.replicas, c.tmp, c.ep)
+            shards = (c.replicas, edp) if c.zero_stage == 1 else (1, 1)
+            hit = self._fixed_cache[key] = \
+                (float(self.params_per_layer(c.tmp, c.ep).sum()) - experts) \
+                * (held + per_param.optimizer_bytes / shards[0]) \
+                + experts * (held + per_param.optimizer_bytes / shards[1])
         usable = self.capacity_bytes.max() * (1.0 - t.memory_headroom) \
             - t.framework_overhead_bytes
         return hit / c.pp > usable
@@ -431,7 +474,7 @@ class CostModel:
                 for g in types:         # a stage runs at its slowest device type's pace
                     gpu = self.gpus[g]
                     scale = p.compute(gpu.name)
-                    lt = self.timer.times(gpu, c.tmp, c.mbs, c.cp)
+                    lt = self.timer.times(gpu, c.tmp, c.mbs, c.cp, c.ep)
                     _, issue, issue_forward = self._fixed_costs(gpu, c.tmp, ckpt,
                                                                 c.sequence_parallel)
                     issue = np.where(lt.analytic, issue, 0.0)
@@ -447,7 +490,7 @@ class CostModel:
             compute[j], host[j], optimizer[j], compute_forward[j], host_forward[j] = rows[types]
 
         tensor_parallel = tensor_parallel_forward = np.zeros((c.pp, L))
-        if c.tmp > 1 or c.cp > 1:   # each stage's rings run on its slowest ring's links
+        if c.layer_collectives:   # each stage's rings run on its slowest ring's links
             tensor_parallel = self.tp_time_s(c, layout)
             if host.any():  # the forward's share matters only beside a host time
                 tensor_parallel_forward = self.tp_time_s(c, layout, part=0)
@@ -503,10 +546,10 @@ class CostModel:
         framework_s = self.params.layer_overhead(c.pp) / 2
         key = ("passes", gpu.name, c.tmp, c.mbs, ckpt, c.selective_recompute,
                c.sequence_parallel, scale, floor_s, framework_s,
-               self.params.zero_cost("zero_microbatch_s_per_param", c.zero_stage), c.cp)
+               self.params.zero_cost("zero_microbatch_s_per_param", c.zero_stage), c.cp, c.ep)
         hit = self._fixed_cache.get(key)
         if hit is None:
-            lt = self.timer.times(gpu, c.tmp, c.mbs, c.cp)
+            lt = self.timer.times(gpu, c.tmp, c.mbs, c.cp, c.ep)
             floor = self._fixed_costs(gpu, c.tmp, ckpt)[0]
             per_pass = np.where(lt.analytic, floor / self._floor_passes[ckpt], 0.0)
             fwd = lt.forward_s * scale + per_pass + framework_s
@@ -641,7 +684,26 @@ class CostModel:
 
         fixed = sync(0.0)
         per_param = sync(float(bpe)) - fixed
-        return per_param[:, None] * self.params_per_layer(c.tmp)[None, :], fixed
+        return per_param[:, None] * self.synced_params_per_layer(c)[None, :], fixed
+
+    def synced_params_per_layer(self, c: Candidate) -> np.ndarray:
+        """[L] the parameters whose gradients one rank reduces over the dp x cp ranks, as the
+        data-parallel sync prices them: a layer's parameters, its routed experts' counted at
+        the share of the bytes their own reduction moves, over the dp x cp x tmp / ep
+        expert-data-parallel ranks instead (the ring's bus factor (n-1)/n at either size,
+        on the same links; none where each expert has one holder)."""
+        params = self.params_per_layer(c.tmp, c.ep)
+        if not self.spec.model.num_experts or c.replicas == 1:
+            return params
+        key = ("synced", c.tmp, c.ep, c.replicas)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            experts = np.array([expert_param_count(x, c.ep) for x in self.spec.model.layers],
+                               dtype=float)
+            edp = memory_model.expert_data_parallel(c.replicas, c.tmp, c.ep)
+            share = ((edp - 1) / edp) / ((c.replicas - 1) / c.replicas)
+            hit = self._fixed_cache[key] = params - experts + share * experts
+        return hit
 
     def _partition(self, c: Candidate, costs: StageCosts, layout: PlacedLayout,
                    partition: str | tuple[int, ...], scores: bool) -> tuple[int, ...]:
@@ -694,12 +756,13 @@ class CostModel:
         if c.pp == 1:
             return None, None
         key = (c.tmp, c.dp, c.mbs, gas, c.zero_stage, c.activation_checkpointing, scores,
-               c.selective_recompute, c.sequence_parallel, c.cp)
+               c.selective_recompute, c.sequence_parallel, c.cp, c.ep)
         lin = self._mem_cache.get(key)
         if lin is None:
             t = self.spec.training
             lin = memory_model.linear_stage_memory(
                 self.spec.model.layers, dp=c.replicas, tmp=c.tmp, mbs=c.mbs, gas=gas, cp=c.cp,
+                ep=c.ep,
                 zero_stage=c.zero_stage, recompute=c.activation_checkpointing,
                 precision=t.precision, framework_overhead_bytes=t.framework_overhead_bytes,
                 attention_scores=scores, sequence_parallel=c.sequence_parallel,

@@ -57,11 +57,11 @@ class LayerTimer:
     def _profile(self, gpu: GPU):
         return self.profiles.get(gpu.name)
 
-    def times(self, gpu: GPU, tmp: int, mbs: int, cp: int = 1) -> LayerTimes:
+    def times(self, gpu: GPU, tmp: int, mbs: int, cp: int = 1, ep: int = 1) -> LayerTimes:
         """Forward and backward time per layer for one micro-batch on one tensor rank of
         `gpu` (one context-parallel rank's share with cp > 1: analytic, the profiles being
         measured on whole sequences), and which of them are analytic."""
-        key = (gpu.name, tmp, mbs, cp)
+        key = (gpu.name, tmp, mbs, cp, ep)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -75,14 +75,15 @@ class LayerTimer:
         for i, layer in enumerate(layers):
             sig = layer.signature
             if sig not in by_signature:
-                by_signature[sig] = self._layer_time(gpu, layer, tmp, mbs,
-                                                     profile if cp == 1 else None, used, cp)
+                by_signature[sig] = self._layer_time(
+                    gpu, layer, tmp, mbs, profile if cp == 1 and not layer.is_moe else None,
+                    used, cp, ep)
             fwd[i], bwd[i], analytic[i] = by_signature[sig]
         hit = self._cache[key] = LayerTimes(forward_s=fwd, backward_s=bwd, analytic=analytic)
         return hit
 
     def _layer_time(self, gpu: GPU, layer: Layer, tmp: int, mbs: int, profile,
-                    used: set, cp: int = 1) -> tuple[float, float, bool]:
+                    used: set, cp: int = 1, ep: int = 1) -> tuple[float, float, bool]:
         if profile is not None:
             hit = profile.lookup(layer.signature, tmp, mbs)
             if hit is not None:
@@ -93,7 +94,7 @@ class LayerTimer:
                                 device=device_speed(gpu, training.precision),
                                 bytes_per_element=training.bytes_per_element,
                                 attention=self.spec.attention_for(gpu),
-                                framework=training.backend, cp=cp)
+                                framework=training.backend, cp=cp, ep=ep)
         used.add("analytic")
         return t.forward_s, t.backward_s, True
 

@@ -102,3 +102,36 @@ def p2p_links(arr: ClusterArrays, placement: np.ndarray, *, intra_scale: float =
     bw, cross = _edge_bandwidth(arr, src, dst, intra_scale, inter_scale)
     flat = bw.reshape(bw.shape[0], -1)
     return GroupLinks(flat.min(axis=1), cross.reshape(cross.shape[0], -1).any(axis=1))
+
+
+@dataclass(frozen=True)
+class AllToAllLinks:
+    """Per group of an all-to-all (expert parallelism's token dispatch and combine): the
+    seconds per byte of one rank's message on the group's slowest rank, and whether the
+    group crosses nodes."""
+
+    seconds_per_byte: np.ndarray
+    crosses_nodes: np.ndarray
+
+
+def all_to_all_links(arr: ClusterArrays, groups: np.ndarray, *, intra_scale: float = 1.0,
+                     inter_scale: float = 1.0) -> AllToAllLinks:
+    """All-to-alls over the last axis of `groups` ([g, n] device ids), all groups at once.
+    A rank sends 1/n of its message to each other member: the share for members on its node
+    over the node's intra-node bandwidth, the share for the others over the network, where
+    every rank of the node that sends off the node at that moment shares the node's
+    bandwidth (cost_models.comm.shared_bandwidth); the two run side by side, so a rank takes
+    the longer, and the group its slowest rank's time."""
+    n = groups.shape[-1]
+    if n == 1:
+        shape = groups.shape[:-1]
+        return AllToAllLinks(np.zeros(shape), np.zeros(shape, dtype=bool))
+    node = arr.node_of[groups]                                        # [g, n]
+    local = (node[..., :, None] == node[..., None, :]).sum(axis=-1)   # members on my node
+    off = local < n
+    senders = np.bincount(node[off], minlength=arr.num_nodes)
+    share = shared_bandwidth(arr.inter_bytes_per_s[node], np.maximum(senders[node], 1))
+    intra = (local - 1) / n / (arr.intra_bytes_per_s[node] * intra_scale)
+    inter = np.where(off, (n - local) / n / (share * inter_scale), 0.0)
+    per_rank = np.maximum(intra, inter)
+    return AllToAllLinks(per_rank.max(axis=-1), off.any(axis=-1))

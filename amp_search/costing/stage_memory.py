@@ -58,7 +58,7 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
                               s.pp, s.replicas, s.tmp, s.mbs, s.gas, s.zero_stage,
                               s.activation_checkpointing, t.precision,
                               bool(attention_scores[j]), s.sequence_parallel,
-                              s.selective_recompute, t.backend, s.cp)
+                              s.selective_recompute, t.backend, s.cp, s.ep)
         capacity = capacity_bytes[j]
         overhead = t.framework_overhead_bytes + st.buffer_bytes
         peak = (st.parameter_bytes + st.gradient_bytes + st.optimizer_bytes
@@ -84,7 +84,7 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
     ranges = s.stage_layer_ranges(j)
     st = _stage_bytes(layers, ranges, s.pp - 1, s.pp, s.replicas, s.tmp, s.mbs, s.gas,
                       s.zero_stage, s.activation_checkpointing, t.precision, attention_scores,
-                      s.sequence_parallel, s.selective_recompute, t.backend)
+                      s.sequence_parallel, s.selective_recompute, t.backend, ep=s.ep)
     per_chunk, one = _chunk_activations(
         layers, ranges, s.mbs, s.tmp, t.bytes_per_element, attention_scores,
         s.sequence_parallel, t.precision == "fp8", s.activation_checkpointing,
@@ -156,14 +156,15 @@ def _stage_bytes(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...],
                  pp: int, dp: int, tmp: int, mbs: int, gas: int, zero_stage: int,
                  recompute: bool, precision: str, attention_scores: bool,
                  sequence_parallel: bool = False, selective: bool = False,
-                 backend: str = "deepspeed", cp: int = 1) -> memory_model.StageBytes:
+                 backend: str = "deepspeed", cp: int = 1,
+                 ep: int = 1) -> memory_model.StageBytes:
     """The parts of one device holding the model's layers in `ranges`, cached: the search asks
     for the same stage many times (dp: the ranks the optimizer states are sharded over,
-    dp x cp)."""
+    dp x cp; ep: the expert-parallel degree)."""
     args = (ranges, stage, pp, dp, tmp, mbs, gas, zero_stage, recompute, precision,
-            attention_scores, sequence_parallel, selective, backend, cp)
+            attention_scores, sequence_parallel, selective, backend, cp, ep)
     return _memo(layers, ("stage",) + args, lambda: memory_model.stage_bytes(
         tuple(x for a, z in ranges for x in layers[a:z]), stage=stage, pp=pp, dp=dp, tmp=tmp,
         mbs=mbs, gas=gas, zero_stage=zero_stage, recompute=recompute, precision=precision,
         attention_scores=attention_scores, sequence_parallel=sequence_parallel,
-        selective=selective, framework=backend, cp=cp))
+        selective=selective, framework=backend, cp=cp, ep=ep))

@@ -15,6 +15,9 @@ layer, GELU MLP, LayerNorm, biases, multi-head attention):
                                   the cost, set --rotary-base for real training)
     tie_embeddings: false         --untie-embeddings-and-output-weights (tied: Megatron's
                                   default, no flag)
+    num_experts E, topk k, ...    --num-experts E --moe-router-topk k --moe-ffn-hidden-size
+                                  --moe-grouped-gemm --moe-token-dispatcher-type alltoall
+                                  [--moe-shared-expert-intermediate-size]
 
 The strategy maps to its arguments:
 
@@ -30,6 +33,7 @@ The strategy maps to its arguments:
     sequence_parallel        --sequence-parallel
     cp > 1                   --context-parallel-size (ring attention; Megatron's rank order
                              tp-cp-dp-pp, the placement's replicas d * cp + c)
+    ep (experts)             --expert-model-parallel-size ep --expert-tensor-parallel-size 1
     virtual_stages v > 1     --num-layers-per-virtual-pipeline-stage (blocks / (v * pp)): the
                              interleaved 1F1B schedule over Megatron's uniform chunks
                              (megatron/training/arguments.py, v0.7: needs pp > 2 and the blocks
@@ -75,11 +79,13 @@ def check_gpt_chain(layers: tuple[Layer, ...]) -> Layer:
               for b in blocks}
     if len(shapes) != 1:
         raise UsageError("the megatron backend needs all transformer blocks of one size")
-    kinds = {(b.num_query_groups, b.head_dim, b.mlp, b.norm, b.bias, b.position_embedding)
-             for b in blocks}
+    kinds = {(b.num_query_groups, b.head_dim, b.mlp, b.norm, b.bias, b.position_embedding,
+              b.num_experts, b.moe_router_topk, b.moe_ffn_hidden_size,
+              b.moe_shared_expert_size) for b in blocks}
     if len(kinds) != 1:
         raise UsageError("the megatron backend needs all transformer blocks of one kind "
-                         "(num_query_groups, head_dim, mlp, norm, bias, position_embedding)")
+                         "(num_query_groups, head_dim, mlp, norm, bias, position_embedding, "
+                         "experts)")
     if layers[0].position_embedding != blocks[0].position_embedding:
         raise UsageError(f"the megatron backend needs the embedding's position_embedding "
                          f"({layers[0].position_embedding}) to be the blocks' "
@@ -103,6 +109,14 @@ def architecture_args(layers: tuple[Layer, ...]) -> list[str]:
         args += ["--normalization", "RMSNorm"]
     if not block.bias:
         args += ["--disable-bias-linear"]
+    if block.is_moe:
+        args += ["--num-experts", str(block.num_experts),
+                 "--moe-router-topk", str(block.moe_router_topk),
+                 "--moe-ffn-hidden-size", str(block.expert_ffn),
+                 "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+        if block.moe_shared_expert_size:
+            args += ["--moe-shared-expert-intermediate-size",
+                     str(block.moe_shared_expert_size)]
     return args
 
 
@@ -196,6 +210,9 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         args += ["--sequence-parallel"]
     if s.cp > 1:
         args += ["--context-parallel-size", str(s.cp)]
+    if block.is_moe:            # the experts whole on each expert-parallel rank
+        args += ["--expert-model-parallel-size", str(s.ep),
+                 "--expert-tensor-parallel-size", "1"]
     if s.zero_stage == 1:
         args += ["--use-distributed-optimizer"]
     if precision in ("bf16", "fp16"):
