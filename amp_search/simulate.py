@@ -230,12 +230,23 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
                     p2p_mode=p2p_mode)
     if s.pp > 1:
         bw, crosses = layout.p2p_links
-        # SP sends [s/t, b, h] shards; each context-parallel rank its s/cp tokens
-        shard = (s.tmp if s.sequence_parallel else 1) * s.cp
+        # each tensor rank sends its part (comm.boundary_shards); each context-parallel rank
+        # its s/cp tokens
+        shard = model.boundary_shards(c) * s.cp
+        latency = model.link_latencies_s("p2p", crosses, layout, boundaries=True)
+        receiver, sender = model.boundary_gathers(c)
+        if receiver or sender:
+            # DeepSpeed's partitioned P2P: the all-gathers that rebuild the activation and
+            # its gradient (one on the receiving stage, two on the sending one, per micro-
+            # batch) wait with the transfers, half in each direction, as the closed form's
+            # cut charges them
+            gather = model.boundary_gather_s(c, layout)
+            last = np.array([bounds[j + 1] - 1 for j in range(s.pp - 1)])
+            latency = latency + (receiver * gather[np.arange(1, s.pp), last]
+                                 + sender * gather[np.arange(s.pp - 1), last]) / 2
         kw.update(p2p_bytes=np.array([model.out_bytes[bounds[j + 1] - 1] * s.mbs / shard
                                       for j in range(s.pp - 1)]),
-                  p2p_latency_s=model.link_latencies_s("p2p", crosses, layout,
-                                                       boundaries=True),
+                  p2p_latency_s=latency,
                   p2p_bandwidth_bytes_per_s=np.asarray(bw, dtype=float))
     if s.dp > 1 and s.zero_stage == 3:          # pp = 1: per-layer gathers, reduce-scatters
         bw, crosses = layout.dp_links

@@ -4,6 +4,8 @@ Table 2, the spec keys and flags, the search rules, and searches that pick each 
 only it fits."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 
 import pytest
@@ -192,8 +194,15 @@ def test_estimate_costs_both_knobs_and_names_the_rule():
 
 
 def test_sequence_parallel_sends_a_shard_between_stages():
+    """Under DeepSpeed both send 1/tmp of the activation (sequence parallelism its shard,
+    the pipeline engine otherwise its partition, rebuilt by all-gathers that only the
+    latter pays); under Megatron-LM only sequence parallelism splits it."""
     spec = gpt_spec(per=4)
     kw = dict(pp=2, dp=1, tmp=2, mbs=1, partition="uniform")
+    a = estimate(spec, **kw).breakdown.p2p_s
+    b = estimate(spec, **kw, sequence_parallel=True).breakdown.p2p_s
+    assert b < a
+    spec = replace(spec, training=replace(spec.training, backend="megatron", zero_stage=(0,)))
     a = estimate(spec, **kw).breakdown.p2p_s
     b = estimate(spec, **kw, sequence_parallel=True).breakdown.p2p_s
     assert b == pytest.approx(a / 2, rel=0.05)
@@ -275,4 +284,5 @@ def test_simulator_costs_the_knobs_like_the_closed_form():
     plain = estimate(spec, **kw)
     k_sp = simulation_inputs(model, s)
     k_plain = simulation_inputs(model, plain.strategy)
-    np.testing.assert_allclose(k_sp["p2p_bytes"], k_plain["p2p_bytes"] / 2)
+    np.testing.assert_allclose(k_sp["p2p_bytes"], k_plain["p2p_bytes"])  # both 1/tmp
+    assert np.all(k_plain["p2p_latency_s"] > k_sp["p2p_latency_s"])      # + the gathers

@@ -89,6 +89,37 @@ def test_stages_hold_exactly_the_planned_layers(launched):
         assert len(result["iteration_times_s"]) == 4 and result["timed_iterations"] == 2
 
 
+def test_partitioned_p2p_sends_what_the_model_charges(launched, spec_dir):
+    """The pp2 x tmp2 trial: DeepSpeed's pipeline engine sends each tensor rank 1/tmp of the
+    boundary activation (and of its gradient), and rebuilds it with all-gathers: the
+    receiving stage one per micro-batch, the sending stage two; the cost model charges the
+    same (cost_models.comm.boundary_shards and boundary_gathers), counted on the real ranks
+    (amp_search.trial.run._p2p_counter)."""
+    from cost_models import comm
+    from cost_models.layers import output_elements
+
+    _, out = launched
+    trial = out["trials"][1]
+    s = Strategy.from_dict({**trial["strategy"], "global_batch_size": trial["strategy"].get(
+        "global_batch_size", 8)})
+    spec = load_spec(spec_dir / "spec.yaml")
+    result = json.loads((Path(trial["trial_dir"]) / "result.json").read_text())
+    boundary = spec.model.layers[s.partition[1] - 1]          # block0's output crosses
+    shards = comm.boundary_shards(s.tmp, framework="deepspeed",
+                                  sequence_parallel=s.sequence_parallel)
+    receiver, sender = comm.boundary_gathers(s.tmp, framework="deepspeed",
+                                             sequence_parallel=s.sequence_parallel)
+    assert (shards, receiver, sender) == (2, 1, 2)
+    payload = s.gas * output_elements(boundary) * s.mbs * 4 / shards   # fp32 on the CPU
+    ranks = result["rank_p2p_per_iteration"]
+    assert len(ranks) == 4
+    for rank, sent in enumerate(ranks):
+        stage = rank // 2                                      # tp-dp-pp: tensor rank fastest
+        assert sent["payload_bytes"] == payload, (rank, sent)
+        assert 0 < sent["meta_bytes"] < 0.01 * payload         # the partitions' shapes
+        assert sent["gathers"] == s.gas * (sender if stage == 0 else receiver), (rank, sent)
+
+
 def test_tensor_parallel_losses_match(launched):
     """Same seed, same data: tmp=1 and tmp=2 must train the same model."""
     _, out = launched

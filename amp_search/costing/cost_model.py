@@ -260,6 +260,31 @@ class CostModel:
                     backward=backward)
         return out
 
+    def boundary_shards(self, c: Candidate) -> int:
+        """The parts a stage boundary's activation is sent in over the tensor group
+        (cost_models.comm.boundary_shards, for the spec's backend)."""
+        return comm.boundary_shards(c.tmp, framework=self.spec.training.backend,
+                                    sequence_parallel=c.sequence_parallel)
+
+    def boundary_gathers(self, c: Candidate) -> tuple[int, int]:
+        """(receiver, sender) all-gathers per micro-batch and boundary
+        (cost_models.comm.boundary_gathers, for the spec's backend)."""
+        return comm.boundary_gathers(c.tmp, framework=self.spec.training.backend,
+                                     sequence_parallel=c.sequence_parallel)
+
+    def boundary_gather_s(self, c: Candidate, layout: PlacedLayout) -> np.ndarray:
+        """[pp, L]: one all-gather of layer l's whole output (one micro-batch, a context-
+        parallel rank's share) over stage j's tensor group, on its slowest ring (the
+        all-gather's measured links where profile-comm has them)."""
+        bw, crosses = (layout.tp_kind_links or {}).get("all_gather", layout.tp_links)
+        measured = any(("all_gather", x) in self.measurements.link_fits
+                       for x in ("intra", "inter"))
+        lat = self.link_latencies_s("all_gather" if measured else "all_reduce", crosses,
+                                    layout)
+        return comm.allgather_time_s(self.out_bytes[None, :] * c.mbs / c.cp, c.tmp,
+                                     np.asarray(bw, dtype=float)[:, None],
+                                     np.asarray(lat, dtype=float)[:, None])
+
     def ep_time_s(self, c: Candidate, layout: PlacedLayout, part: int | None = None
                   ) -> np.ndarray:
         """[pp, L]: each mixture-of-experts layer's all-to-alls of one micro-batch (all
@@ -499,11 +524,15 @@ class CostModel:
         if c.pp > 1:
             bw, crosses = layout.p2p_links
             lat = self.link_latencies_s("p2p", crosses, layout, boundaries=True)
-            # sequence parallelism hands each tensor rank's s/t shard to the next stage
-            # (and each context-parallel rank its s/cp tokens)
-            shard = (c.tmp if c.sequence_parallel else 1) * c.cp
+            # each tensor rank sends its part (comm.boundary_shards), each context-parallel
+            # rank its s/cp tokens
+            shard = self.boundary_shards(c) * c.cp
             cut[1:, 1:L] = comm.stage_boundary_time_s(
                 self.out_bytes[None, :L - 1] * c.mbs / shard, bw[:, None], lat[:, None])
+            receiver, sender = self.boundary_gathers(c)
+            if receiver or sender:      # DeepSpeed rebuilds the partitioned tensors
+                gather = self.boundary_gather_s(c, layout)              # [pp, L]
+                cut[1:, 1:L] += receiver * gather[1:, :L - 1] + sender * gather[:-1, :L - 1]
 
         sync, sync_fixed = self._dp_sync(c, layout)
         return StageCosts(compute_s=compute, host_s=host, host_forward_s=host_forward,

@@ -12,7 +12,9 @@ Started by torchrun, the deepspeed launcher or srun, once per device. It
    rejects) it trains the same layers as a plain DeepSpeed engine;
 4. trains `iters` iterations on synthetic tokens; each iteration's time is the slowest rank's;
 5. global rank 0 writes the result JSON: iteration times, mean and std of the iterations
-   after `warmup`, losses, peak memory per rank, the layers each stage holds, versions;
+   after `warmup`, losses, peak memory per rank, the layers each stage holds, what each rank
+   sent to other stages per timed iteration (payload and metadata bytes, and the all-gathers
+   that rebuild partitioned activations: `_p2p_counter`), versions;
 6. with `instruction_trace` on, every rank also writes the start and end of each DeepSpeed
    instruction of the iterations after `warmup` (amp_search.trial.instructions).
 
@@ -303,6 +305,35 @@ def _instruction_recorder(cfg: TrialConfig, rank: int, engine, device, pipelined
     return rec
 
 
+def _p2p_counter(pipelined: bool) -> dict | None:
+    """What this rank's pipeline engine sends to other stages, counted by wrapping
+    deepspeed.runtime.pipe.p2p.send (the engine calls it through the module): bytes of
+    floating-point payload (activations, gradients, or their 1/tmp partitions) and of the
+    rest (the partitions' metadata), and the tensor all-gathers that rebuild a partitioned
+    activation or gradient (deepspeed.runtime.utils.PartitionedTensor.full). None for the
+    plain engine (pp = 1 with ZeRO 2/3), which sends nothing."""
+    if not pipelined:
+        return None
+    from deepspeed.runtime.pipe import p2p
+    from deepspeed.runtime.utils import PartitionedTensor
+
+    counts = {"payload_bytes": 0, "meta_bytes": 0, "gathers": 0}
+    send, full = p2p.send, PartitionedTensor.full
+
+    def counted_send(tensor, dest_stage, async_op=False):
+        key = "payload_bytes" if tensor.is_floating_point() else "meta_bytes"
+        counts[key] += tensor.numel() * tensor.element_size()
+        return send(tensor, dest_stage, async_op=async_op)
+
+    def counted_full(self, *args, **kwargs):
+        counts["gathers"] += 1
+        return full(self, *args, **kwargs)
+
+    p2p.send = counted_send
+    PartitionedTensor.full = counted_full
+    return counts
+
+
 def train(cfg: TrialConfig) -> dict | None:
     """Run the trial; returns the result dict on global rank 0, None elsewhere."""
     rank, device = _setup(cfg)
@@ -329,6 +360,8 @@ def train(cfg: TrialConfig) -> dict | None:
     data = _Data(cfg, me.replica)
     trace = _instruction_recorder(cfg, rank, engine, device, pipelined)
     call = trace.timed_call if trace is not None else _call
+    sent = _p2p_counter(pipelined)
+    sent_before = None
 
     def step() -> float:
         if pipelined:
@@ -350,6 +383,8 @@ def train(cfg: TrialConfig) -> dict | None:
         t0 = time.perf_counter()
         if trace is not None and it >= cfg.warmup:
             trace.begin(it, t0)
+        if sent is not None and it == cfg.warmup:
+            sent_before = dict(sent)
         loss = step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -373,8 +408,11 @@ def train(cfg: TrialConfig) -> dict | None:
     else:
         local = (0, len(cfg.layers))
     gathered = [None] * dist.get_world_size()
+    timed_iters = max(cfg.iters - cfg.warmup, 1)
+    per_iteration = None if sent is None or sent_before is None else \
+        {k: (sent[k] - sent_before[k]) / timed_iters for k in sent}
     dist.all_gather_object(gathered, {"rank": rank, "peak": peak, "layers": local,
-                                      "where": _where(rank)})
+                                      "where": _where(rank), "p2p": per_iteration})
     result = None
     if rank == 0:
         timed = times[cfg.warmup:]
@@ -390,6 +428,7 @@ def train(cfg: TrialConfig) -> dict | None:
             "peak_memory_kind": peak[1],
             "rank_layers": [list(g["layers"]) for g in gathered],
             "rank_nodes": [g["where"] for g in gathered],
+            "rank_p2p_per_iteration": [g["p2p"] for g in gathered],
             "stage_layers": [[cfg.layers[i].name for i in range(*gathered[a.rank]["layers"])]
                              for a in cfg.ranks if a.replica == 0 and a.tensor == 0],
             "versions": _versions(),
