@@ -91,6 +91,7 @@ group; under sequence parallelism it is the rank's [s/t, b, h] shard).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -338,6 +339,60 @@ def recompute_working_set_bytes(layers, *, mbs: int, tmp: int, bytes_per_element
     return best
 
 
+@dataclass(frozen=True)
+class ActivationTerms:
+    """What a stage's layers keep, before the schedule says how many micro-batches: the
+    part of `stage_saved_activation_bytes` and `pipeline_buffer_bytes` that does not depend
+    on where the stage sits (so a planner computes it once per set of layers)."""
+
+    per_microbatch_bytes: int
+    """Saved for backward by one micro-batch of the layers."""
+    working_set_bytes: int
+    """Recomputation's working set beyond them (0 without recomputation)."""
+    buffer_bytes: float
+    """One pipeline output buffer: the last layer's output (0 without layers)."""
+    aliased_buffers: int
+    """Buffers of a stage ending with the head already counted with its saved logits."""
+
+
+def activation_terms(layers, *, mbs: int, tmp: int, bytes_per_element: int,
+                     recompute: bool, attention_scores: bool = False,
+                     sequence_parallel: bool = False, selective: bool = False,
+                     fp8: bool = False) -> ActivationTerms:
+    """The stage-independent terms of `stage_saved_activation_bytes` (its per-micro-batch
+    bytes and recomputation working set, which starts after the head's backward has freed
+    what the head saved, so the head's bytes are not counted twice) and of
+    `pipeline_buffer_bytes` (one buffer's bytes, and the head's aliased buffers)."""
+    kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
+              attention_scores=attention_scores, sequence_parallel=sequence_parallel, fp8=fp8)
+    selective = selective and not recompute
+    per_mb = sum(layer_activation_bytes(x, recompute=recompute, selective=selective, **kw)
+                 for x in layers)
+    working = 0
+    if recompute or selective:
+        head = sum(layer_saved_bytes(x, **kw) for x in layers if x.kind == "head")
+        working = max(0, recompute_working_set_bytes(layers, selective=selective, **kw) - head)
+    last = layers[-1] if layers else None
+    return ActivationTerms(
+        per_microbatch_bytes=per_mb, working_set_bytes=working,
+        buffer_bytes=stage_output_buffer_bytes(last, mbs=mbs, tmp=tmp,
+                                               bytes_per_element=bytes_per_element)
+        if last is not None else 0.0,
+        aliased_buffers=head_buffers_aliased(bytes_per_element)
+        if last is not None and last.kind == "head" else 0)
+
+
+def stage_activation_bytes(terms: ActivationTerms, *, stage: int, pp: int, gas: int,
+                           pipelined: bool) -> int:
+    """`stage_saved_activation_bytes` + `pipeline_buffer_bytes` of stage j from its terms."""
+    act = in_flight_microbatches(stage, pp, gas) * terms.per_microbatch_bytes \
+        + terms.working_set_bytes
+    if pipelined and terms.buffer_bytes:
+        act += int((pipe_buffer_count(stage, pp, gas) - terms.aliased_buffers)
+                   * terms.buffer_bytes)
+    return act
+
+
 def stage_saved_activation_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tmp: int,
                                  bytes_per_element: int, recompute: bool,
                                  attention_scores: bool = False, sequence_parallel: bool = False,
@@ -345,19 +400,12 @@ def stage_saved_activation_bytes(layers, *, stage: int, pp: int, gas: int, mbs: 
     """The most bytes saved for backward that stage j holds at once:
     n = in_flight_microbatches micro-batches of its layers' saved activations; with
     recomputation (full or selective), plus one block's (one attention core's) working set
-    during backward, which starts after the head's backward has freed what the head saved (so
-    the head's bytes are not counted twice)."""
-    n = in_flight_microbatches(stage, pp, gas)
-    kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
-              attention_scores=attention_scores, sequence_parallel=sequence_parallel, fp8=fp8)
-    selective = selective and not recompute
-    per_mb = sum(layer_activation_bytes(x, recompute=recompute, selective=selective, **kw)
-                 for x in layers)
-    if not recompute and not selective:
-        return n * per_mb
-    head = sum(layer_saved_bytes(x, **kw) for x in layers if x.kind == "head")
-    return n * per_mb + max(0, recompute_working_set_bytes(layers, selective=selective, **kw)
-                            - head)
+    during backward (`activation_terms`)."""
+    terms = activation_terms(layers, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
+                             recompute=recompute, attention_scores=attention_scores,
+                             sequence_parallel=sequence_parallel, selective=selective, fp8=fp8)
+    return in_flight_microbatches(stage, pp, gas) * terms.per_microbatch_bytes \
+        + terms.working_set_bytes
 
 
 def pipeline_buffer_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tmp: int,

@@ -56,10 +56,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from .activations import (FP32_BYTES, head_buffers_aliased, in_flight_microbatches,
-                          layer_activation_bytes, pipe_buffer_count, pipeline_buffer_bytes,
-                          recompute_working_set_bytes, stage_output_buffer_bytes,
-                          stage_saved_activation_bytes)
+from .activations import (FP32_BYTES, ActivationTerms, activation_terms, head_buffers_aliased,
+                          in_flight_microbatches, layer_activation_bytes, pipe_buffer_count,
+                          recompute_working_set_bytes, stage_activation_bytes,
+                          stage_output_buffer_bytes)
 from .layers import Layer, block_tensor_numels, expert_param_count, padded_vocab_size
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -457,22 +457,37 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
     buffer term (each is per token, the stored scores of standard attention too: s/cp
     queries against s keys). A mixture-of-experts block's rank holds E/ep experts, their
     optimizer state sharded over dp x tmp / ep ranks (`model_state_bytes`)."""
+    states = stage_state_bytes(layers, dp=dp, tmp=tmp, gas=gas, zero_stage=zero_stage,
+                               precision=precision, buckets=buckets, framework=framework, ep=ep)
+    terms = activation_terms(layers, mbs=mbs, tmp=tmp,
+                             bytes_per_element=BYTES_PER_ELEMENT[precision],
+                             recompute=recompute, attention_scores=attention_scores,
+                             sequence_parallel=sequence_parallel, selective=selective,
+                             fp8=precision == "fp8")
+    return stage_bytes_of(states, terms, stage=stage, pp=pp, gas=gas, zero_stage=zero_stage,
+                          cp=cp)
+
+
+def stage_state_bytes(layers, *, dp: int, tmp: int, gas: int, zero_stage: int, precision: str,
+                      buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
+                      framework: str = "deepspeed", ep: int = 1) -> ModelStates:
+    """`model_state_bytes` of one device holding `layers` (what `stage_bytes` takes from it;
+    it does not depend on where the stage sits)."""
     per_layer = [param_tensor_numels(x, tmp, ep) for x in layers]
-    states = model_state_bytes(
+    return model_state_bytes(
         tuple(n for ts in per_layer for n in ts), precision=precision, zero_stage=zero_stage,
         dp=dp, gas=gas, buckets=buckets,
         zero3_inflight_numel=zero3_inflight_gather_numel(per_layer, buckets)
         if zero_stage == 3 and dp > 1 else 0,       # only ZeRO 3 over dp > 1 reads it
         framework=framework, expert_numel=sum(expert_param_count(x, ep) for x in layers),
         expert_dp=expert_data_parallel(dp, tmp, ep))
-    g = BYTES_PER_ELEMENT[precision]
-    act = stage_saved_activation_bytes(layers, stage=stage, pp=pp, gas=gas, mbs=mbs, tmp=tmp,
-                                       bytes_per_element=g, recompute=recompute,
-                                       attention_scores=attention_scores,
-                                       sequence_parallel=sequence_parallel,
-                                       selective=selective, fp8=precision == "fp8")
-    act += pipeline_buffer_bytes(layers, stage=stage, pp=pp, gas=gas, mbs=mbs, tmp=tmp,
-                                 bytes_per_element=g,
+
+
+def stage_bytes_of(states: ModelStates, terms: ActivationTerms, *, stage: int, pp: int,
+                   gas: int, zero_stage: int, cp: int = 1) -> StageBytes:
+    """`stage_bytes` of stage j from its model states and activation terms (a planner caches
+    both per set of layers, and places them here per stage)."""
+    act = stage_activation_bytes(terms, stage=stage, pp=pp, gas=gas,
                                  pipelined=pipeline_engine(pp=pp, zero_stage=zero_stage))
     act = act // cp if cp > 1 else act
     return StageBytes(parameter_bytes=states.parameter_bytes,

@@ -123,6 +123,38 @@ def _memo(layers: tuple[Layer, ...], key: tuple, compute):
     return hit
 
 
+def _composition(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...]) -> tuple:
+    """What a device's layer `ranges` hold, as runs of equal layers: ((kind id, count), ...)
+    per range, a kind being a layer signature (equal signatures cost the same, whatever the
+    layer's name or place). Stages of equal composition have equal memory terms, so the
+    terms are cached under it: a 16-block stage is computed once, wherever it sits."""
+    runs = _memo(layers, ("runs",), lambda: _runs(layers))
+    out = []
+    for a, z in ranges:
+        part = []
+        for start, end, kind in runs:
+            if end <= a:
+                continue
+            if start >= z:
+                break
+            part.append((kind, min(end, z) - max(start, a)))
+        out.append(tuple(part))
+    return tuple(out)
+
+
+def _runs(layers: tuple[Layer, ...]) -> tuple[tuple[int, int, int], ...]:
+    """(start, end, kind id) of each run of layers with equal signatures."""
+    kinds: dict[str, int] = {}
+    runs: list[list[int]] = []
+    for i, layer in enumerate(layers):
+        kind = kinds.setdefault(layer.signature, len(kinds))
+        if runs and runs[-1][2] == kind:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1, kind])
+    return tuple(tuple(r) for r in runs)
+
+
 def _chunk_activations(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...],
                        mbs: int, tmp: int, g: int, attention_scores: bool,
                        sequence_parallel: bool, fp8: bool, recompute: bool,
@@ -158,13 +190,27 @@ def _stage_bytes(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...],
                  sequence_parallel: bool = False, selective: bool = False,
                  backend: str = "deepspeed", cp: int = 1,
                  ep: int = 1) -> memory_model.StageBytes:
-    """The parts of one device holding the model's layers in `ranges`, cached: the search asks
-    for the same stage many times (dp: the ranks the optimizer states are sharded over,
-    dp x cp; ep: the expert-parallel degree)."""
-    args = (ranges, stage, pp, dp, tmp, mbs, gas, zero_stage, recompute, precision,
-            attention_scores, sequence_parallel, selective, backend, cp, ep)
-    return _memo(layers, ("stage",) + args, lambda: memory_model.stage_bytes(
-        tuple(x for a, z in ranges for x in layers[a:z]), stage=stage, pp=pp, dp=dp, tmp=tmp,
-        mbs=mbs, gas=gas, zero_stage=zero_stage, recompute=recompute, precision=precision,
-        attention_scores=attention_scores, sequence_parallel=sequence_parallel,
-        selective=selective, framework=backend, cp=cp, ep=ep))
+    """The parts of one device holding the model's layers in `ranges` (dp: the ranks the
+    optimizer states are sharded over, dp x cp; ep: the expert-parallel degree): its model
+    states and activation terms are cached per composition of layers (`_composition`), as
+    the search asks for the same stages many times and most stages of a pipeline hold equal
+    blocks; only the stage's place (micro-batches in flight, buffers) is applied per call."""
+    comp = _composition(layers, ranges)
+
+    def held() -> tuple[Layer, ...]:
+        return tuple(x for a, z in ranges for x in layers[a:z])
+
+    states = _memo(layers, ("states", comp, dp, tmp, gas, zero_stage, precision, backend, ep),
+                   lambda: memory_model.stage_state_bytes(
+                       held(), dp=dp, tmp=tmp, gas=gas, zero_stage=zero_stage,
+                       precision=precision, framework=backend, ep=ep))
+    terms = _memo(layers, ("activations", comp, mbs, tmp, recompute, precision,
+                           attention_scores, sequence_parallel, selective),
+                  lambda: activations.activation_terms(
+                      held(), mbs=mbs, tmp=tmp,
+                      bytes_per_element=memory_model.BYTES_PER_ELEMENT[precision],
+                      recompute=recompute, attention_scores=attention_scores,
+                      sequence_parallel=sequence_parallel, selective=selective,
+                      fp8=precision == "fp8"))
+    return memory_model.stage_bytes_of(states, terms, stage=stage, pp=pp, gas=gas,
+                                       zero_stage=zero_stage, cp=cp)
