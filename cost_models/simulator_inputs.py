@@ -109,6 +109,13 @@ class LinksAndRoutes:
             li = np.array([self.index[x] for x in links], dtype=np.int64)
         except KeyError as exc:
             raise ValueError(f"link {exc.args[0]!r} of a route has no bandwidth") from None
+        self.route_indices(li, streams)
+
+    def route_indices(self, link_indices: np.ndarray, streams) -> None:
+        """`route_each` with the links given by their indices (`index`) instead of keys."""
+        li = np.asarray(link_indices, dtype=np.int64).reshape(-1)
+        if len(li) != len(streams):
+            raise ValueError(f"{len(li)} links for {len(streams)} streams")
         for i, stream in set(zip(li.tolist(), streams)):
             self.streams.setdefault(i, set()).add(stream)
         self.parts.append((np.ones(len(li), dtype=np.int64), li, np.ones(len(li))))
@@ -561,43 +568,47 @@ def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, 
         lk.add(("p2p", j, "activation"), p2p_bw[j])      # device j -> j+1 (mod pp)
         lk.add(("p2p", j, "gradient"), p2p_bw[j])        # device j+1 -> j (mod pp)
 
-    # ---- P2P flows, numbered in the order their senders produce them (each stream a FIFO)
-    f_stream, f_wake, f_lat, f_bytes, f_mb, f_owner = [], [], [], [], [], []
-    f_link = []
-    op_dep = np.full((pp, K), -1, dtype=np.int64)
+    # ---- P2P flows, numbered in the order their senders produce them (each stream a FIFO):
+    # row by row (device j), op by op; vectorised over the [pp, n_ops] order
+    js = np.broadcast_to(np.arange(pp)[:, None], kinds.shape)
+    vs = chunk.astype(np.int64) * pp + js                      # each op's virtual stage
+    micro = micro.astype(np.int64)
+    sends_act = (kinds == FORWARD) & (vs < V - 1)              # activation to vs + 1
+    sends_grad = (kinds == BACKWARD) & (vs > 0)                # gradient to vs - 1
+    sends = sends_act | sends_grad
+    flow_of = np.cumsum(sends.reshape(-1)).reshape(kinds.shape) - 1
     op_out = np.full((pp, K), -1, dtype=np.int64)
-    act_id: dict = {}
-    grad_id: dict = {}
-    for j in range(pp):
-        for i in range(n_ops):
-            vs = int(chunk[j, i]) * pp + j
-            m = int(micro[j, i])
-            if kinds[j, i] == FORWARD and vs < V - 1:       # activation to vs + 1
-                b, stream, to = vs, 3 * j, (j + 1) % pp
-                f_link.append(("p2p", j, "activation"))
-                act_id[(b, m)] = op_out[j, i] = len(f_stream)
-            elif kinds[j, i] == BACKWARD and vs > 0:        # gradient to vs - 1
-                b, stream, to = vs - 1, 3 * j + 1, (j - 1) % pp
-                f_link.append(("p2p", (j - 1) % pp, "gradient"))
-                grad_id[(b, m)] = op_out[j, i] = len(f_stream)
-            else:
-                continue
-            f_stream.append(stream)
-            f_wake.append(to)
-            f_owner.append(j)
-            f_lat.append(p2p_l[b])
-            f_bytes.append(p2p_b[b])
-            f_mb.append(m)
-    for j in range(pp):
-        for i in range(n_ops):
-            vs = int(chunk[j, i]) * pp + j
-            m = int(micro[j, i])
-            if kinds[j, i] == FORWARD and vs > 0:
-                op_dep[j, i] = act_id[(vs - 1, m)]
-            elif kinds[j, i] == BACKWARD and vs < V - 1:
-                op_dep[j, i] = grad_id[(vs, m)]
+    op_out[:, :n_ops] = np.where(sends, flow_of, -1)
+    fj, fi = np.nonzero(sends)                                 # row-major: the flows' order
+    act = sends_act[fj, fi]
+    boundary = np.where(act, vs[fj, fi], vs[fj, fi] - 1)
+    f_stream = (3 * fj + np.where(act, 0, 1)).tolist()
+    f_wake = np.where(act, (fj + 1) % pp, (fj - 1) % pp).tolist()
+    f_owner = fj.tolist()
+    f_lat = p2p_l[boundary].tolist()
+    f_bytes = p2p_b[boundary].tolist()
+    f_mb = micro[fj, fi].tolist()
+    act_link = np.array([lk.index[("p2p", j, "activation")] for j in range(pp)])
+    grad_link = np.array([lk.index[("p2p", j, "gradient")] for j in range(pp)])
+    links = np.where(act, act_link[fj], grad_link[(fj - 1) % pp])
+    # receives: a forward after the first virtual stage waits for the activation of (vs - 1,
+    # m), a backward before the last for the gradient of (vs, m)
+    n_micro = int(micro.max()) + 1 if micro.size else 0
+    act_flow = np.full((V, n_micro), -1, dtype=np.int64)
+    grad_flow = np.full((V, n_micro), -1, dtype=np.int64)
+    ids = np.arange(len(fj))
+    act_flow[boundary[act], micro[fj, fi][act]] = ids[act]
+    grad_flow[boundary[~act], micro[fj, fi][~act]] = ids[~act]
+    op_dep = np.full((pp, K), -1, dtype=np.int64)
+    gets_act = (kinds == FORWARD) & (vs > 0)
+    gets_grad = (kinds == BACKWARD) & (vs < V - 1)
+    dep = op_dep[:, :n_ops]
+    dep[gets_act] = act_flow[vs[gets_act] - 1, micro[gets_act]]
+    dep[gets_grad] = grad_flow[vs[gets_grad], micro[gets_grad]]
+    if np.any(dep[gets_act | gets_grad] < 0):
+        raise ValueError("a receive has no matching send in the interleaved order")
     n_p2p = len(f_stream)
-    lk.route_each(f_link, f_stream)
+    lk.route_indices(links, f_stream)
     f_kind = [FLOW_P2P] * n_p2p
     b_frac = [0.0] * n_p2p
     f_peer = list(f_wake)

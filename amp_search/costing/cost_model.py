@@ -248,8 +248,17 @@ class CostModel:
         kv, cores = self._cp_arrays(c)
         bw, crosses = layout.cp_links
         lat = self.link_latencies_s("p2p", crosses, layout)
-        core = np.array([np.max([cores[g] for g in types], axis=0)
-                         for types in layout.stage_gpus])                    # [pp, L]
+        key = ("cp-core", id(layout), c.tmp, c.mbs, c.cp)
+        hit = self._fixed_cache.get(key)
+        if hit is None or hit[0] is not layout:     # [pp, L]: each stage's slowest core
+            by_types: dict = {}
+            for types in layout.stage_gpus:
+                t = tuple(types.tolist())
+                if t not in by_types:
+                    by_types[t] = np.max([cores[g] for g in t], axis=0)
+            hit = self._fixed_cache[key] = (layout, np.array(
+                [by_types[tuple(types.tolist())] for types in layout.stage_gpus]))
+        core = hit[1]
         bw, lat = np.asarray(bw, dtype=float)[:, None], np.asarray(lat, dtype=float)[:, None]
         out = np.zeros((c.pp, self.num_layers))
         passes = [(0, False), (1, True)] + ([(2, False)] if c.activation_checkpointing else [])
