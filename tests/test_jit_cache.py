@@ -162,6 +162,12 @@ def test_cold_plan_runs_in_python_and_compiles_in_the_background(tmp_path):
     assert status["aot"] or status["aot_failed"], status     # built, or why not
     warm = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert warm.returncode == 0, warm.stderr
+    if status["aot"]:           # both groups built ahead of time: a plan never imports numba
+        probe = ("import sys; from amp_search.cli import main; "
+                 "code = main(sys.argv[1:]); print(code, 'numba' in sys.modules)")
+        done = subprocess.run([sys.executable, "-c", probe, *argv[3:]], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert done.stdout.strip().splitlines()[-1] == "0 False", done.stdout + done.stderr
 
     def ranking(out):
         return [(s["pp"], s["dp"], s["tmp"], s["mbs"], s["partition"], s["placement"],
