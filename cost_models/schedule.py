@@ -25,26 +25,9 @@ P2P flow each one carries and the peer stage. The kinds are the codes below (ind
 """
 from __future__ import annotations
 
-from functools import lru_cache, wraps
-
 import numpy as np
 
 SCHEDULES = ("1f1b", "gpipe")
-
-
-def _frozen_cache(fn):
-    """Cache an order (a pure function of a few integers and strings, asked for again for
-    every strategy of the same shape) and hand out read-only arrays, so that no caller can
-    change what the next one gets."""
-    @lru_cache(maxsize=256)
-    def frozen(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        for a in (out if isinstance(out, tuple) else (out,)):
-            if isinstance(a, np.ndarray):
-                a.flags.writeable = False
-        return out
-
-    return wraps(fn)(frozen)
 
 FORWARD, RECOMPUTE, BACKWARD = 0, 1, 2
 """Compute task kinds of an order (indices into `cost_models.simulator.KINDS`)."""
@@ -52,7 +35,6 @@ SEND, RECV, IDLE = 4, 5, 9
 """A blocking send or receive, and the no-op that pads a short stage's order."""
 
 
-@_frozen_cache
 def schedule_order(schedule: str, pp: int, gas: int, *, recompute: bool = False
                    ) -> tuple[np.ndarray, np.ndarray]:
     """The compute stream of each stage, without the optimizer step: (kind [pp, n],
@@ -94,7 +76,6 @@ def schedule_order(schedule: str, pp: int, gas: int, *, recompute: bool = False
 
 
 
-@_frozen_cache
 def megatron_order(pp: int, gas: int, *, recompute: bool = False
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each stage's instructions in Megatron-LM's forward_backward_pipelining_without_
@@ -165,7 +146,6 @@ def megatron_order(pp: int, gas: int, *, recompute: bool = False
     return kind, micro, flow, peer
 
 
-@_frozen_cache
 def blocking_order(schedule: str, pp: int, gas: int, *, recompute: bool = False
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each stage's instructions with blocking sends and receives, as
@@ -202,7 +182,6 @@ def blocking_order(schedule: str, pp: int, gas: int, *, recompute: bool = False
 
 
 
-@_frozen_cache
 def deepspeed_train_order(pp: int, gas: int, *, recompute: bool = False
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each stage's instruction stream in DeepSpeed's 1F1B `TrainSchedule` (deepspeed
@@ -267,7 +246,6 @@ def deepspeed_train_order(pp: int, gas: int, *, recompute: bool = False
     return out
 
 
-@_frozen_cache
 def interleaved_order(pp: int, virtual_stages: int, gas: int
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each device's compute stream in Megatron-LM's interleaved 1F1B schedule
