@@ -309,3 +309,36 @@ def test_knob_predictions_match_the_real_trial_engine_within_5_percent():
     assert sp.measured < 0.9 * plain["activation_bytes_per_microbatch"]
     bad = B.failures(rows)
     assert not bad, "\n" + B.table(bad)
+
+
+@pytest.mark.parametrize("config", ["amp-hetero-gpt2", "cpu-tiny-llama", "a100-gpt7b"])
+def test_stage_memory_cached_by_composition_is_each_stage_computed_alone(config):
+    """The planner caches a stage's model states and activation terms by the composition of
+    its layers (amp_search.costing.stage_memory._composition): for every strategy of a plan,
+    each stage's bytes equal cost_models.memory.stage_bytes of that stage's own layers."""
+    from amp_search import load_spec, plan
+    from amp_search.costing.stage_memory import stage_memory
+    from cost_models import memory
+
+    spec = load_spec(ROOT / "configs" / f"{config}.yaml")
+    t = spec.training
+    for e in plan(spec, simulate_top=0).strategies[:12]:
+        s = e.strategy
+        if s.virtual_stages > 1:
+            continue
+        got = stage_memory(spec, s)
+        for j, m in enumerate(got):
+            a, z = s.partition[j], s.partition[j + 1]
+            scores = any(spec.attention_for(spec.cluster.devices[d].gpu) == "standard"
+                         for rep in s.placement[j] for d in rep)
+            want = memory.stage_bytes(spec.model.layers[a:z], stage=j, pp=s.pp, dp=s.replicas,
+                                      tmp=s.tmp, mbs=s.mbs, gas=s.gas, zero_stage=s.zero_stage,
+                                      recompute=s.activation_checkpointing,
+                                      precision=t.precision, attention_scores=scores,
+                                      sequence_parallel=s.sequence_parallel,
+                                      selective=s.selective_recompute, framework=t.backend,
+                                      cp=s.cp, ep=s.ep)
+            assert (m.parameter_bytes, m.gradient_bytes, m.optimizer_bytes,
+                    m.activation_bytes) == (want.parameter_bytes, want.gradient_bytes,
+                                            want.optimizer_bytes, want.activation_bytes), \
+                (s.label(), j)
