@@ -603,7 +603,10 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
                             f"{'/'.join(map(str, training.expert_parallel))}: the model has no "
                             f"experts (model.num_experts); accepted: 1")
         training = replace(training, expert_parallel=(1,))
-    elif training.backend != "megatron":
+    elif training.expert_parallel == EXPERT_PARALLEL_SEARCH:    # those that split the experts
+        training = replace(training, expert_parallel=tuple(
+            e for e in EXPERT_PARALLEL_SEARCH if experts % e == 0))
+    if experts and training.backend != "megatron":
         raise SpecError("training.backend", f"{training.backend}: a mixture-of-experts model "
                                             f"({experts} experts) is costed as Megatron-LM runs "
                                             f"it (expert parallelism, grouped GEMMs); accepted: "

@@ -319,7 +319,9 @@ def recipe_ranks(rows: list[dict]) -> list[dict]:
     precision): plan the same cluster and batch with tp, pp, dp, cp, virtual stages, mbs,
     recomputation and sequence parallelism searched (the closed form, no simulation), and
     find the published recipe in the ranking: its rank, or why it is not ranked (pruned as
-    out of memory), and the best plan's predicted time against the recipe's."""
+    out of memory), and the best plan's predicted time against the recipe's. A model with
+    experts searches ep too; the ranking keeps the fastest ep of each layout, so the recipe's
+    layout is found whatever its ep."""
     from amp_search.planner import NoFeasibleStrategy, plan
 
     seen, out = set(), []
@@ -327,7 +329,7 @@ def recipe_ranks(rows: list[dict]) -> list[dict]:
         if unexpressed(row) or row["workload"] != "pre-training":
             continue
         key = tuple(row[k] for k in ("model", "system", "gpus", "gbs", "mbs", "seq", "tp", "pp",
-                                     "cp", "vp", "precision"))
+                                     "cp", "vp", "ep", "precision"))
         if key in seen:
             continue
         seen.add(key)
@@ -349,7 +351,7 @@ def recipe_ranks(rows: list[dict]) -> list[dict]:
         best = ranked[0] if ranked else None
         out.append({"recipe": f"{row['model']} {row['system']} {row['precision']} "
                               f"{row['gpus']} GPUs gbs {row['gbs']}: tp{tp} pp{pp} cp{cp} "
-                              f"vp{virtual(row)} mbs{row['mbs']}",
+                              f"vp{virtual(row)} ep{experts(row)} mbs{row['mbs']}",
                     "rank": rank, "ranked": len(ranked), "recipe_fits": recipe.fits,
                     "recipe_predicted_s": recipe.iteration_time_s,
                     "measured_s": measured_s(row),

@@ -50,7 +50,8 @@ def test_presets_have_their_published_totals(name, published):
     spec = parse_spec(_spec({"preset": name}))
     assert model_param_count(spec.model.layers) == pytest.approx(published, rel=0.005)
     assert spec.model.num_experts in (8, 128)
-    assert spec.training.expert_parallel[:3] == (1, 2, 4)      # searched by default
+    assert spec.training.expert_parallel == tuple(     # searched by default: the divisors
+        e for e in (1, 2, 4, 8, 16, 32, 64, 128) if spec.model.num_experts % e == 0)
 
 
 def test_active_flops_are_the_topk_experts_and_ep_splits_the_calls():
@@ -145,6 +146,10 @@ def test_cli_table_has_an_ep_column(tmp_path, capsys):
     head = next(line for line in out.splitlines() if line.split()[:1] == ["rank"])
     assert "ep" in head.split()
     assert "ep: expert-parallel ranks" in out
+    assert main(["plan", str(path), "--top-k", "3", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    searched = " ".join(out.split("searched: ", 1)[1].split("\nfixed")[0].split())
+    assert "expert parallel 1/2/4/8/16 " in searched + " "        # the divisors of its 16
 
 
 def test_megatron_arguments():

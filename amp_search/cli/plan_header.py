@@ -57,7 +57,8 @@ def header_lines(spec: Spec, plan: Plan, width: int = 100) -> list[str]:
              _values("sequence parallelism", t.sequence_parallel,
                      lambda v: "on" if v else "off"),
              _values("virtual stages", t.virtual_pipeline_stages),
-             _values("context parallel", t.context_parallel)]
+             _values("context parallel", t.context_parallel)] + (
+        [_values("expert parallel", t.expert_parallel)] if spec.model.num_experts else [])
     searched = [f"pp x dp x tmp{' x cp' if len(t.context_parallel) > 1 else ''} over the "
                 f"{n} GPUs", "mbs (every divisor of the batch per replica)"] + \
         [text for text, many in knobs if many]
