@@ -89,9 +89,9 @@ def start_background_compile(python: str = sys.executable) -> subprocess.Popen:
                             start_new_session=True, close_fds=True)
 
 
-def compile_kernels(aot: bool = True) -> bool:
+def compile_kernels() -> bool:
     """Compile (or load) every kernel the planner calls, by planning the shipped example with
-    numba's kernels, then (aot) build each group not yet built ahead of time from the
+    numba's kernels, then build each group not yet built ahead of time from the
     signatures that plan called; returns False if another process holds the lock (it
     compiles). A group that cannot be built ahead of time stays with numba's cache."""
     with open(lock_path(), "a") as lock:
@@ -106,7 +106,7 @@ def compile_kernels(aot: bool = True) -> bool:
         from .spec import load_spec
 
         plan(load_spec(example_path(EXAMPLE)))
-        for group in _groups() if aot else ():
+        for group in _groups():
             if group.aot() is None and not group.aot_failed():
                 try:
                     group.build_aot()
@@ -115,7 +115,7 @@ def compile_kernels(aot: bool = True) -> bool:
         return True
 
 
-def main(argv: list[str] | None = None, environ=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """`python -m amp_search.kernels`: compile and build (what start_background_compile
     runs); `--status`: print {"cached": ..., "aot": ..., "aot_failed": why or null} as JSON
     for this environment's caches (NUMBA_CACHE_DIR honoured), compiling nothing."""
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None, environ=None) -> int:
     ap.add_argument("--status", action="store_true",
                     help="print whether they are cached and built ahead of time, as JSON")
     args = ap.parse_args(argv)
-    use_numba_cache_dir((os.environ if environ is None else environ).get("NUMBA_CACHE_DIR"))
+    use_numba_cache_dir(os.environ.get("NUMBA_CACHE_DIR"))
     if args.status:
         failed = [reason for group in _groups() if (reason := group.aot_failed())]
         print(json.dumps({"cached": kernels_cached(), "aot": aot_ready(),

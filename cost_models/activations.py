@@ -388,9 +388,14 @@ def stage_activation_bytes(terms: ActivationTerms, *, stage: int, pp: int, gas: 
     act = in_flight_microbatches(stage, pp, gas) * terms.per_microbatch_bytes \
         + terms.working_set_bytes
     if pipelined and terms.buffer_bytes:
-        act += int((pipe_buffer_count(stage, pp, gas) - terms.aliased_buffers)
-                   * terms.buffer_bytes)
+        act += _buffers_bytes(stage, pp, gas, terms.buffer_bytes, terms.aliased_buffers)
     return act
+
+
+def _buffers_bytes(stage: int, pp: int, gas: int, buffer_bytes: float, aliased: int) -> int:
+    """The pipeline engine's output buffers of stage j (`pipe_buffer_count`), less those
+    already counted with the head's saved logits, of `buffer_bytes` each."""
+    return int((pipe_buffer_count(stage, pp, gas) - aliased) * buffer_bytes)
 
 
 def stage_saved_activation_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tmp: int,
@@ -417,11 +422,10 @@ def pipeline_buffer_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tm
     if not pipelined or not layers:
         return 0
     last = layers[-1]
-    n = pipe_buffer_count(stage, pp, gas)
-    if last.kind == "head":
-        n -= head_buffers_aliased(bytes_per_element)
-    return int(n * stage_output_buffer_bytes(last, mbs=mbs, tmp=tmp,
-                                             bytes_per_element=bytes_per_element))
+    return _buffers_bytes(stage, pp, gas,
+                          stage_output_buffer_bytes(last, mbs=mbs, tmp=tmp,
+                                                    bytes_per_element=bytes_per_element),
+                          head_buffers_aliased(bytes_per_element) if last.kind == "head" else 0)
 
 
 def pipe_buffer_count(stage: int, pp: int, gas: int) -> int:

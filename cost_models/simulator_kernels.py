@@ -11,7 +11,7 @@ every duration is fixed and they are taken from a stack.
 The kernels form a `cost_models._jit.KernelGroup` (`GROUP`): built ahead of time into an
 extension module that loads without numba (cost_models._aot), else a numba function
 (``numba.njit(cache=True, error_model="numpy")``, with numba's on-disk cache) from the first
-call of any kernel, so that importing this module does not import numba; `kernels_cached`
+call of any kernel, so that importing this module does not import numba; `GROUP.cached`
 says whether either is there (amp_search.kernels builds both in the background). `pick`
 gives the kernel to call: compiled, or its plain-Python twin (the very same code), for
 ``use_numba=False`` (the tests compare the two) and while `cost_models._jit.
@@ -38,32 +38,14 @@ _EV_COMPUTE_END, _EV_LATENCY_END, _EV_FLOW_END = 0, 1, 2
 _NUM_EV = 3
 
 
-def _compile(fn):
-    """``numba.njit(cache=True, error_model="numpy")(fn)`` (every division is guarded), or
-    without the on-disk cache where none can be written (cost_models._jit)."""
-    return _jit.njit(fn, what=KERNELS_WHAT, error_model="numpy")
-
-
 _KERNEL_NAMES = ("_heap_push", "_heap_pop", "_wake_stream", "event_loop", "exposed_comm_time")
-"""The kernels, callees before callers (the order `materialize` compiles them in)."""
+"""The kernels, callees before callers (the order `GROUP.materialize` compiles them in)."""
 
 GROUP = _jit.KernelGroup(globals(), group="simulator", what=KERNELS_WHAT, names=_KERNEL_NAMES,
                          entries=("event_loop", "exposed_comm_time"), error_model="numpy")
-"""The kernels' three ways to run: ahead of time, numba, plain Python (cost_models._jit)."""
+"""The kernels' three ways to run: ahead of time, numba (``njit(cache=True,
+error_model="numpy")``: every division is guarded), plain Python (cost_models._jit)."""
 _kernel = GROUP.lazy
-
-
-def materialize() -> None:
-    """Replace every lazy kernel of the module by its numba dispatcher (compiled on first
-    call, or loaded from the on-disk cache), helpers first."""
-    GROUP.materialize()
-
-
-def kernels_cached() -> bool:
-    """Whether the simulator kernels run compiled without compiling in this process: built
-    ahead of time, or in numba's on-disk cache for this machine (the two that the simulator
-    calls; they load without their callees)."""
-    return GROUP.cached()
 
 
 def pick(name: str, use_numba: bool):

@@ -275,8 +275,9 @@ def prepare_kernels() -> None:
     run after an install), compile them in a background process (amp_search.kernels) and run
     their plain-Python twins meanwhile, switching to the compiled ones once they are cached;
     say so in one line (`cold_start_note`). Where numba's cache holds them but they are not
-    built ahead of time yet, the background process builds them (this run uses numba's). Once per process; where numba has no writable
-    cache folder the kernels compile here, as before."""
+    built ahead of time yet, the background process builds them (this run uses numba's).
+    Once per process; where numba has no writable cache folder the kernels compile here, as
+    before."""
     global _kernels_prepared
     if _kernels_prepared:
         return

@@ -179,7 +179,7 @@ class CostModel:
         # per sample: P2P bytes leaving layer l, TP all-reduce bytes and message count of layer l
         self.out_bytes = np.array([output_elements(l) * bpe for l in layers], dtype=float)
         self._tp_collectives: dict = {}
-        self._params: dict[int, np.ndarray] = {}
+        self._params: dict[tuple, np.ndarray] = {}
         self._fixed_cache: dict = {}
         self._latency_cache: dict = {}
         # block passes per layer (1 for the others, whose kernel floor is 0), per recompute
@@ -229,14 +229,20 @@ class CostModel:
             return out
         for kind, (elements, calls) in self.tp_collectives(
                 c.activation_checkpointing, c.sequence_parallel, part).items():
-            bw, crosses = (layout.tp_kind_links or {}).get(kind, layout.tp_links)
-            measured = (kind, "intra") in self.measurements.link_fits or \
-                (kind, "inter") in self.measurements.link_fits
-            lat = self.link_latencies_s(kind if measured else "all_reduce", crosses, layout)
+            bw, lat = self._tp_ring(kind, layout)
             out = out + comm.collective_time_s(kind, elements[None, :] * bpe * c.mbs / c.cp,
                                                c.tmp, bw[:, None], lat[:, None],
                                                messages=calls[None, :])
         return out
+
+    def _tp_ring(self, kind: str, layout: PlacedLayout) -> tuple[np.ndarray, np.ndarray]:
+        """Per stage, the bandwidth and per-message latency of a `kind` collective on the
+        stage's slowest tensor ring: the kind's measured link fit where profile-comm has one
+        (all-gather and reduce-scatter have their own on gloo), else the all-reduce's."""
+        bw, crosses = (layout.tp_kind_links or {}).get(kind, layout.tp_links)
+        measured = (kind, "intra") in self.measurements.link_fits or \
+            (kind, "inter") in self.measurements.link_fits
+        return bw, self.link_latencies_s(kind if measured else "all_reduce", crosses, layout)
 
     def cp_time_s(self, c: Candidate, layout: PlacedLayout, part: int | None = None
                   ) -> np.ndarray:
@@ -251,13 +257,9 @@ class CostModel:
         key = ("cp-core", id(layout), c.tmp, c.mbs, c.cp)
         hit = self._fixed_cache.get(key)
         if hit is None or hit[0] is not layout:     # [pp, L]: each stage's slowest core
-            by_types: dict = {}
-            for types in layout.stage_gpus:
-                t = tuple(types.tolist())
-                if t not in by_types:
-                    by_types[t] = np.max([cores[g] for g in t], axis=0)
-            hit = self._fixed_cache[key] = (layout, np.array(
-                [by_types[tuple(types.tolist())] for types in layout.stage_gpus]))
+            stages = [tuple(types.tolist()) for types in layout.stage_gpus]
+            slowest = {t: np.max([cores[g] for g in t], axis=0) for t in set(stages)}
+            hit = self._fixed_cache[key] = (layout, np.array([slowest[t] for t in stages]))
         core = hit[1]
         bw, lat = np.asarray(bw, dtype=float)[:, None], np.asarray(lat, dtype=float)[:, None]
         out = np.zeros((c.pp, self.num_layers))
@@ -285,11 +287,7 @@ class CostModel:
         """[pp, L]: one all-gather of layer l's whole output (one micro-batch, a context-
         parallel rank's share) over stage j's tensor group, on its slowest ring (the
         all-gather's measured links where profile-comm has them)."""
-        bw, crosses = (layout.tp_kind_links or {}).get("all_gather", layout.tp_links)
-        measured = any(("all_gather", x) in self.measurements.link_fits
-                       for x in ("intra", "inter"))
-        lat = self.link_latencies_s("all_gather" if measured else "all_reduce", crosses,
-                                    layout)
+        bw, lat = self._tp_ring("all_gather", layout)
         return comm.allgather_time_s(self.out_bytes[None, :] * c.mbs / c.cp, c.tmp,
                                      np.asarray(bw, dtype=float)[:, None],
                                      np.asarray(lat, dtype=float)[:, None])
@@ -304,15 +302,17 @@ class CostModel:
         tokens (sequence parallelism: s/t) to k experts (cost_models.comm)."""
         spb, crosses = self._ep_links(c, layout)
         lat = self.link_latencies_s("p2p", crosses, layout)
-        bpe = self.spec.training.bytes_per_element
-        per_layer = np.array([comm.expert_dispatch_bytes(
-            c.mbs * x.seq_length / (c.tmp * c.cp), x.moe_router_topk, x.hidden_size, bpe)
-            if x.is_moe else 0.0 for x in self.spec.model.layers])
-        moe = per_layer > 0
+        key = ("dispatch", c.mbs, c.tmp, c.cp)
+        per_layer = self._fixed_cache.get(key)
+        if per_layer is None:
+            bpe = self.spec.training.bytes_per_element
+            per_layer = self._fixed_cache[key] = np.array([comm.expert_dispatch_bytes(
+                c.mbs * x.seq_length / (c.tmp * c.cp), x.moe_router_topk, x.hidden_size, bpe)
+                if x.is_moe else 0.0 for x in self.spec.model.layers])
         passes = (1, 1, 1 if c.activation_checkpointing else 0)
         calls = 2.0 * (sum(passes) if part is None else passes[part])
         out = comm.all_to_all_time_s(per_layer[None, :], spb[:, None], lat[:, None], calls)
-        return np.where(moe[None, :], out, 0.0)
+        return np.where(per_layer[None, :] > 0, out, 0.0)
 
     def _ep_links(self, c: Candidate, layout: PlacedLayout) -> tuple[np.ndarray, np.ndarray]:
         """Per stage: the seconds per byte of its slowest expert-parallel group's
@@ -373,6 +373,14 @@ class CostModel:
                 [param_count(x, tmp, ep) for x in self.spec.model.layers], dtype=float)
         return self._params[tmp, ep]
 
+    def expert_params_per_layer(self, ep: int) -> np.ndarray:
+        """[L] the routed experts' parameters one expert-parallel rank holds per layer (part
+        of `params_per_layer`)."""
+        if ("experts", ep) not in self._params:
+            self._params["experts", ep] = np.array(
+                [expert_param_count(x, ep) for x in self.spec.model.layers], dtype=float)
+        return self._params["experts", ep]
+
     def sources(self) -> tuple[str, ...]:
         """Where the numbers came from: layer times per device type, links, coefficients."""
         return tuple(f"{k}={v}" for k, v in sorted(self.timer.sources().items())) + (
@@ -419,7 +427,7 @@ class CostModel:
             per_param = memory_model.megatron_model_state_bytes(
                 1, precision=t.precision, zero_stage=0, dp=1)
             held = per_param.parameter_bytes + per_param.gradient_bytes
-            experts = float(sum(expert_param_count(x, c.ep) for x in self.spec.model.layers))
+            experts = float(self.expert_params_per_layer(c.ep).sum())
             edp = memory_model.expert_data_parallel(c.replicas, c.tmp, c.ep)
             shards = (c.replicas, edp) if c.zero_stage == 1 else (1, 1)
             hit = self._fixed_cache[key] = \
@@ -736,8 +744,7 @@ class CostModel:
         key = ("synced", c.tmp, c.ep, c.replicas)
         hit = self._fixed_cache.get(key)
         if hit is None:
-            experts = np.array([expert_param_count(x, c.ep) for x in self.spec.model.layers],
-                               dtype=float)
+            experts = self.expert_params_per_layer(c.ep)
             edp = memory_model.expert_data_parallel(c.replicas, c.tmp, c.ep)
             share = ((edp - 1) / edp) / ((c.replicas - 1) / c.replicas)
             hit = self._fixed_cache[key] = params - experts + share * experts
