@@ -292,6 +292,7 @@ def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
     slowest of them: the cost arrays have no such link), async sends (the simulator does not
     pair Megatron's sends and receives), gradient buckets after the backward."""
     pp, v, bounds = s.pp, s.virtual_stages, s.partition
+    c = Candidate.of(s)
     per_chunk = (lambda x: np.asarray(x, dtype=float).reshape(v, pp).T)   # noqa: E731
     back = t.backward_s + (0.0 if t.recompute_s is None else t.recompute_s)
     kw: dict = dict(forward_s=per_chunk(t.forward_s), backward_s=per_chunk(back),
@@ -300,7 +301,7 @@ def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
     bw, crosses = layout.p2p_links
     lat = np.asarray(model.link_latencies_s("p2p", crosses, layout, boundaries=True), float)
     bw = np.asarray(bw, dtype=float)
-    shard = (s.tmp if s.sequence_parallel else 1) * s.cp
+    shard = model.boundary_shards(c) * s.cp
     kw.update(p2p_bytes=np.array([model.out_bytes[bounds[k + 1] - 1] * s.mbs / shard
                                   for k in range(v * pp - 1)]),
               p2p_latency_s=np.array([lat[k % pp] if (k + 1) % pp else lat.max()
@@ -310,7 +311,7 @@ def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
         bpe = model.spec.training.bytes_per_element
         dbw, dcross = layout.dp_links
         kw.update(dp=s.replicas, gradient_bytes=pipeline.chunk_device_totals(
-                      model.params_per_layer(s.tmp)[None, :].repeat(pp, axis=0), bounds, pp)
+                      model.synced_params_per_layer(c)[None, :].repeat(pp, axis=0), bounds, pp)
                   * bpe, dp_latency_s=model.link_latencies_s("all_reduce", dcross, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(dbw, dtype=float),
                   bucket_bytes=float(bucket_elements) * bpe,

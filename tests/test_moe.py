@@ -180,3 +180,30 @@ def test_experts_keys_need_num_experts():
     dense = {k: v for k, v in TINY_MOE.items() if not k.startswith(("num_experts", "moe_"))}
     with pytest.raises(SpecError, match="no experts"):
         parse_spec(_spec(dense, expert_parallel=4))
+
+
+@pytest.mark.parametrize("virtual_stages", [1, 2])
+def test_the_simulator_syncs_the_experts_as_the_closed_form(virtual_stages):
+    """Both schedules' simulated gradient buckets carry, stage by stage, what the closed
+    form's data-parallel sync prices: the experts' share of their own reduction
+    (CostModel.synced_params_per_layer), not every parameter the rank holds (the first and
+    last stages hold the embedding and the head, no experts, so a wrong count shows)."""
+    from amp_search.costing.cost_model import CostModel
+    from amp_search.simulate import simulation_inputs
+    from cost_models import pipeline
+
+    spec = parse_spec(_spec({**TINY_MOE, "num_layers": 8},
+                            virtual_pipeline_stages=virtual_stages))
+    e = estimate(spec, pp=4, dp=4, tmp=1, mbs=1, ep=2, virtual_stages=virtual_stages)
+    s = e.strategy
+    model = CostModel(spec)
+    synced = model.synced_params_per_layer(Candidate.of(s))
+    assert synced.sum() < model.params_per_layer(1, 2).sum()          # experts count less
+    if virtual_stages == 1:
+        want = pipeline.stage_totals(synced[None, :].repeat(s.pp, axis=0), s.partition)
+    else:
+        want = pipeline.chunk_device_totals(synced[None, :].repeat(s.pp, axis=0),
+                                            s.partition, s.pp)
+    got = simulation_inputs(model, s)["gradient_bytes"]
+    ratio = got / want              # the bytes per element each schedule's buckets carry
+    np.testing.assert_allclose(ratio, ratio[0])
