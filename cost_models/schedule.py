@@ -201,48 +201,48 @@ def deepspeed_train_order(pp: int, gas: int, *, recompute: bool = False
     The compute ops come in `schedule_order("1f1b", ...)`'s order (tests check both)."""
     nb_p2p = (pp - 1) * gas
     T = 2 * (gas + pp - 1)
-    s = np.arange(T, dtype=np.int64)
-    rows = []
-    for j in range(pp):
-        fwd = (s + j) % 2 == 0
-        if j % 2 == 0:
-            mb = np.where(fwd, s // 2 - j // 2, (s - 1) // 2 - pp + 1 + j // 2)
-        else:
-            mb = np.where(fwd, (s - 1) // 2 - j // 2, s // 2 - pp + (j + 1) // 2)
-        prev = np.concatenate([[-1], mb[:-1]])
-        ok, ok_prev = (mb >= 0) & (mb < gas), (prev >= 0) & (prev < gas)
-        # slots per step: [comm 1, comm 2, compute(, compute)]: kind, micro-batch, flow, peer
-        n_slot = 4 if recompute else 3
-        kind = np.full((T, n_slot), -1, dtype=np.int64)
-        micro = np.full((T, n_slot), -1, dtype=np.int64)
-        flow = np.full((T, n_slot), -1, dtype=np.int64)
-        peer = np.full((T, n_slot), -1, dtype=np.int64)
+    s = np.arange(T, dtype=np.int64)[None, :]          # [1, T] steps
+    j = np.arange(pp, dtype=np.int64)[:, None]         # [pp, 1] stages
+    fwd = (s + j) % 2 == 0                             # [pp, T]
+    even = j % 2 == 0
+    mb = np.where(even, np.where(fwd, s // 2 - j // 2, (s - 1) // 2 - pp + 1 + j // 2),
+                  np.where(fwd, (s - 1) // 2 - j // 2, s // 2 - pp + (j + 1) // 2))
+    prev = np.concatenate([np.full((pp, 1), -1, dtype=np.int64), mb[:, :-1]], axis=1)
+    ok, ok_prev = (mb >= 0) & (mb < gas), (prev >= 0) & (prev < gas)
+    # slots per step: [comm 1, comm 2, compute(, compute)]: kind, micro-batch, flow, peer
+    n_slot = 4 if recompute else 3
+    kind, micro, flow, peer = (np.full((pp, T, n_slot), -1, dtype=np.int64) for _ in range(4))
+    jj = np.broadcast_to(j, (pp, T))
 
-        def put(slot, sel, k, m, f, p):
-            kind[sel, slot], micro[sel, slot], flow[sel, slot] = k, m[sel], f[sel]
-            peer[sel, slot] = p
+    def put(slot, sel, k, m, f, p):
+        kind[..., slot][sel] = k
+        micro[..., slot][sel] = m[sel]
+        flow[..., slot][sel] = np.broadcast_to(f, (pp, T))[sel]
+        peer[..., slot][sel] = np.broadcast_to(p, (pp, T))[sel]
 
-        if j > 0:                      # forward step: SendGrad(prev), RecvActivation(mb)
-            put(0, fwd & ok_prev, SEND, prev, nb_p2p + (j - 1) * gas + prev, j - 1)
-            put(1, fwd & ok, RECV, mb, (j - 1) * gas + mb, j - 1)
-        if j < pp - 1:                 # backward step: RecvGrad(mb), SendActivation(prev)
-            put(0, ~fwd & ok, RECV, mb, nb_p2p + j * gas + mb, j + 1)
-            put(1, ~fwd & ok_prev, SEND, prev, j * gas + prev, j + 1)
-        none = np.full(T, -1, dtype=np.int64)
-        put(2, fwd & ok, FORWARD, mb, none, -1)
-        if recompute:
-            put(2, ~fwd & ok, RECOMPUTE, mb, none, -1)
-            put(3, ~fwd & ok, BACKWARD, mb, none, -1)
-        else:
-            put(2, ~fwd & ok, BACKWARD, mb, none, -1)
-        keep = kind.reshape(-1) >= 0
-        rows.append(tuple(a.reshape(-1)[keep] for a in (kind, micro, flow, peer)))
-    n = max(r[0].shape[0] for r in rows)
+    has_prev, has_next = jj > 0, jj < pp - 1
+    # forward step: SendGrad(prev), RecvActivation(mb); backward step: RecvGrad(mb),
+    # SendActivation(prev)
+    put(0, fwd & ok_prev & has_prev, SEND, prev, nb_p2p + (j - 1) * gas + prev, j - 1)
+    put(1, fwd & ok & has_prev, RECV, mb, (j - 1) * gas + mb, j - 1)
+    put(0, ~fwd & ok & has_next, RECV, mb, nb_p2p + j * gas + mb, j + 1)
+    put(1, ~fwd & ok_prev & has_next, SEND, prev, j * gas + prev, j + 1)
+    put(2, fwd & ok, FORWARD, mb, -1, -1)
+    if recompute:
+        put(2, ~fwd & ok, RECOMPUTE, mb, -1, -1)
+        put(3, ~fwd & ok, BACKWARD, mb, -1, -1)
+    else:
+        put(2, ~fwd & ok, BACKWARD, mb, -1, -1)
+    # each stage's instructions in order, left-aligned; the rest of its row idle
+    kind, micro, flow, peer = (a.reshape(pp, -1) for a in (kind, micro, flow, peer))
+    keep = kind >= 0
+    rows, cols = np.nonzero(keep)
+    pos = (np.cumsum(keep, axis=1) - 1)[rows, cols]
+    n = int(keep.sum(axis=1).max())
     out = (np.full((pp, n), IDLE, dtype=np.int64), np.full((pp, n), -1, dtype=np.int64),
            np.full((pp, n), -1, dtype=np.int64), np.full((pp, n), -1, dtype=np.int64))
-    for j, r in enumerate(rows):
-        for a, b in zip(out, r):
-            a[j, :b.shape[0]] = b
+    for a, b in zip(out, (kind, micro, flow, peer)):
+        a[rows, pos] = b[rows, cols]
     return out
 
 

@@ -67,6 +67,9 @@ class LinksAndRoutes:
             self.add(link, b)
         self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         """Blocks of consecutive flows: (links per flow, their link indices, their copies)."""
+        self._pending: tuple[list, list, list] = ([], [], [])
+        """The flows of `route` calls since the last block, as lists (one array per block,
+        not per call: a simulation routes hundreds of small routes)."""
         self.streams: dict[int, set] = {}
 
     def add(self, link, bandwidth: float) -> None:
@@ -94,11 +97,18 @@ class LinksAndRoutes:
             merged[li] = merged.get(li, 0.0) + float(copies)
         for li in merged:
             self.streams.setdefault(li, set()).add(stream)
-        li = np.fromiter(merged.keys(), dtype=np.int64, count=len(merged))
-        m = np.fromiter(merged.values(), dtype=float, count=len(merged))
         count = int(count)
-        self.parts.append((np.full(count, len(li), dtype=np.int64), np.tile(li, count),
-                           np.tile(m, count)))
+        degrees, indices, copies_ = self._pending
+        degrees.extend([len(merged)] * count)
+        indices.extend(list(merged.keys()) * count)
+        copies_.extend(list(merged.values()) * count)
+
+    def _flush(self) -> None:
+        degree, link, mult = self._pending
+        if degree:
+            self.parts.append((np.array(degree, dtype=np.int64), np.array(link, dtype=np.int64),
+                               np.array(mult, dtype=float)))
+            self._pending = ([], [], [])
 
     def route_each(self, links, streams) -> None:
         """One flow per item, in order: flow k over the single link links[k] (one copy), of
@@ -118,10 +128,12 @@ class LinksAndRoutes:
             raise ValueError(f"{len(li)} links for {len(streams)} streams")
         for i, stream in set(zip(li.tolist(), streams)):
             self.streams.setdefault(i, set()).add(stream)
+        self._flush()
         self.parts.append((np.ones(len(li), dtype=np.int64), li, np.ones(len(li))))
 
     def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ptr [flows + 1], link [entries], copies [entries]) in the order routed."""
+        self._flush()
         degree = np.concatenate([d for d, _, _ in self.parts] or [np.zeros(0, np.int64)])
         ptr = np.concatenate([[0], np.cumsum(degree)]).astype(np.int64)
         link = np.concatenate([li for _, li, _ in self.parts]
@@ -249,15 +261,19 @@ def add_p2p_flows(columns: FlowColumns, links: LinksAndRoutes, *, pp: int, gas: 
     for direction in (0, 1):
         for j in range(pp - 1):
             sender = j if direction == 0 else j + 1
-            stream = 3 * sender + (0 if direction == 0 else 1)
-            links.route(fwd_routes[j] if direction == 0 else bwd_routes[j], stream, gas)
-            columns.add(stream=np.full(gas, stream), owner=np.full(gas, sender),
-                        wake=np.full(gas, j + 1 if direction == 0 else j),
-                        kind=np.full(gas, FLOW_P2P), latency_s=np.full(gas, p2p_l[j]),
-                        wire_bytes=np.full(gas, p2p_b[j]), bucket_frac=np.zeros(gas),
-                        microbatch=np.arange(gas),
-                        peer=np.full(gas, j + 1 if direction == 0 else j),
-                        count=np.zeros(gas))
+            links.route(fwd_routes[j] if direction == 0 else bwd_routes[j],
+                        3 * sender + direction, gas)
+    # the flows in the same order: direction, then boundary, then micro-batch
+    b = np.arange(pp - 1, dtype=np.int64)
+    sender = np.concatenate([b, b + 1])
+    wake = np.concatenate([b + 1, b])
+    n = 2 * (pp - 1) * gas
+    columns.add(stream=np.repeat(3 * sender + np.repeat([0, 1], pp - 1), gas),
+                owner=np.repeat(sender, gas), wake=np.repeat(wake, gas),
+                kind=np.full(n, FLOW_P2P), latency_s=np.tile(np.repeat(p2p_l, gas), 2),
+                wire_bytes=np.tile(np.repeat(p2p_b, gas), 2), bucket_frac=np.zeros(n),
+                microbatch=np.tile(np.arange(gas), 2 * (pp - 1)), peer=np.repeat(wake, gas),
+                count=np.zeros(n))
 
 
 @dataclass(frozen=True, eq=False)
