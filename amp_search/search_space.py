@@ -56,6 +56,11 @@ rules are written once:
     moe_tensor_parallel_needs_sp  moe_tensor_parallel_without_sp  Megatron-LM requires
                                                               sequence parallelism for MoE
                                                               with tmp > 1
+    experts_zero_under_deepspeed  experts_with_zero_under_deepspeed  backend deepspeed: the
+                                                              trials' experts need ZeRO 0
+                                                              (its ZeRO optimizers would
+                                                              shard and reduce them over the
+                                                              whole data-parallel group)
 
 and one equivalence, applied by the search only (an equivalent point is a valid strategy, so
 `estimate` accepts it):
@@ -117,6 +122,7 @@ class Reason(str, Enum):
     EP_DOES_NOT_DIVIDE_EXPERTS = "ep_does_not_divide_experts"
     EP_EXCEEDS_STAGE_RANKS = "ep_exceeds_stage_ranks"
     MOE_TENSOR_PARALLEL_WITHOUT_SP = "moe_tensor_parallel_without_sp"
+    EXPERTS_WITH_ZERO_UNDER_DEEPSPEED = "experts_with_zero_under_deepspeed"
     CONTEXT_PARALLEL_WITH_STANDARD_ATTENTION = "context_parallel_with_standard_attention"
     OUTSIDE_SEARCH_LIMITS = "outside_search_limits"
     """A degree the spec's `search:` section does not allow (the search only; `estimate`
@@ -454,6 +460,17 @@ def moe_tensor_parallel_needs_sp(s: SearchSpace, c: Candidate) -> Violation | No
     return None
 
 
+def experts_zero_under_deepspeed(s: SearchSpace, c: Candidate) -> Violation | None:
+    if s.num_experts and s.backend == "deepspeed" and c.zero_stage:
+        return Violation(Reason.EXPERTS_WITH_ZERO_UNDER_DEEPSPEED,
+                         f"ZeRO stage {c.zero_stage} with experts under the deepspeed backend: "
+                         f"the trials' expert layer is not DeepSpeed's own, so its ZeRO "
+                         f"optimizer would shard and reduce the experts' gradients over the "
+                         f"whole data-parallel group; ZeRO 0 (training.zero_stage: 0), or "
+                         f"backend megatron")
+    return None
+
+
 def context_parallel_needs_flash(s: SearchSpace, c: Candidate) -> Violation | None:
     if c.cp > 1 and s.attention_scores:
         return Violation(Reason.CONTEXT_PARALLEL_WITH_STANDARD_ATTENTION,
@@ -505,7 +522,8 @@ FEASIBILITY_RULES: tuple[Rule, ...] = LAYOUT_RULES + (mbs_divides_replica_batch,
                                                       context_parallel_needs_flash,
                                                       ep_divides_experts,
                                                       ep_within_stage_ranks,
-                                                      moe_tensor_parallel_needs_sp)
+                                                      moe_tensor_parallel_needs_sp,
+                                                      experts_zero_under_deepspeed)
 """Everything a strategy must satisfy to run (what `estimate` checks)."""
 EQUIVALENCE_RULES: tuple[Rule, ...] = (zero_without_data_parallel, selective_needs_scores)
 """Points that repeat (or are beaten by) another point's plan (the search keeps one)."""

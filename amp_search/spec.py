@@ -606,11 +606,14 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
     elif training.expert_parallel == EXPERT_PARALLEL_SEARCH:    # those that split the experts
         training = replace(training, expert_parallel=tuple(
             e for e in EXPERT_PARALLEL_SEARCH if experts % e == 0))
-    if experts and training.backend != "megatron":
-        raise SpecError("training.backend", f"{training.backend}: a mixture-of-experts model "
-                                            f"({experts} experts) is costed as Megatron-LM runs "
-                                            f"it (expert parallelism, grouped GEMMs); accepted: "
-                                            f"megatron")
+    if experts and training.backend == "deepspeed" and training.precision != "fp32":
+        raise SpecError("training.precision", f"{training.precision} with a mixture-of-experts "
+                                              f"model ({experts} experts) under the deepspeed "
+                                              f"backend: its trials train experts in fp32 "
+                                              f"only (DeepSpeed's bf16 and fp16 optimizers "
+                                              f"would reduce their gradients over the whole "
+                                              f"data-parallel group); accepted: fp32, or "
+                                              f"training.backend: megatron")
     precision = training.precision
     if precision == "fp8" and training.backend != "megatron":
         raise SpecError("training.precision", "fp8 is costed as Megatron-LM runs it with "

@@ -278,6 +278,12 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
                 f"{s.dp} x {s.mbs}")
     if backend == "megatron" and megatron_unsupported(s):
         return megatron_unsupported(s)
+    if backend == "deepspeed" and spec.model.num_experts and (
+            s.zero_stage or spec.training.precision != "fp32"):
+        return (f"a model with experts runs under DeepSpeed with ZeRO 0 in fp32 only (got ZeRO "
+                f"{s.zero_stage}, {spec.training.precision}): the trials' expert layer is not "
+                f"DeepSpeed's own, whose ZeRO and bf16 optimizers would reduce its gradients "
+                f"over the whole data-parallel group (use the megatron backend)")
     if backend == "deepspeed" and s.pp > 1 and s.zero_stage >= 2:
         return (f"DeepSpeed's pipeline engine rejects ZeRO stage {s.zero_stage} with pp={s.pp}"
                 f" (ZeRO 0 or 1 only)")

@@ -9,7 +9,8 @@ API (what the memory and profiling code use)
 
     build_layer(layer, *, tp_size=1, tp_group=None, precision="fp32",
                 simulate_tp_size=0, causal=True, sequence_parallel=False,
-                selective_recompute=False) -> torch.nn.Module
+                selective_recompute=False, expert_group=None,
+                simulate_ep=1) -> torch.nn.Module
 
         One module per Layer. `tp_size` is the tensor-parallel degree; the megatron-core
         layers take their group from `tp_group`, else from megatron's `parallel_state` (which
@@ -40,6 +41,11 @@ API (what the memory and profiling code use)
         selective_recompute=True: the attention core (scaled_dot_product_attention) runs
         under torch.utils.checkpoint and is recomputed in backward (Korthikanti et al. 2022,
         section 4.3); its inputs q, k, v and output are kept, what it saves is not.
+
+        expert_group (a transformer block with experts, `Layer.is_moe`): the expert-parallel
+        group that splits its routed experts (`_MoE`; None: every expert on this rank);
+        simulate_ep=k with simulate_tp_size: one expert-parallel rank's E/k experts, fed the
+        token slots of a balanced route, in one process.
 
     Activations are batch-first: every layer but the embedding takes x [mbs, s, h_in] and
     returns [mbs, s, h]. The embedding takes token ids [mbs, s] (int64). The head returns the
@@ -91,6 +97,15 @@ The Llama family (the Layer fields beside the GPT defaults), as megatron-core ru
   embeddings (rotate-half form, base ROPE_THETA = 10000) to q and k;
 - tie_embeddings: rejected (`UnsupportedLayer`): trials run untied embeddings (see
   `check_layer`).
+
+Mixture of experts (num_experts E > 0, `Layer.is_moe`): the block's MLP is `_MoE`, Megatron-LM's
+dropless MoE layer with the all-to-all dispatcher and expert tensor parallelism 1: a
+replicated router E x h (no bias), top-k routing with renormalized softmax weights, E/ep whole
+experts (fc1 h -> f_e or 2 f_e, fc2 f_e -> h) on each rank of the expert-parallel group, the
+tokens moved there and back by all-to-alls (`ALL_TO_ALL_SENT` counts the bytes), and the
+shared experts (a tensor-parallel MLP of width f_s) beside them. The experts' parameters carry
+`allreduce = False` and `group_name = EXPERT_GROUP_NAME` (DeepSpeed's marks for expert
+parameters).
 
 Initialization draws each weight in full (megatron's CPU initialization: the master weight,
 then this rank's slice), so with the same seed a tmp=1 and a tmp=2 model hold the same weights.
@@ -435,6 +450,167 @@ class _MLP(nn.Module):
         return y
 
 
+# ----------------------------------------------------------------------------- experts
+
+EXPERT_GROUP_NAME = "amp_search_experts"
+"""`group_name` of the routed experts' parameters, which carry `allreduce = False`: DeepSpeed's
+engine leaves their gradients out of its data-parallel all-reduce (deepspeed.moe.utils
+.is_moe_param) and the trial reduces them over the expert-data-parallel group itself
+(amp_search.trial.run)."""
+
+ALL_TO_ALL_SENT = {"bytes": 0, "to_others_bytes": 0, "calls": 0}
+"""What this process's expert all-to-alls sent (dispatch and combine, forward and backward):
+every message's bytes, those to other ranks, and the all-to-alls (token counts excluded)."""
+
+
+class _AllToAll(torch.autograd.Function):
+    """torch.distributed.all_to_all_single with uneven splits along dim 0; the backward sends
+    each gradient back where its row came from (the splits swapped)."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):
+        ctx.splits, ctx.group = (list(out_splits), list(in_splits)), group
+        return _all_to_all(x, out_splits, in_splits, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        return _all_to_all(grad, in_splits, out_splits, ctx.group), None, None, None
+
+
+def _all_to_all(x, out_splits, in_splits, group):
+    import torch.distributed as dist
+
+    x = x.contiguous()
+    out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+    dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=group)
+    row = x[0].numel() * x.element_size() if x.shape[0] else 0
+    me = dist.get_rank(group)
+    ALL_TO_ALL_SENT["bytes"] += sum(in_splits) * row
+    ALL_TO_ALL_SENT["to_others_bytes"] += (sum(in_splits) - in_splits[me]) * row
+    ALL_TO_ALL_SENT["calls"] += 1
+    return out
+
+
+class _Expert(nn.Module):
+    """One routed expert, whole (expert tensor parallelism 1): fc2(act(fc1(x))) of width
+    f_e, GELU or SwiGLU (gate and up fused in fc1)."""
+
+    def __init__(self, layer: Layer, dtype: torch.dtype):
+        super().__init__()
+        h = layer.hidden_size
+        self.gated = layer.mlp == "swiglu"
+        self.fc1 = nn.Linear(h, layer.expert_fc1_width, bias=layer.bias, dtype=dtype)
+        self.fc2 = nn.Linear(layer.expert_ffn, h, bias=layer.bias, dtype=dtype)
+        for lin in (self.fc1, self.fc2):
+            _init_normal(lin.weight)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+
+    def forward(self, x):
+        y = self.fc1(x)
+        if self.gated:
+            gate, up = y.chunk(2, dim=-1)
+            y = F.silu(gate) * up
+        else:
+            y = F.gelu(y)
+        return self.fc2(y)
+
+
+class _MoE(nn.Module):
+    """A mixture-of-experts MLP as Megatron-LM's dropless MoE layer with the all-to-all token
+    dispatcher runs it (--moe-token-dispatcher-type alltoall, --expert-tensor-parallel-size
+    1): a replicated router (E x h, no bias) scores this rank's tokens, each goes to its top k
+    experts with the softmax of its k scores, renormalized, as weights; the tokens are sorted
+    by expert and sent to the expert-parallel rank that holds it (one all-to-all of the
+    counts, one of the tokens: ep k tokens / E per expert on average), each of the rank's
+    E/ep experts runs on what it got, the results return by the reverse all-to-all and are
+    summed with the weights; plus the shared experts (a tensor-parallel MLP of width f_s) on
+    every token. No token is dropped and no auxiliary loss is added (neither changes the
+    time). Expert e lives on expert-parallel rank e // (E/ep).
+
+    With sequence parallelism the tokens are this rank's [s/t, b, h] shard, so the tensor
+    ranks route different tokens (Megatron-LM requires sequence parallelism with experts and
+    tmp > 1). `simulate` (one process, no group): the rank's E/ep experts get all n k token
+    slots (each token's choices taken modulo E/ep), the expert work of a balanced route."""
+
+    def __init__(self, layer: Layer, lin: "_Linears", expert_group=None, simulate_ep: int = 1):
+        super().__init__()
+        import torch.distributed as dist
+
+        h, E = layer.hidden_size, layer.num_experts
+        self.k = layer.moe_router_topk
+        self.group = expert_group
+        self.seq_group = lin.seq_group
+        ep = dist.get_world_size(expert_group) if expert_group is not None else simulate_ep
+        if ep < 1 or E % ep:
+            raise ValueError(f"layer {layer.name or layer.kind!r}: {E} experts do not split "
+                             f"over {ep} expert-parallel ranks")
+        me = dist.get_rank(expert_group) if expert_group is not None else 0
+        self.num_experts, self.ep, self.local = E, ep, E // ep
+        self.router = nn.Parameter(torch.empty(E, h, dtype=lin.dtype))
+        _init_normal(self.router)
+        experts = []
+        for e in range(E):     # drawn in order, so any ep holds the same weights
+            x = _Expert(layer, lin.dtype)
+            if me * self.local <= e < (me + 1) * self.local:
+                experts.append(x)
+        self.experts = nn.ModuleList(experts)
+        for p in self.experts.parameters():
+            p.allreduce = False
+            p.group_name = EXPERT_GROUP_NAME
+        self.shared = None
+        if layer.moe_shared_expert_size:
+            from dataclasses import replace
+
+            self.shared = _MLP(replace(layer, ffn_hidden_size=layer.moe_shared_expert_size,
+                                       num_experts=0), lin)
+
+    def forward(self, x):
+        shape, h = x.shape, x.shape[-1]
+        tokens = x.reshape(-1, h)
+        router = self.router if self.seq_group is None else _replicated(self.router,
+                                                                        self.seq_group)
+        probs = torch.softmax(F.linear(tokens, router).float(), dim=-1)
+        weights, chosen = probs.topk(self.k, dim=-1)                    # [n, k]
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        flat = chosen.reshape(-1)
+        if self.group is None and self.ep > 1:          # simulate: the local experts only
+            flat = flat % self.local
+        order = torch.argsort(flat, stable=True)        # token slots by expert
+        routed = tokens[order // self.k]
+        counts = torch.bincount(flat, minlength=self.num_experts if self.group is not None
+                                else self.local)
+        if self.group is not None and self.ep > 1:
+            import torch.distributed as dist
+
+            got = torch.empty_like(counts)
+            dist.all_to_all_single(got, counts, group=self.group)
+            sent_split = counts.view(self.ep, self.local).sum(dim=1).tolist()
+            got = got.view(self.ep, self.local)         # [source rank, local expert]
+            got_split = got.sum(dim=1).tolist()
+            received = _AllToAll.apply(routed, got_split, sent_split, self.group)
+            # from (source, expert) order to expert order
+            expert_of = torch.repeat_interleave(
+                torch.arange(self.local).repeat(self.ep), got.reshape(-1))
+            regroup = torch.argsort(expert_of, stable=True)
+            per_expert = got.sum(dim=0).tolist()
+            y = self._run_experts(received[regroup], per_expert)
+            y = _AllToAll.apply(y[torch.argsort(regroup)], sent_split, got_split, self.group)
+        else:
+            counts = counts[:self.local] if self.group is not None else counts
+            y = self._run_experts(routed, counts.tolist())
+        y = y[torch.argsort(order)].view(-1, self.k, h)                # back to token order
+        out = (y * weights.unsqueeze(-1)).sum(dim=1).view(shape)
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out
+
+    def _run_experts(self, rows, per_expert):
+        return torch.cat([expert(part) for expert, part in
+                          zip(self.experts, rows.split(per_expert))])
+
+
 ROPE_THETA = 10000.0
 """Base of the rotary embeddings' frequencies (Megatron-LM's --rotary-base default); a
 Layer field `rope_theta`, where there is one, overrides it."""
@@ -476,7 +652,7 @@ class TransformerLayer(nn.Module):
     Layer's fields say."""
 
     def __init__(self, layer: Layer, lin: _Linears, causal: bool = True,
-                 selective_recompute: bool = False):
+                 selective_recompute: bool = False, expert_group=None, simulate_ep: int = 1):
         super().__init__()
         h, a = layer.hidden_size, layer.num_attention_heads
         t = lin.shards
@@ -509,7 +685,8 @@ class TransformerLayer(nn.Module):
         self.qkv = lin.column(h, (a + 2 * g) * d, bias=layer.bias)
         self.proj = lin.row(a * d, h, bias=layer.bias)
         self.ln2 = _norm(layer, lin.dtype)
-        self.mlp = _MLP(layer, lin)
+        self.mlp = _MoE(layer, lin, expert_group, simulate_ep) if layer.is_moe \
+            else _MLP(layer, lin)
         self.seq_group = lin.seq_group
         self.selective_recompute = selective_recompute
 
@@ -632,7 +809,8 @@ def lm_loss(logits, labels):
 
 def build_layer(layer: Layer, *, tp_size: int = 1, tp_group=None, precision: str = "fp32",
                 simulate_tp_size: int = 0, causal: bool = True, sequence_parallel: bool = False,
-                selective_recompute: bool = False) -> nn.Module:
+                selective_recompute: bool = False, expert_group=None,
+                simulate_ep: int = 1) -> nn.Module:
     """One module implementing `layer` for one tensor rank (see the module docstring)."""
     if precision not in TRIAL_PRECISIONS:
         raise ValueError(f"precision {precision!r}; accepted: {', '.join(TRIAL_PRECISIONS)}")
@@ -655,7 +833,8 @@ def build_layer(layer: Layer, *, tp_size: int = 1, tp_group=None, precision: str
         return EmbeddingLayer(layer, lin)
     if layer.kind == "transformer":
         return TransformerLayer(layer, lin, causal=causal,
-                                selective_recompute=selective_recompute)
+                                selective_recompute=selective_recompute,
+                                expert_group=expert_group, simulate_ep=simulate_ep)
     if layer.kind == "mlp":
         return MLPLayer(layer, lin)
     if layer.kind == "head":

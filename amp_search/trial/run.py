@@ -6,7 +6,9 @@ Started by torchrun, the deepspeed launcher or srun, once per device. It
    in the config (amp_search.trial.ranks explains the mapping);
 2. joins torch.distributed with that rank (gloo on CPU, NCCL on CUDA) and megatron-core's
    parallel_state with the same tensor / pipeline groups as DeepSpeed's grid (checked);
-3. builds the model as a DeepSpeed PipelineModule split at exactly the planned boundaries,
+3. with experts, creates the expert-parallel and expert-data-parallel groups
+   (`expert_groups`) and has DeepSpeed reduce the experts' gradients over the latter;
+   builds the model as a DeepSpeed PipelineModule split at exactly the planned boundaries,
    over a PipeModelDataParallelTopology(pp, tmp, dp), with megatron-core tensor-parallel layers
    (amp_search.trial.model); with pp = 1 and ZeRO 2 or 3 (which DeepSpeed's pipeline engine
    rejects) it trains the same layers as a plain DeepSpeed engine;
@@ -14,7 +16,9 @@ Started by torchrun, the deepspeed launcher or srun, once per device. It
 5. global rank 0 writes the result JSON: iteration times, mean and std of the iterations
    after `warmup`, losses, peak memory per rank, the layers each stage holds, what each rank
    sent to other stages per timed iteration (payload and metadata bytes, and the all-gathers
-   that rebuild partitioned activations: `_p2p_counter`), versions;
+   that rebuild partitioned activations: `_p2p_counter`), what each rank's expert
+   all-to-alls sent per timed iteration (`model.ALL_TO_ALL_SENT`) and the sum of its experts'
+   weights at the end, versions;
 6. with `instruction_trace` on, every rank also writes the start and end of each DeepSpeed
    instruction of the iterations after `warmup` (amp_search.trial.instructions).
 
@@ -101,6 +105,57 @@ def _setup(cfg: TrialConfig):
     return g, device
 
 
+def expert_groups(cfg: TrialConfig) -> tuple[list[list[int]], list[list[int]]]:
+    """(expert-parallel groups, expert-data-parallel groups) of global ranks, as the cost
+    model lays them out: in each stage, groups of ep consecutive ranks (replica-major, tensor
+    fastest) split the experts, and the ranks at the same place in those groups hold the
+    same experts and reduce their gradients together (dp x tmp / ep of them)."""
+    s = cfg.strategy
+    per_stage = s.dp * s.tmp
+    ep_groups, edp_groups = [], []
+    for j in range(s.pp):
+        base = j * per_stage
+        ep_groups += [[base + i * s.ep + q for q in range(s.ep)] for i in range(per_stage // s.ep)]
+        edp_groups += [[base + q + i * s.ep for i in range(per_stage // s.ep)]
+                       for q in range(s.ep)]
+    return ep_groups, edp_groups
+
+
+def _join_expert_groups(cfg: TrialConfig, rank: int):
+    """Create every expert-parallel and expert-data-parallel group (each rank creates all of
+    them, in the same order) and register this rank's expert-data-parallel group with
+    DeepSpeed under the experts' group name, so that its engine broadcasts their initial
+    weights over it (DeepSpeed's _broadcast_model) and `_reduce_expert_gradients` finds it.
+    Returns this rank's expert-parallel group; None for a model without experts."""
+    if not any(x.is_moe for x in cfg.layers):
+        return None
+    import torch.distributed as dist
+    from deepspeed.utils import groups as ds_groups
+
+    from .model import EXPERT_GROUP_NAME
+
+    ep_groups, edp_groups = expert_groups(cfg)
+    mine = {}
+    for kind, members_list in (("ep", ep_groups), ("edp", edp_groups)):
+        for members in members_list:
+            g = dist.new_group(members)
+            if rank in members:
+                mine[kind] = g
+    ds_groups._EXPERT_PARALLEL_GROUP[EXPERT_GROUP_NAME] = mine["ep"]
+    ds_groups._EXPERT_DATA_PARALLEL_GROUP[EXPERT_GROUP_NAME] = mine["edp"]
+    return mine["ep"]
+
+
+def _reduce_expert_gradients_too(engine) -> None:
+    """DeepSpeed's engine reduces the gradients of parameters marked `allreduce = False` (the
+    routed experts) over their expert-data-parallel group only where it found MoE layers of
+    its own at initialization (has_moe_layers), which the trial's are not: it is set here, so
+    that its `_reduce_expert_gradients` (a sum over that group divided by dp) runs after
+    every data-parallel reduction. At run time the flag changes nothing else under ZeRO 0
+    (only checkpointing and the wall-clock breakdown read it)."""
+    engine.has_moe_layers = True
+
+
 class _Data:
     """Synthetic next-token data for one data-parallel replica: (ids, labels) micro-batches
     of [mbs, s], the same on every stage and tensor rank of the replica."""
@@ -134,7 +189,7 @@ def _knobs(cfg: TrialConfig) -> dict:
             "selective_recompute": s.selective_recompute and not s.activation_checkpointing}
 
 
-def _layer_specs(cfg: TrialConfig):
+def _layer_specs(cfg: TrialConfig, expert_group=None):
     """One DeepSpeed LayerSpec per layer; only the local stage's layers get built."""
     from deepspeed.pipe import LayerSpec
 
@@ -152,7 +207,7 @@ def _layer_specs(cfg: TrialConfig):
 
         def build(self, log=False):
             return trial_model.build_layer(self.layer, tp_size=cfg.strategy.tmp, precision="fp32",
-                                 causal=cfg.causal, **_knobs(cfg))
+                                 causal=cfg.causal, expert_group=expert_group, **_knobs(cfg))
 
         def __repr__(self):
             return f"{self.typename.__name__}({self.layer.name})"
@@ -160,7 +215,7 @@ def _layer_specs(cfg: TrialConfig):
     return [Spec(layer) for layer in cfg.layers]
 
 
-def _pipeline_module(cfg: TrialConfig):
+def _pipeline_module(cfg: TrialConfig, expert_group=None):
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
@@ -187,7 +242,7 @@ def _pipeline_module(cfg: TrialConfig):
     s = cfg.strategy
     topo = PipeModelDataParallelTopology(num_pp=s.pp, num_mp=s.tmp, num_dp=s.dp)
     return PlannedPipelineModule(
-        _layer_specs(cfg), boundaries=s.partition, topology=topo, loss_fn=trial_model.lm_loss,
+        _layer_specs(cfg, expert_group), boundaries=s.partition, topology=topo, loss_fn=trial_model.lm_loss,
         seed_layers=True, base_seed=cfg.seed, partition_method="planned",
         activation_checkpoint_interval=1 if s.activation_checkpointing else 0,
         checkpointable_layers=trial_model.CHECKPOINTABLE_LAYERS)
@@ -211,7 +266,7 @@ class _Sequential:
     """pp = 1 with ZeRO 2/3: the layer chain as one module returning the loss."""
 
     @staticmethod
-    def build(cfg: TrialConfig):
+    def build(cfg: TrialConfig, expert_group=None):
         import torch
         from deepspeed.runtime.utils import set_random_seed
 
@@ -225,7 +280,7 @@ class _Sequential:
                     set_random_seed(cfg.seed + i)  # as PipelineModule(seed_layers=True)
                     mods.append(trial_model.build_layer(layer, tp_size=cfg.strategy.tmp,
                                               precision="fp32", causal=cfg.causal,
-                                              **_knobs(cfg)))
+                                              expert_group=expert_group, **_knobs(cfg)))
                 self.layers = torch.nn.ModuleList(mods)
 
             def forward(self, ids, labels):
@@ -344,17 +399,25 @@ def train(cfg: TrialConfig) -> dict | None:
     torch.manual_seed(cfg.seed)
     s = cfg.strategy
     pipelined = not (s.pp == 1 and s.zero_stage >= 2)
+    expert_group = _join_expert_groups(cfg, rank)
+    if expert_group is not None and (s.zero_stage or cfg.precision != "fp32"):
+        raise RuntimeError(f"a model with experts trains under DeepSpeed with ZeRO 0 in fp32 "
+                           f"only (got ZeRO {s.zero_stage}, {cfg.precision}): its ZeRO and "
+                           f"bf16 optimizers would reduce the experts' gradients over the "
+                           f"whole data-parallel group; use the megatron backend")
     if not pipelined:
-        module = _Sequential.build(cfg)
+        module = _Sequential.build(cfg, expert_group)
     else:
         if s.zero_stage >= 2:
             raise RuntimeError(f"DeepSpeed cannot combine ZeRO stage {s.zero_stage} with "
                                f"pipeline parallelism (pp={s.pp}); use ZeRO 0 or 1")
-        module = _pipeline_module(cfg)
+        module = _pipeline_module(cfg, expert_group)
         _check_groups(module, rank)
     engine, _, _, _ = deepspeed.initialize(
         model=module, model_parameters=[p for p in module.parameters() if p.requires_grad],
         config=cfg.ds_config, mpu=None if pipelined else _TensorMPU())
+    if expert_group is not None:
+        _reduce_expert_gradients_too(engine)
 
     me = cfg.ranks[rank]
     data = _Data(cfg, me.replica)
@@ -377,6 +440,9 @@ def train(cfg: TrialConfig) -> dict | None:
         dist.all_reduce(mean)  # average over data-parallel replicas (and equal tensor ranks)
         return float(mean) / dist.get_world_size()
 
+    from .model import ALL_TO_ALL_SENT
+
+    a2a_before = dict(ALL_TO_ALL_SENT)
     times, losses = [], []
     for it in range(cfg.iters):
         dist.barrier()
@@ -385,6 +451,8 @@ def train(cfg: TrialConfig) -> dict | None:
             trace.begin(it, t0)
         if sent is not None and it == cfg.warmup:
             sent_before = dict(sent)
+        if it == cfg.warmup:
+            a2a_before = dict(ALL_TO_ALL_SENT)
         loss = step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -411,8 +479,11 @@ def train(cfg: TrialConfig) -> dict | None:
     timed_iters = max(cfg.iters - cfg.warmup, 1)
     per_iteration = None if sent is None or sent_before is None else \
         {k: (sent[k] - sent_before[k]) / timed_iters for k in sent}
+    a2a = None if expert_group is None else \
+        {k: (ALL_TO_ALL_SENT[k] - a2a_before[k]) / timed_iters for k in ALL_TO_ALL_SENT}
     dist.all_gather_object(gathered, {"rank": rank, "peak": peak, "layers": local,
-                                      "where": _where(rank), "p2p": per_iteration})
+                                      "where": _where(rank), "p2p": per_iteration,
+                                      "a2a": a2a, "experts": _expert_weights_sum(module)})
     result = None
     if rank == 0:
         timed = times[cfg.warmup:]
@@ -429,6 +500,8 @@ def train(cfg: TrialConfig) -> dict | None:
             "rank_layers": [list(g["layers"]) for g in gathered],
             "rank_nodes": [g["where"] for g in gathered],
             "rank_p2p_per_iteration": [g["p2p"] for g in gathered],
+            "rank_all_to_all_per_iteration": [g["a2a"] for g in gathered],
+            "rank_expert_weights_sum": [g["experts"] for g in gathered],
             "stage_layers": [[cfg.layers[i].name for i in range(*gathered[a.rank]["layers"])]
                              for a in cfg.ranks if a.replica == 0 and a.tensor == 0],
             "versions": _versions(),
@@ -437,6 +510,14 @@ def train(cfg: TrialConfig) -> dict | None:
         }
     dist.barrier()
     return result
+
+
+def _expert_weights_sum(module) -> float | None:
+    """The sum of this rank's routed experts' weights after training (None without experts):
+    ranks of one expert-data-parallel group end equal only if their gradients were reduced
+    together."""
+    params = [p for p in module.parameters() if getattr(p, "allreduce", True) is False]
+    return float(sum(p.detach().double().sum() for p in params)) if params else None
 
 
 def _where(rank: int) -> dict:
