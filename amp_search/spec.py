@@ -37,8 +37,8 @@ from .model_spec import ARCH_KEYS, MOE_LAYER_FIELDS, ModelSpec, parse_model
 from .resources import catalog_path
 from .spec_reader import MappingReader, key_text, read_name, read_number, show_value
 from .units import (DEVICE_MEMORY, FIXED_COST_TIME, GEMM_SIZE, MEMORY_BANDWIDTH,
-                    NETWORK_BANDWIDTH, OVERHEAD_MEMORY, parse_bandwidth, parse_duration,
-                    parse_flops, parse_node_bandwidth, parse_size)
+                    NETWORK_BANDWIDTH, OVERHEAD_MEMORY, link_count, parse_bandwidth,
+                    parse_duration, parse_flops, parse_node_bandwidth, parse_size)
 from .yaml_io import load_yaml_file, show_path
 
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
@@ -111,6 +111,9 @@ class NodeGroup:
     """The node's total network bandwidth (all NICs), one direction."""
     hosts: tuple[str, ...] = ()
     """Hostnames of the `count` nodes, for launching (optional)."""
+    network_links: int = 0
+    """How many links the spec wrote inter_node_bandwidth as ('8 x 400 Gbps': 8); 0 where it
+    gave the node's total. Only the header reads it (not part of the spec's fingerprint)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,10 +185,10 @@ class TrainingSpec:
     global_batch_size: int
     precision: str
     activation_checkpointing: tuple[str, ...]
-    """Recomputation modes to search, from none | selective | full (`search`: all three; a
-    list names some of them)."""
+    """Recomputation modes to search, from none | selective | full (`search`, the spec's
+    default: all three; a list names some of them)."""
     zero_stage: tuple[int, ...]
-    """Values to search: one stage, or 0-3 for `search`."""
+    """Values to search: one stage, or 0-3 for `search` (the spec's default)."""
     memory_headroom: float = 0.05
     """Fraction of each device's memory kept free."""
     framework_overhead_bytes: int = 1 << 30
@@ -194,12 +197,13 @@ class TrainingSpec:
     attention: str = "auto"
     """flash | standard | auto (each device type's catalog `flash_attention`)."""
     sequence_parallel: tuple[bool, ...] = (False,)
-    """Values to search: (False,), (True,) or (False, True) for `search`. Default false: it is
-    what the trial engine (DeepSpeed's pipeline over megatron-core layers) and AMP's paper
-    run, and it needs tmp > 1 and a sequence divisible by tmp; `search` adds it where it wins."""
+    """Values to search: (False,), (True,) or (False, True) for `search`, the spec's default
+    (the rules keep it to tmp > 1 and sequences divisible by tmp). This record's default is
+    (False,), what AMP's paper runs."""
     virtual_pipeline_stages: tuple[int, ...] = (1,)
-    """Model chunks per pipeline stage to search: (1,) plain 1F1B (the default), (v,) for a
-    given v, or VIRTUAL_STAGES_SEARCH for `search` (v > 1: Megatron-LM's interleaved 1F1B)."""
+    """Model chunks per pipeline stage to search: (1,) plain 1F1B, (v,) for a given v, or
+    VIRTUAL_STAGES_SEARCH for `search` (v > 1: Megatron-LM's interleaved 1F1B; the spec's
+    default under the megatron backend, (1,) under deepspeed, which has no such schedule)."""
     context_parallel: tuple[int, ...] = (1,)
     """Context-parallel degrees to search: (1,) none (the default), (c,) a given one, or
     CONTEXT_PARALLEL_SEARCH for `search`; megatron backend only (Megatron-LM's ring
@@ -473,13 +477,15 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
             validate_hostname(h, f"{n.at('hosts')}[{k}]")
         intra = parse_bandwidth(n.raw("intra_node_bandwidth", required=True),
                                 n.at("intra_node_bandwidth"), NETWORK_BANDWIDTH)
-        inter = None
+        inter, links = None, 0
         if n.has("inter_node_bandwidth"):
             inter = parse_node_bandwidth(n.raw("inter_node_bandwidth"),
                                          n.at("inter_node_bandwidth"), NETWORK_BANDWIDTH)
+            links = link_count(n.raw("inter_node_bandwidth"))
         fields.append(dict(gpu=gpu, count=count, gpus_per_node=per,
                            intra_node_bandwidth_bytes_per_s=intra,
-                           inter_node_bandwidth_bytes_per_s=inter, hosts=tuple(hosts)))
+                           inter_node_bandwidth_bytes_per_s=inter, hosts=tuple(hosts),
+                           network_links=links))
     num_nodes = sum(f["count"] for f in fields)
     for i, f in enumerate(fields):
         if f["inter_node_bandwidth_bytes_per_s"] is None:
@@ -514,7 +520,10 @@ def _training(data) -> TrainingSpec:
                                    "optimizer", "attention", "sequence_parallel",
                                    "virtual_pipeline_stages", "backend", "context_parallel",
                                    "expert_parallel"))
-    ckpt = r.raw("activation_checkpointing", "none")
+    # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
+    # virtual stages, as NeMo's auto-configurator does
+    backend = r.choice("backend", BACKENDS, "deepspeed")
+    ckpt = r.raw("activation_checkpointing", "search")
     modes = ("none", "selective", "full")
     if isinstance(ckpt, list) and ckpt and all(isinstance(m, str) and m in modes for m in ckpt) \
             and len(set(ckpt)) == len(ckpt):
@@ -525,7 +534,7 @@ def _training(data) -> TrainingSpec:
         raise SpecError(r.at("activation_checkpointing"),
                         f"got {show_value(ckpt)}; accepted: none, selective, full, search, or a "
                         f"list of some of none, selective, full (e.g. [none, full])")
-    sp = r.raw("sequence_parallel", False)
+    sp = r.raw("sequence_parallel", "search")
     if sp is True or sp is False:
         sequence_parallel = (sp,)
     elif sp == "search":
@@ -533,7 +542,7 @@ def _training(data) -> TrainingSpec:
     else:
         raise SpecError(r.at("sequence_parallel"), f"got {show_value(sp)}; accepted: true, false, "
                                                    f"search")
-    vps = r.raw("virtual_pipeline_stages", 1)
+    vps = r.raw("virtual_pipeline_stages", "search" if backend == "megatron" else 1)
     if vps == "search":
         virtual_stages = VIRTUAL_STAGES_SEARCH
     elif isinstance(vps, int) and not isinstance(vps, bool) and 1 <= vps <= MAX_VIRTUAL_STAGES:
@@ -546,9 +555,10 @@ def _training(data) -> TrainingSpec:
                                 MAX_CONTEXT_PARALLEL, "ranks each sequence is split over; 1: none")
     expert_parallel = _degrees(r, "expert_parallel", "search", EXPERT_PARALLEL_SEARCH,
                                MAX_EXPERT_PARALLEL, "ranks the experts are split over; 1: none")
-    zero = r.raw("zero_stage", 0)
+    zero = r.raw("zero_stage", "search")
     if isinstance(zero, str) and zero == "search":
-        zero_stages = (0, 1, 2, 3)
+        # Megatron-LM has ZeRO 1 only (its distributed optimizer)
+        zero_stages = (0, 1) if backend == "megatron" else (0, 1, 2, 3)
     elif isinstance(zero, int) and not isinstance(zero, bool) and 0 <= zero <= 3:
         zero_stages = (zero,)
     else:
@@ -578,7 +588,7 @@ def _training(data) -> TrainingSpec:
                                             r.at("framework_overhead"), OVERHEAD_MEMORY),
         optimizer=r.choice("optimizer", ("adam",), "adam"),
         attention=r.choice("attention", ("auto", "flash", "standard"), "auto"),
-        backend=r.choice("backend", BACKENDS, "deepspeed"),
+        backend=backend,
     )
 
 
@@ -708,6 +718,8 @@ def spec_fingerprint(spec: Spec) -> dict:
                 for item in section[part]:
                     item["gpu"].pop("prediction_error", None)
                     item["gpu"].pop("prediction_error_source", None)
+            for item in section["node_groups"]:      # how the bandwidth was written neither
+                item.pop("network_links", None)
         if name == "training" and section["context_parallel"] == (1,):
             del section["context_parallel"]      # as before the key existed
         if name == "training" and section["expert_parallel"] == (1,):

@@ -68,7 +68,9 @@ TARGET_TIMELINE_S = 2.0
 
 def gpt2_mixed(nodes: int, gpus_per_node: int) -> dict:
     """AMP's GPT-2 (24 layers, hidden 1024, batch 32) on `nodes` nodes, 3/4 of them V100 and
-    the rest T4 (AMP's heterogeneous mix), so that every placement order is searched."""
+    the rest T4 (AMP's heterogeneous mix), so that every placement order is searched; AMP's
+    space, (pp, dp, tmp, mbs): recomputation, ZeRO and sequence parallelism fixed, as AMP's
+    Table 2 searched."""
     v100 = max(1, nodes * 3 // 4) if nodes > 1 else 1
     groups = [{"gpu": "V100-16GB", "count": v100, "gpus_per_node": gpus_per_node,
                "intra_node_bandwidth": "170 Gbps", "inter_node_bandwidth": "10 Gbps"}]
@@ -79,7 +81,8 @@ def gpt2_mixed(nodes: int, gpus_per_node: int) -> dict:
             "model": {"preset": "gpt", "num_layers": 24, "hidden_size": 1024,
                       "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 52256},
             "training": {"global_batch_size": 32, "precision": "fp16",
-                         "activation_checkpointing": "none"}}
+                         "activation_checkpointing": "none", "zero_stage": 0,
+                         "sequence_parallel": False}}
 
 
 def big_mixed() -> dict:

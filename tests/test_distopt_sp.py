@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from amp_search import Infeasible, estimate, plan
+from amp_search.planner import NoFeasibleStrategy
 from amp_search.launch.megatron import megatron_args, megatron_unsupported
 from amp_search.launch.orchestrator import preflight
 from amp_search.costing import CostModel
@@ -109,9 +110,12 @@ def test_distributed_optimizer_divides_the_step_not_the_sync():
 
 def test_megatron_backend_prunes_zero_2_3_by_name():
     s = parse_spec({**_raw(), "training": {**_raw()["training"], "zero_stage": "search"}})
+    assert s.training.zero_stage == (0, 1)     # Megatron-LM's search: its distributed optimizer
     result = plan(s)
-    assert result.pruned[Reason.ZERO_UNDER_MEGATRON.value] > 0
-    assert all(e.strategy.zero_stage <= 1 for e in result.strategies)
+    assert {e.strategy.zero_stage for e in result.strategies} <= {0, 1}
+    two = parse_spec({**_raw(), "training": {**_raw()["training"], "zero_stage": 2}})
+    with pytest.raises(NoFeasibleStrategy, match="zero_2_3_under_megatron"):
+        plan(two)
     with pytest.raises(Infeasible, match="zero_2_3_under_megatron"):
         estimate(s, pp=1, dp=4, tmp=1, mbs=1, zero_stage=2)
     with pytest.raises(SpecError, match="training.backend: got 'jax'; accepted: deepspeed, "

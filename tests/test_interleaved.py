@@ -214,7 +214,9 @@ def _spec(layers=8, gbs=8, devices=4, vps=None, per_node=None, backend="megatron
 
 
 def test_spec_key():
-    assert _spec().training.virtual_pipeline_stages == (1,)
+    # searched by default where the backend has the schedule (Megatron-LM), not by DeepSpeed
+    assert _spec().training.virtual_pipeline_stages == VIRTUAL_STAGES_SEARCH
+    assert _spec(backend="deepspeed").training.virtual_pipeline_stages == (1,)
     assert _spec(vps=2).training.virtual_pipeline_stages == (2,)
     assert _spec(vps="search").training.virtual_pipeline_stages == VIRTUAL_STAGES_SEARCH
     for bad in (0, -1, "two", True, 1.5, 65):

@@ -125,3 +125,41 @@ def test_ties_within_the_models_measured_error_are_marked_and_counted(write_spec
     assert ("Ranks 1-" in out) == (n > 1)
     assert sum(line.lstrip().split(" ")[0].endswith("~") for line in out.splitlines()) == \
         min(n, 5) - 1
+
+
+def test_no_warning_where_the_network_is_written_as_its_nics(write_spec):
+    """'8 x 200 Gbps' is a node's eight HDR NICs, written as such: 25 GB/s per GPU, under a
+    tenth of NVLink, but what the user meant; the note is for a bandwidth given as one
+    figure. How it was written does not change the spec's fingerprint."""
+    from amp_search.spec import spec_fingerprint
+
+    nics = load_spec(_spec(write_spec, inter="8 x 200 Gbps"))
+    text = " ".join(x.strip() for x in header_lines(nics, plan(nics, simulate_top=0)))
+    assert "200 Gb/s per GPU" in text and "note:" not in text
+    total = load_spec(_spec(write_spec, inter="1600 Gbps"))
+    assert "note:" in " ".join(header_lines(total, plan(total, simulate_top=0)))
+    assert {k: v for k, v in spec_fingerprint(nics).items() if k != "spec_sha256"} == \
+        {k: v for k, v in spec_fingerprint(total).items() if k != "spec_sha256"}
+
+
+def test_the_whole_space_is_searched_by_default(write_spec):
+    """A spec that names no knob: ZeRO, recomputation and sequence parallelism are searched
+    (and under Megatron-LM its distributed optimizer and virtual stages), as NeMo's
+    auto-configurator does; the header says so and the best plan may use any of them."""
+    spec = load_spec(_spec(write_spec))
+    t = spec.training
+    assert t.zero_stage == (0, 1, 2, 3) and t.sequence_parallel == (False, True)
+    assert t.activation_checkpointing == ("none", "selective", "full")
+    assert t.virtual_pipeline_stages == (1,)         # DeepSpeed has no interleaved schedule
+    result = plan(spec, simulate_top=0)
+    text = " ".join(x.strip() for x in header_lines(spec, result, width=200))
+    assert "ZeRO 0/1/2/3" in text and "recomputation none/selective/full" in text
+    assert "sequence parallelism off/on" in text
+    knobs = {(e.strategy.zero_stage, e.strategy.recompute, e.strategy.sequence_parallel)
+             for e in result.strategies}
+    assert len(knobs) > 1                            # the ranking mixes them
+    mega = load_spec(_spec(write_spec, backend="megatron"))
+    assert mega.training.zero_stage == (0, 1)
+    assert len(mega.training.virtual_pipeline_stages) > 1
+    text = " ".join(x.strip() for x in header_lines(mega, plan(mega, simulate_top=0), width=200))
+    assert "ZeRO 0/1 (the distributed optimizer)" in text and "virtual stages 1/" in text

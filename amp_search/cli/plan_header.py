@@ -20,7 +20,8 @@ from ..spec import Spec
 BACKEND_NAMES = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed's pipeline engine"}
 NETWORK_SHARE_WARNING = 0.1
 """Warn where a GPU's share of its node's network is below this fraction of its link inside
-the node (a data-centre node written with one NIC's bandwidth, not the node's)."""
+the node (a data-centre node written with one NIC's bandwidth, not the node's), unless the spec
+wrote it as its NICs ('8 x 200 Gbps')."""
 
 
 def _bandwidth(bytes_per_s: float) -> str:
@@ -83,6 +84,7 @@ def header_lines(spec: Spec, plan: Plan, width: int = 100) -> list[str]:
     for g in groups:
         per_gpu = g.inter_node_bandwidth_bytes_per_s / g.gpus_per_node
         if g.gpu.kind == "gpu" and g.count > 1 and g.gpus_per_node > 1 and \
+                not g.network_links and \
                 per_gpu < NETWORK_SHARE_WARNING * g.intra_node_bandwidth_bytes_per_s:
             lines.append(f"note: the {g.gpu.name} nodes get {_bandwidth(per_gpu)} of network "
                          f"per GPU, under a tenth of their "
