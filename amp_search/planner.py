@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 
@@ -32,14 +33,14 @@ from .errors import AmpSearchError, UsageError
 from .measurements import NO_MEASUREMENTS, Measurements
 from .partition import uniform_partition
 from .placement import device_orders
-from .records import Estimate, Plan, Strategy
+from .records import Estimate, GroupAlone, Plan, Strategy
 from .search_space import (Candidate, Reason, SearchSpace, check_batch_has_a_degree, divisors,
                            enumerate_candidates, first_violation, search_cost)
 from .simulate import DEFAULT_SIMULATE_TOP, rerank, with_simulation
-from .spec import Spec
+from .spec import Cluster, Spec
 
 __all__ = ["NoFeasibleStrategy", "SearchTooLarge", "estimate", "evaluate", "megatron_baseline",
-           "plan", "rank", "ranking_key"]
+           "node_groups_alone", "plan", "rank", "ranking_key"]
 
 
 class NoFeasibleStrategy(AmpSearchError):
@@ -119,6 +120,28 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     return Plan(strategies=tuple(ranked), baseline=baseline,
                 search_time_s=time.perf_counter() - t0, candidates=looked_at,
                 evaluated=len(candidates) * len(orders), pruned=dict(pruned))
+
+
+def node_groups_alone(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
+                      cost_params: CostParams | None = None, simulate_top: int | None = None,
+                      backend: str | None = None) -> tuple[GroupAlone, ...]:
+    """Each node group of a mixed cluster planned on its own, the others idle (`plan` on the
+    spec with that group only, the same model and re-rank): whether the slower groups help or
+    hold the rest back. () for a cluster of one node group."""
+    groups = spec.cluster.node_groups
+    if len(groups) < 2:
+        return ()
+    out = []
+    for i, g in enumerate(groups):
+        alone = replace(spec, cluster=Cluster.from_groups((g,)))
+        common = dict(group=i, gpu=g.gpu.name, nodes=g.count, gpus=g.count * g.gpus_per_node)
+        try:
+            best = plan(alone, measurements=measurements, cost_params=cost_params,
+                        simulate_top=simulate_top, backend=backend).best
+            out.append(GroupAlone(**common, best=best))
+        except NoFeasibleStrategy as exc:
+            out.append(GroupAlone(**common, best=None, reason=str(exc)))
+    return tuple(out)
 
 
 def ranking_key(e: Estimate) -> tuple[float, int, str]:

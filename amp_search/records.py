@@ -330,3 +330,28 @@ class Plan:
             "pruned": dict(self.pruned),
             "num_feasible": len(self.strategies),
         }
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupAlone:
+    """The best plan of one node group of a mixed cluster on its own, the other groups idle:
+    whether the slower devices help or hold the others back."""
+
+    group: int
+    """Index into the spec's cluster.nodes."""
+    gpu: str
+    nodes: int
+    gpus: int
+    best: Estimate | None
+    """None where nothing fits on this group alone."""
+    reason: str = ""
+    """Why nothing fits (the search's prune counts)."""
+
+    def samples_per_s(self, global_batch_size: int) -> float | None:
+        return None if self.best is None else global_batch_size / self.best.iteration_time_s
+
+    def to_dict(self, global_batch_size: int) -> dict:
+        return {"group": self.group, "gpu": self.gpu, "nodes": self.nodes, "gpus": self.gpus,
+                "best": None if self.best is None else self.best.to_dict(),
+                "samples_per_s": self.samples_per_s(global_batch_size),
+                "reason": self.reason or None}

@@ -1,6 +1,7 @@
 """`amp-search plan` and `amp-search estimate`."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import textwrap
@@ -40,6 +41,10 @@ def add_parser(sub) -> None:
     p.add_argument("--no-simulate", action="store_true",
                    help="rank by the closed form (AMP eq. 5 + 4) only; same as "
                         "--simulate-top 0")
+    p.add_argument("--groups-alone", action=argparse.BooleanOptionalAction, default=None,
+                   help="on a cluster of several node groups, also plan each group on its "
+                        "own, the others idle, and say whether it beats the whole cluster "
+                        f"(default: on up to {GROUPS_ALONE_MAX_GPUS} GPUs)")
     add_profiles_argument(p)
     p.set_defaults(func=run_plan)
 
@@ -372,6 +377,42 @@ def chosen_strategy(spec: Spec, args, measurements) -> tuple[Estimate, str]:
     return e, "given strategy"
 
 
+GROUPS_ALONE_MAX_GPUS = 512
+"""`plan` plans each node group of a mixed cluster alone by default up to this many GPUs (the
+group searches together take about as long as the whole cluster's); --groups-alone above."""
+
+
+def groups_alone_note(spec: Spec, result: Plan, alone, error: float) -> str:
+    """One line: each node group's best plan alone against the whole cluster's, and what it
+    means for the user (leave the others out, or not)."""
+    gbs = spec.training.global_batch_size
+    whole = gbs / result.best.iteration_time_s
+    parts = []
+    for a in alone:
+        name = f"{a.nodes} x {a.gpus // a.nodes} {a.gpu}"
+        rate = a.samples_per_s(gbs)
+        if rate is None:
+            parts.append(f"{name}: nothing fits")
+            continue
+        s = a.best.strategy
+        parts.append(f"{name}: {rate:.4g} samples/s (pp{s.pp} dp{s.dp} tmp{s.tmp} mbs{s.mbs}), "
+                     f"{rate / whole:.2f}x")
+    line = (f"Each node group alone, the others idle, against the whole cluster's "
+            f"{whole:.4g} samples/s: " + "; ".join(parts) + ". ")
+    fits = [a for a in alone if a.best is not None]
+    if not fits:
+        return line + "Only the whole cluster fits the model."
+    top = max(fits, key=lambda a: a.samples_per_s(gbs))
+    r = top.samples_per_s(gbs) / whole
+    if r > 1 + error:
+        return line + (f"The {top.gpu} nodes alone are {r:.2f}x as fast: leave the others "
+                       f"out (plan a spec without them).")
+    if r >= 1 - error:
+        return line + (f"The {top.gpu} nodes alone are within the model's error (±{error:.1%}) "
+                       f"of the whole cluster: the other nodes add little.")
+    return line + f"Every node together is {1 / r:.2f}x as fast as the best group alone."
+
+
 def model_error(spec: Spec) -> tuple[float, object]:
     """The default model's measured error (a fraction) on the cluster's least known GPU type,
     and that GPU (the catalog's prediction_error)."""
@@ -405,12 +446,20 @@ def run_plan(args) -> int:
     from ..planner import plan
 
     spec = load_spec(args.spec)
-    result: Plan = plan(spec, measurements=measurements_for(spec, args),
+    measurements = measurements_for(spec, args)
+    result: Plan = plan(spec, measurements=measurements,
                         progress=not args.no_progress and sys.stderr.isatty(),
                         max_search_s=args.max_search_seconds, on_start=announce,
                         simulate_top=0 if args.no_simulate else args.simulate_top)
     error, gpu = model_error(spec)
     tied = tied_count(result, error)
+    alone = ()
+    if args.groups_alone or (args.groups_alone is None and
+                             spec.cluster.num_devices <= GROUPS_ALONE_MAX_GPUS):
+        from ..planner import node_groups_alone
+
+        alone = node_groups_alone(spec, measurements=measurements,
+                                  simulate_top=0 if args.no_simulate else args.simulate_top)
     rows = [(f"{i}~" if 1 < i <= tied else str(i), e, result.speedup(e))
             for i, e in enumerate(result.strategies[:args.top_k], 1)]
     if result.baseline is not None:
@@ -438,10 +487,14 @@ def run_plan(args) -> int:
                   f"({result.evaluated} placements costed{sim}; pruned: {pruned}) in "
                   f"{result.search_time_s:.2f} s. Layer times: {sources}.")
         note = vocab_note(spec, sorted({e.strategy.tmp for _, e, _ in rows}))
-        for line in [tie_note(spec, tied, error, gpu), footer] + ([note] if note else []):
+        extra = ([groups_alone_note(spec, result, alone, error)] if alone else []) + \
+            ([note] if note else [])
+        for line in [tie_note(spec, tied, error, gpu), footer] + extra:
             print("\n".join(textwrap.wrap(line, width, break_on_hyphens=False)))
     if args.json is not None:
-        write_json(args.json, {**result.to_dict(top_k=args.top_k),
+        extra = {"node_groups_alone": [a.to_dict(spec.training.global_batch_size)
+                                       for a in alone]} if alone else {}
+        write_json(args.json, {**result.to_dict(top_k=args.top_k), **extra,
                                FINGERPRINT_KEY: spec_fingerprint(spec)})
     return 0
 
