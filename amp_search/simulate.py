@@ -260,27 +260,34 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
                   zero3_param_bytes=params * bpe, zero3_grad_bytes=params * grad_bpe)
     elif s.replicas > 1:         # the gradients are reduced over dp x cp
         bw, crosses = layout.dp_links
-        grad = pipeline.stage_totals(
+        grad, gather = _dp_sync_bytes(model, s, pipeline.stage_totals(
             model.synced_params_per_layer(Candidate.of(s))[None, :].repeat(s.pp, axis=0),
-            bounds) * bpe
-        precision = model.spec.training.precision
-        if model.spec.training.backend == "megatron":
-            # Megatron-LM reduces its gradient buffer's dtype (fp32 with bf16); only its
-            # distributed optimizer (zero_stage 1) all-gathers the updated weights
-            gather, weights = s.zero_stage == 1, grad
-            grad = grad * comm.gradient_reduce_bytes_per_element(precision,
-                                                              framework="megatron") / bpe
-        else:
-            engine = memory_model.deepspeed_engine(zero_stage=s.zero_stage, precision=precision)
-            gather, weights = s.zero_stage in (1, 2) or engine == "bf16_optimizer", grad
+            bounds) * bpe)
         kw.update(dp=s.replicas, gradient_bytes=grad,
                   dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(bw, dtype=float),
                   bucket_bytes=float(bucket_elements) * bpe, overlap=overlap,
                   gradient_collective="all_reduce" if s.zero_stage == 0 else "reduce_scatter",
                   reduce_every_microbatch=s.zero_stage == 2,
-                  gather_bytes_after_step=weights if gather else None)
+                  gather_bytes_after_step=gather)
     return kw
+
+
+def _dp_sync_bytes(model: "CostModel", s: Strategy, weight_bytes: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
+    """(gradient bytes reduced, weight bytes all-gathered after the step or None) per stage or
+    device, from the bytes of the weights it syncs in the training precision: Megatron-LM
+    reduces its gradient buffer's dtype (fp32 with bf16) and only its distributed optimizer
+    (zero_stage 1) all-gathers the updated weights; DeepSpeed reduces in the training
+    precision and all-gathers after ZeRO 1 and 2 and under its BF16_Optimizer."""
+    precision = model.spec.training.precision
+    if model.spec.training.backend == "megatron":
+        grad = weight_bytes * comm.gradient_reduce_bytes_per_element(
+            precision, framework="megatron") / model.spec.training.bytes_per_element
+        return grad, (weight_bytes if s.zero_stage == 1 else None)
+    engine = memory_model.deepspeed_engine(zero_stage=s.zero_stage, precision=precision)
+    gather = s.zero_stage in (1, 2) or engine == "bf16_optimizer"
+    return weight_bytes, (weight_bytes if gather else None)
 
 
 def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
@@ -290,7 +297,8 @@ def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
     P2P over each of the v*pp - 1 chunk boundaries (the activation of the chunk's last layer)
     on the stage boundary's link (the wrap-around from the last stage to the first on the
     slowest of them: the cost arrays have no such link), async sends (the simulator does not
-    pair Megatron's sends and receives), gradient buckets after the backward."""
+    pair Megatron's sends and receives), gradient buckets after the backward in the bytes and
+    with the weights' all-gather of the 1F1B path (`_dp_sync_bytes`)."""
     pp, v, bounds = s.pp, s.virtual_stages, s.partition
     c = Candidate.of(s)
     per_chunk = (lambda x: np.asarray(x, dtype=float).reshape(v, pp).T)   # noqa: E731
@@ -310,12 +318,14 @@ def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
     if s.replicas > 1:
         bpe = model.spec.training.bytes_per_element
         dbw, dcross = layout.dp_links
-        kw.update(dp=s.replicas, gradient_bytes=pipeline.chunk_device_totals(
-                      model.synced_params_per_layer(c)[None, :].repeat(pp, axis=0), bounds, pp)
-                  * bpe, dp_latency_s=model.link_latencies_s("all_reduce", dcross, layout),
+        grad, gather = _dp_sync_bytes(model, s, pipeline.chunk_device_totals(
+            model.synced_params_per_layer(c)[None, :].repeat(pp, axis=0), bounds, pp) * bpe)
+        kw.update(dp=s.replicas, gradient_bytes=grad,
+                  dp_latency_s=model.link_latencies_s("all_reduce", dcross, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(dbw, dtype=float),
                   bucket_bytes=float(bucket_elements) * bpe,
-                  gradient_collective="all_reduce" if s.zero_stage == 0 else "reduce_scatter")
+                  gradient_collective="all_reduce" if s.zero_stage == 0 else "reduce_scatter",
+                  gather_bytes_after_step=gather)
     return kw
 
 

@@ -504,6 +504,7 @@ def simulate_interleaved(*, forward_s, backward_s, optimizer_s, gas: int,
                          dp_bandwidth_bytes_per_s=None,
                          bucket_bytes: float = deepspeed_bucket_bytes(2),
                          gradient_collective: str = "all_reduce",
+                         gather_bytes_after_step=None,
                          step_overhead_s: float = 0.0,
                          use_numba: bool = True) -> SimulatedIteration:
     """Simulate one iteration of Megatron-LM's interleaved 1F1B schedule
@@ -519,7 +520,9 @@ def simulate_interleaved(*, forward_s, backward_s, optimizer_s, gas: int,
     Omitted p2p_bytes: free transfers. Sends are "async" (free-running, the receiver waits):
     Megatron's paired sends and receives of the interleaved schedule are not modelled.
     Data parallelism (dp > 1): gradient_bytes[j] in buckets after the device's last backward,
-    on a private link of dp_bandwidth_bytes_per_s[j], without overlap, then the optimizer step.
+    on a private link of dp_bandwidth_bytes_per_s[j], without overlap, then the optimizer step,
+    then gather_bytes_after_step[j] (the distributed optimizer's all-gather of the updated
+    weights; none where omitted) on the same link, as `simulate_iteration` has them.
 
     With free links and chunks of equal length the makespan is the closed form
     `cost_models.pipeline.interleaved_1f1b_time_s` exactly (tests/test_interleaved.py)."""
@@ -542,7 +545,7 @@ def simulate_interleaved(*, forward_s, backward_s, optimizer_s, gas: int,
         p2p_latency_s=p2p_latency_s, p2p_bandwidth_bytes_per_s=p2p_bandwidth_bytes_per_s,
         dp=dp, gradient_bytes=gradient_bytes, dp_latency_s=dp_latency_s,
         dp_bandwidth_bytes_per_s=dp_bandwidth_bytes_per_s, bucket_bytes=bucket_bytes,
-        gradient_collective=gradient_collective)
+        gradient_collective=gradient_collective, gather_bytes_after_step=gather_bytes_after_step)
     s_ptr, s_flow = flows.stream_queues(3 * pp)
     f_lptr, f_link, f_mult, link_bw, slot_ptr, alone = lk.kernel_arrays(len(flows))
     event_loop = pick("event_loop", use_numba)

@@ -558,10 +558,28 @@ def apply_zero3_ops(ops: ComputeOps, kinds: np.ndarray, z3, layer: np.ndarray,
 
 # ----------------------------------------------------------------------------- interleaved
 
+def _append_gather(j, nbytes, dp, latency_s, f_stream, f_wake, f_owner, f_lat, f_bytes, f_mb,
+                   f_kind, b_frac, f_peer, f_count) -> None:
+    """Stage j's all-gather of its updated weights after the optimizer step (ZeRO 1's, the
+    distributed optimizer's), as `add_data_parallel_flows` adds it: one flow on the dp
+    stream whose end ends the stage."""
+    f_stream.append(3 * j + 2)
+    f_wake.append(j)
+    f_owner.append(j)
+    f_lat.append(comm.latency_steps("all_gather", dp) * latency_s)
+    f_bytes.append(comm.bus_factor("all_gather", dp) * nbytes)
+    f_mb.append(-1)
+    f_kind.append(FLOW_GATHER)
+    b_frac.append(0.0)
+    f_peer.append(-1)
+    f_count.append(0)
+
+
 def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, *, fwd, bwd,
                        opt, gas: int, p2p_bytes, p2p_latency_s, p2p_bandwidth_bytes_per_s,
                        dp: int, gradient_bytes, dp_latency_s, dp_bandwidth_bytes_per_s,
-                       bucket_bytes: float, gradient_collective: str
+                       bucket_bytes: float, gradient_collective: str,
+                       gather_bytes_after_step=None
                        ) -> tuple[Flows, ComputeOps, np.ndarray, np.ndarray, LinksAndRoutes]:
     """`simulate_interleaved`'s flows and compute tasks for the order (kinds, micro, chunk)
     of `schedule.interleaved_order`: (flows, ops, stage_nb, stage_bptr, links). P2P flows are
@@ -632,6 +650,8 @@ def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, 
 
     # ---- data parallelism: buckets after each device's last backward, no overlap
     grad = nonnegative_floats("gradient_bytes", gradient_bytes, pp, default=0.0)
+    gather = nonnegative_floats("gather_bytes_after_step", gather_bytes_after_step, pp,
+                                default=0.0)
     dp_l = nonnegative_floats("dp_latency_s", dp_latency_s, pp, default=0.0)
     stage_nb = np.zeros(pp, dtype=np.int64)
     stage_bptr = np.zeros(pp, dtype=np.int64)
@@ -646,9 +666,16 @@ def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, 
                 raise ValueError(f"stage {j}: {nb} gradient buckets; at most "
                                  f"{MAX_BUCKETS_PER_STAGE} are simulated")
             stage_nb[j], stage_bptr[j] = nb, len(f_stream)
+            if nb or gather[j] > 0:
+                lk.add(("dp", j), dbw[j])
+            if gather[j] > 0:       # the updated weights' all-gather, after the step
+                op_out[j, n_ops] = len(f_stream) + nb
             if not nb:
+                if gather[j] > 0:
+                    _append_gather(j, gather[j], dp, dp_l[j], f_stream, f_wake, f_owner,
+                                   f_lat, f_bytes, f_mb, f_kind, b_frac, f_peer, f_count)
+                    lk.route([("dp", j)], 3 * j + 2)
                 continue
-            lk.add(("dp", j), dbw[j])
             sizes, frac = _bucket_sizes(grad[j], bucket_bytes, nb)
             for b in range(nb):
                 f_stream.append(3 * j + 2)
@@ -663,6 +690,10 @@ def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, 
                 f_count.append(nb)
             lk.route([("dp", j)], 3 * j + 2, nb)
             op_emit[j, n_ops - 1] = 0        # the device's last op is a backward
+            if gather[j] > 0:
+                _append_gather(j, gather[j], dp, dp_l[j], f_stream, f_wake, f_owner, f_lat,
+                               f_bytes, f_mb, f_kind, b_frac, f_peer, f_count)
+                lk.route([("dp", j)], 3 * j + 2)
 
     def ints(values):
         return np.array(values, dtype=np.int64).reshape(-1)

@@ -386,3 +386,38 @@ def test_cli_estimate_shows_v_and_errors_are_one_line(write_spec, tmp_path, caps
     assert len(err.splitlines()) == 1 and "equal chunks" in err
     assert main(argv) == 0                          # v = 1: no v column
     assert " v " not in capsys.readouterr().out.splitlines()[0] + " "
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_interleaved_simulation_syncs_what_the_1f1b_simulation_does(zero_stage):
+    """Megatron-LM in bf16 reduces its fp32 gradient buffer and, with its distributed
+    optimizer (ZeRO 1), all-gathers the updated bf16 weights after the step: the interleaved
+    schedule's simulation moves the same data-parallel bytes in all as the plain 1F1B one
+    (it had the bf16 gradients and no all-gather), and its iteration pays for them."""
+    from amp_search.costing import CostModel
+    from amp_search.simulate import simulate, simulation_inputs
+
+    spec = parse_spec({
+        "cluster": {"nodes": [{"gpu": "H100-80GB", "count": 2, "gpus_per_node": 4,
+                               "intra_node_bandwidth": "450 GB/s",
+                               "inter_node_bandwidth": "400 Gbps"}]},
+        "model": {"preset": "gpt", "num_layers": 8, "hidden_size": 2048,
+                  "num_attention_heads": 16, "seq_length": 2048, "vocab_size": 32000},
+        "training": {"global_batch_size": 16, "precision": "bf16", "backend": "megatron",
+                     "zero_stage": zero_stage, "activation_checkpointing": "none",
+                     "sequence_parallel": False}})
+    model = CostModel(spec)
+    kw = dict(pp=4, dp=2, tmp=1, mbs=1, zero_stage=zero_stage, partition="uniform")
+    v2 = estimate(spec, **kw, virtual_stages=2).strategy
+    v1 = estimate(spec, **kw).strategy
+    a, b = simulation_inputs(model, v2), simulation_inputs(model, v1)
+    assert np.sum(a["gradient_bytes"]) == pytest.approx(np.sum(b["gradient_bytes"]))
+    weights = np.sum(b["gradient_bytes"]) / 2          # fp32 gradients of bf16 weights
+    if zero_stage == 1:
+        assert np.sum(a["gather_bytes_after_step"]) == pytest.approx(weights)
+        assert np.sum(b["gather_bytes_after_step"]) == pytest.approx(weights)
+        without = simulate(model, v2).iteration_time_s
+        assert without > simulate_interleaved(**{**a, "gather_bytes_after_step": None}
+                                              ).iteration_time_s
+    else:
+        assert a["gather_bytes_after_step"] is None and b["gather_bytes_after_step"] is None
