@@ -539,6 +539,26 @@ class LinearMemory:
                 reserved)
 
 
+@lru_cache(maxsize=64)
+def _layer_tensors(layers: tuple, tmp: int, ep: int):
+    """(one layer per signature, every tensor's numel in layer order, each layer's
+    parameters, each layer's routed-expert parameters) of one tensor and expert rank: layers of
+    one signature hold the same tensors, so each is counted once; the search asks for the same
+    (layers, tmp, ep) for every candidate."""
+    first: dict = {}
+    for x in layers:
+        first.setdefault(x.signature, x)
+    numel_of = {k: param_tensor_numels(x, tmp, ep) for k, x in first.items()}
+    numels = [numel_of[x.signature] for x in layers]
+    flat = tuple(n for ts in numels for n in ts)
+    expert_of = {k: expert_param_count(x, ep) for k, x in first.items()}
+    experts = np.array([expert_of[x.signature] for x in layers], dtype=float)
+    experts.setflags(write=False)
+    layer_numel = np.array([sum(ts) for ts in numels], dtype=float)
+    layer_numel.setflags(write=False)
+    return first, flat, layer_numel, experts
+
+
 def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_stage: int,
                         recompute: bool, precision: str, framework_overhead_bytes: int,
                         buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
@@ -549,9 +569,7 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
     (with cp > 1, 1/cp of the activation terms; routed experts' states per parameter as
     their own sharding gives them)."""
     g = BYTES_PER_ELEMENT[precision]
-    numels = [param_tensor_numels(x, tmp, ep) for x in layers]
-    flat = tuple(n for ts in numels for n in ts)
-    experts = np.array([expert_param_count(x, ep) for x in layers], dtype=float)
+    first, flat, layer_numel, experts = _layer_tensors(tuple(layers), tmp, ep)
     states = model_state_bytes(flat, precision=precision, zero_stage=zero_stage, dp=dp, gas=gas,
                                buckets=buckets, framework=framework,
                                expert_numel=int(experts.sum()),
@@ -579,12 +597,12 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
             by_signature[x.signature] = stage_output_buffer_bytes(x, mbs=mbs, tmp=tmp,
                                                                   bytes_per_element=g)
     last = layers[-1]
+    activation_of = {k: layer_activation_bytes(x, recompute=recompute, selective=selective,
+                                               **kw) for k, x in first.items()}
     return LinearMemory(
-        state_bytes=per_param * (np.array([sum(ts) for ts in numels], dtype=float) - experts)
-        + per_expert_param * experts,
-        activation_bytes=np.array([layer_activation_bytes(x, recompute=recompute,
-                                                          selective=selective, **kw)
-                                   for x in layers], dtype=float) / cp,
+        state_bytes=per_param * (layer_numel - experts) + per_expert_param * experts,
+        activation_bytes=np.array([activation_of[x.signature] for x in layers],
+                                  dtype=float) / cp,
         fixed_bytes=fixed, output_buffer_bytes=max(by_signature.values(), default=0.0) / cp,
         last_buffer_bytes=stage_output_buffer_bytes(last, mbs=mbs, tmp=tmp,
                                                     bytes_per_element=g) / cp,
