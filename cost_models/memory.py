@@ -590,7 +590,9 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
     selective = selective and not recompute
     fixed = float(framework_overhead_bytes + states.buffer_bytes)
     if recompute or selective:
-        fixed += recompute_working_set_bytes(layers, selective=selective, **kw) / cp
+        # the largest block's: one layer of each signature is enough
+        fixed += recompute_working_set_bytes(tuple(first.values()), selective=selective,
+                                             **kw) / cp
     by_signature: dict = {}
     for x in layers[:-1]:
         if x.signature not in by_signature:
