@@ -119,19 +119,23 @@ MAX_LINKS = 1024
 """The most links a node's bandwidth may be written as ('8 x 400 Gbps')."""
 
 
+def _links_match(text):
+    """The 'N x B' match of a node's network bandwidth ('8 x 400 Gbps'), or None."""
+    return _LINK_COUNT.match(text) if isinstance(text, str) and \
+        len(text) <= MAX_QUANTITY_CHARS else None
+
+
 def link_count(text) -> int:
     """How many links a node's network bandwidth is written as: N of 'N x B' ('8 x 400
     Gbps'); 0 where it is written as the node's total."""
-    m = _LINK_COUNT.match(text) if isinstance(text, str) and len(text) <= MAX_QUANTITY_CHARS \
-        else None
+    m = _links_match(text)
     return int(m.group(1)) if m is not None else 0
 
 
 def parse_node_bandwidth(text, path: str, bounds: Bounds | None = None) -> float:
     """A node's network bandwidth: '3200 Gbps', or as its NICs are sold, 'N x B' ('8 x 400
     Gbps', also '8x400Gbps' or with '*'): N links of B each, N x B in all. Within `bounds`."""
-    m = _LINK_COUNT.match(text) if isinstance(text, str) and len(text) <= MAX_QUANTITY_CHARS \
-        else None
+    m = _links_match(text)
     if m is None:
         return parse_bandwidth(text, path, bounds)
     count = int(m.group(1))

@@ -558,23 +558,6 @@ def apply_zero3_ops(ops: ComputeOps, kinds: np.ndarray, z3, layer: np.ndarray,
 
 # ----------------------------------------------------------------------------- interleaved
 
-def _append_gather(j, nbytes, dp, latency_s, f_stream, f_wake, f_owner, f_lat, f_bytes, f_mb,
-                   f_kind, b_frac, f_peer, f_count) -> None:
-    """Stage j's all-gather of its updated weights after the optimizer step (ZeRO 1's, the
-    distributed optimizer's), as `add_data_parallel_flows` adds it: one flow on the dp
-    stream whose end ends the stage."""
-    f_stream.append(3 * j + 2)
-    f_wake.append(j)
-    f_owner.append(j)
-    f_lat.append(comm.latency_steps("all_gather", dp) * latency_s)
-    f_bytes.append(comm.bus_factor("all_gather", dp) * nbytes)
-    f_mb.append(-1)
-    f_kind.append(FLOW_GATHER)
-    b_frac.append(0.0)
-    f_peer.append(-1)
-    f_count.append(0)
-
-
 def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, *, fwd, bwd,
                        opt, gas: int, p2p_bytes, p2p_latency_s, p2p_bandwidth_bytes_per_s,
                        dp: int, gradient_bytes, dp_latency_s, dp_bandwidth_bytes_per_s,
@@ -616,12 +599,8 @@ def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, 
     fj, fi = np.nonzero(sends)                                 # row-major: the flows' order
     act = sends_act[fj, fi]
     boundary = np.where(act, vs[fj, fi], vs[fj, fi] - 1)
-    f_stream = (3 * fj + np.where(act, 0, 1)).tolist()
-    f_wake = np.where(act, (fj + 1) % pp, (fj - 1) % pp).tolist()
-    f_owner = fj.tolist()
-    f_lat = p2p_l[boundary].tolist()
-    f_bytes = p2p_b[boundary].tolist()
-    f_mb = micro[fj, fi].tolist()
+    f_stream = 3 * fj + np.where(act, 0, 1)
+    f_wake = np.where(act, (fj + 1) % pp, (fj - 1) % pp)
     act_link = np.array([lk.index[("p2p", j, "activation")] for j in range(pp)])
     grad_link = np.array([lk.index[("p2p", j, "gradient")] for j in range(pp)])
     links = np.where(act, act_link[fj], grad_link[(fj - 1) % pp])
@@ -641,70 +620,25 @@ def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, 
     dep[gets_grad] = grad_flow[vs[gets_grad], micro[gets_grad]]
     if np.any(dep[gets_act | gets_grad] < 0):
         raise ValueError("a receive has no matching send in the interleaved order")
+    lk.route_indices(links, f_stream.tolist())
     n_p2p = len(f_stream)
-    lk.route_indices(links, f_stream)
-    f_kind = [FLOW_P2P] * n_p2p
-    b_frac = [0.0] * n_p2p
-    f_peer = list(f_wake)
-    f_count = [0] * n_p2p
+    columns = FlowColumns()
+    columns.add(stream=f_stream, owner=fj, wake=f_wake, kind=np.full(n_p2p, FLOW_P2P),
+                latency_s=p2p_l[boundary], wire_bytes=p2p_b[boundary],
+                bucket_frac=np.zeros(n_p2p), microbatch=micro[fj, fi], peer=f_wake,
+                count=np.zeros(n_p2p))
 
-    # ---- data parallelism: buckets after each device's last backward, no overlap
-    grad = nonnegative_floats("gradient_bytes", gradient_bytes, pp, default=0.0)
-    gather = nonnegative_floats("gather_bytes_after_step", gather_bytes_after_step, pp,
-                                default=0.0)
-    dp_l = nonnegative_floats("dp_latency_s", dp_latency_s, pp, default=0.0)
-    stage_nb = np.zeros(pp, dtype=np.int64)
-    stage_bptr = np.zeros(pp, dtype=np.int64)
+    # ---- data parallelism: buckets after each device's last backward, no overlap, then the
+    # weights' all-gather after the step, as `simulate_iteration` has them
+    dp_flows = add_data_parallel_flows(
+        columns, lk, pp=pp, gas=gas, dp=dp, gradient_bytes=gradient_bytes,
+        gather_bytes_after_step=gather_bytes_after_step, latency_s=dp_latency_s,
+        bandwidth=dp_bandwidth_bytes_per_s, routes=None, bucket_bytes=bucket_bytes,
+        gradient_collective=gradient_collective, reduce_every_microbatch=False)
+    op_out[:, n_ops] = dp_flows.gather_flow
     op_emit = np.full((pp, K), -1, dtype=np.int64)
-    if dp > 1:
-        if dp_bandwidth_bytes_per_s is None:
-            raise ValueError("dp > 1 needs dp_bandwidth_bytes_per_s")
-        dbw = nonnegative_floats("dp_bandwidth_bytes_per_s", dp_bandwidth_bytes_per_s, pp)
-        for j in range(pp):
-            nb = int(math.ceil(grad[j] / bucket_bytes)) if grad[j] > 0 else 0
-            if nb > MAX_BUCKETS_PER_STAGE:
-                raise ValueError(f"stage {j}: {nb} gradient buckets; at most "
-                                 f"{MAX_BUCKETS_PER_STAGE} are simulated")
-            stage_nb[j], stage_bptr[j] = nb, len(f_stream)
-            if nb or gather[j] > 0:
-                lk.add(("dp", j), dbw[j])
-            if gather[j] > 0:       # the updated weights' all-gather, after the step
-                op_out[j, n_ops] = len(f_stream) + nb
-            if not nb:
-                if gather[j] > 0:
-                    _append_gather(j, gather[j], dp, dp_l[j], f_stream, f_wake, f_owner,
-                                   f_lat, f_bytes, f_mb, f_kind, b_frac, f_peer, f_count)
-                    lk.route([("dp", j)], 3 * j + 2)
-                continue
-            sizes, frac = _bucket_sizes(grad[j], bucket_bytes, nb)
-            for b in range(nb):
-                f_stream.append(3 * j + 2)
-                f_wake.append(j)
-                f_owner.append(j)
-                f_lat.append(comm.latency_steps(gradient_collective, dp) * dp_l[j])
-                f_bytes.append(comm.bus_factor(gradient_collective, dp) * sizes[b])
-                f_mb.append(gas - 1)
-                f_kind.append(FLOW_BUCKET)
-                b_frac.append(frac[b])
-                f_peer.append(b)
-                f_count.append(nb)
-            lk.route([("dp", j)], 3 * j + 2, nb)
-            op_emit[j, n_ops - 1] = 0        # the device's last op is a backward
-            if gather[j] > 0:
-                _append_gather(j, gather[j], dp, dp_l[j], f_stream, f_wake, f_owner, f_lat,
-                               f_bytes, f_mb, f_kind, b_frac, f_peer, f_count)
-                lk.route([("dp", j)], 3 * j + 2)
-
-    def ints(values):
-        return np.array(values, dtype=np.int64).reshape(-1)
-
-    def floats(values):
-        return np.array(values, dtype=float).reshape(-1)
-
-    flows = Flows(stream=ints(f_stream), owner=ints(f_owner), wake=ints(f_wake),
-                  kind=ints(f_kind), latency_s=floats(f_lat), wire_bytes=floats(f_bytes),
-                  bucket_frac=floats(b_frac), microbatch=ints(f_mb), peer=ints(f_peer),
-                  count=ints(f_count))
+    op_emit[dp_flows.nb > 0, n_ops - 1] = 0        # the device's last op is a backward
+    flows = columns.flows()
     op_dur = np.empty((pp, K))
     js = np.arange(pp)[:, None]
     op_dur[:, :n_ops] = np.where(kinds == FORWARD, fwd[js, chunk], bwd[js, chunk])
@@ -712,4 +646,4 @@ def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, 
     ops = ComputeOps(dur=op_dur, dep=op_dep, out=op_out, emit=op_emit,
                      xfer=np.full((pp, K, 1), -1, dtype=np.int64),
                      pre=np.full((pp, K), -1, dtype=np.int64))
-    return flows, ops, stage_nb, stage_bptr, lk
+    return flows, ops, dp_flows.nb, dp_flows.bptr, lk

@@ -14,7 +14,7 @@ from amp_search.launch.megatron import megatron_args, megatron_unsupported
 from amp_search.launch.orchestrator import preflight
 from amp_search.costing import CostModel
 from amp_search.records import Strategy
-from amp_search.search_space import Candidate, Reason
+from amp_search.search_space import Candidate
 from amp_search.simulate import pass_times
 from amp_search.spec import SpecError, parse_spec
 from cost_models import comm

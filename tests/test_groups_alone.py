@@ -6,8 +6,6 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-
 from amp_search.cli import main
 from amp_search.planner import node_groups_alone, plan
 from amp_search.spec import Cluster, load_spec

@@ -3,8 +3,6 @@ and what was fixed, the baseline's rule, the model's sources, and a warning for 
 network written as one NIC's."""
 from __future__ import annotations
 
-import yaml
-
 from amp_search.cli import main
 from amp_search.cli.plan_header import header_lines
 from amp_search.planner import plan

@@ -447,10 +447,11 @@ def run_plan(args) -> int:
 
     spec = load_spec(args.spec)
     measurements = measurements_for(spec, args)
+    simulate_top = 0 if args.no_simulate else args.simulate_top
     result: Plan = plan(spec, measurements=measurements,
                         progress=not args.no_progress and sys.stderr.isatty(),
                         max_search_s=args.max_search_seconds, on_start=announce,
-                        simulate_top=0 if args.no_simulate else args.simulate_top)
+                        simulate_top=simulate_top)
     error, gpu = model_error(spec)
     tied = tied_count(result, error)
     alone = ()
@@ -458,8 +459,7 @@ def run_plan(args) -> int:
                              spec.cluster.num_devices <= GROUPS_ALONE_MAX_GPUS):
         from ..planner import node_groups_alone
 
-        alone = node_groups_alone(spec, measurements=measurements,
-                                  simulate_top=0 if args.no_simulate else args.simulate_top)
+        alone = node_groups_alone(spec, measurements=measurements, simulate_top=simulate_top)
     rows = [(f"{i}~" if 1 < i <= tied else str(i), e, result.speedup(e))
             for i, e in enumerate(result.strategies[:args.top_k], 1)]
     if result.baseline is not None:

@@ -597,8 +597,7 @@ class _MoE(nn.Module):
             per_expert = got.sum(dim=0).tolist()
             y = self._run_experts(received[regroup], per_expert)
             y = _AllToAll.apply(y[torch.argsort(regroup)], sent_split, got_split, self.group)
-        else:
-            counts = counts[:self.local] if self.group is not None else counts
+        else:                   # every expert here: counts has one entry per local expert
             y = self._run_experts(routed, counts.tolist())
         y = y[torch.argsort(order)].view(-1, self.k, h)                # back to token order
         out = (y * weights.unsqueeze(-1)).sum(dim=1).view(shape)

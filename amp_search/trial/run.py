@@ -442,7 +442,6 @@ def train(cfg: TrialConfig) -> dict | None:
 
     from .model import ALL_TO_ALL_SENT
 
-    a2a_before = dict(ALL_TO_ALL_SENT)
     times, losses = [], []
     for it in range(cfg.iters):
         dist.barrier()
