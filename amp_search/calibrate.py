@@ -211,10 +211,10 @@ def _coefficients(spec: Spec, measurements: Measurements = NO_MEASUREMENTS) -> l
     # the analytic model's fixed costs per device type (they move only analytic layer times),
     # starting from the catalog's values
     gpus = {d.gpu.name: d.gpu for d in spec.cluster.devices}
-    for field, unit in (("host_block_pass_s", 1e-4), ("host_tp_allreduce_per_rank_s", 1e-5),
-                        ("kernel_floor_s", 1e-4)):
-        coefs += [_Coef(f"{field}[{d}]", field, d, unit, False, 0.0, 1e4,
-                        default=float(getattr(gpus[d], field))) for d in devices]
+    for name, unit in (("host_block_pass_s", 1e-4), ("host_tp_allreduce_per_rank_s", 1e-5),
+                       ("kernel_floor_s", 1e-4)):
+        coefs += [_Coef(f"{name}[{d}]", name, d, unit, False, 0.0, 1e4,
+                        default=float(getattr(gpus[d], name))) for d in devices]
     coefs += [_Coef(f"bandwidth_scale[{lk}]", "bandwidth_scale", lk, 1.0, True, -7.0, 7.0)
               for lk in links]
     # latency_s is added to a measured link's alpha, so it may correct it downwards

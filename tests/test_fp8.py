@@ -15,7 +15,6 @@ from amp_search.planner import estimate
 from amp_search.spec import load_catalog, parse_spec
 from amp_search.costing.layer_times import device_speed
 from cost_models.compute import analytic_layer_time, attention_time_s
-from cost_models.layers import Layer
 
 
 def _spec(precision="fp8", gpu="H100-80GB", backend="megatron", layers=8, count=1):

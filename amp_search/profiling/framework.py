@@ -49,7 +49,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -57,6 +57,9 @@ from cost_models.layers import param_count
 
 from ..errors import UsageError
 from ..spec import Spec
+
+if TYPE_CHECKING:
+    from ..records import Strategy
 from .store import (FrameworkOverheads, LayerProfile, OverheadProbe, ZeroOverheads,
                     now_iso)
 
