@@ -16,7 +16,7 @@ _EXPORTS = {
     "AmpSearchError": "errors", "Infeasible": "errors", "SpecError": "errors",
     "UsageError": "errors",
     "NoFeasibleStrategy": "planner", "estimate": "planner", "evaluate": "planner",
-    "plan": "planner",
+    "plan": "planner", "plan_backends": "planner",
     "Breakdown": "records", "Estimate": "records", "Plan": "records", "StageMemory": "records",
     "Strategy": "records",
     "Spec": "spec", "load_spec": "spec",

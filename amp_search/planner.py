@@ -40,7 +40,7 @@ from .simulate import DEFAULT_SIMULATE_TOP, rerank, with_simulation
 from .spec import Cluster, Spec
 
 __all__ = ["NoFeasibleStrategy", "SearchTooLarge", "estimate", "evaluate", "megatron_baseline",
-           "node_groups_alone", "plan", "rank", "ranking_key"]
+           "node_groups_alone", "plan", "plan_backends", "rank", "ranking_key"]
 
 
 class NoFeasibleStrategy(AmpSearchError):
@@ -120,6 +120,40 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     return Plan(strategies=tuple(ranked), baseline=baseline,
                 search_time_s=time.perf_counter() - t0, candidates=looked_at,
                 evaluated=len(candidates) * len(orders), pruned=dict(pruned))
+
+
+def plan_backends(spec: Spec, **kw) -> Plan:
+    """`plan` for each framework the spec may be run with: where it names no
+    training.backend, DeepSpeed's and Megatron-LM's plans merged into one ranking (each
+    strategy's `Estimate.backend` says which; their own rules and defaults apply), with the
+    Megatron-LM plan's baseline (Megatron-LM's usual layout costed as Megatron-LM runs it).
+    A spec that names its backend: `plan` itself. `kw`: as plan()'s."""
+    specs = spec.backends()
+    if len(specs) == 1:
+        return plan(spec, **kw)
+    t0 = time.perf_counter()
+    plans, notes, first_error = [], list(spec.backend_notes), None
+    for i, s in enumerate(specs):
+        try:
+            # on_start (the caller's "searching ..." line) for the first search only
+            plans.append(plan(s, **({**kw, "on_start": None} if i else kw)))
+        except NoFeasibleStrategy as exc:
+            first_error = first_error or exc
+            notes.append(f"{s.training.backend}: {exc}")
+    if not plans:
+        raise first_error
+    pruned: Counter = Counter()
+    for p in plans:
+        pruned.update(p.pruned)
+    baselines = [p.baseline for p in plans if p.baseline is not None]
+    return Plan(strategies=tuple(sorted((e for p in plans for e in p.strategies),
+                                        key=ranking_key)),
+                baseline=next((b for b in baselines if b.backend == "megatron"),
+                              baselines[0] if baselines else None),
+                search_time_s=time.perf_counter() - t0,
+                candidates=sum(p.candidates for p in plans),
+                evaluated=sum(p.evaluated for p in plans), pruned=dict(pruned),
+                backends=tuple(p.best.backend for p in plans), backend_notes=tuple(notes))
 
 
 def node_groups_alone(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,

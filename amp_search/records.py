@@ -245,6 +245,8 @@ class Estimate:
     'analytic (why it was not simulated)'."""
     simulation: SimulationBreakdown | None = None
     """The simulated iteration's per-stage breakdown, where simulated."""
+    backend: str = "deepspeed"
+    """The framework it was costed for (training.backend: deepspeed | megatron)."""
 
     def __post_init__(self):
         if self.analytic_iteration_time_s is None:
@@ -270,6 +272,7 @@ class Estimate:
             "activation_checkpointing": s.activation_checkpointing,
             "recompute": s.recompute, "sequence_parallel": s.sequence_parallel,
             "virtual_stages": s.virtual_stages, "cp": s.cp, "ep": s.ep,
+            "backend": self.backend,
             "partition": list(s.partition),
             "placement": [[list(r) for r in st] for st in s.placement],
             "placement_order": s.placement_order,
@@ -304,6 +307,11 @@ class Plan:
     """Candidates costed (each with an exact layer assignment)."""
     pruned: dict[str, int] = field(default_factory=dict)
     """Candidates dropped before ranking, by reason."""
+    backends: tuple[str, ...] = ()
+    """The frameworks planned, where more than one (the spec names no training.backend;
+    each strategy's `Estimate.backend` says which); () for one."""
+    backend_notes: tuple[str, ...] = ()
+    """Why a backend the spec could mean is not in the plan (one line each)."""
 
     @property
     def best(self) -> Estimate:
@@ -329,6 +337,8 @@ class Plan:
             "evaluated": self.evaluated,
             "pruned": dict(self.pruned),
             "num_feasible": len(self.strategies),
+            **({"backends": list(self.backends), "backend_notes": list(self.backend_notes)}
+               if self.backends else {}),
         }
 
 

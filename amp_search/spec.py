@@ -300,6 +300,33 @@ class Spec:
     path: Path | None = None
     sha256: str = ""
     """Hash of the parsed spec content (what the results database keys trials by)."""
+    backend_given: bool = True
+    """Whether the spec names training.backend. Where it does not, `training` is the first
+    backend (BACKENDS order) that can run the spec and `other_backends` the rest: the CLI's
+    `plan` plans each (`backends()`) and says which is faster."""
+    other_backends: tuple[TrainingSpec, ...] = ()
+    """training as each other backend would run it, where the spec names none (its
+    backend-dependent defaults included: Megatron-LM searches ZeRO 0/1 and virtual stages)."""
+    backend_notes: tuple[str, ...] = ()
+    """Why a backend the spec could mean cannot run it (one line each), where it names none."""
+
+    def backends(self) -> tuple["Spec", ...]:
+        """This spec under each backend it may be planned for: itself, then `other_backends`
+        (where the spec names no training.backend)."""
+        return (self,) + tuple(replace(self, training=t, other_backends=())
+                               for t in self.other_backends)
+
+    def for_backend(self, backend: str) -> "Spec":
+        """This spec costed for `backend` (a plan row's `Estimate.backend`): itself where
+        training.backend is it, else the one of `backends()` that is; UsageError where the
+        spec names another backend or `backend` cannot run it."""
+        for s in self.backends():
+            if s.training.backend == backend:
+                return s
+        why = next((n for n in self.backend_notes if n.startswith(f"{backend}:")), None)
+        raise UsageError(f"backend {backend}: " + (why.split(":", 1)[1].strip() if why else
+                                                   f"the spec sets training.backend: "
+                                                   f"{self.training.backend}"))
 
     def attention_for(self, gpu: GPU) -> str:
         """The attention implementation the model runs on `gpu`: 'flash' (a fused kernel that
@@ -600,6 +627,31 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
     cluster = _cluster(r.raw("cluster", required=True), catalog)
     model = parse_model(r.raw("model", required=True))
     training_data = r.raw("training", required=True)
+    if isinstance(training_data, dict) and "backend" not in training_data:
+        # no backend named: the spec as each backend would run it (their defaults differ),
+        # the first that can as `training`; an error only where none can
+        trainings, notes, first_error = [], [], None
+        for backend in BACKENDS:
+            try:
+                trainings.append(_checked_training({**training_data, "backend": backend},
+                                                   cluster, model))
+            except SpecError as exc:
+                first_error = first_error or exc
+                notes.append(f"{backend}: {exc}")
+        if not trainings:
+            raise first_error
+        training, others = trainings[0], tuple(trainings[1:])
+    else:
+        training, others, notes = _checked_training(training_data, cluster, model), (), []
+    return Spec(cluster=cluster, model=model, training=training,
+                search=_search_limits(r.raw("search")), path=path,
+                sha256=_content_hash(data), backend_given=not isinstance(training_data, dict)
+                or "backend" in training_data, other_backends=others,
+                backend_notes=tuple(notes))
+
+
+def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> TrainingSpec:
+    """The training section, checked against the cluster and the model."""
     training = _training(training_data)
     if "precision" not in training_data and all(g.gpu.kind == "cpu"
                                                 for g in cluster.node_groups):
@@ -638,9 +690,7 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
                                                       f"has no {need} support{also}; use one "
                                                       f"of {supported}")
     _check_overhead(cluster, training)
-    return Spec(cluster=cluster, model=model, training=training,
-                search=_search_limits(r.raw("search")), path=path,
-                sha256=_content_hash(data))
+    return training
 
 
 def _check_overhead(cluster: Cluster, training: TrainingSpec) -> None:

@@ -22,7 +22,7 @@ from amp_search.cli.launch import read_plan
 from amp_search.errors import UsageError
 from amp_search.export import export_strategy, megatron_split, write_export
 from amp_search.launch import LaunchOptions, parse_hostfile, run_trials
-from amp_search.planner import estimate, plan
+from amp_search.planner import estimate, plan_backends
 from amp_search.spec import load_spec
 from amp_search.trial.config import TrialConfig
 
@@ -38,9 +38,9 @@ def top_plans():
     out = {}
     for path in CONFIGS:
         spec = load_spec(path)
-        result = plan(spec, measurements=measurements_for(spec, argparse.Namespace(
-            profiles=None)), max_search_s=600)
-        out[path.stem] = (spec, result.strategies[0])
+        result = plan_backends(spec, measurements=measurements_for(
+            spec, argparse.Namespace(profiles=None)), max_search_s=600)
+        out[path.stem] = (spec.for_backend(result.best.backend), result.best)
     return out
 
 

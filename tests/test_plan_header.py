@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from amp_search.cli import main
 from amp_search.cli.plan_header import header_lines
-from amp_search.planner import plan
+from amp_search.planner import plan, plan_backends
 from amp_search.spec import load_spec
 
 
@@ -40,7 +40,7 @@ def test_header_warns_of_a_node_network_written_as_one_nic(write_spec):
     text = " ".join(x.strip() for x in header_lines(spec, plan(spec, simulate_top=0)))
     assert "note: the H100-80GB nodes get 25 Gb/s of network per GPU" in text
     assert "'8 x 400 Gbps'" in text
-    assert "DeepSpeed's pipeline engine (training.backend deepspeed)" in text
+    assert "DeepSpeed's pipeline engine (training.backend not given: deepspeed)" in text
 
 
 def test_plan_prints_the_header_first_within_the_width(write_spec, capsys, monkeypatch):
@@ -108,7 +108,7 @@ def test_ties_within_the_models_measured_error_are_marked_and_counted(write_spec
     spec = load_spec(_spec(write_spec))
     error, gpu = model_error(spec)
     assert gpu.name == "H100-80GB" and error == __import__("pytest").approx(0.029)
-    result = plan(spec, simulate_top=0)
+    result = plan_backends(spec, simulate_top=0)
     times = [e.iteration_time_s for e in result.strategies]
     limit = times[0] * (1 + error) / (1 - error)
     assert tied_count(result, error) == sum(t <= limit for t in times)

@@ -70,6 +70,7 @@ def run(args) -> int:
     if args.rank is None and all(getattr(args, n) is None for n, _ in STRATEGY_DEGREES):
         args.rank = 1
     estimate, where = chosen_strategy(spec, args, measurements_for(spec, args))
+    spec = spec.for_backend(estimate.backend)      # a plan of several backends: the row's
     export = export_strategy(spec, estimate.strategy, fmt=args.format, hostfile=hostfile,
                              estimate=estimate, iters=args.iters, warmup=args.warmup,
                              master_port=args.master_port)

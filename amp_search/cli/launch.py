@@ -330,6 +330,8 @@ def run(args) -> int:
     measurements = measurements_for(spec, args)
     if args.backend is None:
         args.backend = spec.training.backend
+    elif not spec.backend_given:        # costed as the framework that runs it
+        spec = spec.for_backend(args.backend)
     given = None if args.plan is None else read_plan(args.plan, spec, measurements)
     options = LaunchOptions(
         backend=args.backend, launcher=args.launcher, hostfile=hostfile, iters=args.iters,

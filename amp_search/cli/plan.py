@@ -145,7 +145,8 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
     chunked = any(e.strategy.virtual_stages > 1 for _, e, _ in rows)   # a 'v' column
     context = any(e.strategy.cp > 1 for _, e, _ in rows)                # a 'cp' column
     experts = bool(spec.model.num_experts)                              # an 'ep' column
-    head = ("rank", "pp", "dp", "tmp") + (("cp",) if context else ()) + (
+    backends = len({e.backend for _, e, _ in rows}) > 1                 # a 'backend' column
+    head = ("rank",) + (("backend",) if backends else ()) + ("pp", "dp", "tmp") + (("cp",) if context else ()) + (
             ("ep",) if experts else ()) + (
             "mbs", "zero", "ckpt", "sp") + (("v",) if chunked else ()) + (
             "layers/stage",
@@ -157,7 +158,8 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
         s = e.strategy
         analytic = (f"{e.analytic_iteration_time_s:.4g}" if _differs(e) else "=",) \
             if both else ()
-        cells.append((label, str(s.pp), str(s.dp), str(s.tmp),
+        cells.append((label, *((e.backend,) if backends else ()), str(s.pp), str(s.dp),
+                      str(s.tmp),
                       *((str(s.cp),) if context else ()),
                       *((str(s.ep),) if experts else ()), str(s.mbs), str(s.zero_stage),
                       {"none": "-", "selective": "sel"}.get(s.recompute, s.recompute),
@@ -170,9 +172,8 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
                       *analytic, f"{e.samples_per_s:.4g}",
                       f"{flops / e.iteration_time_s / s.num_devices / 1e12:.4g}",
                       "-" if speedup is None else f"{speedup:.2f}x"))
-    first = 8 + chunked + context           # layers/stage and placement: left-aligned
-    left = (head[first], head[first + 1])
-    table = render_table(head, cells, left=(first, first + 1))
+    left = ("backend", "layers/stage", "placement")     # left-aligned
+    table = render_table(head, cells, left=tuple(i for i, h in enumerate(head) if h in left))
     for name in NARROW_DROP_ORDER:
         if width is None or max(map(len, table.splitlines())) <= width:
             break
@@ -349,15 +350,15 @@ def chosen_strategy(spec: Spec, args, measurements) -> tuple[Estimate, str]:
     """The strategy a one-strategy command acts on (`add_strategy_choice`): the plan's
     --rank N, or the estimate of the one given by --pp --dp --tmp --mbs and the knobs of
     `add_strategy_knobs`; with where it came from, for the output."""
-    from ..planner import estimate, plan
+    from ..planner import estimate, plan_backends
 
     given = {n: getattr(args, n) for n, _ in STRATEGY_DEGREES}
     if args.rank is not None:
         if any(v is not None for v in given.values()):
             raise UsageError("--rank and --pp/--dp/--tmp/--mbs exclude each other: give "
                              "the plan's rank or a strategy")
-        result = plan(spec, measurements=measurements, max_search_s=args.max_search_seconds,
-                      on_start=announce)
+        result = plan_backends(spec, measurements=measurements,
+                               max_search_s=args.max_search_seconds, on_start=announce)
         if args.rank > len(result.strategies):
             raise UsageError(f"--rank {args.rank}: the plan has {len(result.strategies)} "
                              f"feasible strategies")
@@ -429,8 +430,9 @@ def tied_count(result: Plan, error: float) -> int:
     return sum(e.iteration_time_s <= limit for e in result.strategies)
 
 
-def tie_note(spec: Spec, tied: int, error: float, gpu) -> str:
-    """What the tie with the best means for the user, in one line."""
+def tie_note(spec: Spec, tied: int, error: float, gpu, result: Plan | None = None) -> str:
+    """What the tie with the best means for the user, in one line; `result`: the plan, where
+    it holds several backends (`launch` runs one: the best's)."""
     if error <= 0.0:
         return "The model's error on these GPUs is not known: measure the best few plans."
     where = (f"±{error:.1%} on {gpu.name}"
@@ -438,17 +440,44 @@ def tie_note(spec: Spec, tied: int, error: float, gpu) -> str:
     if tied <= 1:
         return (f"No other plan lies within the model's error of the best ({where}).")
     path = spec.path if spec.path is not None else "SPEC"
+    if result is not None and len(result.backends) > 1:
+        backend = result.best.backend
+        k = sum(e.backend == backend for e in result.strategies[:tied])
+        return (f"Ranks 1-{tied} ('~') lie within the model's error of the best ({where}): "
+                f"`amp-search launch {path} --backend {backend} --top-k {k}` measures the {k} "
+                f"{backend} plans among them and keeps the fastest (a launch runs one "
+                f"framework).")
     return (f"Ranks 1-{tied} ('~') lie within the model's error of the best ({where}): "
             f"`amp-search launch {path} --top-k {tied}` measures them and keeps the fastest.")
 
 
+def backends_note(result: Plan, error: float) -> str | None:
+    """Where the plan holds several backends: each one's best plan, and which is faster."""
+    if len(result.backends) < 2:
+        return None
+    from .plan_header import BACKEND_NAMES
+
+    firsts = {}
+    for i, e in enumerate(result.strategies, 1):
+        firsts.setdefault(e.backend, (i, e))
+    parts = [f"{BACKEND_NAMES.get(b, b)} rank {i}, {e.iteration_time_s:.4g} s"
+             for b, (i, e) in firsts.items()]
+    (_, best), (_, other) = list(firsts.values())[:2]
+    r = other.iteration_time_s / best.iteration_time_s
+    verdict = (f"{BACKEND_NAMES.get(best.backend)} is {r:.2f}x as fast"
+               + (", within the model's error: either will do" if r <= (1 + error) / (1 - error)
+                  else ""))
+    return ("Best plan per backend: " + "; ".join(parts) + f". {verdict}. Set training.backend "
+            f"to plan one only.")
+
+
 def run_plan(args) -> int:
-    from ..planner import plan
+    from ..planner import plan_backends
 
     spec = load_spec(args.spec)
     measurements = measurements_for(spec, args)
     simulate_top = 0 if args.no_simulate else args.simulate_top
-    result: Plan = plan(spec, measurements=measurements,
+    result: Plan = plan_backends(spec, measurements=measurements,
                         progress=not args.no_progress and sys.stderr.isatty(),
                         max_search_s=args.max_search_seconds, on_start=announce,
                         simulate_top=simulate_top)
@@ -459,7 +488,8 @@ def run_plan(args) -> int:
                              spec.cluster.num_devices <= GROUPS_ALONE_MAX_GPUS):
         from ..planner import node_groups_alone
 
-        alone = node_groups_alone(spec, measurements=measurements, simulate_top=simulate_top)
+        alone = node_groups_alone(spec.for_backend(result.best.backend),
+                                  measurements=measurements, simulate_top=simulate_top)
     rows = [(f"{i}~" if 1 < i <= tied else str(i), e, result.speedup(e))
             for i, e in enumerate(result.strategies[:args.top_k], 1)]
     if result.baseline is not None:
@@ -487,9 +517,11 @@ def run_plan(args) -> int:
                   f"({result.evaluated} placements costed{sim}; pruned: {pruned}) in "
                   f"{result.search_time_s:.2f} s. Layer times: {sources}.")
         note = vocab_note(spec, sorted({e.strategy.tmp for _, e, _ in rows}))
-        extra = ([groups_alone_note(spec, result, alone, error)] if alone else []) + \
+        versus = backends_note(result, error)
+        extra = ([versus] if versus else []) + \
+            ([groups_alone_note(spec, result, alone, error)] if alone else []) + \
             ([note] if note else [])
-        for line in [tie_note(spec, tied, error, gpu), footer] + extra:
+        for line in [tie_note(spec, tied, error, gpu, result), footer] + extra:
             print("\n".join(textwrap.wrap(line, width, break_on_hyphens=False)))
     if args.json is not None:
         extra = {"node_groups_alone": [a.to_dict(spec.training.global_batch_size)

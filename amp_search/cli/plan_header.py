@@ -36,31 +36,56 @@ def _group(g) -> str:
             f"network {_bandwidth(per_gpu)} per GPU)")
 
 
-def _values(name: str, values, show=str) -> tuple[str, bool]:
-    """'name v1/v2' and whether more than one value is searched."""
-    return f"{name} {'/'.join(show(v) for v in values)}", len(values) > 1
+def _knobs(spec: Spec) -> list[tuple[str, str, bool]]:
+    """(knob, its values, whether more than one is searched) for each searched knob."""
+    t = spec.training
+    zero_name = {0: "0", 1: "1 (the distributed optimizer)" if t.backend == "megatron" else "1",
+                 2: "2", 3: "3"}
+    knobs = [("ZeRO", t.zero_stage, lambda z: zero_name[z]),
+             ("recomputation", t.activation_checkpointing, str),
+             ("sequence parallelism", t.sequence_parallel, lambda v: "on" if v else "off"),
+             ("virtual stages", t.virtual_pipeline_stages, str),
+             ("context parallel", t.context_parallel, str)] + (
+        [("expert parallel", t.expert_parallel, str)] if spec.model.num_experts else [])
+    return [(name, "/".join(show(v) for v in values), len(values) > 1)
+            for name, values, show in knobs]
+
+
+def _backend_line(spec: Spec, plan: Plan) -> str:
+    t = spec.training
+    tail = f"precision {t.precision}" + (" (FP8 GEMMs, BF16 elsewhere)"
+                                         if t.precision == "fp8" else "")
+    if len(plan.backends) > 1:
+        names = " and as ".join(BACKEND_NAMES.get(b, b) for b in plan.backends)
+        return (f"costed as {names} (training.backend not given: each planned, the backend "
+                f"column says which), {tail}")
+    line = f"costed as {BACKEND_NAMES.get(t.backend, t.backend)} (training.backend " + (
+        f"{t.backend}" if spec.backend_given else f"not given: {t.backend}") + f"), {tail}"
+    notes = plan.backend_notes or spec.backend_notes
+    return line + (f"; not planned: {'; '.join(notes)}" if notes and not spec.backend_given
+                   else "")
 
 
 def header_lines(spec: Spec, plan: Plan, width: int = 100) -> list[str]:
     """The header (module docstring), each line wrapped to `width` columns."""
-    t = spec.training
     groups = spec.cluster.node_groups
     n = spec.cluster.num_devices
     where = f" for {spec.path}" if spec.path is not None else ""
     lines = [f"plan{where}: {n} GPUs, " + " + ".join(_group(g) for g in groups),
-             f"costed as {BACKEND_NAMES.get(t.backend, t.backend)} (training.backend "
-             f"{t.backend}), precision {t.precision}"
-             + (" (FP8 GEMMs, BF16 elsewhere)" if t.precision == "fp8" else "")]
-    zero_name = {0: "0", 1: "1 (the distributed optimizer)" if t.backend == "megatron" else "1",
-                 2: "2", 3: "3"}
-    knobs = [_values("ZeRO", t.zero_stage, lambda z: zero_name[z]),
-             _values("recomputation", t.activation_checkpointing),
-             _values("sequence parallelism", t.sequence_parallel,
-                     lambda v: "on" if v else "off"),
-             _values("virtual stages", t.virtual_pipeline_stages),
-             _values("context parallel", t.context_parallel)] + (
-        [_values("expert parallel", t.expert_parallel)] if spec.model.num_experts else [])
-    searched = [f"pp x dp x tmp{' x cp' if len(t.context_parallel) > 1 else ''} over the "
+             _backend_line(spec, plan)]
+    specs = [spec.for_backend(b) for b in plan.backends] or [spec]
+    per_backend = [_knobs(s) for s in specs]
+    knobs = []
+    for i, (name, _, _) in enumerate(per_backend[0]):
+        values = [k[i] for k in per_backend]
+        if len({v for _, v, _ in values}) == 1:
+            knobs.append((f"{name} {values[0][1]}", values[0][2]))
+        else:                   # the backends' defaults differ
+            knobs.append((f"{name} " + ", ".join(f"{v} under {s.training.backend}"
+                                                 for (_, v, _), s in zip(values, specs)),
+                          any(many for _, _, many in values)))
+    context = any(len(s.training.context_parallel) > 1 for s in specs)
+    searched = [f"pp x dp x tmp{' x cp' if context else ''} over the "
                 f"{n} GPUs", "mbs (every divisor of the batch per replica)"] + \
         [text for text, many in knobs if many]
     fixed = [text for text, many in knobs if not many]
@@ -74,7 +99,9 @@ def header_lines(spec: Spec, plan: Plan, width: int = 100) -> list[str]:
                  "as AMP's paper proposes it: tensor parallelism inside a node, the smallest "
                  "tmp x pp whose uniform layer split fits, the nodes as listed, the spec's "
                  "first value of each knob; the fastest such proposal"
-                 + ("" if plan.baseline is not None else " (none fits)"))
+                 + ("" if plan.baseline is not None else " (none fits)")
+                 + (f", costed as {BACKEND_NAMES.get(plan.baseline.backend)}"
+                    if plan.baseline is not None and len(plan.backends) > 1 else ""))
     sources = dict(x.split("=", 1) for x in plan.best.timing_sources if "=" in x)
     coefficients = sources.pop("coefficients", "uncalibrated")
     links = sources.pop("links", "nominal")

@@ -149,6 +149,7 @@ def _run(args, spec, measurements, png) -> int:
     from ..timeline import write_chrome_trace
 
     e, where = chosen_strategy(spec, args, measurements)
+    spec = spec.for_backend(e.backend)      # a plan of several backends: the row's
     why = simulatable(e.strategy)
     if why is not None:
         raise UsageError(f"timeline: {e.strategy.label()}: {why}; give another strategy "

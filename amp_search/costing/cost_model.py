@@ -838,4 +838,4 @@ class CostModel:
                         stage_time_s=tuple(float(x) for x in terms.stage_time_s),
                         memory=() if scores is None else stage_memory(
                             self.spec, s, capacity_bytes=capacity, attention_scores=scores),
-                        timing_sources=self.sources())
+                        timing_sources=self.sources(), backend=self.spec.training.backend)

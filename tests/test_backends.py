@@ -1,0 +1,131 @@
+"""A spec that names no training.backend is planned for DeepSpeed and for Megatron-LM, each with
+its own defaults and rules, in one ranking with a backend column; a spec that names one is
+planned for it alone, as before."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from amp_search.cli import main
+from amp_search.cli.plan_header import header_lines
+from amp_search.errors import UsageError
+from amp_search.planner import plan, plan_backends, ranking_key
+from amp_search.spec import load_spec
+
+
+def _spec(write_spec, **training):
+    return write_spec({
+        "cluster": {"nodes": [{"gpu": "H100-80GB", "count": 2, "gpus_per_node": 8,
+                               "intra_node_bandwidth": "450 GB/s",
+                               "inter_node_bandwidth": "8 x 400 Gbps"}]},
+        "model": {"preset": "llama3-8b", "num_layers": 8, "seq_length": 4096},
+        "training": {"global_batch_size": 32, "precision": "bf16", **training}})
+
+
+def test_unnamed_backend_gives_each_backend_its_own_defaults(write_spec):
+    spec = load_spec(_spec(write_spec))
+    assert not spec.backend_given and spec.training.backend == "deepspeed"
+    ds, mg = spec.backends()
+    assert (ds.training.backend, mg.training.backend) == ("deepspeed", "megatron")
+    assert ds.training.zero_stage == (0, 1, 2, 3) and mg.training.zero_stage == (0, 1)
+    assert ds.training.virtual_pipeline_stages == (1,)
+    assert len(mg.training.virtual_pipeline_stages) > 1
+    assert spec.for_backend("megatron") == mg and spec.for_backend("deepspeed") is spec
+    assert mg.sha256 == spec.sha256               # the same file: the same trials' key
+
+    named = load_spec(_spec(write_spec, backend="megatron"))
+    assert named.backend_given and named.backends() == (named,)
+    assert named.training == mg.training
+    with pytest.raises(UsageError, match="training.backend: megatron"):
+        named.for_backend("deepspeed")
+
+
+def test_plan_merges_both_backends_and_each_row_is_costed_by_its_own(write_spec):
+    spec = load_spec(_spec(write_spec))
+    both = plan_backends(spec, simulate_top=0)
+    assert both.backends == ("deepspeed", "megatron")
+    alone = {b: plan(spec.for_backend(b), simulate_top=0) for b in both.backends}
+    for b, p in alone.items():
+        assert {e.backend for e in p.strategies} == {b}
+        mine = [e for e in both.strategies if e.backend == b]
+        assert [e.strategy for e in mine] == [e.strategy for e in p.strategies]
+        assert [e.iteration_time_s for e in mine] == [e.iteration_time_s for e in p.strategies]
+    assert list(both.strategies) == sorted(both.strategies, key=ranking_key)
+    assert both.candidates == sum(p.candidates for p in alone.values())
+    assert both.baseline.backend == "megatron"      # Megatron-LM's layout, as it runs it
+    # megatron rows never use what Megatron-LM lacks
+    assert all(e.strategy.zero_stage <= 1 for e in both.strategies if e.backend == "megatron")
+    assert all(e.strategy.virtual_stages == 1 for e in both.strategies
+               if e.backend == "deepspeed")
+    text = " ".join(x.strip() for x in header_lines(spec, both, width=200))
+    assert "costed as DeepSpeed's pipeline engine and as Megatron-LM (training.backend not " \
+           "given" in text
+    assert "ZeRO 0/1/2/3 under deepspeed, 0/1 (the distributed optimizer) under megatron" in text
+    # a named backend: one plan, as before
+    named = load_spec(_spec(write_spec, backend="deepspeed"))
+    one = plan_backends(named, simulate_top=0)
+    assert one.backends == () and "backends" not in one.to_dict()
+    assert [e.strategy for e in one.strategies] == [e.strategy for e in alone["deepspeed"].strategies]
+
+
+def test_cli_plan_shows_a_backend_column_and_says_which_is_faster(write_spec, capsys,
+                                                                  monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+    path = _spec(write_spec)
+    assert main(["plan", str(path), "--no-simulate", "--no-progress", "--top-k", "20"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    head = next(x for x in lines if x.lstrip().startswith("rank"))
+    assert head.split()[:2] == ["rank", "backend"]
+    rows = [x.split() for x in lines[lines.index(head) + 2:] if x.strip()][:20]
+    assert {r[1] for r in rows} >= {"deepspeed", "megatron"}
+    text = " ".join(out.split())
+    assert "Best plan per backend: " in text and "Set training.backend to plan one only." in text
+    assert all(len(x) <= 120 for x in lines)
+    assert main(["plan", str(path), "--no-simulate", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["backends"] == ["deepspeed", "megatron"]
+    assert {s["backend"] for s in data["strategies"]} <= {"deepspeed", "megatron"}
+    assert data["megatron_baseline"]["backend"] == "megatron"
+    # named: no column
+    assert main(["plan", str(_spec(write_spec, backend="megatron")), "--no-simulate",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    head = next(x for x in out.splitlines() if x.lstrip().startswith("rank"))
+    assert "backend" not in head and "Best plan per backend" not in out
+
+
+def test_a_backend_that_cannot_run_the_spec_is_left_out_and_named(write_spec, capsys):
+    """fp8 is costed as Transformer Engine under Megatron-LM only: with no backend named, the
+    plan is Megatron-LM's and the header says why DeepSpeed is not in it (naming deepspeed
+    stays an error)."""
+    spec = load_spec(_spec(write_spec, precision="fp8"))
+    assert spec.training.backend == "megatron" and spec.other_backends == ()
+    assert spec.backend_notes and spec.backend_notes[0].startswith("deepspeed: ")
+    result = plan_backends(spec, simulate_top=0)
+    assert {e.backend for e in result.strategies} == {"megatron"}
+    text = " ".join(x.strip() for x in header_lines(spec, result, width=300))
+    assert "(training.backend not given: megatron)" in text
+    assert "not planned: deepspeed: training.precision: fp8" in text
+    with pytest.raises(UsageError, match="fp8"):
+        spec.for_backend("deepspeed")
+    assert main(["plan", str(_spec(write_spec, precision="fp8", backend="deepspeed"))]) == 2
+    assert "training.precision" in capsys.readouterr().err
+
+
+def test_export_of_a_megatron_row_is_costed_as_megatron(write_spec, tmp_path, capsys):
+    """export --rank N of a two-backend plan takes that row's backend's spec: a Megatron-LM
+    row with the distributed optimizer exports without the 'costed DeepSpeed's ZeRO 1'
+    note."""
+    path = _spec(write_spec)
+    spec = load_spec(path)
+    result = plan_backends(spec)
+    rank = next(i for i, e in enumerate(result.strategies, 1)
+                if e.backend == "megatron" and e.strategy.zero_stage == 1)
+    assert main(["export", str(path), "--rank", str(rank), "--format", "megatron", "--out",
+                 str(tmp_path / "m"), "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["label"] == result.strategies[rank - 1].strategy.label()
+    notes = " ".join(data["notes"])
+    assert "--use-distributed-optimizer" in notes and "costed DeepSpeed" not in notes
