@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import replace
+import itertools
 
 import numpy as np
 
@@ -33,14 +34,15 @@ from .errors import AmpSearchError, UsageError
 from .measurements import NO_MEASUREMENTS, Measurements
 from .partition import uniform_partition
 from .placement import device_orders
-from .records import Estimate, GroupAlone, Plan, Strategy
+from .records import Estimate, GroupAlone, Plan, Strategy, SubsetPlan
 from .search_space import (Candidate, Reason, SearchSpace, check_batch_has_a_degree, divisors,
                            enumerate_candidates, first_violation, search_cost)
 from .simulate import DEFAULT_SIMULATE_TOP, rerank, with_simulation
 from .spec import Cluster, Spec
 
 __all__ = ["NoFeasibleStrategy", "SearchTooLarge", "estimate", "evaluate", "megatron_baseline",
-           "node_groups_alone", "plan", "plan_backends", "rank", "ranking_key"]
+           "node_groups_alone", "plan", "plan_backends", "rank", "ranking_key", "cluster_subsets",
+           "subset_spec", "plan_on_subset", "plan_subsets", "pareto_front", "choose_subset"]
 
 
 class NoFeasibleStrategy(AmpSearchError):
@@ -176,6 +178,130 @@ def node_groups_alone(spec: Spec, *, measurements: Measurements = NO_MEASUREMENT
         except NoFeasibleStrategy as exc:
             out.append(GroupAlone(**common, best=None, reason=str(exc)))
     return tuple(out)
+
+
+MAX_SUBSETS = 15
+"""Cluster subsets `plan_subsets` plans at most beside the whole cluster (each is a search)."""
+
+
+def cluster_subsets(cluster: Cluster, limit: int = MAX_SUBSETS
+                    ) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The parts of the cluster a plan may run on alone, the rest idle, as (nodes, GPUs per
+    node) per node group (the first ones as listed): whole nodes, 0, 1, 2, 4, ... or all of a
+    group's; on a one-node cluster 1, 2, 4, ... of its devices. Every combination but none and
+    the whole cluster, the most devices first, at most `limit` of them."""
+    groups = cluster.node_groups
+    if len(cluster.nodes) == 1:
+        k = groups[0].gpus_per_node
+        options = [[(1, 1 << b) for b in range(k.bit_length()) if 1 << b < k] + [(1, k)]]
+    else:
+        options = [[(n, g.gpus_per_node if n else 0) for n in sorted(
+            {0, g.count} | {1 << b for b in range(g.count.bit_length()) if 1 << b < g.count})]
+            for g in groups]
+    whole = tuple((g.count, g.gpus_per_node) for g in groups)
+    subsets = [u for u in itertools.product(*options) if any(n for n, _ in u) and u != whole]
+    subsets.sort(key=lambda u: (-sum(n * k for n, k in u), u))
+    return tuple(subsets[:limit])
+
+
+def subset_spec(spec: Spec, uses: tuple[tuple[int, int], ...]) -> tuple[Spec, tuple[int, ...]]:
+    """The spec on the devices `uses` names (`cluster_subsets`' form), and for each of its
+    devices the id it has in the whole cluster."""
+    groups, ids, offset = [], [], 0
+    for g, (n, k) in zip(spec.cluster.node_groups, uses):
+        if n:
+            groups.append(replace(g, count=n, gpus_per_node=k, hosts=g.hosts[:n]))
+            ids += [offset + j * g.gpus_per_node + r for j in range(n) for r in range(k)]
+        offset += g.count * g.gpus_per_node
+    return replace(spec, cluster=Cluster.from_groups(tuple(groups))), tuple(ids)
+
+
+def _price_per_hour(spec: Spec, uses) -> float | None:
+    """What the nodes `uses` names cost per hour; None where a group used has no price."""
+    total = 0.0
+    for g, (n, _) in zip(spec.cluster.node_groups, uses):
+        if n:
+            if g.price_per_hour is None:
+                return None
+            total += n * g.price_per_hour
+    return total
+
+
+def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEASUREMENTS,
+                 cost_params: CostParams | None = None, simulate_top: int | None = None,
+                 backend: str | None = None, limit: int = MAX_SUBSETS) -> tuple[SubsetPlan, ...]:
+    """The whole cluster's best (`whole`, the plan of `spec`) and the best plan on each of
+    `cluster_subsets` (each planned as `plan` does, the same model and re-rank), their
+    placements in the whole cluster's device ids, with what the nodes used cost: the points
+    a cost or GPU-time objective, a deadline or a budget chooses among (`choose_subset`)."""
+    every = tuple((g.count, g.gpus_per_node) for g in spec.cluster.node_groups)
+    out = [SubsetPlan(uses=every, gpus=spec.cluster.num_devices, best=whole.best,
+                      price_per_hour=_price_per_hour(spec, every), whole=True)]
+    for uses in cluster_subsets(spec.cluster, limit):
+        common = dict(uses=uses, gpus=sum(n * k for n, k in uses),
+                      price_per_hour=_price_per_hour(spec, uses))
+        try:
+            best = plan_on_subset(spec, uses, measurements=measurements,
+                                  cost_params=cost_params, simulate_top=simulate_top,
+                                  backend=backend).best
+        except NoFeasibleStrategy as exc:
+            out.append(SubsetPlan(**common, best=None, reason=str(exc)))
+            continue
+        out.append(SubsetPlan(**common, best=best))
+    return tuple(out)
+
+
+def plan_on_subset(spec: Spec, uses: tuple[tuple[int, int], ...], **kw) -> Plan:
+    """`plan` on the devices `uses` names (`cluster_subsets`' form), the rest idle, each
+    strategy's placement in the whole cluster's device ids (what `launch` runs: those devices
+    only). `kw`: as plan()'s."""
+    sub, ids = subset_spec(spec, uses)
+    result = plan(sub, **kw)
+
+    def whole_ids(e: Estimate) -> Estimate:
+        s = e.strategy
+        return replace(e, strategy=replace(s, placement=tuple(
+            tuple(tuple(ids[d] for d in r) for r in st) for st in s.placement)))
+
+    return replace(result, strategies=tuple(whole_ids(e) for e in result.strategies),
+                   baseline=None if result.baseline is None else whole_ids(result.baseline))
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats in both coordinates (lower is better in
+    each; of equal points the first), ordered by the first coordinate."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1], i))
+    front, best_second = [], float("inf")
+    for i in order:
+        if points[i][1] < best_second:
+            front.append(i)
+            best_second = points[i][1]
+    return front
+
+
+def choose_subset(subsets: tuple[SubsetPlan, ...], objective: str, global_batch_size: int, *,
+                  iterations: int | None = None, deadline_s: float | None = None,
+                  budget: float | None = None, max_amplification: float | None = None
+                  ) -> SubsetPlan | None:
+    """The subset plan that minimizes `objective` (time | cost | gpu_seconds) among those that
+    fit, finish `iterations` within `deadline_s`, cost at most `budget` for them, and use at
+    most `max_amplification` times the GPU-seconds per sample of the most GPU-efficient one
+    (DeepPool's amplification limit); None where none does. Ties: the faster."""
+    ok = [s for s in subsets if s.best is not None]
+    if max_amplification is not None and ok:
+        least = min(s.gpu_seconds_per_sample(global_batch_size) for s in ok)
+        ok = [s for s in ok
+              if s.gpu_seconds_per_sample(global_batch_size) <= max_amplification * least]
+    if deadline_s is not None:
+        ok = [s for s in ok if s.iteration_time_s * iterations <= deadline_s]
+    if budget is not None:
+        ok = [s for s in ok if s.cost_per_iteration is not None
+              and s.cost_per_iteration * iterations <= budget]
+    ok = [s for s in ok if s.objective_value(objective, global_batch_size) is not None]
+    if not ok:
+        return None
+    return min(ok, key=lambda s: (s.objective_value(objective, global_batch_size),
+                                  s.iteration_time_s))
 
 
 def ranking_key(e: Estimate) -> tuple[float, int, str]:

@@ -365,3 +365,62 @@ class GroupAlone:
                 "best": None if self.best is None else self.best.to_dict(),
                 "samples_per_s": self.samples_per_s(global_batch_size),
                 "reason": self.reason or None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubsetPlan:
+    """The best plan on a subset of the cluster's devices, the rest idle (`planner.plan_subsets`):
+    which devices to rent or use, at what time, cost and GPU-time."""
+
+    uses: tuple[tuple[int, int], ...]
+    """Per node group of the spec: (nodes used, GPUs used on each), the first ones as listed;
+    (0, 0) leaves the group out."""
+    gpus: int
+    """Devices used."""
+    best: Estimate | None
+    """The fastest plan on them, its placement in the whole cluster's device ids; None where
+    nothing fits."""
+    price_per_hour: float | None = None
+    """What the nodes used cost per hour (a node counts whole however many of its GPUs run);
+    None where a node group used has no price_per_hour."""
+    whole: bool = False
+    """Every device of the cluster (the plan's own best)."""
+    reason: str = ""
+    """Why nothing fits."""
+
+    @property
+    def iteration_time_s(self) -> float | None:
+        return None if self.best is None else self.best.iteration_time_s
+
+    @property
+    def cost_per_iteration(self) -> float | None:
+        """iteration time x price per hour / 3600, in the prices' currency."""
+        if self.best is None or self.price_per_hour is None:
+            return None
+        return self.best.iteration_time_s * self.price_per_hour / 3600.0
+
+    def gpu_seconds_per_sample(self, global_batch_size: int) -> float | None:
+        """GPU-seconds per sample (DeepPool's GPU-time efficiency, lower is better): iteration
+        time x GPUs used / global batch."""
+        if self.best is None:
+            return None
+        return self.best.iteration_time_s * self.gpus / global_batch_size
+
+    def objective_value(self, objective: str, global_batch_size: int) -> float | None:
+        """What training.objective minimizes: time (s per iteration), cost (per iteration) or
+        gpu_seconds (per sample); None where it is not known."""
+        if objective == "cost":
+            return self.cost_per_iteration
+        if objective == "gpu_seconds":
+            return self.gpu_seconds_per_sample(global_batch_size)
+        return self.iteration_time_s
+
+    def to_dict(self, global_batch_size: int) -> dict:
+        return {"uses": [{"nodes": n, "gpus_per_node": k} for n, k in self.uses],
+                "gpus": self.gpus, "whole": self.whole,
+                "iteration_time_s": self.iteration_time_s,
+                "price_per_hour": self.price_per_hour,
+                "cost_per_iteration": self.cost_per_iteration,
+                "gpu_seconds_per_sample": self.gpu_seconds_per_sample(global_batch_size),
+                "best": None if self.best is None else self.best.to_dict(),
+                "reason": self.reason or None}

@@ -47,6 +47,9 @@ linear layers' GEMMs in FP8, everything else (attention core, norms, weights, gr
 activations, communication) in BF16, so it needs both rates and the megatron backend."""
 STORAGE_PRECISION = {"fp8": "bf16"}
 """The precision a training precision keeps its tensors in, where the two differ."""
+OBJECTIVES = ("time", "cost", "gpu_seconds")
+"""training.objective: what the best plan minimizes."""
+MAX_PRICE_PER_HOUR = 1e7
 BACKENDS = ("deepspeed", "megatron")
 """training.backend: the framework a plan is costed for."""
 # sanity caps: absurd values are rejected, not attempted
@@ -114,6 +117,10 @@ class NodeGroup:
     network_links: int = 0
     """How many links the spec wrote inter_node_bandwidth as ('8 x 400 Gbps': 8); 0 where it
     gave the node's total. Only the header reads it (not part of the spec's fingerprint)."""
+    price_per_hour: float | None = None
+    """What one node costs per hour, in the user's currency (optional): the cost of a plan is
+    its iteration time times the price of the nodes it uses (`planner.plan_subsets`). Not
+    part of the spec's fingerprint: it does not change a plan of the whole cluster."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,6 +219,11 @@ class TrainingSpec:
     """Expert-parallel degrees to search (a model with experts): (e,) a given one, a list, or
     EXPERT_PARALLEL_SEARCH for `search`, the default for such a model; megatron backend only
     (Megatron-LM's --expert-model-parallel-size, with expert tensor parallelism 1)."""
+    objective: str = "time"
+    """What the best plan minimizes (OBJECTIVES): time per iteration; cost (iteration time x
+    the price of the nodes used: every node group needs price_per_hour); gpu_seconds (time x
+    GPUs used, DeepPool's GPU-time efficiency). Cost and GPU-seconds may leave nodes idle:
+    the planner then also plans subsets of the cluster (`planner.plan_subsets`)."""
     backend: str = "deepspeed"
     """The training framework the plan is for (BACKENDS): deepspeed (the trial program) or
     megatron (Megatron-LM: zero_stage 1 is its distributed optimizer, ZeRO 2/3 do not
@@ -482,7 +494,7 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
     for i, entry in enumerate(nodes):
         path = f"cluster.nodes[{i}]"
         n = MappingReader(entry, path, ("gpu", "count", "gpus_per_node", "intra_node_bandwidth",
-                                  "inter_node_bandwidth", "hosts"))
+                                  "inter_node_bandwidth", "hosts", "price_per_hour"))
         gpu_v = n.raw("gpu", required=True)
         if isinstance(gpu_v, dict):
             gpu = _gpu(gpu_v, f"custom-{i}", n.at("gpu"))
@@ -509,10 +521,14 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
             inter = parse_node_bandwidth(n.raw("inter_node_bandwidth"),
                                          n.at("inter_node_bandwidth"), NETWORK_BANDWIDTH)
             links = link_count(n.raw("inter_node_bandwidth"))
+        price = n.raw("price_per_hour", None)
+        if price is not None:
+            price = read_number(price, n.at("price_per_hour"), 0.0, MAX_PRICE_PER_HOUR,
+                                "what one node costs per hour")
         fields.append(dict(gpu=gpu, count=count, gpus_per_node=per,
                            intra_node_bandwidth_bytes_per_s=intra,
                            inter_node_bandwidth_bytes_per_s=inter, hosts=tuple(hosts),
-                           network_links=links))
+                           network_links=links, price_per_hour=price))
     num_nodes = sum(f["count"] for f in fields)
     for i, f in enumerate(fields):
         if f["inter_node_bandwidth_bytes_per_s"] is None:
@@ -546,7 +562,7 @@ def _training(data) -> TrainingSpec:
                                    "zero_stage", "memory_headroom", "framework_overhead",
                                    "optimizer", "attention", "sequence_parallel",
                                    "virtual_pipeline_stages", "backend", "context_parallel",
-                                   "expert_parallel"))
+                                   "expert_parallel", "objective"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
     # virtual stages, as NeMo's auto-configurator does
     backend = r.choice("backend", BACKENDS, "deepspeed")
@@ -615,6 +631,7 @@ def _training(data) -> TrainingSpec:
                                             r.at("framework_overhead"), OVERHEAD_MEMORY),
         optimizer=r.choice("optimizer", ("adam",), "adam"),
         attention=r.choice("attention", ("auto", "flash", "standard"), "auto"),
+        objective=r.choice("objective", OBJECTIVES, "time"),
         backend=backend,
     )
 
@@ -690,6 +707,11 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
                                                       f"has no {need} support{also}; use one "
                                                       f"of {supported}")
     _check_overhead(cluster, training)
+    unpriced = [i for i, g in enumerate(cluster.node_groups) if g.price_per_hour is None]
+    if training.objective == "cost" and unpriced:
+        raise SpecError("training.objective", f"cost needs every node group's price_per_hour "
+                                              f"(cluster.nodes[{unpriced[0]}] has none); "
+                                              f"accepted: time, gpu_seconds, or the prices")
     return training
 
 
@@ -768,8 +790,11 @@ def spec_fingerprint(spec: Spec) -> dict:
                 for item in section[part]:
                     item["gpu"].pop("prediction_error", None)
                     item["gpu"].pop("prediction_error_source", None)
-            for item in section["node_groups"]:      # how the bandwidth was written neither
-                item.pop("network_links", None)
+            for item in section["node_groups"]:      # how the bandwidth was written neither,
+                item.pop("network_links", None)       # nor what a node costs
+                item.pop("price_per_hour", None)
+        if name == "training" and section["objective"] == "time":
+            del section["objective"]             # as before the key existed
         if name == "training" and section["context_parallel"] == (1,):
             del section["context_parallel"]      # as before the key existed
         if name == "training" and section["expert_parallel"] == (1,):

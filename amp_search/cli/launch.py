@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
                    help="trials to run, best predicted first (default 3)")
     p.add_argument("--plan", type=Path, metavar="FILE",
                    help="read the ranking from `amp-search plan --json FILE` instead of planning")
+    p.add_argument("--subset", type=positive_int, metavar="N",
+                   help="plan and run on part of the cluster only, the rest idle: subset N as "
+                        "`amp-search plan --subsets` numbers them (its '#' column)")
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="deepspeed: amp-search's trial program; megatron: Megatron-LM "
                         "pretrain_gpt.py (needs --megatron-path). Default: the spec's "
@@ -185,6 +188,32 @@ def read_plan(path: Path, spec: Spec, measurements=None) -> list[Estimate | Stra
                          if predicted is None else predicted) for s, predicted in strategies]
 
 
+def subset_plan(spec: Spec, args, measurements):
+    """`launch --subset N`: the plan of subset N of `planner.cluster_subsets` (as `plan
+    --subsets` numbers them), its rows on those devices of the cluster only."""
+    from ..planner import cluster_subsets, plan_on_subset
+    from .plan import announce
+    from .subsets import uses_text
+
+    subsets = cluster_subsets(spec.cluster)
+    if not subsets:
+        raise UsageError(f"--subset {args.subset}: this cluster has no smaller part to plan "
+                         f"on (one device)")
+    if args.subset > len(subsets):
+        raise UsageError(f"--subset {args.subset}: the cluster has subsets 1-{len(subsets)} "
+                         f"(`amp-search plan {spec.path or 'SPEC'} --subsets` lists them)")
+    uses = subsets[args.subset - 1]
+    result = plan_on_subset(spec, uses, measurements=measurements, backend=args.backend,
+                            max_search_s=args.max_search_seconds, on_start=announce)
+    if not (args.json is not None and str(args.json) == "-"):
+        from ..records import SubsetPlan
+
+        shown = uses_text(spec, SubsetPlan(uses=uses, gpus=0, best=None))
+        print(f"amp-search: subset {args.subset}: {shown}, the other devices idle",
+              file=sys.stderr)
+    return result
+
+
 def _predict(spec: Spec, strategy: Strategy, measurements=None) -> float | None:
     """The cost model's prediction for a hand-written strategy (None if it cannot say)."""
     from ..measurements import NO_MEASUREMENTS
@@ -332,7 +361,12 @@ def run(args) -> int:
         args.backend = spec.training.backend
     elif not spec.backend_given:        # costed as the framework that runs it
         spec = spec.for_backend(args.backend)
+    if args.subset is not None and args.plan is not None:
+        raise UsageError("--subset and --plan exclude each other: a plan file's rows name "
+                         "their devices already")
     given = None if args.plan is None else read_plan(args.plan, spec, measurements)
+    if args.subset is not None:
+        given = subset_plan(spec, args, measurements)
     options = LaunchOptions(
         backend=args.backend, launcher=args.launcher, hostfile=hostfile, iters=args.iters,
         warmup=args.warmup, trial_timeout_s=args.trial_timeout,

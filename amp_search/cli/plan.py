@@ -45,6 +45,9 @@ def add_parser(sub) -> None:
                    help="on a cluster of several node groups, also plan each group on its "
                         "own, the others idle, and say whether it beats the whole cluster "
                         f"(default: on up to {GROUPS_ALONE_MAX_GPUS} GPUs)")
+    from . import subsets
+
+    subsets.add_arguments(p)
     add_profiles_argument(p)
     p.set_defaults(func=run_plan)
 
@@ -414,6 +417,25 @@ def groups_alone_note(spec: Spec, result: Plan, alone, error: float) -> str:
     return line + f"Every node together is {1 / r:.2f}x as fast as the best group alone."
 
 
+def groups_alone_of(spec: Spec, subsets) -> tuple:
+    """Each node group alone (records.GroupAlone), taken from the planned subsets where they
+    hold every group's; () where they do not (or there are none)."""
+    from ..records import GroupAlone
+
+    groups = spec.cluster.node_groups
+    out = []
+    for i, g in enumerate(groups):
+        uses = tuple((g.count, g.gpus_per_node) if j == i else (0, 0)
+                     for j in range(len(groups)))
+        hit = next((s for s in subsets if s.uses == uses), None)
+        if hit is None or len(groups) < 2:
+            return ()
+        out.append(GroupAlone(group=i, gpu=g.gpu.name, nodes=g.count,
+                              gpus=g.count * g.gpus_per_node, best=hit.best,
+                              reason=hit.reason))
+    return tuple(out)
+
+
 def model_error(spec: Spec) -> tuple[float, object]:
     """The default model's measured error (a fraction) on the cluster's least known GPU type,
     and that GPU (the catalog's prediction_error)."""
@@ -473,8 +495,10 @@ def backends_note(result: Plan, error: float) -> str | None:
 
 def run_plan(args) -> int:
     from ..planner import plan_backends
+    from . import subsets as cli_subsets
 
     spec = load_spec(args.spec)
+    with_subsets = cli_subsets.wanted(spec, args)
     measurements = measurements_for(spec, args)
     simulate_top = 0 if args.no_simulate else args.simulate_top
     result: Plan = plan_backends(spec, measurements=measurements,
@@ -483,18 +507,25 @@ def run_plan(args) -> int:
                         simulate_top=simulate_top)
     error, gpu = model_error(spec)
     tied = tied_count(result, error)
-    alone = ()
+    alone, subsets = (), ()
+    if with_subsets:
+        from ..planner import plan_subsets
+
+        subsets = plan_subsets(spec.for_backend(result.best.backend), result,
+                               measurements=measurements, simulate_top=simulate_top)
     if args.groups_alone or (args.groups_alone is None and
                              spec.cluster.num_devices <= GROUPS_ALONE_MAX_GPUS):
         from ..planner import node_groups_alone
 
-        alone = node_groups_alone(spec.for_backend(result.best.backend),
-                                  measurements=measurements, simulate_top=simulate_top)
+        alone = groups_alone_of(spec, subsets) or node_groups_alone(
+            spec.for_backend(result.best.backend), measurements=measurements,
+            simulate_top=simulate_top)
     rows = [(f"{i}~" if 1 < i <= tied else str(i), e, result.speedup(e))
             for i, e in enumerate(result.strategies[:args.top_k], 1)]
     if result.baseline is not None:
         rows.append(("megatron", result.baseline, 1.0))
     to_stdout = args.json is not None and str(args.json) == "-"
+    width = LEGEND_WIDTH
     if not to_stdout:
         import shutil
 
@@ -523,9 +554,15 @@ def run_plan(args) -> int:
             ([note] if note else [])
         for line in [tie_note(spec, tied, error, gpu, result), footer] + extra:
             print("\n".join(textwrap.wrap(line, width, break_on_hyphens=False)))
+    subset_json = {}
+    if subsets:
+        lines, subset_json = cli_subsets.report(spec, subsets, args, width)
+        if not to_stdout:
+            print("\n".join(lines))
     if args.json is not None:
         extra = {"node_groups_alone": [a.to_dict(spec.training.global_batch_size)
                                        for a in alone]} if alone else {}
+        extra.update(subset_json)
         write_json(args.json, {**result.to_dict(top_k=args.top_k), **extra,
                                FINGERPRINT_KEY: spec_fingerprint(spec)})
     return 0

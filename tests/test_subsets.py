@@ -1,0 +1,175 @@
+"""Which devices to use, at what cost: the cluster subsets the planner tries, their best plans
+on the whole cluster's device ids, prices, objectives, the Pareto front (checked against brute
+force on a small cluster), deadlines and budgets, and a launch on a subset's devices only."""
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from amp_search.cli import main
+from amp_search.planner import (MAX_SUBSETS, choose_subset, cluster_subsets, pareto_front,
+                                plan, plan_subsets, subset_spec)
+from amp_search.spec import load_spec, parse_spec, spec_fingerprint
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _priced(h100=2, a100=2, price=True, **training) -> dict:
+    def group(gpu, count, bw, cost):
+        g = {"gpu": gpu, "count": count, "gpus_per_node": 2, "intra_node_bandwidth": bw,
+             "inter_node_bandwidth": "2 x 200 Gbps"}
+        if price:
+            g["price_per_hour"] = cost
+        return g
+    return {"cluster": {"nodes": [group("H100-80GB", h100, "450 GB/s", 24.6),
+                                  group("A100-80GB", a100, "300 GB/s", 10.2)]},
+            "model": {"preset": "gpt", "num_layers": 8, "hidden_size": 2048,
+                      "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 32000},
+            "training": {"global_batch_size": 32, "precision": "bf16", "backend": "deepspeed",
+                         "zero_stage": 1, "activation_checkpointing": "none",
+                         "sequence_parallel": False, **training}}
+
+
+def test_subsets_are_whole_nodes_most_devices_first_and_bounded():
+    spec = load_spec(ROOT / "configs" / "amp-hetero-gpt2.yaml")      # 3 x 4 V100 + 1 x 4 T4
+    subsets = cluster_subsets(spec.cluster)
+    assert len(subsets) == 4 * 2 - 2             # (0..3 V100 nodes) x (0..1 T4) - none - all
+    gpus = [sum(n * k for n, k in u) for u in subsets]
+    assert gpus == sorted(gpus, reverse=True)
+    assert all(k in (0, 4) and (k == 0) == (n == 0) for u in subsets for n, k in u)
+    assert ((3, 4), (0, 0)) in subsets and ((0, 0), (1, 4)) in subsets
+    # one node: fewer of its devices; a big group: 0, 1, 2, 4, ... of its nodes, bounded
+    cpu = load_spec(ROOT / "configs" / "cpu-local.yaml")
+    assert cluster_subsets(cpu.cluster) == (((1, 1),),)
+    big = parse_spec(_priced(h100=16, a100=16))
+    many = cluster_subsets(big.cluster)
+    assert len(many) == MAX_SUBSETS and len(cluster_subsets(big.cluster, 1000)) == 6 * 6 - 2
+    assert {n for u in cluster_subsets(big.cluster, 1000) for n, _ in u} == {0, 1, 2, 4, 8, 16}
+
+
+def test_subset_spec_keeps_each_device_where_it_is():
+    spec = parse_spec(_priced(h100=2, a100=3))
+    sub, ids = subset_spec(spec, ((1, 2), (2, 2)))
+    assert sub.cluster.num_devices == len(ids) == 6
+    assert ids == (0, 1, 4, 5, 6, 7)               # the first H100 node, the first 2 A100 nodes
+    for d, i in zip(sub.cluster.devices, ids):
+        whole = spec.cluster.devices[i]
+        assert d.gpu == whole.gpu and d.local_rank == whole.local_rank
+    assert spec_fingerprint(parse_spec(_priced(price=False))) == \
+        {**spec_fingerprint(parse_spec(_priced())),
+         "spec_sha256": spec_fingerprint(parse_spec(_priced(price=False)))["spec_sha256"]}
+
+
+def test_front_and_choice_match_brute_force_over_every_subset():
+    """Every (H100 nodes, A100 nodes) in 0..2 x 0..2 planned as its own spec: the front of
+    (time, cost) and the cheapest plan within a deadline are the brute force's."""
+    data = _priced()
+    spec = parse_spec(data)
+    whole = plan(spec, simulate_top=0)
+    subsets = plan_subsets(spec, whole, simulate_top=0)
+    assert len(subsets) == 1 + 3 * 3 - 2 and subsets[0].whole
+    brute = {}
+    for h, a in itertools.product(range(3), range(3)):
+        if not h and not a:
+            continue
+        d = json.loads(json.dumps(data))
+        d["cluster"]["nodes"] = [g for g, n in zip(d["cluster"]["nodes"], (h, a)) if n]
+        for g, n in zip(d["cluster"]["nodes"], [n for n in (h, a) if n]):
+            g["count"] = n
+        best = plan(parse_spec(d), simulate_top=0).best
+        brute[(h, a)] = (best.iteration_time_s, best.iteration_time_s * (
+            h * 24.6 + a * 10.2) / 3600)
+    ours = {tuple(n for n, _ in s.uses): (s.iteration_time_s, s.cost_per_iteration)
+            for s in subsets}
+    assert ours.keys() == brute.keys()
+    for k in brute:
+        assert ours[k] == pytest.approx(brute[k], rel=1e-12)
+    dominated = {k for k in brute if any(
+        o != k and brute[o][0] <= brute[k][0] and brute[o][1] <= brute[k][1] and
+        brute[o] != brute[k] for o in brute)}
+    points = [(s.iteration_time_s, s.cost_per_iteration) for s in subsets]
+    front = {tuple(n for n, _ in subsets[i].uses) for i in pareto_front(points)}
+    assert front == set(brute) - dominated and front
+    # the cheapest within a deadline, as brute force finds it
+    iterations = 1000
+    deadline = sorted(t for t, _ in brute.values())[3] * iterations
+    ok = {k: v for k, v in brute.items() if v[0] * iterations <= deadline}
+    want = min(ok, key=lambda k: (ok[k][1], ok[k][0]))
+    got = choose_subset(subsets, "cost", 32, iterations=iterations, deadline_s=deadline)
+    assert tuple(n for n, _ in got.uses) == want
+    assert choose_subset(subsets, "cost", 32, iterations=iterations, deadline_s=1e-9) is None
+    # time: the fastest; gpu_seconds: the least time x GPUs
+    assert choose_subset(subsets, "time", 32).iteration_time_s == min(t for t, _ in
+                                                                       brute.values())
+    g = choose_subset(subsets, "gpu_seconds", 32)
+    assert g.gpu_seconds_per_sample(32) == min(s.gpu_seconds_per_sample(32) for s in subsets)
+    # amplification: plans within K x the least GPU-seconds per sample only
+    fastest = choose_subset(subsets, "time", 32, max_amplification=1.0)
+    assert fastest is g
+    # every placement is on the whole cluster's devices of the chosen groups
+    for s in subsets[1:]:
+        used = {d for st in s.best.strategy.placement for r in st for d in r}
+        allowed = set(subset_spec(spec, s.uses)[1])
+        assert used == allowed
+
+
+def test_cli_plan_prints_the_subsets_the_choice_and_the_front(write_spec, tmp_path, capsys,
+                                                             monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+    path = write_spec(_priced(objective="cost"))
+    png = tmp_path / "front.png"
+    pytest.importorskip("matplotlib")
+    assert main(["plan", str(path), "--no-simulate", "--no-progress", "--iterations", "1000",
+                 "--deadline", "2", "--pareto-png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "Devices used, the best plan on each (objective: cost" in out
+    assert "Chosen (the cheapest under 1000 iterations within 2 h):" in " ".join(out.split())
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["plan", str(path), "--no-simulate", "--json", "-", "--iterations", "1000",
+                 "--budget", "1e9"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["objective"] == "cost" and data["front_against"] == "cost"
+    chosen = data["subsets"][data["chosen_subset"]]
+    assert chosen["chosen"] and chosen["cost_per_iteration"] == min(
+        s["cost_per_iteration"] for s in data["subsets"] if s["best"] is not None)
+    assert any(s["pareto"] for s in data["subsets"]) and data["subsets"][0]["whole"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--deadline", "2"], "--deadline and --budget need --iterations N"),
+    (["--budget", "9", "--iterations", "5"], "--budget needs cluster.nodes[*].price_per_hour"),
+    (["--no-subsets", "--max-amplification", "2"], "--no-subsets with"),
+])
+def test_constraints_without_what_they_need_are_one_line_errors(write_spec, capsys, argv,
+                                                                 message):
+    path = write_spec(_priced(price=False))
+    assert main(["plan", str(path), "--no-simulate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cost_objective_needs_prices_and_a_price_is_checked(write_spec, capsys):
+    assert main(["plan", str(write_spec(_priced(price=False, objective="cost")))]) == 2
+    assert "training.objective: cost needs every node group's price_per_hour" in \
+        capsys.readouterr().err
+    bad = _priced()
+    bad["cluster"]["nodes"][0]["price_per_hour"] = -1
+    assert main(["plan", str(write_spec(bad))]) == 2
+    assert "cluster.nodes[0].price_per_hour" in capsys.readouterr().err
+
+
+def test_launch_subset_runs_on_the_subsets_devices_only(capsys):
+    """`launch --subset 1` on the two-process CPU spec: each trial is one process, device 0."""
+    spec = str(ROOT / "configs" / "cpu-local.yaml")
+    assert main(["launch", spec, "--subset", "1", "--top-k", "3", "--dry-run", "--json",
+                 "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["trials"]) == 3
+    for t in data["trials"]:
+        s = t["strategy"]
+        assert s["pp"] * s["dp"] * s["tmp"] == 1 and s["placement"] == [[[0]]]
+    assert main(["launch", spec, "--subset", "2", "--dry-run"]) == 2
+    assert "subsets 1-1" in capsys.readouterr().err
