@@ -648,7 +648,12 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
         # no backend named: the spec as each backend would run it (their defaults differ),
         # the first that can as `training`; an error only where none can
         trainings, notes, first_error = [], [], None
+        cpu = all(g.gpu.kind == "cpu" for g in cluster.node_groups)
         for backend in BACKENDS:
+            if cpu and backend == "megatron":
+                notes.append("megatron: Megatron-LM's pretrain_gpt.py needs CUDA devices; on "
+                             "CPU devices the trials run DeepSpeed's engine")
+                continue
             try:
                 trainings.append(_checked_training({**training_data, "backend": backend},
                                                    cluster, model))

@@ -129,3 +129,21 @@ def test_export_of_a_megatron_row_is_costed_as_megatron(write_spec, tmp_path, ca
     assert data["label"] == result.strategies[rank - 1].strategy.label()
     notes = " ".join(data["notes"])
     assert "--use-distributed-optimizer" in notes and "costed DeepSpeed" not in notes
+
+
+def test_a_cpu_cluster_without_a_backend_is_planned_for_deepspeed_and_says_why(write_spec):
+    """Megatron-LM's pretrain_gpt.py needs CUDA: on CPU devices the trials are DeepSpeed's, so
+    an unnamed backend plans DeepSpeed only and the header says why; the header counts
+    devices, not GPUs, and shows no network for one node."""
+    spec = load_spec(write_spec({
+        "cluster": {"nodes": [{"gpu": "CPU-local", "gpus_per_node": 2,
+                               "intra_node_bandwidth": "2 GB/s"}]},
+        "model": {"preset": "gpt", "num_layers": 2, "hidden_size": 64,
+                  "num_attention_heads": 4, "seq_length": 32, "vocab_size": 128},
+        "training": {"global_batch_size": 4}}))
+    assert not spec.backend_given and spec.backends() == (spec,)
+    assert spec.backend_notes[0].startswith("megatron: Megatron-LM's pretrain_gpt.py needs CUDA")
+    text = " ".join(x.strip() for x in header_lines(spec, plan_backends(spec, simulate_top=0),
+                                                     width=300))
+    assert "2 devices, 1 node x 2 CPU-local (inside a node 2 GB/s)" in text
+    assert "not planned: megatron:" in text and "network" not in text.split("costed")[0]

@@ -29,11 +29,14 @@ def _bandwidth(bytes_per_s: float) -> str:
     return f"{bits:.4g} Gb/s" if bits < 1000 else f"{bits / 1000:.4g} Tb/s"
 
 
-def _group(g) -> str:
+def _group(g, one_node: bool = False) -> str:
+    """'4 nodes x 8 A100-80GB (inside a node 300 GB/s; network 200 Gb/s per GPU)'; a cluster
+    of one node has no network to show."""
     per_gpu = g.inter_node_bandwidth_bytes_per_s / g.gpus_per_node
     nodes = f"{g.count} node{'s' if g.count > 1 else ''} x {g.gpus_per_node} {g.gpu.name}"
-    return (f"{nodes} (inside a node {g.intra_node_bandwidth_bytes_per_s / 1e9:.4g} GB/s; "
-            f"network {_bandwidth(per_gpu)} per GPU)")
+    unit = "device" if g.gpu.kind == "cpu" else "GPU"
+    return (f"{nodes} (inside a node {g.intra_node_bandwidth_bytes_per_s / 1e9:.4g} GB/s"
+            + ("" if one_node else f"; network {_bandwidth(per_gpu)} per {unit}") + ")")
 
 
 def _knobs(spec: Spec) -> list[tuple[str, str, bool]]:
@@ -71,7 +74,10 @@ def header_lines(spec: Spec, plan: Plan, width: int = 100) -> list[str]:
     groups = spec.cluster.node_groups
     n = spec.cluster.num_devices
     where = f" for {spec.path}" if spec.path is not None else ""
-    lines = [f"plan{where}: {n} GPUs, " + " + ".join(_group(g) for g in groups),
+    cpu = all(g.gpu.kind == "cpu" for g in groups)
+    one_node = len(spec.cluster.nodes) == 1
+    lines = [f"plan{where}: {n} {'devices' if cpu else 'GPUs'}, "
+             + " + ".join(_group(g, one_node) for g in groups),
              _backend_line(spec, plan)]
     specs = [spec.for_backend(b) for b in plan.backends] or [spec]
     per_backend = [_knobs(s) for s in specs]
@@ -86,7 +92,7 @@ def header_lines(spec: Spec, plan: Plan, width: int = 100) -> list[str]:
                           any(many for _, _, many in values)))
     context = any(len(s.training.context_parallel) > 1 for s in specs)
     searched = [f"pp x dp x tmp{' x cp' if context else ''} over the "
-                f"{n} GPUs", "mbs (every divisor of the batch per replica)"] + \
+                f"{n} {'devices' if cpu else 'GPUs'}", "mbs (every divisor of the batch per replica)"] + \
         [text for text, many in knobs if many]
     fixed = [text for text, many in knobs if not many]
     limits = spec.search.describe()
