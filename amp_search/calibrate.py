@@ -158,7 +158,10 @@ def trials_from_db(spec: Spec, path: Path | None = None) -> list[MeasuredTrial]:
                          f"pass --results DB")
     latest = {}
     for row in ResultsDB(path).rows(spec.sha256):
-        if row.status == "ok" and row.measured_mean_s:
+        # the trials of the framework the spec is costed for (a spec that names no backend
+        # shares its sha256 with both frameworks' trials; the other's are not this model's)
+        if row.status == "ok" and row.measured_mean_s and \
+                row.backend in ("", None, spec.training.backend):
             latest[row.trial_key] = row
     if not latest:
         raise UsageError(f"{path} holds no finished trial of this spec (sha256 "

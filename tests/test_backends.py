@@ -11,12 +11,13 @@ from amp_search.cli import main
 from amp_search.cli.plan_header import header_lines
 from amp_search.errors import UsageError
 from amp_search.planner import plan, plan_backends, ranking_key
+from amp_search.records import Strategy
 from amp_search.spec import load_spec
 
 
-def _spec(write_spec, **training):
+def _spec(write_spec, count=2, **training):
     return write_spec({
-        "cluster": {"nodes": [{"gpu": "H100-80GB", "count": 2, "gpus_per_node": 8,
+        "cluster": {"nodes": [{"gpu": "H100-80GB", "count": count, "gpus_per_node": 8,
                                "intra_node_bandwidth": "450 GB/s",
                                "inter_node_bandwidth": "8 x 400 Gbps"}]},
         "model": {"preset": "llama3-8b", "num_layers": 8, "seq_length": 4096},
@@ -147,3 +148,54 @@ def test_a_cpu_cluster_without_a_backend_is_planned_for_deepspeed_and_says_why(w
                                                      width=300))
     assert "2 devices, 1 node x 2 CPU-local (inside a node 2 GB/s)" in text
     assert "not planned: megatron:" in text and "network" not in text.split("costed")[0]
+
+
+def test_launch_reads_a_two_backend_plan_file_one_backend_at_a_time(write_spec, tmp_path,
+                                                                    capsys):
+    """The plan JSON of a spec without backend is accepted by `launch --plan` for the same
+    spec: with --backend, that backend's rows run (costed as it); without, a file that mixes
+    both is refused in one line."""
+    path = _spec(write_spec, count=1)
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(path), "--no-simulate", "--top-k", "20", "--json", str(out)]) == 0
+    capsys.readouterr()
+    rows = json.loads(out.read_text())["strategies"]
+    assert {r["backend"] for r in rows} == {"deepspeed", "megatron"}
+    assert main(["launch", str(path), "--plan", str(out), "--dry-run"]) == 2
+    assert "holds plans for deepspeed and megatron: pass --backend" in capsys.readouterr().err
+    ds = [r for r in rows if r["backend"] == "deepspeed"]
+    assert main(["launch", str(path), "--plan", str(out), "--backend", "deepspeed",
+                 "--top-k", "50", "--dry-run", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [t["label"] for t in data["trials"]] == [
+        Strategy.from_dict({**x, "global_batch_size": 32}).label() for x in ds]
+    # a file of one backend's rows: that backend, without --backend
+    only = tmp_path / "ds.json"
+    only.write_text(json.dumps({**json.loads(out.read_text()), "strategies": ds[:2]}))
+    assert main(["launch", str(path), "--plan", str(only), "--dry-run", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend"] == "deepspeed"
+
+
+def test_when_one_backend_cannot_plan_the_header_and_advice_name_the_other(write_spec,
+                                                                           capsys):
+    """Context parallelism is Megatron-LM's: with no backend named, DeepSpeed finds nothing,
+    and the header, the rows and the launch advice all say megatron."""
+    path = _spec(write_spec, context_parallel=2)
+    spec = load_spec(path)
+    result = plan_backends(spec, simulate_top=0)
+    assert result.backends == ("megatron",) and result.backend_notes
+    text = " ".join(x.strip() for x in header_lines(spec, result, width=300))
+    assert "costed as Megatron-LM (training.backend not given: megatron)" in text
+    assert "not planned: deepspeed:" in text
+    assert main(["plan", str(path), "--no-simulate", "--no-progress"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--backend megatron --top-k" in out or "No other plan" in out
+
+
+def test_a_two_backend_plan_fits_80_columns(write_spec, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["plan", str(_spec(write_spec)), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 80
+    head = next(x for x in out.splitlines() if x.lstrip().startswith("rank"))
+    assert "backend" in head

@@ -69,6 +69,9 @@ def run(args) -> int:
     hostfile = parse_hostfile(args.hostfile) if args.hostfile is not None else None
     if args.rank is None and all(getattr(args, n) is None for n, _ in STRATEGY_DEGREES):
         args.rank = 1
+    if args.rank is None and not spec.backend_given and \
+            args.format in (s.training.backend for s in spec.backends()):
+        spec = spec.for_backend(args.format)    # a given strategy, costed as it will run
     estimate, where = chosen_strategy(spec, args, measurements_for(spec, args))
     spec = spec.for_backend(estimate.backend)      # a plan of several backends: the row's
     export = export_strategy(spec, estimate.strategy, fmt=args.format, hostfile=hostfile,

@@ -148,7 +148,19 @@ def check_plan_row(spec: Spec, s: Strategy) -> str:
     return ""
 
 
-def read_plan(path: Path, spec: Spec, measurements=None) -> list[Estimate | Strategy]:
+def plan_backends_in(path: Path) -> set[str]:
+    """The backends a plan JSON's rows were planned for (their 'backend'; none in a plan
+    written by hand or by an older amp-search); read errors are left to `read_plan`."""
+    try:
+        rows = json.loads(path.read_text()).get("strategies")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {r["backend"] for r in rows if isinstance(r, dict) and isinstance(
+        r.get("backend"), str)} if isinstance(rows, list) else set()
+
+
+def read_plan(path: Path, spec: Spec, measurements=None,
+              backend: str | None = None) -> list[Estimate | Strategy]:
     """Strategies (with their predicted times) from a plan JSON (`amp-search plan --json`).
 
     Each row gives pp, dp, tmp, mbs, partition, placement and optionally zero_stage,
@@ -168,6 +180,13 @@ def read_plan(path: Path, spec: Spec, measurements=None) -> list[Estimate | Stra
         raise UsageError(f"{path}: expected {{\"strategies\": [...]}} as written by "
                          f"`amp-search plan --json`")
     check_fingerprint(path, data, spec)
+    if backend is not None and not spec.backend_given:
+        # a plan of both frameworks: the rows of the one launched, costed as it
+        rows = [r for r in rows if not isinstance(r, dict) or r.get("backend") in (None,
+                                                                                   backend)]
+        if not rows:
+            raise UsageError(f"{path} holds no plan for backend {backend}")
+        spec = spec.for_backend(backend)
     strategies = []
     for i, row in enumerate(rows):
         try:
@@ -195,7 +214,7 @@ def subset_plan(spec: Spec, args, measurements):
     from .plan import announce
     from .subsets import uses_text
 
-    subsets = cluster_subsets(spec.cluster)
+    subsets = cluster_subsets(spec.cluster, 10**6)     # plan --subsets' numbering
     if not subsets:
         raise UsageError(f"--subset {args.subset}: this cluster has no smaller part to plan "
                          f"on (one device)")
@@ -357,14 +376,21 @@ def run(args) -> int:
                          f"({args.iters})")
     hostfile = parse_hostfile(args.hostfile) if args.hostfile is not None else None
     measurements = measurements_for(spec, args)
-    if args.backend is None:
-        args.backend = spec.training.backend
-    elif not spec.backend_given:        # costed as the framework that runs it
-        spec = spec.for_backend(args.backend)
     if args.subset is not None and args.plan is not None:
         raise UsageError("--subset and --plan exclude each other: a plan file's rows name "
                          "their devices already")
-    given = None if args.plan is None else read_plan(args.plan, spec, measurements)
+    if args.backend is None:
+        # the spec's; where it names none, the one its plan file's rows were planned for
+        rows = plan_backends_in(args.plan) if args.plan is not None else set()
+        if len(rows) > 1:
+            raise UsageError(f"{args.plan} holds plans for {' and '.join(sorted(rows))}: pass "
+                             f"--backend to run those of one (a launch runs one framework)")
+        args.backend = rows.pop() if rows and not spec.backend_given else \
+            spec.training.backend
+    given = None if args.plan is None else read_plan(args.plan, spec, measurements,
+                                                     backend=args.backend)
+    if not spec.backend_given:          # costed as the framework that runs it
+        spec = spec.for_backend(args.backend)
     if args.subset is not None:
         given = subset_plan(spec, args, measurements)
     options = LaunchOptions(

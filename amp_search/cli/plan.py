@@ -65,6 +65,9 @@ def add_parser(sub) -> None:
     e.add_argument("--no-simulate", action="store_true",
                    help="give the closed form (AMP eq. 5 + 4) only, without simulating the "
                         "iteration event by event")
+    e.add_argument("--backend", choices=("deepspeed", "megatron"), default=None,
+                   help="the framework to cost it for, where the spec names no "
+                        "training.backend (default: deepspeed)")
     e.add_argument("--json", type=Path, metavar="FILE",
                    help="also write the estimate as JSON to FILE; '-': only the JSON, on "
                         "standard output")
@@ -189,7 +192,33 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
             dropped.append(name)
         table = render_table(head, cells, left=tuple(i for i, h in enumerate(head)
                                                      if h in left))
+    if width is not None and backends and max(map(len, table.splitlines())) > width:
+        k = head.index("backend")
+        cells = [c[:k] + (SHORT_BACKEND.get(c[k], c[k]),) + c[k + 1:] for c in cells]
+        if dropped is not None:
+            dropped.append("the backends' full names (" + ", ".join(
+                f"{v}: {b}" for b, v in SHORT_BACKEND.items()) + ")")
+        table = render_table(head, cells, left=tuple(i for i, h in enumerate(head)
+                                                     if h in left))
+    for name in LAST_DROPS:          # a two-backend table at 80 columns
+        if width is None or max(map(len, table.splitlines())) <= width:
+            break
+        if name not in head:
+            continue
+        k = head.index(name)
+        head = head[:k] + head[k + 1:]
+        cells = [c[:k] + c[k + 1:] for c in cells]
+        if dropped is not None:
+            dropped.append(name)
+        table = render_table(head, cells, left=tuple(i for i, h in enumerate(head)
+                                                     if h in left))
     return table
+
+
+LAST_DROPS = ("vs Megatron", "ckpt", "v", "TFLOP/s/GPU")
+"""Left out after the backends' names are shortened, where the table still does not fit."""
+SHORT_BACKEND = {"deepspeed": "ds", "megatron": "mg"}
+"""The backend column's names where the terminal is too narrow for the full ones."""
 
 
 LEGEND_WIDTH = 100
@@ -462,13 +491,14 @@ def tie_note(spec: Spec, tied: int, error: float, gpu, result: Plan | None = Non
     if tied <= 1:
         return (f"No other plan lies within the model's error of the best ({where}).")
     path = spec.path if spec.path is not None else "SPEC"
-    if result is not None and len(result.backends) > 1:
+    if result is not None and (len(result.backends) > 1 or
+                               result.best.backend != spec.training.backend):
         backend = result.best.backend
         k = sum(e.backend == backend for e in result.strategies[:tied])
         return (f"Ranks 1-{tied} ('~') lie within the model's error of the best ({where}): "
                 f"`amp-search launch {path} --backend {backend} --top-k {k}` measures the {k} "
-                f"{backend} plans among them and keeps the fastest (a launch runs one "
-                f"framework).")
+                f"{backend} plans among them and keeps the fastest"
+                + (" (a launch runs one framework)." if len(result.backends) > 1 else "."))
     return (f"Ranks 1-{tied} ('~') lie within the model's error of the best ({where}): "
             f"`amp-search launch {path} --top-k {tied}` measures them and keeps the fastest.")
 
@@ -486,7 +516,8 @@ def backends_note(result: Plan, error: float) -> str | None:
              for b, (i, e) in firsts.items()]
     (_, best), (_, other) = list(firsts.values())[:2]
     r = other.iteration_time_s / best.iteration_time_s
-    verdict = (f"{BACKEND_NAMES.get(best.backend)} is {r:.2f}x as fast"
+    verdict = ((f"{BACKEND_NAMES.get(best.backend)} is {r:.2f}x as fast" if r >= 1.005 else
+                f"{BACKEND_NAMES.get(best.backend)} is as fast")
                + (", within the model's error: either will do" if r <= (1 + error) / (1 - error)
                   else ""))
     return ("Best plan per backend: " + "; ".join(parts) + f". {verdict}. Set training.backend "
@@ -512,7 +543,8 @@ def run_plan(args) -> int:
         from ..planner import plan_subsets
 
         subsets = plan_subsets(spec.for_backend(result.best.backend), result,
-                               measurements=measurements, simulate_top=simulate_top)
+                               measurements=measurements, simulate_top=simulate_top,
+                               limit=args.max_subsets)
     if args.groups_alone or (args.groups_alone is None and
                              spec.cluster.num_devices <= GROUPS_ALONE_MAX_GPUS):
         from ..planner import node_groups_alone
@@ -604,6 +636,8 @@ def run_estimate(args) -> int:
     from ..planner import estimate
 
     spec = load_spec(args.spec)
+    if args.backend is not None:
+        spec = spec.for_backend(args.backend)
     if args.partition == "optimal":
         prepare_kernels()
     e = estimate(spec, pp=args.pp, dp=args.dp, tmp=args.tmp, mbs=args.mbs,

@@ -55,7 +55,7 @@ def _knobs(spec: Spec) -> list[tuple[str, str, bool]]:
 
 
 def _backend_line(spec: Spec, plan: Plan) -> str:
-    t = spec.training
+    t = spec.for_backend(plan.backends[0]).training if plan.backends else spec.training
     tail = f"precision {t.precision}" + (" (FP8 GEMMs, BF16 elsewhere)"
                                          if t.precision == "fp8" else "")
     if len(plan.backends) > 1:

@@ -21,6 +21,9 @@ def add_arguments(p) -> None:
                         "each, with the Pareto front (default: on where the spec gives a "
                         "price_per_hour or an objective other than time, or a constraint "
                         "below is given)")
+    p.add_argument("--max-subsets", type=positive_int, default=15, metavar="N",
+                   help="plan at most N parts of the cluster, the most devices first (default "
+                        "15; each is a search)")
     p.add_argument("--iterations", type=positive_int, metavar="N",
                    help="iterations the training runs, for --deadline and --budget")
     p.add_argument("--deadline", type=positive_float, metavar="HOURS",
@@ -122,6 +125,23 @@ def report(spec: Spec, subsets: tuple[SubsetPlan, ...], args, width: int
         head, rows = head[:k] + head[k + 1:], [r[:k] + r[k + 1:] for r in rows]
         table = render_table(head, rows, left=tuple(i for i, h in enumerate(head)
                                                     if h in left))
+    over = max(map(len, table.splitlines())) - width
+    if over > 0 and not args.wide:       # still too wide: shorten the devices' descriptions
+        k = head.index("devices used (the rest idle)")
+        keep = max(24, max(len(r[k]) for r in rows) - over)
+        rows = [r[:k] + ((r[k] if len(r[k]) <= keep else r[k][:keep - 3] + "..."),) + r[k + 1:]
+                for r in rows]
+        table = render_table(head, rows, left=tuple(i for i, h in enumerate(head)
+                                                    if h in left))
+    from ..planner import cluster_subsets
+
+    left_out = len(cluster_subsets(spec.cluster, 10**6)) - (len(subsets) - 1)
+    if left_out > 0:
+        title += (f" {left_out} smaller parts were not planned (--max-subsets "
+                  f"{len(subsets) - 1}, the most devices first).")
+    dropped = [h for h in ("ampl.", "GPU-s/sample", "best plan") if h not in head]
+    if dropped:
+        title += f" Left out for the terminal's width: {', '.join(dropped)} (--wide shows them)."
     lines = ["", *textwrap.wrap(title, width, break_on_hyphens=False), table]
     lines += textwrap.wrap(_choice_line(spec, subsets, chosen, args, other), width,
                            break_on_hyphens=False)
@@ -172,8 +192,10 @@ def _choice_line(spec: Spec, subsets, chosen, args, other: str) -> str:
             text += f", {chosen.cost_per_iteration / whole.cost_per_iteration:.2f}x the cost"
         idle = spec.cluster.num_devices - chosen.gpus
         k = subsets.index(chosen)
+        backend = chosen.best.backend
+        named = "" if backend == spec.training.backend else f"--backend {backend} "
         text += (f"; {idle} devices left idle: `amp-search launch {spec.path or 'SPEC'} "
-                 f"--subset {k} --top-k 3` runs on subset {k}'s devices only.")
+                 f"{named}--subset {k} --top-k 3` runs on subset {k}'s devices only.")
     return text
 
 
@@ -213,6 +235,6 @@ def write_pareto_png(spec: Spec, subsets, front: list[int], chosen, other: str,
     ax.margins(x=0.2, y=0.1)
     fig.tight_layout()
     try:
-        fig.savefig(path)
+        fig.savefig(path, format="png")
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
