@@ -41,11 +41,14 @@ from .units import (DEVICE_MEMORY, FIXED_COST_TIME, GEMM_SIZE, MEMORY_BANDWIDTH,
                     parse_duration, parse_flops, parse_node_bandwidth, parse_size)
 from .yaml_io import load_yaml_file, show_path
 
-PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
-"""training.precision, and the keys of a GPU's peak_tflops. fp8 is Transformer Engine's: the
-linear layers' GEMMs in FP8, everything else (attention core, norms, weights, gradients,
-activations, communication) in BF16, so it needs both rates and the megatron backend."""
-STORAGE_PRECISION = {"fp8": "bf16"}
+PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "nvfp4")
+"""training.precision, and the keys of a GPU's peak_tflops. fp8 and nvfp4 are Transformer
+Engine's: the linear layers' GEMMs in FP8 (NVFP4: FP4 E2M1 with an FP8 scale per 16 values,
+Blackwell only), everything else (attention core, norms, weights, gradients, activations,
+communication) in BF16, so they need both rates and the megatron backend."""
+NARROW_GEMM_PRECISIONS = ("fp8", "nvfp4")
+"""Precisions whose linear GEMMs run narrower than the tensors are kept (STORAGE_PRECISION)."""
+STORAGE_PRECISION = {"fp8": "bf16", "nvfp4": "bf16"}
 """The precision a training precision keeps its tensors in, where the two differ."""
 OBJECTIVES = ("time", "cost", "gpu_seconds")
 """training.objective: what the best plan minimizes."""
@@ -79,6 +82,9 @@ class GPU:
     gemm_half_flops: float = 2e9
     """The GEMM size (FLOPs per call) at which they reach half of it."""
     gemm_fp8_max_efficiency: float | None = None
+    gemm_nvfp4_max_efficiency: float | None = None
+    """The fraction of the NVFP4 dense peak large NVFP4 GEMMs reach (gemm_efficiency.nvfp4_max;
+    None: the FP8 one)."""
     """The fraction of the FP8 dense peak large FP8 GEMMs reach (their quantization included);
     None: gemm_max_efficiency."""
     kernel_floor_s: float = 0.0
@@ -432,12 +438,17 @@ def _gpu_model(r: "MappingReader", defaults: dict) -> dict:
     out = {}
     gemm = get("gemm_efficiency")
     if gemm is not None:
-        g = MappingReader(gemm, r.at("gemm_efficiency"), ("max", "half_at", "fp8_max"))
+        g = MappingReader(gemm, r.at("gemm_efficiency"), ("max", "half_at", "fp8_max",
+                                                          "nvfp4_max"))
         out["gemm_max_efficiency"] = read_number(g.raw("max", required=True), g.at("max"), 0.01,
                                              1.0, "fraction of dense peak")
         if g.has("fp8_max"):
             out["gemm_fp8_max_efficiency"] = read_number(g.raw("fp8_max"), g.at("fp8_max"), 0.01,
                                                          1.0, "fraction of the FP8 dense peak")
+        if g.has("nvfp4_max"):
+            out["gemm_nvfp4_max_efficiency"] = read_number(
+                g.raw("nvfp4_max"), g.at("nvfp4_max"), 0.01, 1.0,
+                "fraction of the NVFP4 dense peak")
         out["gemm_half_flops"] = parse_flops(g.raw("half_at", required=True), g.at("half_at"),
                                              GEMM_SIZE)
     floor = get("kernel_floor")
@@ -699,10 +710,10 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
                                               f"data-parallel group); accepted: fp32, or "
                                               f"training.backend: megatron")
     precision = training.precision
-    if precision == "fp8" and training.backend != "megatron":
-        raise SpecError("training.precision", "fp8 is costed as Megatron-LM runs it with "
-                                              "Transformer Engine; set training.backend: "
-                                              "megatron, or use bf16")
+    if precision in NARROW_GEMM_PRECISIONS and training.backend != "megatron":
+        raise SpecError("training.precision", f"{precision} is costed as Megatron-LM runs it "
+                                              f"with Transformer Engine; set "
+                                              f"training.backend: megatron, or use bf16")
     for g_idx, g in enumerate(cluster.node_groups):
         for need in dict.fromkeys((precision, training.storage_precision)):
             if g.gpu.peak_flops_per_s.get(need) is None:
@@ -783,6 +794,12 @@ def spec_fingerprint(spec: Spec) -> dict:
                     default = Layer.__dataclass_fields__[k].default
                     if k in layer and type(layer[k]) is type(default) and layer[k] == default:
                         del layer[k]
+        if name == "cluster" and spec.training.precision != "nvfp4":
+            # likewise the NVFP4 figures
+            for part in ("node_groups", "nodes", "devices"):
+                for item in section[part]:
+                    item["gpu"]["peak_flops_per_s"].pop("nvfp4", None)
+                    item["gpu"].pop("gemm_nvfp4_max_efficiency", None)
         if name == "cluster" and spec.training.precision != "fp8":
             # the FP8 figures count only for fp8 training, so that a plan made before the
             # catalog had them stays valid

@@ -92,9 +92,11 @@ MODELS = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b",
           "Qwen3_235B_a22B": "qwen3-235b-a22b"}
 """The file's model names -> profiles/models.yaml."""
 
-PRECISIONS = {"BF16": "bf16", "FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "fp8", "FP8-MX": "fp8"}
+PRECISIONS = {"BF16": "bf16", "FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "fp8", "FP8-MX": "fp8",
+              "NVFP4": "nvfp4"}
 """The file's precisions -> training.precision (FP8 recipes differ in their scaling: delayed,
-current (CS) or per-block (MX); all run the linear layers' GEMMs in FP8)."""
+current (CS) or per-block (MX); all run the linear layers' GEMMs in FP8; NVFP4 runs them in
+FP4 with an FP8 scale per 16 values)."""
 
 
 def unexpressed(row: dict) -> str:
@@ -112,8 +114,6 @@ def unexpressed(row: dict) -> str:
         return "GPT-OSS's sliding-window attention and attention sinks are not modelled"
     if model not in MODELS:
         return f"model {model} has no preset"
-    if row["precision"] == "NVFP4":
-        return "NVFP4 is not modelled"
     if row["precision"] not in PRECISIONS:
         return f"precision {row['precision']} (the release's table states none)"
     if row["fsdp"] not in ("", "0"):
@@ -179,17 +179,21 @@ class Scored:
     skipped: Counter = field(default_factory=Counter)
 
 
-def cost_rows(rows: list[dict], fp8_max: float | None = None) -> Scored:
+def cost_rows(rows: list[dict], fp8_max: float | None = None,
+              nvfp4_max: float | None = None) -> Scored:
     out = Scored()
+    catalog = None
+    if fp8_max is not None or nvfp4_max is not None:   # a fit: another GEMM efficiency
+        catalog = {name: replace(gpu, **({"gemm_fp8_max_efficiency": fp8_max}
+                                         if fp8_max is not None else {}),
+                                 **({"gemm_nvfp4_max_efficiency": nvfp4_max}
+                                    if nvfp4_max is not None else {}))
+                   for name, gpu in load_catalog().items()}
     for row in rows:
         why = unexpressed(row)
         if why:
             out.skipped[why] += 1
             continue
-        catalog = None
-        if fp8_max is not None:      # the fit: the catalog with another FP8 GEMM efficiency
-            catalog = {name: replace(gpu, gemm_fp8_max_efficiency=fp8_max)
-                       for name, gpu in load_catalog().items()}
         e = estimate_recipe(parse_spec(spec_dict(row), catalog=catalog), row)
         out.results.append(Result(row, measured_s(row), e.iteration_time_s, e.fits))
     return out
@@ -314,6 +318,31 @@ def fit(rows: list[dict]) -> dict:
     return out
 
 
+def fit_nvfp4(rows: list[dict]) -> dict:
+    """The NVFP4 GEMM efficiency (gemm_efficiency.nvfp4_max: the fraction of the NVFP4 dense
+    peak large NVFP4 GEMMs reach) that minimises MAPE on one model's NVFP4 rows, scored on the
+    other model's (split by model: Llama 3 70B and Llama 3.1 405B)."""
+    rows = [r for r in rows if r["precision"] == "NVFP4"]
+    grid = [round(0.20 + 0.01 * i, 2) for i in range(61)]
+    by_value = {v: cost_rows(rows, nvfp4_max=v).results for v in grid}
+    models = sorted({r.row["model"] for r in by_value[grid[0]]})
+    out = {}
+    for train in models:
+        best = min(grid, key=lambda v: mape([r for r in by_value[v] if r.row["model"] == train]))
+        fitted = [r for r in by_value[best] if r.row["model"] == train]
+        held = [r for r in by_value[best] if r.row["model"] != train]
+        print(f"NVFP4: fit on {train} ({len(fitted)} rows): nvfp4_max {best:.2f}, MAPE "
+              f"{mape(fitted):.1%}; held-out other models ({len(held)} rows): MAPE "
+              f"{mape(held):.1%} (signed {signed(held):+.1%})")
+        out[train] = {"nvfp4_max": best, "fit_mape": mape(fitted),
+                      "held_out_mape": mape(held), "held_out_signed": signed(held)}
+    best_all = min(grid, key=lambda v: mape(by_value[v]))
+    print(f"NVFP4: fit on all {len(by_value[best_all])} rows: nvfp4_max {best_all:.2f}, MAPE "
+          f"{mape(by_value[best_all]):.1%}")
+    out["all"] = {"nvfp4_max": best_all, "mape": mape(by_value[best_all])}
+    return out
+
+
 def recipe_ranks(rows: list[dict]) -> list[dict]:
     """For each distinct expressible pre-training recipe (model, system, GPUs, batch,
     precision): plan the same cluster and batch with tp, pp, dp, cp, virtual stages, mbs,
@@ -398,6 +427,7 @@ def main(argv=None) -> int:
     out = report(scored, a.rows)
     if a.fit:
         out["fit"] = fit(rows)
+        out["fit_nvfp4"] = fit_nvfp4(rows)
     if a.ranks:
         out["ranks"] = recipe_ranks(rows)
         report_ranks(out["ranks"])

@@ -67,6 +67,8 @@ outputs, h each, which the fused norm-linear then does not keep in BF16) and the
 (the activation's output, f/t) shrink to 1 B per element; the projection's input, the
 attention output that the fused attention keeps in BF16 for its own backward, gains its 1 B
 FP8 copy (a d/t). Per token: (g - 1) (2h + f/t) fewer bytes and a d/t more (`fp8`).
+NVFP4 (training.precision nvfp4) is counted the same: its saved copies hold 4-bit values and
+one FP8 scale per 16 (0.5625 B an element), so the one byte here is an upper bound.
 
 Sequence parallelism (Korthikanti et al. 2022, tmp > 1) stores the replicated per-token terms
 (the LayerNorm inputs and outputs, their mean and rstd, an input projection's input) for the

@@ -204,9 +204,9 @@ def gradient_reduce_bytes_per_element(precision: str, *, framework: str = "deeps
         raise ValueError(f"framework {framework!r}; known: {', '.join(GRADIENT_FRAMEWORKS)}")
     if precision == "fp32" or fp32_allreduce:
         return 4
-    if framework == "megatron" and precision in ("bf16", "fp8"):
+    if framework == "megatron" and precision in ("bf16", "fp8", "nvfp4"):
         return 4
-    if precision in ("fp16", "bf16", "fp8"):
+    if precision in ("fp16", "bf16", "fp8", "nvfp4"):
         return 2
     raise ValueError(f"precision {precision!r}; known: fp32, fp16, bf16")
 

@@ -242,7 +242,7 @@ def synced_overlapped_time_s(host_forward_s, device_forward_s, host_s, device_s)
             + np.maximum(host_s - host_forward_s, device_s - device_forward_s))
 
 
-ADAM_BYTES_PER_PARAM = {"fp32": 28, "bf16": 42, "fp16": 42, "fp8": 42}
+ADAM_BYTES_PER_PARAM = {"fp32": 28, "bf16": 42, "fp16": 42, "fp8": 42, "nvfp4": 42}
 """Memory traffic of one optimizer step per parameter. fp32 Adam: read the weight, gradient and
 two moments (16 B), write the weight and the moments (12 B). Mixed precision adds the passes
 over the gradients before the step: copy the fp16/bf16 gradient into an fp32 main gradient

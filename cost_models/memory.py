@@ -62,7 +62,7 @@ from .activations import (FP32_BYTES, ActivationTerms, activation_terms, head_bu
                           stage_output_buffer_bytes)
 from .layers import Layer, block_tensor_numels, expert_param_count, padded_vocab_size
 
-BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2, "nvfp4": 2}
 """g: bytes of a weight, gradient or activation element in each training precision."""
 ADAM_STATE_BYTES = 8
 """Adam's two fp32 moments (exp_avg, exp_avg_sq) per parameter."""
@@ -149,7 +149,7 @@ def deepspeed_engine(*, zero_stage: int, precision: str) -> str:
     if zero_stage:
         return f"zero{zero_stage}"
     return {"fp32": "torch_adam", "bf16": "bf16_optimizer", "fp16": "fp16_optimizer",
-            "fp8": "bf16_optimizer"}[precision]
+            "fp8": "bf16_optimizer", "nvfp4": "bf16_optimizer"}[precision]
 
 
 def pipeline_engine(*, pp: int, zero_stage: int) -> bool:
@@ -463,7 +463,7 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
                              bytes_per_element=BYTES_PER_ELEMENT[precision],
                              recompute=recompute, attention_scores=attention_scores,
                              sequence_parallel=sequence_parallel, selective=selective,
-                             fp8=precision == "fp8")
+                             fp8=precision in ("fp8", "nvfp4"))
     return stage_bytes_of(states, terms, stage=stage, pp=pp, gas=gas, zero_stage=zero_stage,
                           cp=cp)
 
@@ -586,7 +586,7 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
         per_expert_param = ex_total / experts.sum()
         per_param = (total - ex_total) / max(sum(flat) - experts.sum(), 1)
     kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=g, attention_scores=attention_scores,
-              sequence_parallel=sequence_parallel, fp8=precision == "fp8")
+              sequence_parallel=sequence_parallel, fp8=precision in ("fp8", "nvfp4"))
     selective = selective and not recompute
     fixed = float(framework_overhead_bytes + states.buffer_bytes)
     if recompute or selective:

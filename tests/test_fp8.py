@@ -155,3 +155,32 @@ def test_cpu_clusters_default_to_fp32_and_inter_node_bandwidth_takes_nic_counts(
         parse_spec({"cluster": {"nodes": [{**base, "inter_node_bandwidth": "0 x 400 Gbps"}]},
                     "model": model, "training": training})
     assert "cluster.nodes[0].inter_node_bandwidth" in str(err.value)
+
+
+def test_nvfp4_is_blackwell_megatron_only_faster_than_fp8_and_exports_te_flags():
+    """training.precision: nvfp4 (Transformer Engine's NVFP4 recipe): Blackwell's FP4 rate for
+    the linear GEMMs at the catalog's nvfp4_max efficiency, BF16 elsewhere; Megatron-LM's
+    --fp4-format e2m1 --fp4-recipe nvfp4."""
+    cat = load_catalog()
+    for name in ("B200-180GB", "B300-288GB", "GB200-186GB", "GB300-288GB"):
+        peak = cat[name].peak_flops_per_s
+        assert peak["nvfp4"] >= 2 * peak["fp8"] * 0.99 and cat[name].gemm_nvfp4_max_efficiency
+    for name in ("H100-80GB", "A100-80GB"):
+        assert cat[name].peak_flops_per_s.get("nvfp4") is None
+    with pytest.raises(SpecError, match="no nvfp4 support"):
+        _spec(precision="nvfp4")                      # an H100
+    with pytest.raises(SpecError, match="megatron"):
+        _spec(precision="nvfp4", gpu="GB200-186GB", backend="deepspeed")
+    gb = dict(gpu="GB200-186GB")
+    f4 = estimate(_spec(precision="nvfp4", **gb), pp=2, dp=2, tmp=2, mbs=1)
+    f8 = estimate(_spec(precision="fp8", **gb), pp=2, dp=2, tmp=2, mbs=1)
+    assert f4.iteration_time_s < f8.iteration_time_s
+    speed = device_speed(cat["GB200-186GB"], "nvfp4")
+    assert speed.linear_peak_flops_per_s == cat["GB200-186GB"].peak_flops_per_s["nvfp4"]
+    assert speed.linear_gemm_max_efficiency == cat["GB200-186GB"].gemm_nvfp4_max_efficiency
+    assert speed.peak_flops_per_s == cat["GB200-186GB"].peak_flops_per_s["bf16"]
+    for m4, m8 in zip(f4.memory, f8.memory):          # the same BF16 states and saved copies
+        assert m4.peak_bytes == m8.peak_bytes
+    args = megatron_args(_spec(**gb).model.layers, f4.strategy, precision="nvfp4", iters=10)
+    assert args[args.index("--fp4-format") + 1] == "e2m1" and "--bf16" in args
+    assert args[args.index("--fp4-recipe") + 1] == "nvfp4" and "--fp8-format" not in args

@@ -57,7 +57,9 @@ def _knobs(spec: Spec) -> list[tuple[str, str, bool]]:
 def _backend_line(spec: Spec, plan: Plan) -> str:
     t = spec.for_backend(plan.backends[0]).training if plan.backends else spec.training
     tail = f"precision {t.precision}" + (" (FP8 GEMMs, BF16 elsewhere)"
-                                         if t.precision == "fp8" else "")
+                                         if t.precision == "fp8" else
+                                         " (NVFP4 GEMMs, BF16 elsewhere)"
+                                         if t.precision == "nvfp4" else "")
     if len(plan.backends) > 1:
         names = " and as ".join(BACKEND_NAMES.get(b, b) for b in plan.backends)
         return (f"costed as {names} (training.backend not given: each planned, the backend "

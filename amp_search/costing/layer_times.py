@@ -42,8 +42,10 @@ def device_speed(gpu: GPU, precision: str) -> DeviceSpeed:
                        gemm_half_flops=gpu.gemm_half_flops,
                        linear_peak_flops_per_s=gpu.peak_flops_per_s[precision] if narrower
                        else None,
-                       linear_gemm_max_efficiency=gpu.gemm_fp8_max_efficiency if narrower
-                       else None)
+                       linear_gemm_max_efficiency=(
+                           gpu.gemm_nvfp4_max_efficiency or gpu.gemm_fp8_max_efficiency
+                           if precision == "nvfp4" else gpu.gemm_fp8_max_efficiency)
+                       if narrower else None)
 
 
 @dataclass

@@ -87,7 +87,7 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
                       s.sequence_parallel, s.selective_recompute, t.backend, ep=s.ep)
     per_chunk, one = _chunk_activations(
         layers, ranges, s.mbs, s.tmp, t.bytes_per_element, attention_scores,
-        s.sequence_parallel, t.precision == "fp8", s.activation_checkpointing,
+        s.sequence_parallel, t.precision in ("fp8", "nvfp4"), s.activation_checkpointing,
         s.selective_recompute)
     act = activations.interleaved_saved_activation_bytes(per_chunk, stage=j, pp=s.pp,
                                                           gas=s.gas) + one - sum(per_chunk)
@@ -211,6 +211,6 @@ def _stage_bytes(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...],
                       bytes_per_element=memory_model.BYTES_PER_ELEMENT[precision],
                       recompute=recompute, attention_scores=attention_scores,
                       sequence_parallel=sequence_parallel, selective=selective,
-                      fp8=precision == "fp8"))
+                      fp8=precision in ("fp8", "nvfp4")))
     return memory_model.stage_bytes_of(states, terms, stage=stage, pp=pp, gas=gas,
                                        zero_stage=zero_stage, cp=cp)

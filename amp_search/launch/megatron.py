@@ -43,7 +43,8 @@ The strategy maps to its arguments:
                              master weights sharded over dp; gradients reduce-scattered,
                              weights all-gathered); zero_stage 2/3 do not exist in Megatron-LM
                              (`megatron_unsupported`, which the launcher's preflight asks)
-    precision                --bf16 / --fp16 (fp32: neither); fp8: --bf16 --fp8-format hybrid
+    precision                --bf16 / --fp16 (fp32: neither); fp8: --bf16 --fp8-format hybrid;
+                             nvfp4: --bf16 --fp4-format e2m1 --fp4-recipe nvfp4
 
 Megatron numbers ranks as the launcher does (it has no rank map like amp_search.trial.run), in
 the same tp-dp-pp order as DeepSpeed. So the placement is honoured by ordering the nodes by
@@ -219,6 +220,8 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         args += [f"--{precision}"]
     elif precision == "fp8":        # Transformer Engine: FP8 GEMMs (E4M3 forward, E5M2
         args += ["--bf16", "--fp8-format", "hybrid"]   # gradients), BF16 elsewhere
+    elif precision == "nvfp4":      # NVFP4 GEMMs (E2M1, an E4M3 scale per 16 values)
+        args += ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
     return args
 
 
