@@ -16,7 +16,8 @@ from .spec_reader import MappingReader, read_name, show_value
 from .yaml_io import load_yaml_file, show_path
 
 MODEL_PRESETS = ("llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-8b", "qwen3-32b",
-                 "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b")
+                 "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b",
+                 "gpt-oss-120b", "gpt-oss-20b")
 """Named models (profiles/models.yaml): `model: {preset: NAME, seq_length: ...}` takes every
 size from there; any size key the spec gives overrides it."""
 PRESETS = ("gpt", "bert", "layers") + MODEL_PRESETS
@@ -82,8 +83,16 @@ moe_ffn_hidden_size) beside optional shared experts."""
 MOE_LAYER_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
                     "moe_shared_expert_size")
 """The cost_models.layers.Layer fields MOE_KEYS fill, in the same order."""
+WINDOW_KEYS = ("window_size", "window_attn_skip_freq")
+"""Sliding-window attention, Megatron-LM's argument names: window_size w (each query attends
+to the w keys before it) in every block but each window_attn_skip_freq-th (N: N - 1 windowed
+blocks, then one of full attention; absent: every block windowed), as GPT-OSS alternates
+them."""
+WINDOW_LAYER_FIELDS = ("attention_window",)
+"""The cost_models.layers.Layer field WINDOW_KEYS fill."""
 MODEL_KEYS = ("preset", "num_layers", "hidden_size", "num_attention_heads", "seq_length",
-               "vocab_size", "ffn_hidden_size", "layers", "name") + ARCH_KEYS + MOE_KEYS
+               "vocab_size", "ffn_hidden_size", "layers", "name") + ARCH_KEYS + MOE_KEYS \
+    + WINDOW_KEYS
 LAYER_KEYS = ("kind", "count", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                "vocab_size", "forward_flops", "params", "output_elements", "name") + ARCH_KEYS
 _LAYER_ARCH = {"embedding": ("position_embedding", "tie_embeddings"),
@@ -188,6 +197,17 @@ def _experts(r: MappingReader, f: int) -> dict:
     return dict(zip(MOE_LAYER_FIELDS, (e, k, fe, fs)))
 
 
+def _window(r: MappingReader) -> tuple[int, int]:
+    """(window_size, window_attn_skip_freq) of WINDOW_KEYS; (0, 0) without a window."""
+    if not r.has("window_size"):
+        if r.has("window_attn_skip_freq"):
+            raise SpecError(r.at("window_attn_skip_freq"), "only with window_size (sliding-"
+                                                            "window attention)")
+        return 0, 0
+    return (r.int("window_size", hi=MAX_SEQ),
+            r.int("window_attn_skip_freq", 0, lo=0, hi=MAX_LAYERS))
+
+
 def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None) -> ModelSpec:
     """preset gpt, bert or a named model (`given`: the keys the spec itself wrote)."""
     def note(key: str) -> str:
@@ -211,9 +231,13 @@ def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None)
     block = Layer(kind="transformer", seq_length=seq, hidden_size=h, num_attention_heads=a,
                   ffn_hidden_size=f, **attention, mlp=mlp, norm=norm, bias=bias,
                   position_embedding=pos, **_experts(r, f))
+    window, every = _window(r)
     layers = ((Layer(kind="embedding", seq_length=seq, hidden_size=h, vocab_size=v,
                      position_embedding=pos, tie_embeddings=tied, name="embedding"),)
-              + tuple(Layer(**{**block.__dict__, "name": f"block{i}"}) for i in range(L))
+              + tuple(Layer(**{**block.__dict__, "name": f"block{i}",
+                               **({"attention_window": window}
+                                  if window and (not every or (i + 1) % every) else {})})
+                      for i in range(L))
               + (Layer(kind="head", seq_length=seq, hidden_size=h, vocab_size=v, norm=norm,
                        bias=bias, tie_embeddings=tied, name="head"),))
     return ModelSpec(preset=preset, layers=layers, num_attention_heads=a)
@@ -238,7 +262,7 @@ def parse_model(data) -> ModelSpec:
     if preset != "layers":
         return _gpt_model(r, preset, seq, given)
     for k in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
-              "ffn_hidden_size") + ARCH_KEYS + MOE_KEYS:
+              "ffn_hidden_size") + ARCH_KEYS + MOE_KEYS + WINDOW_KEYS:
         if r.has(k):
             raise SpecError(r.at(k), "not used with preset: layers; give sizes per layer "
                                      "in model.layers")

@@ -23,9 +23,10 @@ rules are written once:
                                                               tokens
     virtual_stages_need_pipeline  virtual_stages_without_pipeline  v > 1 model chunks per
                                                               stage interleave a pipeline:
-                                                              pp > 1 (pp > 2 under the
-                                                              megatron backend: Megatron-LM
-                                                              v0.7 asserts it)
+                                                              pp > 1 (Megatron-Core's
+                                                              parallel_state asserts it; with
+                                                              P2P overlap, its default, pp 2
+                                                              runs)
     interleaved_microbatches    microbatches_not_multiple_of_pp  Megatron-LM's interleaved
                                                               schedule raises unless the
                                                               micro-batch count is a multiple
@@ -355,14 +356,14 @@ def selective_needs_scores(s: SearchSpace, c: Candidate) -> Violation | None:
 
 
 def virtual_stages_need_pipeline(s: SearchSpace, c: Candidate) -> Violation | None:
-    least = 3 if s.backend == "megatron" else 2
-    if c.virtual_stages > 1 and c.pp < least:
-        why = ("interleaves the model chunks of a pipeline: pp > 1" if least == 2 else
-               "needs pp > 2 under the megatron backend (Megatron-LM v0.7's arguments.py "
-               "asserts pipeline-model-parallel size > 2 with the interleaved schedule)")
+    """Megatron-Core (0.16's parallel_state: pipeline-model-parallel size > 1 with the
+    interleaved schedule; Megatron-LM's arguments.py asks for pp > 2 only where P2P overlap
+    is turned off, --no-overlap-p2p-communication; v0.7 asked for pp > 2 always)."""
+    if c.virtual_stages > 1 and c.pp < 2:
         return Violation(Reason.VIRTUAL_STAGES_WITHOUT_PIPELINE,
                          f"virtual_pipeline_stages = {c.virtual_stages} with pp = {c.pp}: the "
-                         f"interleaved schedule {why}; use virtual_pipeline_stages 1")
+                         f"interleaved schedule interleaves the model chunks of a pipeline: "
+                         f"pp > 1; use virtual_pipeline_stages 1")
     return None
 
 

@@ -33,7 +33,7 @@ from cost_models.layers import Layer
 
 from .errors import SpecError, UsageError
 from .hosts import validate_hostname
-from .model_spec import ARCH_KEYS, MOE_LAYER_FIELDS, ModelSpec, parse_model
+from .model_spec import ARCH_KEYS, MOE_LAYER_FIELDS, WINDOW_LAYER_FIELDS, ModelSpec, parse_model
 from .resources import catalog_path
 from .spec_reader import MappingReader, key_text, read_name, read_number, show_value
 from .units import (DEVICE_MEMORY, FIXED_COST_TIME, GEMM_SIZE, MEMORY_BANDWIDTH,
@@ -710,6 +710,11 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
                                               f"data-parallel group); accepted: fp32, or "
                                               f"training.backend: megatron")
     precision = training.precision
+    if training.backend != "megatron" and any(x.attention_window for x in model.layers):
+        raise SpecError("training.backend", f"{training.backend}: the model's sliding-window "
+                                            f"attention (model.window_size) is costed and run "
+                                            f"as Megatron-LM runs it; the trial program's "
+                                            f"attention is full; accepted: megatron")
     if precision in NARROW_GEMM_PRECISIONS and training.backend != "megatron":
         raise SpecError("training.precision", f"{precision} is costed as Megatron-LM runs it "
                                               f"with Transformer Engine; set "
@@ -790,7 +795,7 @@ def spec_fingerprint(spec: Spec) -> dict:
             # the Llama-family Layer fields count only where they differ from the GPT block,
             # so a GPT model hashes as it did before they existed (its plans stay valid)
             for layer in {id(x): x for x in section["layers"]}.values():
-                for k in ARCH_KEYS + MOE_LAYER_FIELDS:
+                for k in ARCH_KEYS + MOE_LAYER_FIELDS + WINDOW_LAYER_FIELDS:
                     default = Layer.__dataclass_fields__[k].default
                     if k in layer and type(layer[k]) is type(default) and layer[k] == default:
                         del layer[k]

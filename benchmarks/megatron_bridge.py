@@ -89,7 +89,7 @@ SYSTEMS = {
 
 MODELS = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b",
           "LLAMA3.1_405B": "llama3.1-405b", "Qwen3_30B_a3B": "qwen3-30b-a3b",
-          "Qwen3_235B_a22B": "qwen3-235b-a22b"}
+          "Qwen3_235B_a22B": "qwen3-235b-a22b", "GPT OSS 120B": "gpt-oss-120b"}
 """The file's model names -> profiles/models.yaml."""
 
 PRECISIONS = {"BF16": "bf16", "FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "fp8", "FP8-MX": "fp8",
@@ -110,8 +110,6 @@ def unexpressed(row: dict) -> str:
         return "hybrid Mamba layers are not modelled"
     if "tokendrop" in model:
         return "token dropping (an expert capacity factor) is not modelled"
-    if model.startswith("GPT OSS"):
-        return "GPT-OSS's sliding-window attention and attention sinks are not modelled"
     if model not in MODELS:
         return f"model {model} has no preset"
     if row["precision"] not in PRECISIONS:
@@ -120,9 +118,6 @@ def unexpressed(row: dict) -> str:
         return "Megatron FSDP is not modelled"
     if row["system"] not in SYSTEMS:
         return f"system {row['system']} is not in SYSTEMS"
-    if int(row["pp"]) == 2 and virtual(row) > 1:
-        return ("virtual stages at pp 2 (newer Megatron-Core runs them; the planner keeps "
-                "Megatron-LM v0.7's pp > 2)")
     return ""
 
 

@@ -97,6 +97,9 @@ class Layer:
     moe_shared_expert_size: int = 0
     """f_s: the inner width of the shared experts every token also passes through (their
     widths summed, --moe-shared-expert-intermediate-size); 0: none."""
+    attention_window: int = 0
+    """transformer: sliding-window attention, each query attends to the w keys before it
+    (Megatron-LM's --window-size w,0); 0: full causal attention."""
     custom_forward_flops: float = 0.0
     """custom only: forward FLOPs per sample."""
     custom_params: int = 0
@@ -160,6 +163,8 @@ class Layer:
                       f"fe{self.expert_ffn}"]
             if self.moe_shared_expert_size:
                 parts += [f"fs{self.moe_shared_expert_size}"]
+        if self.kind == "transformer" and 0 < self.attention_window < self.seq_length:
+            parts += [f"w{self.attention_window}"]
         return ":".join(parts)
 
     @property
@@ -458,12 +463,23 @@ def kv_elements_per_token(layer: Layer, tmp: int = 1) -> int:
 def attention_core_flops(layer: Layer, tmp: int = 1) -> float:
     """QK^T and attention x V of one forward pass per sample: 4 s^2 h / t (Narayanan et al.
     2021); transformer layers only. With a head width d: 4 s^2 a d / t (grouped-query
-    attention shares K and V but every query head still runs its own s x s products)."""
+    attention shares K and V but every query head still runs its own s x s products).
+    Sliding-window attention (w < s keys per query) computes the band of the causal
+    triangle: `window_fraction` of it."""
     if layer.kind != "transformer":
         return 0.0
-    if not layer.is_gpt_block:
-        return 4.0 * layer.seq_length ** 2 * layer.attention_width / tmp
-    return 4.0 * layer.seq_length ** 2 * layer.hidden_size / tmp
+    width = layer.hidden_size if layer.is_gpt_block else layer.attention_width
+    return 4.0 * layer.seq_length ** 2 * width / tmp * window_fraction(layer)
+
+
+def window_fraction(layer: Layer) -> float:
+    """The share of the causal triangle's (query, key) pairs a sliding window of w keys
+    keeps: (s w - w^2 / 2) / (s^2 / 2) = 2 w/s - (w/s)^2; 1 for full attention. A fused
+    kernel skips the blocks outside the band, so its time scales with this share."""
+    s, w = layer.seq_length, layer.attention_window
+    if not 0 < w < s:
+        return 1.0
+    return 2.0 * w / s - (w / s) ** 2
 
 
 def attention_score_elements(layer: Layer, tmp: int = 1) -> float:

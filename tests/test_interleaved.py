@@ -244,8 +244,11 @@ def test_rules():
     assert _violation(SearchSpace.of(_spec(), "deepspeed"), virtual_stages=2) == \
         Reason.INTERLEAVED_UNDER_DEEPSPEED
     assert _violation(SearchSpace.of(_spec(), "megatron"), virtual_stages=2) is None
-    assert _violation(SearchSpace.of(_spec(), "megatron"), pp=2, dp=2, virtual_stages=2) == \
-        Reason.VIRTUAL_STAGES_WITHOUT_PIPELINE            # Megatron-LM asserts pp > 2
+    # Megatron-Core asserts pp > 1 (Megatron-LM v0.7 asked for pp > 2; with P2P overlap,
+    # the default of newer versions, pp 2 runs): pp 2 interleaves
+    assert _violation(SearchSpace.of(_spec(), "megatron"), pp=2, dp=2, virtual_stages=2) is None
+    assert _violation(SearchSpace.of(_spec(), "megatron"), pp=1, dp=4, virtual_stages=2) == \
+        Reason.VIRTUAL_STAGES_WITHOUT_PIPELINE
     assert _violation(space, mbs=4) is None               # v = 1: none of these apply
     # the spec's backend is the default: deepspeed, unless it says megatron
     assert _violation(SearchSpace.of(_spec(backend="deepspeed")), virtual_stages=2) == \

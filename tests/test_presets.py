@@ -47,6 +47,8 @@ PUBLISHED = {                      # (published total, exact count where known)
     "qwen3-235b-a22b": (235e9, None),
     "mixtral-8x7b": (46.7e9, None),
     "mixtral-8x22b": (141e9, None),
+    "gpt-oss-120b": (116.83e9, None),     # OpenAI's model card (sliding-window blocks)
+    "gpt-oss-20b": (20.91e9, None),
 }
 
 
@@ -66,7 +68,7 @@ def test_every_preset_parses_to_its_published_size(name):
         ["embedding", "head"]
     block = m.layers[1]
     assert (block.mlp, block.norm, block.bias, block.position_embedding) == \
-        ("swiglu", "rmsnorm", False, "rope")
+        ("swiglu", "rmsnorm", name.startswith("gpt-oss"), "rope")   # GPT-OSS has biases
     assert 0 < block.num_query_groups < block.num_attention_heads
     assert block.num_query_groups in m.tp_divisors
     total = model_param_count(m.layers)
@@ -162,7 +164,8 @@ def test_preset_errors():
     with pytest.raises(SpecError, match=r"^model.preset: got 'llama'; accepted: gpt, bert, "
                                         r"layers, llama3-8b, llama3-70b, llama3.1-405b, "
                                         r"qwen3-8b, qwen3-32b, qwen3-30b-a3b, "
-                                        r"qwen3-235b-a22b, mixtral-8x7b, mixtral-8x22b$"):
+                                        r"qwen3-235b-a22b, mixtral-8x7b, mixtral-8x22b, "
+                                        r"gpt-oss-120b, gpt-oss-20b$"):
         _model(preset="llama", seq_length=8)
     with pytest.raises(SpecError, match=r"^model.preset: deepseek-v3: multi-head latent "
                                         r"attention is not modelled yet .*; accepted: gpt, "):
@@ -296,13 +299,13 @@ def test_fingerprint_of_a_gpt_model_ignores_the_new_fields():
     import hashlib
     import json
 
-    from amp_search.model_spec import ARCH_KEYS, MOE_LAYER_FIELDS
+    from amp_search.model_spec import ARCH_KEYS, MOE_LAYER_FIELDS, WINDOW_LAYER_FIELDS
     from amp_search.spec import spec_fingerprint
 
     spec = parse_spec(_raw(GPT))
     old = dataclasses.asdict(spec.model)
     for layer in old["layers"]:
-        for k in ARCH_KEYS + MOE_LAYER_FIELDS:
+        for k in ARCH_KEYS + MOE_LAYER_FIELDS + WINDOW_LAYER_FIELDS:
             del layer[k]
     text = json.dumps(old, sort_keys=True, default=str)
     assert spec_fingerprint(spec)["model"] == hashlib.sha256(text.encode()).hexdigest()

@@ -36,9 +36,10 @@ The strategy maps to its arguments:
     ep (experts)             --expert-model-parallel-size ep --expert-tensor-parallel-size 1
     virtual_stages v > 1     --num-layers-per-virtual-pipeline-stage (blocks / (v * pp)): the
                              interleaved 1F1B schedule over Megatron's uniform chunks
-                             (megatron/training/arguments.py, v0.7: needs pp > 2 and the blocks
-                             per stage divisible by it; the schedule needs the micro-batch
-                             count a multiple of pp)
+                             (megatron/training/arguments.py: needs pp > 1 with P2P overlap,
+                             its default in current versions (pp > 2 without it, and in v0.7), and the
+                             blocks per stage divisible by it; the schedule needs the
+                             micro-batch count a multiple of pp)
     zero_stage 1             --use-distributed-optimizer (ZeRO-1: optimizer state and fp32
                              master weights sharded over dp; gradients reduce-scattered,
                              weights all-gathered); zero_stage 2/3 do not exist in Megatron-LM
@@ -92,6 +93,26 @@ def check_gpt_chain(layers: tuple[Layer, ...]) -> Layer:
                          f"({layers[0].position_embedding}) to be the blocks' "
                          f"({blocks[0].position_embedding})")
     return blocks[0]
+
+
+def window_args(layers: tuple[Layer, ...]) -> list[str]:
+    """--window-size w,0 and --window-attn-skip-freq N for sliding-window blocks ([] without
+    them): every N-th block full attention, the others windowed (Megatron-LM's pattern)."""
+    blocks = [x for x in layers if x.kind == "transformer"]
+    windows = {b.attention_window for b in blocks if b.attention_window}
+    if not windows:
+        return []
+    if len(windows) > 1:
+        raise UsageError("the megatron backend takes one window size for every windowed block")
+    args = ["--window-size", f"{windows.pop()},0"]
+    windowed = [bool(b.attention_window) for b in blocks]
+    if all(windowed):
+        return args
+    n = windowed.index(False) + 1
+    if windowed != [(i + 1) % n != 0 for i in range(len(blocks))]:
+        raise UsageError("the megatron backend's windowed blocks repeat: N - 1 windowed, then "
+                         "one full (--window-attn-skip-freq N)")
+    return args + ["--window-attn-skip-freq", str(n)]
 
 
 def architecture_args(layers: tuple[Layer, ...]) -> list[str]:
@@ -188,7 +209,7 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         "--hidden-size", str(block.hidden_size),
         "--num-attention-heads", str(block.num_attention_heads),
         "--ffn-hidden-size", str(block.ffn_hidden_size),
-        *architecture_args(layers),
+        *architecture_args(layers), *window_args(layers),
         "--seq-length", str(seq), "--max-position-embeddings", str(seq),
         "--micro-batch-size", str(s.mbs), "--global-batch-size", str(s.global_batch_size),
         "--train-iters", str(iters), "--log-interval", "1", "--eval-iters", "0",

@@ -270,9 +270,9 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
     if s.virtual_stages > 1 and backend == "deepspeed":
         return (f"virtual_stages {s.virtual_stages}: DeepSpeed's PipelineEngine has no "
                 f"interleaved schedule (use the megatron backend, or virtual_stages 1)")
-    if s.virtual_stages > 1 and backend == "megatron" and (s.pp <= 2 or s.gas % s.pp):
+    if s.virtual_stages > 1 and backend == "megatron" and (s.pp < 2 or s.gas % s.pp):
         return (f"virtual_stages {s.virtual_stages}: Megatron-LM's interleaved schedule needs "
-                f"pp > 2 and the micro-batch count ({s.gas}) a multiple of pp ({s.pp})")
+                f"pp > 1 and the micro-batch count ({s.gas}) a multiple of pp ({s.pp})")
     if s.global_batch_size % (s.dp * s.mbs):
         return (f"global batch {s.global_batch_size} is not a multiple of dp x mbs = "
                 f"{s.dp} x {s.mbs}")
