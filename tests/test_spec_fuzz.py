@@ -190,8 +190,8 @@ def inline_gpu(draw, precision: str):
 
 
 def _needed(precision: str) -> tuple[str, ...]:
-    """The rates a GPU needs for `precision`: fp8 keeps the rest in bf16."""
-    return (precision, "bf16") if precision == "fp8" else (precision,)
+    """The rates a GPU needs for `precision`: fp8 and nvfp4 keep the rest in bf16."""
+    return (precision, "bf16") if precision in ("fp8", "nvfp4") else (precision,)
 
 
 @st.composite
@@ -273,7 +273,7 @@ def valid_spec(draw, small: bool = False):
         c, min_memory = draw(cluster(precision))
     t = {"global_batch_size": draw(st.integers(1, 64 if small else 4096)),
          "precision": precision}
-    if precision == "fp8":              # Transformer Engine's: the megatron backend only
+    if precision in ("fp8", "nvfp4"):   # Transformer Engine's: the megatron backend only
         t["backend"] = "megatron"
     for key, options in (("activation_checkpointing", ["none", "full", "search"]),
                          ("zero_stage", [0, 1, 2, 3, "search"])):
