@@ -169,11 +169,13 @@ def node_groups_alone(spec: Spec, *, measurements: Measurements = NO_MEASUREMENT
         return ()
     out = []
     for i, g in enumerate(groups):
-        alone = replace(spec, cluster=Cluster.from_groups((g,)))
+        uses = tuple((x.count, x.gpus_per_node) if j == i else (0, 0)
+                     for j, x in enumerate(groups))
         common = dict(group=i, gpu=g.gpu.name, nodes=g.count, gpus=g.count * g.gpus_per_node)
-        try:
-            best = plan(alone, measurements=measurements, cost_params=cost_params,
-                        simulate_top=simulate_top, backend=backend).best
+        try:        # its placement on the whole cluster's device ids, as plan_subsets' are
+            best = plan_on_subset(spec, uses, measurements=measurements,
+                                  cost_params=cost_params, simulate_top=simulate_top,
+                                  backend=backend).best
             out.append(GroupAlone(**common, best=best))
         except NoFeasibleStrategy as exc:
             out.append(GroupAlone(**common, best=None, reason=str(exc)))
