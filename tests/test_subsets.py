@@ -173,3 +173,23 @@ def test_launch_subset_runs_on_the_subsets_devices_only(capsys):
         assert s["pp"] * s["dp"] * s["tmp"] == 1 and s["placement"] == [[[0]]]
     assert main(["launch", spec, "--subset", "2", "--dry-run"]) == 2
     assert "subsets 1-1" in capsys.readouterr().err
+
+
+def test_the_subsets_table_fits_80_columns_and_says_what_it_left_out(write_spec, capsys,
+                                                                     monkeypatch):
+    """Three priced node groups: long device lists are shortened, columns left out are
+    named, and so are the smaller parts --max-subsets did not plan."""
+    data = _priced()
+    data["cluster"]["nodes"].append({"gpu": "V100-32GB", "count": 2, "gpus_per_node": 2,
+                                     "intra_node_bandwidth": "150 GB/s",
+                                     "inter_node_bandwidth": "2 x 100 Gbps",
+                                     "price_per_hour": 4.9})
+    data["training"]["precision"] = "fp16"
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["plan", str(write_spec(data)), "--no-simulate", "--no-progress",
+                 "--subsets", "--max-subsets", "5"]) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 80
+    text = " ".join(out.split())
+    assert "smaller parts were not planned (--max-subsets 5" in text
+    assert "Left out for the terminal's width:" in text
