@@ -184,3 +184,28 @@ def render_table(head: tuple[str, ...], rows: list[tuple[str, ...]],
         if k == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+def narrow_table(head: tuple[str, ...], rows: list[tuple[str, ...]], *, left_names=(),
+                 drops=(), width: int | None = None, dropped: list | None = None
+                 ) -> tuple[tuple[str, ...], list[tuple[str, ...]], str]:
+    """`render_table` of head and rows (the columns named in `left_names` left-aligned),
+    leaving out the columns `drops` names, in that order, until every line fits `width`
+    (None: none left out); the names left out are appended to `dropped`. Returns the head
+    and rows kept, and the table."""
+    def render() -> str:
+        return render_table(head, rows, left=tuple(i for i, h in enumerate(head)
+                                                   if h in left_names))
+
+    table = render()
+    for name in drops:
+        if width is None or max(map(len, table.splitlines())) <= width:
+            break
+        if name not in head:
+            continue
+        k = head.index(name)
+        head, rows = head[:k] + head[k + 1:], [r[:k] + r[k + 1:] for r in rows]
+        if dropped is not None:
+            dropped.append(name)
+        table = render()
+    return head, rows, table

@@ -212,7 +212,7 @@ def subset_plan(spec: Spec, args, measurements):
     --subsets` numbers them), its rows on those devices of the cluster only."""
     from ..planner import cluster_subsets, plan_on_subset
     from .plan import announce
-    from .subsets import uses_text
+    from .subsets import devices_text
 
     subsets = cluster_subsets(spec.cluster, 10**6)     # plan --subsets' numbering
     if not subsets:
@@ -225,10 +225,8 @@ def subset_plan(spec: Spec, args, measurements):
     result = plan_on_subset(spec, uses, measurements=measurements, backend=args.backend,
                             max_search_s=args.max_search_seconds, on_start=announce)
     if not (args.json is not None and str(args.json) == "-"):
-        from ..records import SubsetPlan
-
-        shown = uses_text(spec, SubsetPlan(uses=uses, gpus=0, best=None))
-        print(f"amp-search: subset {args.subset}: {shown}, the other devices idle",
+        print(f"amp-search: subset {args.subset}: {devices_text(spec, uses)}, the other "
+              f"devices idle",
               file=sys.stderr)
     return result
 

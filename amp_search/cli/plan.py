@@ -9,8 +9,8 @@ from itertools import groupby
 from pathlib import Path
 
 from ._args import (DEGREE_FLAGS, STRATEGY_DEGREES, add_profiles_argument, add_strategy_knobs,
-                    layers_per_stage, measurements_for, nonnegative_int, positive_float,
-                    positive_int, render_table, write_json)
+                    layers_per_stage, measurements_for, narrow_table, nonnegative_int,
+                    positive_float, positive_int, render_table, write_json)
 from cost_models.layers import model_flops_per_sample
 
 from ..errors import UsageError
@@ -179,39 +179,17 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
                       f"{flops / e.iteration_time_s / s.num_devices / 1e12:.4g}",
                       "-" if speedup is None else f"{speedup:.2f}x"))
     left = ("backend", "layers/stage", "placement")     # left-aligned
-    table = render_table(head, cells, left=tuple(i for i, h in enumerate(head) if h in left))
-    for name in NARROW_DROP_ORDER:
-        if width is None or max(map(len, table.splitlines())) <= width:
-            break
-        if name not in head:
-            continue
-        k = head.index(name)
-        head = head[:k] + head[k + 1:]
-        cells = [c[:k] + c[k + 1:] for c in cells]
-        if dropped is not None:
-            dropped.append(name)
-        table = render_table(head, cells, left=tuple(i for i, h in enumerate(head)
-                                                     if h in left))
+    head, cells, table = narrow_table(head, cells, left_names=left, drops=NARROW_DROP_ORDER,
+                                      width=width, dropped=dropped)
     if width is not None and backends and max(map(len, table.splitlines())) > width:
+        # a two-backend table at 80 columns: the backends' short names, then LAST_DROPS
         k = head.index("backend")
         cells = [c[:k] + (SHORT_BACKEND.get(c[k], c[k]),) + c[k + 1:] for c in cells]
         if dropped is not None:
             dropped.append("the backends' full names (" + ", ".join(
                 f"{v}: {b}" for b, v in SHORT_BACKEND.items()) + ")")
-        table = render_table(head, cells, left=tuple(i for i, h in enumerate(head)
-                                                     if h in left))
-    for name in LAST_DROPS:          # a two-backend table at 80 columns
-        if width is None or max(map(len, table.splitlines())) <= width:
-            break
-        if name not in head:
-            continue
-        k = head.index(name)
-        head = head[:k] + head[k + 1:]
-        cells = [c[:k] + c[k + 1:] for c in cells]
-        if dropped is not None:
-            dropped.append(name)
-        table = render_table(head, cells, left=tuple(i for i, h in enumerate(head)
-                                                     if h in left))
+        table = narrow_table(head, cells, left_names=left, drops=LAST_DROPS, width=width,
+                             dropped=dropped)[2]
     return table
 
 

@@ -8,7 +8,7 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from ._args import positive_float, positive_int, render_table
+from ._args import narrow_table, positive_float, positive_int
 from ..errors import UsageError
 from ..records import SubsetPlan
 from ..spec import Spec
@@ -61,11 +61,16 @@ def wanted(spec: Spec, args) -> bool:
                                 args.pareto_png))
 
 
+def devices_text(spec: Spec, uses: tuple[tuple[int, int], ...]) -> str:
+    """'3 x 4 V100-16GB + 1 x 4 T4-16GB': nodes x GPUs used of each node group
+    (`planner.cluster_subsets`' form)."""
+    return " + ".join(f"{n} x {k} {g.gpu.name}"
+                      for g, (n, k) in zip(spec.cluster.node_groups, uses) if n)
+
+
 def uses_text(spec: Spec, s: SubsetPlan) -> str:
-    """'3 x 4 V100-16GB + 1 x 4 T4-16GB' (nodes x GPUs used of each group), 'whole: ...'."""
-    parts = [f"{n} x {k} {g.gpu.name}" for g, (n, k) in zip(spec.cluster.node_groups, s.uses)
-             if n]
-    return ("whole: " if s.whole else "") + " + ".join(parts)
+    """`devices_text` of a subset plan, 'whole: ...' for every device."""
+    return ("whole: " if s.whole else "") + devices_text(spec, s.uses)
 
 
 def _front_axes(subsets, gbs: int) -> tuple[str, list[int]]:
@@ -117,29 +122,23 @@ def report(spec: Spec, subsets: tuple[SubsetPlan, ...], args, width: int
              f"{'cost' if other == 'cost' else 'GPU-seconds per sample'}; ampl.: GPU-seconds "
              f"per sample against the least):")
     left = ("", "devices used (the rest idle)", "best plan")
-    table = render_table(head, rows, left=tuple(i for i, h in enumerate(head) if h in left))
-    for name in ("ampl.", "GPU-s/sample", "best plan"):     # narrower, for the terminal
-        if max(map(len, table.splitlines())) <= width or args.wide:
-            break
-        k = head.index(name)
-        head, rows = head[:k] + head[k + 1:], [r[:k] + r[k + 1:] for r in rows]
-        table = render_table(head, rows, left=tuple(i for i, h in enumerate(head)
-                                                    if h in left))
+    dropped: list[str] = []
+    head, rows, table = narrow_table(head, rows, left_names=left,
+                                     drops=("ampl.", "GPU-s/sample", "best plan"),
+                                     width=None if args.wide else width, dropped=dropped)
     over = max(map(len, table.splitlines())) - width
     if over > 0 and not args.wide:       # still too wide: shorten the devices' descriptions
         k = head.index("devices used (the rest idle)")
         keep = max(24, max(len(r[k]) for r in rows) - over)
         rows = [r[:k] + ((r[k] if len(r[k]) <= keep else r[k][:keep - 3] + "..."),) + r[k + 1:]
                 for r in rows]
-        table = render_table(head, rows, left=tuple(i for i, h in enumerate(head)
-                                                    if h in left))
+        table = narrow_table(head, rows, left_names=left)[2]
     from ..planner import cluster_subsets
 
     left_out = len(cluster_subsets(spec.cluster, 10**6)) - (len(subsets) - 1)
     if left_out > 0:
         title += (f" {left_out} smaller parts were not planned (--max-subsets "
                   f"{len(subsets) - 1}, the most devices first).")
-    dropped = [h for h in ("ampl.", "GPU-s/sample", "best plan") if h not in head]
     if dropped:
         title += f" Left out for the terminal's width: {', '.join(dropped)} (--wide shows them)."
     lines = ["", *textwrap.wrap(title, width, break_on_hyphens=False), table]
