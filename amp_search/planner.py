@@ -55,11 +55,29 @@ class SearchTooLarge(AmpSearchError):
 
 # ---------------------------------------------------------------------- public API
 
+KEEP = 32
+"""Layouts `plan` keeps by default: the strategies it simulates and re-ranks
+(simulate.DEFAULT_SIMULATE_TOP), the table's rows and launch's trials come from them."""
+
+_TIE_SLACK = 2e-3
+"""Relative margin on the kept plans' slowest time: `ranking_key` compares times to 4
+significant digits (each rounded by at most 5e-4 of itself), so a strategy within this of
+the slowest kept one may still rank above it and is costed."""
+
+
 def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
          cost_params: CostParams | None = None, progress: bool = False,
          max_search_s: float | None = None, on_start=None,
-         simulate_top: int | None = None, backend: str | None = None) -> Plan:
-    """Rank every feasible strategy for `spec` (AMP Algorithm 1, lines 1-7).
+         simulate_top: int | None = None, backend: str | None = None,
+         keep: int | None = KEEP, keep_within: float = 1.0) -> Plan:
+    """Rank the feasible strategies for `spec` (AMP Algorithm 1, lines 1-7).
+
+    `keep`: the plan holds the fastest `keep` layouts (at least `simulate_top`) and every
+    strategy within `keep_within` times the best's closed-form time, exactly as a search of
+    every candidate ranks them; the others are left out (counted under
+    SLOWER_THAN_KEPT), most of them never costed: candidates are costed in the order of a
+    lower bound on their time, and the search stops where that bound passes the slowest kept
+    plan (`cost_best_candidates`). None: cost and rank every candidate.
 
     `simulate_top`: simulate the best N strategies of the exact DP's ranking event by event
     and re-order them by the simulated time (`simulate_ranking`; default
@@ -92,6 +110,30 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
             f"time (--max-search-seconds)")
     if on_start is not None:
         on_start(cost)
+    if keep is None:
+        estimates, evaluated = cost_every_candidate(model, candidates, orders, pruned, progress)
+    else:
+        estimates, evaluated = cost_best_candidates(
+            model, candidates, orders, pruned, progress,
+            keep=max(keep, DEFAULT_SIMULATE_TOP if simulate_top is None else simulate_top),
+            keep_within=keep_within)
+    ranked = rank(estimates, pruned)
+    if not ranked:
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(pruned.items()))
+        raise NoFeasibleStrategy(
+            f"no strategy is feasible ({detail}); try training.zero_stage: search, "
+            f"training.activation_checkpointing: search, or a smaller global_batch_size")
+    ranked, baseline = simulate_ranking(model, ranked, megatron_baseline(spec, model, space),
+                                        simulate_top, orders)
+    return Plan(strategies=tuple(ranked), baseline=baseline,
+                search_time_s=time.perf_counter() - t0, candidates=looked_at,
+                evaluated=evaluated, pruned=dict(pruned))
+
+
+def cost_every_candidate(model: CostModel, candidates, orders, pruned: Counter,
+                         progress: bool) -> tuple[list[Estimate], int]:
+    """Each candidate on its fastest placement order, with its memory: the feasible ones, and
+    the placements costed."""
     estimates = []
     shown = candidates
     if progress:            # tqdm (and the multiprocessing lock it makes) only when shown
@@ -111,17 +153,87 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
             estimates.append(best)
         else:
             pruned[Reason.OUT_OF_MEMORY.value] += 1
-    ranked = rank(estimates, pruned)
-    if not ranked:
-        detail = ", ".join(f"{k}: {v}" for k, v in sorted(pruned.items()))
-        raise NoFeasibleStrategy(
-            f"no strategy is feasible ({detail}); try training.zero_stage: search, "
-            f"training.activation_checkpointing: search, or a smaller global_batch_size")
-    ranked, baseline = simulate_ranking(model, ranked, megatron_baseline(spec, model, space),
-                                        simulate_top, orders)
-    return Plan(strategies=tuple(ranked), baseline=baseline,
-                search_time_s=time.perf_counter() - t0, candidates=looked_at,
-                evaluated=len(candidates) * len(orders), pruned=dict(pruned))
+    return estimates, len(candidates) * len(orders)
+
+
+def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
+                         progress: bool, *, keep: int, keep_within: float
+                         ) -> tuple[list[Estimate], int]:
+    """What `cost_every_candidate` gives for the strategies `plan` keeps (the fastest `keep`
+    layouts and those within `keep_within` of the best, by `ranking_key`), costing few of
+    the others: best first by a lower bound on the time (branch and bound).
+
+    Every candidate gets the bound of `CostModel.lower_bound_s` without a placement (cached
+    per-layer arrays only); taken from a heap in the order of its bound, it gets the tighter
+    bound of each placement order and goes back; taken again, the tightest (the partition
+    DP's) and goes back; and when it comes out a third time it is costed on the orders whose
+    bound is below the best time found for it (the first fastest order is the one
+    `cost_every_candidate` takes) and its memory added. The search stops when the
+    smallest bound left is above the threshold: the slowest of the fastest `keep` layouts,
+    or keep_within times the best, whichever is larger (with `_TIE_SLACK`); it only falls
+    as plans are found, so each strategy faster than the final threshold was costed, and
+    the plans above it are left out. Returns those estimates and the placements costed."""
+    import heapq
+
+    found: dict[tuple, float] = {}          # layout -> its fastest feasible time
+    estimates: list[Estimate] = []
+    order_bounds: dict[int, list[float]] = {}
+    heap = [(model.lower_bound_s(c), 0, i) for i, c in enumerate(candidates)]
+    heapq.heapify(heap)
+    threshold, evaluated, settled = float("inf"), 0, 0
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(candidates), desc="searching", unit="strategy", leave=False,
+                   mininterval=0.25)
+
+    def settle():
+        nonlocal settled
+        settled += 1
+        if bar is not None:
+            bar.update(1)
+
+    while heap and heap[0][0] <= threshold * (1.0 + _TIE_SLACK):
+        _, tier, i = heapq.heappop(heap)
+        c = candidates[i]
+        if tier == 0:
+            if model.states_cannot_fit(c):
+                pruned[Reason.OUT_OF_MEMORY.value] += 1
+                settle()
+                continue
+        if tier < 2:                # a tighter bound, and back into the heap
+            order_bounds[i] = [model.lower_bound_s(c, o, split=tier == 1) for o in orders]
+            heapq.heappush(heap, (min(order_bounds[i]), tier + 1, i))
+            continue
+        best = order = None
+        for o, bound in zip(orders, order_bounds.pop(i)):
+            if best is not None and bound > best.iteration_time_s:
+                continue            # this order cannot be faster than one already costed
+            e = model.evaluate(c, o, with_memory=False)
+            evaluated += 1
+            if best is None or e.iteration_time_s < best.iteration_time_s:
+                best, order = e, o
+        best = model.add_memory(c, order, best)
+        settle()
+        if not best.fits:
+            pruned[Reason.OUT_OF_MEMORY.value] += 1
+            continue
+        estimates.append(best)
+        layout = (c.pp, c.dp, c.cp, c.tmp, c.mbs)
+        if best.iteration_time_s < found.get(layout, float("inf")):
+            found[layout] = best.iteration_time_s
+            if len(found) >= keep:
+                times = sorted(found.values())
+                threshold = max(times[keep - 1], times[0] * keep_within)
+    if bar is not None:
+        bar.close()
+    kept_time = float(f"{threshold:.4g}") if threshold < float("inf") else threshold
+    kept = [e for e in estimates if ranking_key(e)[0] <= kept_time]
+    left_out = len(candidates) - settled + len(estimates) - len(kept)
+    if left_out:
+        pruned[Reason.SLOWER_THAN_KEPT.value] += left_out
+    return kept, evaluated
 
 
 def plan_backends(spec: Spec, **kw) -> Plan:

@@ -297,7 +297,9 @@ class Plan:
     """A ranked search result."""
 
     strategies: tuple[Estimate, ...]
-    """Feasible strategies, fastest first (all of them; the CLI shows the top-k)."""
+    """Feasible strategies, fastest first: those `plan` keeps (its `keep` fastest layouts
+    and those within `keep_within` of the best; every one with keep=None), the others
+    counted in `pruned` under slower_than_the_kept_plans; the CLI shows the top-k."""
     baseline: Estimate | None
     """Megatron's heuristic (AMP section 4.1), for the predicted gain over it."""
     search_time_s: float
@@ -336,7 +338,7 @@ class Plan:
             "candidates": self.candidates,
             "evaluated": self.evaluated,
             "pruned": dict(self.pruned),
-            "num_feasible": len(self.strategies),
+            "num_ranked": len(self.strategies),
             **({"backends": list(self.backends), "backend_notes": list(self.backend_notes)}
                if self.backends else {}),
         }

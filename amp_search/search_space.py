@@ -133,6 +133,10 @@ class Reason(str, Enum):
     """Same (pp, dp, tmp, mbs) as a faster ranked strategy that fits: only its ZeRO stage,
     recomputation, sequence parallelism or virtual stages differ, which trade memory for time;
     the faster one is kept."""
+    SLOWER_THAN_KEPT = "slower_than_the_kept_plans"
+    """Not among the plans `plan` keeps (its best `keep` layouts and those within
+    `keep_within` of the best): costed and slower, or never costed because a lower bound on
+    its time (CostModel.lower_bound_s) already was."""
 
     def __str__(self) -> str:
         return self.value

@@ -101,11 +101,11 @@ def tune(spec: Spec, *, top_k: int = 3, options: LaunchOptions | None = None,
     KeyboardInterrupt after stopping the running trial."""
     options = options or LaunchOptions()
     if plan is None:
-        from .planner import plan as make_plan
+        from .planner import KEEP, plan as make_plan
 
         plan = make_plan(spec, measurements=measurements, progress=progress,
                          max_search_s=max_search_s, on_start=on_start,
-                         backend=options.backend)
+                         backend=options.backend, keep=max(KEEP, top_k))
     requests = trial_requests(list(plan.strategies if isinstance(plan, Plan) else plan)[:top_k])
     strategies = tuple(r.strategy for r in requests)
     if on_trials is not None:

@@ -364,7 +364,7 @@ def recipe_ranks(rows: list[dict]) -> list[dict]:
         recipe = estimate_recipe(spec, row)
         pp, dp, tp, cp, _, _ = layout_of(row)
         try:
-            result = plan(spec, simulate_top=0)
+            result = plan(spec, simulate_top=0, keep=None)     # every strategy: exact ranks
         except NoFeasibleStrategy:
             result = None
         ranked = result.strategies if result is not None else ()

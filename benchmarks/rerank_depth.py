@@ -37,7 +37,7 @@ from search_time import big_mixed, gpt2_mixed  # noqa: E402
 
 def depth(spec, limit: int) -> dict:
     measurements = load_measurements(spec, profiles_dir())
-    p = plan(spec, measurements=measurements, simulate_top=0)
+    p = plan(spec, measurements=measurements, simulate_top=0, keep=None)
     model = CostModel(spec, measurements=measurements)
     orders = {o.name: o for o in device_orders(spec.cluster, spec.training.precision)}
     head = list(p.strategies[:limit])

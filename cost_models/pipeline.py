@@ -109,6 +109,68 @@ def iteration_time_s(pipeline_s: float, after_pipeline_s, step_overhead_s: float
     return float(pipeline_s + np.max(after_pipeline_s, initial=0.0) + step_overhead_s)
 
 
+def iteration_lower_bound_s(stage_layer_s, gas: int, virtual_stages: int = 1, *,
+                            microbatch_overhead_s: float = 0.0, step_overhead_s: float = 0.0,
+                            type_devices=None, devices_per_stage: int | None = None,
+                            after_layer_s=None, after_fixed_s=None) -> float:
+    """A time no split of the layers over the stages beats: a lower bound on the iteration
+    time of `one_f_one_b_iteration` and `interleaved_iteration` (any partition, P2P, data-
+    parallel sync and optimizer step >= 0), from per-stage layer costs that the stages' real
+    `layer_s` is at least (stage_layer_s[j, l] <= layer_s[j, l]: the device passes, and the
+    tensor-parallel time, without the host's share).
+
+    Let m[l] = min_j stage_layer_s[j, l] and M = sum m. Stage j runs each layer at least
+    a_j = min_l stage_layer_s[j, l] / m[l] times its cheapest cost, so within a bottleneck B
+    it holds layers whose m adds up to at most B / a_j; all layers are held, so
+    B >= M / sum_j (1 / a_j) (on stages of one speed, M / pp). With the per-micro-batch
+    overhead o: max_j t_j >= X = B + o and sum_j t_j >= M + pp o = S, so
+
+        1F1B (eq. 5 and 4):  T >= (gas - 1) X + S + step
+        interleaved:         T >= (gas - 1/v) X + S / v + step
+
+    (the interleaved form is (gas - 1) max t + max t + (sum t - max t) / v + ..., which
+    grows with max t since gas >= 1/v).
+
+    Before a placement, `type_devices` says that the rows are device types instead of
+    stages, with so many devices of each, and stages of `devices_per_stage` devices: a stage
+    runs at its slowest type's pace (its a_j at least that type's), so at most
+    floor(n / devices_per_stage) stages have an a_j as small as a type's, n the devices of
+    that type and of the types with smaller a.
+
+    `after_layer_s` [pp, L] and `after_fixed_s` [pp]: what
+    each stage spends after the pipeline (the data-parallel sync, at most what it is), whose
+    slowest stage pays at least min_j fixed_j + sum_l min_j after_layer_s[j, l] / pp.
+
+    The planner costs strategies in the order of this bound and stops where it exceeds the
+    plans it keeps (amp_search.planner.cost_best_candidates)."""
+    r = np.asarray(stage_layer_s, dtype=float)
+    m = r.min(axis=0)
+    total = float(m.sum())
+    held = m > 0
+    a = (r[:, held] / m[held]).min(axis=1) if held.any() else np.ones(r.shape[0])
+    if type_devices is None:
+        pp = r.shape[0]
+        speed = float(np.sum(1.0 / a))              # sum_j 1 / a_j
+    else:
+        pp = int(np.sum(type_devices)) // devices_per_stage
+        speed, stages, devices = 0.0, 0, 0
+        for t in np.argsort(a, kind="stable").tolist():
+            devices += int(type_devices[t])
+            k = min(pp, devices // devices_per_stage)
+            speed += (k - stages) / a[t]
+            stages = k
+    bottleneck = total / speed if held.any() else 0.0
+    x = bottleneck + microbatch_overhead_s
+    s = total + pp * microbatch_overhead_s
+    v = int(virtual_stages)
+    pipeline = (gas - 1) * x + s if v == 1 else (gas - 1.0 / v) * x + s / v
+    after = 0.0
+    if after_layer_s is not None:
+        after = float(np.min(after_fixed_s, initial=np.inf) if np.size(after_fixed_s) else 0.0)
+        after = max(after, 0.0) + float(np.asarray(after_layer_s).min(axis=0).sum()) / pp
+    return float(pipeline + after + step_overhead_s)
+
+
 def exposed_time_s(time_s, overlap: float):
     """The part of a communication not hidden behind computation (overlap in [0, 1])."""
     return time_s * (1.0 - overlap)

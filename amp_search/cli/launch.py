@@ -210,7 +210,7 @@ def read_plan(path: Path, spec: Spec, measurements=None,
 def subset_plan(spec: Spec, args, measurements):
     """`launch --subset N`: the plan of subset N of `planner.cluster_subsets` (as `plan
     --subsets` numbers them), its rows on those devices of the cluster only."""
-    from ..planner import cluster_subsets, plan_on_subset
+    from ..planner import KEEP, cluster_subsets, plan_on_subset
     from .plan import announce
     from .subsets import devices_text
 
@@ -223,7 +223,8 @@ def subset_plan(spec: Spec, args, measurements):
                          f"(`amp-search plan {spec.path or 'SPEC'} --subsets` lists them)")
     uses = subsets[args.subset - 1]
     result = plan_on_subset(spec, uses, measurements=measurements, backend=args.backend,
-                            max_search_s=args.max_search_seconds, on_start=announce)
+                            max_search_s=args.max_search_seconds, on_start=announce,
+                            keep=max(KEEP, args.top_k))
     if not (args.json is not None and str(args.json) == "-"):
         print(f"amp-search: subset {args.subset}: {devices_text(spec, uses)}, the other "
               f"devices idle",

@@ -360,7 +360,7 @@ def chosen_strategy(spec: Spec, args, measurements) -> tuple[Estimate, str]:
     """The strategy a one-strategy command acts on (`add_strategy_choice`): the plan's
     --rank N, or the estimate of the one given by --pp --dp --tmp --mbs and the knobs of
     `add_strategy_knobs`; with where it came from, for the output."""
-    from ..planner import estimate, plan_backends
+    from ..planner import KEEP, estimate, plan_backends
 
     given = {n: getattr(args, n) for n, _ in STRATEGY_DEGREES}
     if args.rank is not None:
@@ -368,7 +368,8 @@ def chosen_strategy(spec: Spec, args, measurements) -> tuple[Estimate, str]:
             raise UsageError("--rank and --pp/--dp/--tmp/--mbs exclude each other: give "
                              "the plan's rank or a strategy")
         result = plan_backends(spec, measurements=measurements,
-                               max_search_s=args.max_search_seconds, on_start=announce)
+                               max_search_s=args.max_search_seconds, on_start=announce,
+                               keep=max(KEEP, args.rank))
         if args.rank > len(result.strategies):
             raise UsageError(f"--rank {args.rank}: the plan has {len(result.strategies)} "
                              f"feasible strategies")
@@ -450,12 +451,18 @@ def model_error(spec: Spec) -> tuple[float, object]:
     return gpu.prediction_error, gpu
 
 
+def tie_ratio(error: float) -> float:
+    """(1 + e) / (1 - e): two predictions whose error bands (+-e) overlap lie within this
+    ratio of each other; 1 where the error is not known."""
+    return (1 + error) / (1 - error) if 0.0 < error < 1.0 else 1.0
+
+
 def tied_count(result: Plan, error: float) -> int:
     """How many ranked plans tie with the best within the model's error: their error bands
     overlap the best's, t <= t_best (1 + e) / (1 - e)."""
     if not result.strategies or not 0.0 < error < 1.0:
         return 1
-    limit = result.strategies[0].iteration_time_s * (1 + error) / (1 - error)
+    limit = result.strategies[0].iteration_time_s * tie_ratio(error)
     return sum(e.iteration_time_s <= limit for e in result.strategies)
 
 
@@ -503,18 +510,20 @@ def backends_note(result: Plan, error: float) -> str | None:
 
 
 def run_plan(args) -> int:
-    from ..planner import plan_backends
+    from ..planner import KEEP, plan_backends
     from . import subsets as cli_subsets
 
     spec = load_spec(args.spec)
     with_subsets = cli_subsets.wanted(spec, args)
     measurements = measurements_for(spec, args)
     simulate_top = 0 if args.no_simulate else args.simulate_top
-    result: Plan = plan_backends(spec, measurements=measurements,
-                        progress=not args.no_progress and sys.stderr.isatty(),
-                        max_search_s=args.max_search_seconds, on_start=announce,
-                        simulate_top=simulate_top)
     error, gpu = model_error(spec)
+    # the plans shown, and every plan that may tie with the best (tied_count)
+    result: Plan = plan_backends(spec, measurements=measurements,
+                                 progress=not args.no_progress and sys.stderr.isatty(),
+                                 max_search_s=args.max_search_seconds, on_start=announce,
+                                 simulate_top=simulate_top, keep=max(KEEP, args.top_k),
+                                 keep_within=tie_ratio(error))
     tied = tied_count(result, error)
     alone, subsets = (), ()
     if with_subsets:
@@ -554,7 +563,7 @@ def run_plan(args) -> int:
         sources = "; ".join(result.best.timing_sources)
         n_sim = sum(e.simulated for e in result.strategies)
         sim = f"; the best {n_sim} simulated and re-ranked" if n_sim else ""
-        footer = (f"{len(result.strategies)} feasible of {result.candidates} candidates "
+        footer = (f"{len(result.strategies)} ranked of {result.candidates} candidates "
                   f"({result.evaluated} placements costed{sim}; pruned: {pruned}) in "
                   f"{result.search_time_s:.2f} s. Layer times: {sources}.")
         note = vocab_note(spec, sorted({e.strategy.tmp for _, e, _ in rows}))

@@ -176,6 +176,7 @@ class CostModel:
         index = {g.name: i for i, g in enumerate(self.gpus)}
         self.standard_attention = [spec.attention_for(g) == "standard" for g in self.gpus]
         self.gpu_of_device = np.array([index[d.gpu.name] for d in spec.cluster.devices])
+        self.devices_per_type = np.bincount(self.gpu_of_device, minlength=len(self.gpus))
         # per sample: P2P bytes leaving layer l, TP all-reduce bytes and message count of layer l
         self.out_bytes = np.array([output_elements(l) * bpe for l in layers], dtype=float)
         self._tp_collectives: dict = {}
@@ -437,6 +438,85 @@ class CostModel:
         usable = self.capacity_bytes.max() * (1.0 - t.memory_headroom) \
             - t.framework_overhead_bytes
         return hit / c.pp > usable
+
+    def lower_bound_s(self, c: Candidate, order: DeviceOrder | None = None, *,
+                      split: bool = False) -> float:
+        """A time `evaluate(c, order)` never beats. Without an order, a bound for every
+        order from cached per-layer arrays alone: every layer on the cluster's fastest device
+        type, no communication (cost_models.pipeline.iteration_lower_bound_s). On `order`'s
+        placement: each stage's device passes and tensor-, context- and expert-parallel
+        collectives (at most its `layer_s`: without the host's share) and its data-parallel
+        sync (without the optimizer step), through iteration_lower_bound_s; with `split`
+        and one model chunk per stage, the exact partition DP on those rows without P2P
+        over the memory-feasible splits (or all, where none is: what `_partition` chooses
+        among), which minimises a sum that each split's closed-form time is at least: the
+        tightest bound, at the price of one or two DP solves."""
+        gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
+        p = self.params
+        common = dict(microbatch_overhead_s=p.microbatch_overhead_s,
+                      step_overhead_s=p.step_overhead(c.pp, c.replicas))
+        if order is None:
+            key = ("fastest", c.tmp, c.mbs, c.activation_checkpointing, c.selective_recompute,
+                   c.sequence_parallel, c.zero_stage, c.cp, c.ep, c.pp > 1)
+            rows = self._fixed_cache.get(key)
+            if rows is None:
+                rows = np.stack([self.device_pass_times_s(g, c).sum(axis=0)
+                                 for g in self.gpus])
+                if c.tmp > 1:
+                    rows = rows + self.tp_floor_s(c)[None, :]
+                self._fixed_cache[key] = rows
+            return pipeline.iteration_lower_bound_s(
+                rows, gas, c.virtual_stages, type_devices=self.devices_per_type,
+                devices_per_stage=self.spec.cluster.num_devices // c.pp, **common)
+        layout = self.layout(c, order)
+        types = [tuple(t.tolist()) for t in layout.stage_gpus]
+        passes = {t: self.stage_pass_times_s(t, c).sum(axis=0) for t in set(types)}
+        rows = np.stack([passes[t] for t in types])
+        if c.layer_collectives:
+            rows = rows + self.tp_time_s(c, layout)
+        if not split:
+            return pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages, **common)
+        sync, sync_fixed = self._dp_sync(c, layout)
+        if c.pp == 1 or c.virtual_stages > 1:
+            return pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages,
+                                                    after_layer_s=sync,
+                                                    after_fixed_s=sync_fixed, **common)
+        # The partition DP on these rows, without P2P, over the splits `_partition` chooses
+        # among: those in memory, or, where none is, all of them (the memory check does not
+        # depend on the times)
+        mem_layer, mem_budget = self._memory_arrays(c, gas, layout,
+                                                    any(self._attention_scores(layout)))
+        kw = dict(sync_layer_s=sync, sync_fixed_s=sync_fixed)
+        free = np.zeros((c.pp, self.num_layers + 1))
+        best = optimal_partition(rows, free, gas, memory_layer_bytes=mem_layer,
+                                 memory_budget_bytes=mem_budget, **kw) or \
+            optimal_partition(rows, free, gas, **kw)
+        return best.objective_s + (gas - 1 + c.pp) * p.microbatch_overhead_s \
+            + common["step_overhead_s"]
+
+    def tp_floor_s(self, c: Candidate) -> np.ndarray:
+        """[L]: each layer's tensor-parallel collectives of one micro-batch (`tp_time_s`) on
+        the best link any ring could get: the cluster's largest bandwidth, intra- or
+        inter-node, and its smallest per-message latency (a floor for every placement)."""
+        out = np.zeros(self.num_layers)
+        bpe = self.spec.training.bytes_per_element
+        p = self.params
+        for kind, (elements, calls) in self.tp_collectives(
+                c.activation_checkpointing, c.sequence_parallel).items():
+            arr = self.cluster_for[kind] if self.cluster_for[kind] is not self.cluster \
+                else self.cluster_for["all_reduce"]
+            bw = max(float(arr.intra_bytes_per_s.max()) * p.bandwidth("intra"),
+                     float(arr.inter_bytes_per_s.max()) * p.bandwidth("inter"))
+            measured = (kind, "intra") in self.measurements.link_fits or \
+                (kind, "inter") in self.measurements.link_fits
+            name = kind if measured else "all_reduce"
+            lat = min(self.latency(name, "intra", min(g.link_latency_intra_s
+                                                      for g in self.gpus)),
+                      self.latency(name, "inter", min(g.link_latency_inter_s
+                                                      for g in self.gpus)))
+            out = out + comm.collective_time_s(kind, elements * bpe * c.mbs / c.cp, c.tmp, bw,
+                                               lat, messages=calls)
+        return out
 
     def _attention_scores(self, layout: PlacedLayout) -> list[bool]:
         """Per stage: whether any of its device types runs standard attention (stores the

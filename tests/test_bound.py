@@ -1,0 +1,162 @@
+"""The search's branch and bound: the lower bounds hold, and the kept plans are exactly what a
+search of every candidate ranks first."""
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from amp_search import load_spec, plan
+from amp_search.costing import CostModel
+from amp_search.placement import device_orders
+from amp_search.planner import KEEP
+from amp_search.search_space import (Reason, SearchSpace, check_batch_has_a_degree,
+                                     enumerate_candidates)
+from cost_models.pipeline import (StageCostArrays, interleaved_iteration,
+                                  iteration_lower_bound_s, one_f_one_b_iteration)
+from conftest import ROOT
+
+
+def splits(L: int, pp: int):
+    for cut in itertools.combinations(range(1, L), pp - 1):
+        yield (0, *cut, L)
+
+
+def arrays(rng, pp: int, L: int) -> StageCostArrays:
+    layer = rng.uniform(0.5, 2.0, L)[None, :] * rng.uniform(1.0, 3.0, pp)[:, None]
+    return StageCostArrays(
+        layer_s=layer, tensor_parallel_s=0.1 * layer,
+        cut_s=rng.uniform(0.0, 0.3, (pp, L + 1)), sync_s=rng.uniform(0.0, 0.2, (pp, L)),
+        sync_fixed_s=rng.uniform(0.0, 0.1, pp), optimizer_s=rng.uniform(0.0, 0.05, (pp, L)),
+        microbatch_overhead_s=0.05, step_overhead_s=0.2)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_closed_form_bound_is_below_every_split(seed):
+    rng = np.random.default_rng(seed)
+    pp, L, gas = 3, 7, int(rng.integers(1, 9))
+    costs = arrays(rng, pp, L)
+    for share in (0.0, 0.5, 1.0):
+        best = min(one_f_one_b_iteration(costs, b, gas, blocking_share=share).iteration_s
+                   for b in splits(L, pp))
+        bound = iteration_lower_bound_s(
+            costs.layer_s, gas, microbatch_overhead_s=costs.microbatch_overhead_s,
+            step_overhead_s=costs.step_overhead_s, after_layer_s=costs.sync_s,
+            after_fixed_s=costs.sync_fixed_s)
+        assert bound <= best * (1 + 1e-12)
+        assert bound > 0.5 * best          # and not a trivial one
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_interleaved_bound_is_below_every_chunking(seed):
+    rng = np.random.default_rng(100 + seed)
+    pp, v, L, gas = 2, 2, 8, 4
+    costs = arrays(rng, pp, L)
+    times = [interleaved_iteration(costs, b, gas, pp, v, blocking_share=0.5).iteration_s
+             for b in splits(L, pp * v)]
+    bound = iteration_lower_bound_s(costs.layer_s, gas, v,
+                                    microbatch_overhead_s=costs.microbatch_overhead_s,
+                                    step_overhead_s=costs.step_overhead_s)
+    assert bound <= min(times) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_device_type_bound_holds_for_every_assignment(seed):
+    """Before a placement the rows are device types: for every way of forming pp stages of
+    equal size from the devices (a stage at its slowest type's pace), the bound holds."""
+    rng = np.random.default_rng(200 + seed)
+    L, gas, pp = 6, 3, 3
+    types = rng.uniform(0.5, 2.0, L)[None, :] * np.array([[1.0], [1.7], [2.9]]) \
+        + rng.uniform(0.0, 0.2, (3, L))
+    devices = np.array([2, 3, 1])                        # 6 devices, stages of 2
+    bound = iteration_lower_bound_s(types, gas, type_devices=devices, devices_per_stage=2)
+    ids = np.repeat(np.arange(3), devices)
+    best = np.inf
+    for perm in set(itertools.permutations(ids.tolist())):
+        stages = [perm[2 * j:2 * j + 2] for j in range(pp)]
+        rows = np.stack([types[list(s)].max(axis=0) for s in stages])
+        zero = StageCostArrays(layer_s=rows, tensor_parallel_s=0 * rows,
+                               cut_s=np.zeros((pp, L + 1)), sync_s=0 * rows,
+                               sync_fixed_s=np.zeros(pp), optimizer_s=0 * rows,
+                               microbatch_overhead_s=0.0, step_overhead_s=0.0)
+        best = min(best, min(one_f_one_b_iteration(zero, b, gas, blocking_share=1.0)
+                             .iteration_s for b in splits(L, pp)))
+    assert bound <= best * (1 + 1e-12)
+
+
+SPECS = ["amp-hetero-gpt2.yaml", "mixed-h100-a100-gpt13b.yaml", "h100-llama3-70b.yaml",
+         "cpu-tiny-moe.yaml"]
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_every_bound_is_below_the_cost(name):
+    """CostModel.lower_bound_s, without a placement, on each placement order, and with the
+    partition DP, never exceeds what evaluate() gives (every candidate of the search)."""
+    spec = load_spec(ROOT / "configs" / name)
+    for s in spec.backends():
+        model = CostModel(s)
+        space = SearchSpace.of(s)
+        pruned = Counter()
+        candidates = enumerate_candidates(space, pruned)
+        check_batch_has_a_degree(space, candidates, pruned)
+        orders = device_orders(s.cluster, s.training.precision)
+        for c in candidates[::max(1, len(candidates) // 150)]:
+            times = []
+            for o in orders:
+                t = model.evaluate(c, o, with_memory=False).iteration_time_s
+                times.append(t)
+                assert model.lower_bound_s(c, o) <= t * (1 + 1e-9), (c, o.name)
+                assert model.lower_bound_s(c, o, split=True) <= t * (1 + 1e-9), (c, o.name)
+            assert model.lower_bound_s(c) <= min(times) * (1 + 1e-9), c
+
+
+def same(a, b):
+    return [(e.strategy, e.iteration_time_s, e.memory, e.backend) for e in a]\
+        == [(e.strategy, e.iteration_time_s, e.memory, e.backend) for e in b]
+
+
+@pytest.mark.parametrize("name", ["amp-hetero-gpt2.yaml", "mixed-h100-a100-gpt13b.yaml",
+                                  "a100-gpt7b.yaml"])
+def test_kept_plans_are_the_exhaustive_ranking(name):
+    """The bounded search keeps a prefix of the exhaustive ranking: its first KEEP layouts
+    and the plans within keep_within of the best, the same strategies, times and memory;
+    with the simulation's re-rank the same top too; and it costs fewer placements."""
+    spec = load_spec(ROOT / "configs" / name)
+    for s in spec.backends():
+        full = plan(s, simulate_top=0, keep=None)
+        for keep, within in ((KEEP, 1.0), (5, 1.3)):
+            part = plan(s, simulate_top=0, keep=keep, keep_within=within)
+            n = len(part.strategies)
+            assert same(part.strategies, full.strategies[:n])
+            assert n >= min(keep, len(full.strategies))
+            limit = full.best.iteration_time_s * within
+            assert all(e.iteration_time_s > limit for e in full.strategies[n:])
+            if n < len(full.strategies):
+                assert part.pruned[Reason.SLOWER_THAN_KEPT.value] > 0
+                assert part.evaluated < full.evaluated
+        simulated = plan(s)
+        assert same(simulated.strategies[:KEEP], plan(s, keep=None).strategies[:KEEP])
+
+
+def test_fewer_layouts_than_kept_is_exhaustive():
+    spec = load_spec(ROOT / "configs" / "cpu-tiny.yaml")
+    full, part = plan(spec, keep=None), plan(spec, keep=10**6)
+    assert same(part.strategies, full.strategies)
+    assert Reason.SLOWER_THAN_KEPT.value not in part.pruned
+
+
+def test_bound_with_measured_links_and_zero_sized_layers():
+    """The floor of the tensor-parallel collectives uses the cluster's best link, measured or
+    not; a model whose first layer costs nothing still gets a finite bound."""
+    spec = load_spec(ROOT / "configs" / "amp-hetero-gpt2.yaml")
+    model = CostModel(spec)
+    space = SearchSpace.of(spec)
+    c = next(c for c in enumerate_candidates(space, Counter()) if c.tmp > 1 and c.pp > 1)
+    assert np.all(model.tp_floor_s(c) >= 0)
+    b = model.lower_bound_s(c)
+    assert np.isfinite(b) and b > 0
+    rows = np.array([[0.0, 1.0, 2.0], [0.0, 2.0, 4.0]])
+    assert iteration_lower_bound_s(rows, 2) == pytest.approx(3.0 / (1 + 0.5) + 3.0)
+    assert iteration_lower_bound_s(np.zeros((2, 3)), 4, step_overhead_s=0.5) == 0.5
