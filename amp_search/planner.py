@@ -206,8 +206,13 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
             order_bounds[i] = [model.lower_bound_s(c, o, split=tier == 1) for o in orders]
             heapq.heappush(heap, (min(order_bounds[i]), tier + 1, i))
             continue
+        bounds = order_bounds.pop(i)
+        if model.fits_nowhere(c, orders):       # virtual stages: memory before time
+            pruned[Reason.OUT_OF_MEMORY.value] += 1
+            settle()
+            continue
         best = order = None
-        for o, bound in zip(orders, order_bounds.pop(i)):
+        for o, bound in zip(orders, bounds):
             if best is not None and bound > best.iteration_time_s:
                 continue            # this order cannot be faster than one already costed
             e = model.evaluate(c, o, with_memory=False)
@@ -476,7 +481,11 @@ def megatron_baseline(spec: Spec, model: CostModel, space: SearchSpace) -> Estim
                 for mbs in divisors(space.global_batch_size // dp):
                     c = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
                                      recompute=ckpt, sequence_parallel=sp)
-                    if first_violation(space, c) is None:
+                    # the split is fixed: memory first, the time of those that fit
+                    if first_violation(space, c) is None and model.split_fits(
+                            c, order, uniform_partition(model.num_layers, pp,
+                                                        first=model.first_fixed,
+                                                        last=model.last_fixed)):
                         e = model.evaluate(c, order, partition="uniform")
                         if e.fits:
                             proposals.append(e)

@@ -160,3 +160,25 @@ def test_bound_with_measured_links_and_zero_sized_layers():
     rows = np.array([[0.0, 1.0, 2.0], [0.0, 2.0, 4.0]])
     assert iteration_lower_bound_s(rows, 2) == pytest.approx(3.0 / (1 + 0.5) + 3.0)
     assert iteration_lower_bound_s(np.zeros((2, 3)), 4, step_overhead_s=0.5) == 0.5
+
+
+def test_fixed_split_memory_is_evaluates():
+    """Where the split is fixed (virtual stages; the Megatron baseline's uniform split), the
+    memory checked before the time is the one evaluate() gives."""
+    spec = load_spec(ROOT / "configs" / "h100-llama3-70b.yaml")
+    model = CostModel(spec)
+    space = SearchSpace.of(spec)
+    orders = device_orders(spec.cluster, spec.training.precision)
+    checked = Counter()
+    for c in enumerate_candidates(space, Counter())[::7]:
+        for o in orders:
+            e = model.evaluate(c, o)
+            if c.virtual_stages > 1:
+                assert model.split_fits(c, o, e.strategy.partition) == e.fits
+                checked[e.fits] += 1
+        if c.virtual_stages > 1:
+            assert model.fits_nowhere(c, orders) == (not any(
+                model.evaluate(c, o).fits for o in orders))
+        else:
+            assert not model.fits_nowhere(c, orders)
+    assert checked[True] and checked[False]

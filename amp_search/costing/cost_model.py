@@ -442,15 +442,18 @@ class CostModel:
     def lower_bound_s(self, c: Candidate, order: DeviceOrder | None = None, *,
                       split: bool = False) -> float:
         """A time `evaluate(c, order)` never beats. Without an order, a bound for every
-        order from cached per-layer arrays alone: every layer on the cluster's fastest device
-        type, no communication (cost_models.pipeline.iteration_lower_bound_s). On `order`'s
+        order from cached per-layer arrays alone (cost_models.pipeline.
+        iteration_lower_bound_s on the device types' passes: as many stages on the faster
+        types as their devices fill, and the tensor-parallel collectives on the cluster's
+        best link, `tp_floor_s`). On `order`'s
         placement: each stage's device passes and tensor-, context- and expert-parallel
         collectives (at most its `layer_s`: without the host's share) and its data-parallel
         sync (without the optimizer step), through iteration_lower_bound_s; with `split`
         and one model chunk per stage, the exact partition DP on those rows without P2P
         over the memory-feasible splits (or all, where none is: what `_partition` chooses
         among), which minimises a sum that each split's closed-form time is at least: the
-        tightest bound, at the price of one or two DP solves."""
+        tightest bound, at the price of one or two DP solves; with virtual stages, the
+        interleaved schedule's time on its fixed chunks without P2P."""
         gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
         p = self.params
         common = dict(microbatch_overhead_s=p.microbatch_overhead_s,
@@ -477,10 +480,18 @@ class CostModel:
         if not split:
             return pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages, **common)
         sync, sync_fixed = self._dp_sync(c, layout)
-        if c.pp == 1 or c.virtual_stages > 1:
+        if c.pp == 1:
             return pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages,
                                                     after_layer_s=sync,
                                                     after_fixed_s=sync_fixed, **common)
+        if c.virtual_stages > 1:      # the fixed chunks: the schedule's time without P2P
+            chunks = self._chunks(c)
+            t = pipeline.chunk_device_totals(rows, chunks, c.pp) + p.microbatch_overhead_s
+            return pipeline.iteration_time_s(
+                pipeline.interleaved_1f1b_time_s(t, np.zeros(c.pp - 1), gas, c.virtual_stages,
+                                                 blocking_share=0.0),
+                sync_fixed + pipeline.chunk_device_totals(sync, chunks, c.pp),
+                common["step_overhead_s"])
         # The partition DP on these rows, without P2P, over the splits `_partition` chooses
         # among: those in memory, or, where none is, all of them (the memory check does not
         # depend on the times)
@@ -493,6 +504,32 @@ class CostModel:
             optimal_partition(rows, free, gas, **kw)
         return best.objective_s + (gas - 1 + c.pp) * p.microbatch_overhead_s \
             + common["step_overhead_s"]
+
+    def fits_nowhere(self, c: Candidate, orders) -> bool:
+        """Whether a strategy with virtual stages is out of memory on every placement order,
+        whichever of them is fastest: its split is fixed (Megatron-LM's uniform chunks), so
+        its memory is known before its time is. False for one model chunk per stage, whose
+        split depends on the times."""
+        if c.virtual_stages == 1:
+            return False
+        chunks = self._chunks(c)
+        return not any(self.split_fits(c, o, chunks) for o in orders)
+
+    def split_fits(self, c: Candidate, order: DeviceOrder, partition: tuple[int, ...]) -> bool:
+        """Whether `c` on `order`'s placement with the layer split `partition` fits in
+        memory: the stage_memory that `evaluate` gives it, without its time."""
+        s = Strategy(pp=c.pp, dp=c.dp, tmp=c.tmp, mbs=c.mbs,
+                     global_batch_size=self.spec.training.global_batch_size,
+                     partition=tuple(int(x) for x in partition), placement=(),
+                     placement_order=order.name, zero_stage=c.zero_stage,
+                     activation_checkpointing=c.activation_checkpointing,
+                     selective_recompute=c.selective_recompute,
+                     sequence_parallel=c.sequence_parallel, virtual_stages=c.virtual_stages,
+                     cp=c.cp, ep=c.ep)
+        layout = self.layout(c, order)
+        return all(m.fits for m in stage_memory(self.spec, s,
+                                                capacity_bytes=layout.capacity_bytes,
+                                                attention_scores=self._attention_scores(layout)))
 
     def tp_floor_s(self, c: Candidate) -> np.ndarray:
         """[L]: each layer's tensor-parallel collectives of one micro-batch (`tp_time_s`) on
@@ -830,16 +867,20 @@ class CostModel:
             hit = self._fixed_cache[key] = params - experts + share * experts
         return hit
 
+    def _chunks(self, c: Candidate) -> tuple[int, ...]:
+        """The interleaved schedule's chunks: Megatron-LM's uniform split into v*pp chunks
+        (partition.interleaved_partition), chunk k on stage k mod pp; the only assignment
+        Megatron runs, so the DP does not move layers between chunks."""
+        return tuple(int(x) for x in interleaved_partition(
+            self.num_layers, c.virtual_stages * c.pp, first=self.first_fixed,
+            last=self.last_fixed))
+
     def _partition(self, c: Candidate, costs: StageCosts, layout: PlacedLayout,
                    partition: str | tuple[int, ...], scores: bool) -> tuple[int, ...]:
         if isinstance(partition, tuple):
             return partition
         if c.virtual_stages > 1:
-            # The interleaved schedule's chunks: Megatron-LM's uniform split into v*pp
-            # chunks (partition.interleaved_partition), chunk k on stage k mod pp; the only
-            # assignment Megatron runs, so the DP does not move layers between chunks.
-            return interleaved_partition(self.num_layers, c.virtual_stages * c.pp,
-                                         first=self.first_fixed, last=self.last_fixed)
+            return self._chunks(c)
         if partition == "uniform":
             return uniform_partition(self.num_layers, c.pp, first=self.first_fixed,
                                      last=self.last_fixed)
