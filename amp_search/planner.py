@@ -59,6 +59,12 @@ KEEP = 32
 """Layouts `plan` keeps by default: the strategies it simulates and re-ranks
 (simulate.DEFAULT_SIMULATE_TOP), the table's rows and launch's trials come from them."""
 
+BOUND_ABOVE = 400
+"""Placements (candidates x placement orders) above which `plan` searches by branch and bound
+(`cost_best_candidates`); at or below it, bounding costs more than it saves (AMP's 16x16
+cluster, 54 candidates x 2 orders: 0.16 s against 0.06-0.11 s per subset), and every
+candidate is costed, the same plans kept."""
+
 _TIE_SLACK = 2e-3
 """Relative margin on the kept plans' slowest time: `ranking_key` compares times to 4
 significant digits (each rounded by at most 5e-4 of itself), so a strategy within this of
@@ -110,13 +116,15 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
             f"time (--max-search-seconds)")
     if on_start is not None:
         on_start(cost)
-    if keep is None:
+    if keep is not None:
+        keep = max(keep, DEFAULT_SIMULATE_TOP if simulate_top is None else simulate_top)
+    if keep is None or len(candidates) * len(orders) <= BOUND_ABOVE:
         estimates, evaluated = cost_every_candidate(model, candidates, orders, pruned, progress)
+        if keep is not None:
+            estimates = kept_plans(estimates, keep, keep_within, pruned)
     else:
         estimates, evaluated = cost_best_candidates(
-            model, candidates, orders, pruned, progress,
-            keep=max(keep, DEFAULT_SIMULATE_TOP if simulate_top is None else simulate_top),
-            keep_within=keep_within)
+            model, candidates, orders, pruned, progress, keep=keep, keep_within=keep_within)
     ranked = rank(estimates, pruned)
     if not ranked:
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(pruned.items()))
@@ -228,17 +236,42 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
         layout = (c.pp, c.dp, c.cp, c.tmp, c.mbs)
         if best.iteration_time_s < found.get(layout, float("inf")):
             found[layout] = best.iteration_time_s
-            if len(found) >= keep:
-                times = sorted(found.values())
-                threshold = max(times[keep - 1], times[0] * keep_within)
+            threshold = _kept_threshold(found, keep, keep_within)
     if bar is not None:
         bar.close()
-    kept_time = float(f"{threshold:.4g}") if threshold < float("inf") else threshold
-    kept = [e for e in estimates if ranking_key(e)[0] <= kept_time]
-    left_out = len(candidates) - settled + len(estimates) - len(kept)
-    if left_out:
-        pruned[Reason.SLOWER_THAN_KEPT.value] += left_out
-    return kept, evaluated
+    if len(candidates) > settled:
+        pruned[Reason.SLOWER_THAN_KEPT.value] += len(candidates) - settled
+    return kept_plans(estimates, keep, keep_within, pruned), evaluated
+
+
+def _kept_threshold(found: dict, keep: int, keep_within: float) -> float:
+    """The slowest time `plan` keeps, from each layout's fastest feasible time found: that
+    of the keep-th layout or keep_within times the best, whichever is larger; infinite
+    until keep layouts are found."""
+    if len(found) < keep:
+        return float("inf")
+    times = sorted(found.values())
+    return max(times[keep - 1], times[0] * keep_within)
+
+
+def kept_plans(estimates: list[Estimate], keep: int, keep_within: float,
+               pruned: Counter) -> list[Estimate]:
+    """The feasible estimates `plan` keeps (`_kept_threshold`, compared at the 4 digits of
+    `ranking_key`), the others counted under SLOWER_THAN_KEPT: the same for every candidate
+    costed (`cost_every_candidate`) as for those the bound let through."""
+    found: dict = {}
+    for e in estimates:
+        s = e.strategy
+        layout = (s.pp, s.dp, s.cp, s.tmp, s.mbs)
+        found[layout] = min(found.get(layout, float("inf")), e.iteration_time_s)
+    threshold = _kept_threshold(found, keep, keep_within)
+    if threshold == float("inf"):
+        return estimates
+    limit = float(f"{threshold:.4g}")
+    kept = [e for e in estimates if ranking_key(e)[0] <= limit]
+    if len(estimates) > len(kept):
+        pruned[Reason.SLOWER_THAN_KEPT.value] += len(estimates) - len(kept)
+    return kept
 
 
 def plan_backends(spec: Spec, **kw) -> Plan:
@@ -275,6 +308,20 @@ def plan_backends(spec: Spec, **kw) -> Plan:
                 backends=tuple(p.best.backend for p in plans), backend_notes=tuple(notes))
 
 
+BEST_ONLY_SIMULATE_TOP = 8
+"""Strategies simulated (at most) by a search that wants only its best plan: each node group
+alone and each cluster subset. benchmarks/rerank_depth.py (2026-11-22) found the simulated
+best at closed-form rank 3 at the deepest (simulate.DEFAULT_SIMULATE_TOP); the whole
+cluster's plan, whose top 10 the table shows, simulates 32."""
+
+
+def best_only(simulate_top: int | None) -> dict:
+    """plan()'s simulate_top and keep for a search whose best plan alone is used."""
+    top = BEST_ONLY_SIMULATE_TOP if simulate_top is None else \
+        min(simulate_top, BEST_ONLY_SIMULATE_TOP)
+    return dict(simulate_top=top, keep=max(1, top))
+
+
 def node_groups_alone(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
                       cost_params: CostParams | None = None, simulate_top: int | None = None,
                       backend: str | None = None) -> tuple[GroupAlone, ...]:
@@ -291,8 +338,8 @@ def node_groups_alone(spec: Spec, *, measurements: Measurements = NO_MEASUREMENT
         common = dict(group=i, gpu=g.gpu.name, nodes=g.count, gpus=g.count * g.gpus_per_node)
         try:        # its placement on the whole cluster's device ids, as plan_subsets' are
             best = plan_on_subset(spec, uses, measurements=measurements,
-                                  cost_params=cost_params, simulate_top=simulate_top,
-                                  backend=backend).best
+                                  cost_params=cost_params, backend=backend,
+                                  **best_only(simulate_top)).best
             out.append(GroupAlone(**common, best=best))
         except NoFeasibleStrategy as exc:
             out.append(GroupAlone(**common, best=None, reason=str(exc)))
@@ -361,8 +408,8 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
                       price_per_hour=_price_per_hour(spec, uses))
         try:
             best = plan_on_subset(spec, uses, measurements=measurements,
-                                  cost_params=cost_params, simulate_top=simulate_top,
-                                  backend=backend).best
+                                  cost_params=cost_params, backend=backend,
+                                  **best_only(simulate_top)).best
         except NoFeasibleStrategy as exc:
             out.append(SubsetPlan(**common, best=None, reason=str(exc)))
             continue

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from amp_search import load_spec, plan
+from amp_search import load_spec, plan, planner
 from amp_search.costing import CostModel
 from amp_search.placement import device_orders
 from amp_search.planner import KEEP
@@ -119,10 +119,13 @@ def same(a, b):
 
 @pytest.mark.parametrize("name", ["amp-hetero-gpt2.yaml", "mixed-h100-a100-gpt13b.yaml",
                                   "a100-gpt7b.yaml"])
-def test_kept_plans_are_the_exhaustive_ranking(name):
+@pytest.mark.parametrize("bound_above", [0, planner.BOUND_ABOVE])
+def test_kept_plans_are_the_exhaustive_ranking(name, bound_above, monkeypatch):
     """The bounded search keeps a prefix of the exhaustive ranking: its first KEEP layouts
     and the plans within keep_within of the best, the same strategies, times and memory;
-    with the simulation's re-rank the same top too; and it costs fewer placements."""
+    with the simulation's re-rank the same top too; and it costs fewer placements. Small
+    searches cost every candidate and keep the same (bound_above: 0 bounds every search)."""
+    monkeypatch.setattr(planner, "BOUND_ABOVE", bound_above)
     spec = load_spec(ROOT / "configs" / name)
     for s in spec.backends():
         full = plan(s, simulate_top=0, keep=None)
@@ -135,7 +138,9 @@ def test_kept_plans_are_the_exhaustive_ranking(name):
             assert all(e.iteration_time_s > limit for e in full.strategies[n:])
             if n < len(full.strategies):
                 assert part.pruned[Reason.SLOWER_THAN_KEPT.value] > 0
-                assert part.evaluated < full.evaluated
+                assert part.evaluated <= full.evaluated
+                if full.evaluated > bound_above:
+                    assert part.evaluated < full.evaluated
         simulated = plan(s)
         assert same(simulated.strategies[:KEEP], plan(s, keep=None).strategies[:KEEP])
 

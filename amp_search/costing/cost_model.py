@@ -447,7 +447,8 @@ class CostModel:
         types as their devices fill, and the tensor-parallel collectives on the cluster's
         best link, `tp_floor_s`). On `order`'s
         placement: each stage's device passes and tensor-, context- and expert-parallel
-        collectives (at most its `layer_s`: without the host's share) and its data-parallel
+        collectives, or its host's time where longer (at most its `layer_s`,
+        synced_overlapped_time_s), and its data-parallel
         sync (without the optimizer step), through iteration_lower_bound_s; with `split`
         and one model chunk per stage, the exact partition DP on those rows without P2P
         over the memory-feasible splits (or all, where none is: what `_partition` chooses
@@ -467,6 +468,8 @@ class CostModel:
                                  for g in self.gpus])
                 if c.tmp > 1:
                     rows = rows + self.tp_floor_s(c)[None, :]
+                rows = np.maximum(rows, np.stack([self._host_row(i, c)
+                                                  for i in range(len(self.gpus))]))
                 self._fixed_cache[key] = rows
             return pipeline.iteration_lower_bound_s(
                 rows, gas, c.virtual_stages, type_devices=self.devices_per_type,
@@ -477,6 +480,8 @@ class CostModel:
         rows = np.stack([passes[t] for t in types])
         if c.layer_collectives:
             rows = rows + self.tp_time_s(c, layout)
+        host = {t: np.max([self._host_row(g, c) for g in t], axis=0) for t in set(types)}
+        rows = np.maximum(rows, np.stack([host[t] for t in types]))
         if not split:
             return pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages, **common)
         sync, sync_fixed = self._dp_sync(c, layout)
@@ -504,6 +509,21 @@ class CostModel:
             optimal_partition(rows, free, gas, **kw)
         return best.objective_s + (gas - 1 + c.pp) * p.microbatch_overhead_s \
             + common["step_overhead_s"]
+
+    def _host_row(self, g: int, c: Candidate) -> np.ndarray:
+        """[L]: the host's time to issue one micro-batch of each layer on device type
+        self.gpus[g] (where its times are analytic), as `stage_costs` takes it; a layer
+        takes at least this and at least its device time (synced_overlapped_time_s)."""
+        key = ("host", g, c.tmp, c.mbs, c.cp, c.ep, c.activation_checkpointing,
+               c.sequence_parallel)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            gpu = self.gpus[g]
+            lt = self.timer.times(gpu, c.tmp, c.mbs, c.cp, c.ep)
+            issue = self._fixed_costs(gpu, c.tmp, c.activation_checkpointing,
+                                      c.sequence_parallel)[1]
+            hit = self._fixed_cache[key] = np.where(lt.analytic, issue, 0.0)
+        return hit
 
     def fits_nowhere(self, c: Candidate, orders) -> bool:
         """Whether a strategy with virtual stages is out of memory on every placement order,
