@@ -38,7 +38,7 @@ from ..search_space import Candidate
 from ..spec import Spec
 from .layer_times import LayerTimer, device_speed
 from .links import ClusterArrays, all_to_all_links, p2p_links, ring_links
-from .stage_memory import stage_memory
+from .stage_memory import stage_memory, stages_fit
 
 __all__ = ["CostModel", "PlacedLayout", "StageCosts", "measured_overheads"]
 
@@ -547,9 +547,7 @@ class CostModel:
                      sequence_parallel=c.sequence_parallel, virtual_stages=c.virtual_stages,
                      cp=c.cp, ep=c.ep)
         layout = self.layout(c, order)
-        return all(m.fits for m in stage_memory(self.spec, s,
-                                                capacity_bytes=layout.capacity_bytes,
-                                                attention_scores=self._attention_scores(layout)))
+        return stages_fit(self.spec, s, layout.capacity_bytes, self._attention_scores(layout))
 
     def tp_floor_s(self, c: Candidate) -> np.ndarray:
         """[L]: each layer's tensor-parallel collectives of one micro-batch (`tp_time_s`) on

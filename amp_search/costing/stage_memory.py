@@ -40,7 +40,6 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
     """Predicted peak memory of the most loaded device of each pipeline stage.
     `capacity_bytes`: the memory of each stage's smallest device; `attention_scores`: whether
     each stage runs standard attention (Spec.attention_for), if the caller has them."""
-    t = spec.training
     s = strategy
     devices = spec.cluster.devices
     if capacity_bytes is None or attention_scores is None:
@@ -49,27 +48,36 @@ def stage_memory(spec: Spec, strategy: Strategy, capacity_bytes=None,
         capacity_bytes = [min(g.memory_bytes for g in gs) for gs in stage_gpus]
         attention_scores = [any(spec.attention_for(g) == "standard" for g in gs)
                             for gs in stage_gpus]
-    out = []
-    for j in range(s.pp):
-        if s.virtual_stages > 1:
-            st = _interleaved_stage_bytes(spec, s, j, bool(attention_scores[j]))
-        else:
-            st = _stage_bytes(spec.model.layers, ((s.partition[j], s.partition[j + 1]),), j,
-                              s.pp, s.replicas, s.tmp, s.mbs, s.gas, s.zero_stage,
-                              s.activation_checkpointing, t.precision,
-                              bool(attention_scores[j]), s.sequence_parallel,
-                              s.selective_recompute, t.backend, s.cp, s.ep)
-        capacity = capacity_bytes[j]
-        overhead = t.framework_overhead_bytes + st.buffer_bytes
-        peak = (st.parameter_bytes + st.gradient_bytes + st.optimizer_bytes
-                + st.activation_bytes + overhead)
-        out.append(StageMemory(stage=j, parameter_bytes=st.parameter_bytes,
-                               gradient_bytes=st.gradient_bytes,
-                               optimizer_bytes=st.optimizer_bytes,
-                               activation_bytes=st.activation_bytes, overhead_bytes=overhead,
-                               peak_bytes=peak,
-                               capacity_bytes=int(capacity * (1.0 - t.memory_headroom))))
-    return tuple(out)
+    return tuple(_one_stage(spec, s, j, capacity_bytes[j], attention_scores[j])
+                 for j in range(s.pp))
+
+
+def stages_fit(spec: Spec, strategy: Strategy, capacity_bytes, attention_scores) -> bool:
+    """Whether every stage of `stage_memory` fits, the stages looked at in order until one
+    does not (the first stage holds the most micro-batches in flight)."""
+    return all(_one_stage(spec, strategy, j, capacity_bytes[j], attention_scores[j]).fits
+               for j in range(strategy.pp))
+
+
+def _one_stage(spec: Spec, s: Strategy, j: int, capacity, attention_scores) -> StageMemory:
+    """Stage j of `stage_memory`."""
+    t = spec.training
+    if s.virtual_stages > 1:
+        st = _interleaved_stage_bytes(spec, s, j, bool(attention_scores))
+    else:
+        st = _stage_bytes(spec.model.layers, ((s.partition[j], s.partition[j + 1]),), j,
+                          s.pp, s.replicas, s.tmp, s.mbs, s.gas, s.zero_stage,
+                          s.activation_checkpointing, t.precision,
+                          bool(attention_scores), s.sequence_parallel,
+                          s.selective_recompute, t.backend, s.cp, s.ep)
+    overhead = t.framework_overhead_bytes + st.buffer_bytes
+    peak = (st.parameter_bytes + st.gradient_bytes + st.optimizer_bytes
+            + st.activation_bytes + overhead)
+    return StageMemory(stage=j, parameter_bytes=st.parameter_bytes,
+                       gradient_bytes=st.gradient_bytes, optimizer_bytes=st.optimizer_bytes,
+                       activation_bytes=st.activation_bytes, overhead_bytes=overhead,
+                       peak_bytes=peak,
+                       capacity_bytes=int(capacity * (1.0 - t.memory_headroom)))
 
 
 def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
