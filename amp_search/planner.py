@@ -395,26 +395,60 @@ def _price_per_hour(spec: Spec, uses) -> float | None:
 
 def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEASUREMENTS,
                  cost_params: CostParams | None = None, simulate_top: int | None = None,
-                 backend: str | None = None, limit: int = MAX_SUBSETS) -> tuple[SubsetPlan, ...]:
+                 backend: str | None = None, limit: int = MAX_SUBSETS,
+                 workers: int = 1) -> tuple[SubsetPlan, ...]:
     """The whole cluster's best (`whole`, the plan of `spec`) and the best plan on each of
     `cluster_subsets` (each planned as `plan` does, the same model and re-rank), their
     placements in the whole cluster's device ids, with what the nodes used cost: the points
-    a cost or GPU-time objective, a deadline or a budget chooses among (`choose_subset`)."""
+    a cost or GPU-time objective, a deadline or a budget chooses among (`choose_subset`).
+
+    `workers` > 1: the subsets' searches, independent of each other, run in that many
+    forked processes at once (the same results, in the same order); where the platform
+    cannot fork, one after another."""
     every = tuple((g.count, g.gpus_per_node) for g in spec.cluster.node_groups)
     out = [SubsetPlan(uses=every, gpus=spec.cluster.num_devices, best=whole.best,
                       price_per_hour=_price_per_hour(spec, every), whole=True)]
-    for uses in cluster_subsets(spec.cluster, limit):
-        common = dict(uses=uses, gpus=sum(n * k for n, k in uses),
-                      price_per_hour=_price_per_hour(spec, uses))
+    parts = cluster_subsets(spec.cluster, limit)
+    kw = dict(measurements=measurements, cost_params=cost_params, backend=backend,
+              **best_only(simulate_top))
+    jobs = [(spec, uses, kw) for uses in parts]
+    import multiprocessing
+
+    if workers > 1 and len(jobs) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        from concurrent.futures import ProcessPoolExecutor
+
+        global _FORKED_JOBS
+        _FORKED_JOBS = jobs         # the forked workers inherit them (a Spec is not pickled)
         try:
-            best = plan_on_subset(spec, uses, measurements=measurements,
-                                  cost_params=cost_params, backend=backend,
-                                  **best_only(simulate_top)).best
-        except NoFeasibleStrategy as exc:
-            out.append(SubsetPlan(**common, best=None, reason=str(exc)))
-            continue
-        out.append(SubsetPlan(**common, best=best))
+            with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                                     mp_context=multiprocessing.get_context("fork")) as pool:
+                found = list(pool.map(_best_on_forked_job, range(len(jobs))))
+        finally:
+            _FORKED_JOBS = []
+    else:
+        found = [_best_on_subset(job) for job in jobs]
+    for uses, (best, reason) in zip(parts, found):
+        out.append(SubsetPlan(uses=uses, gpus=sum(n * k for n, k in uses),
+                              price_per_hour=_price_per_hour(spec, uses), best=best,
+                              reason=reason))
     return tuple(out)
+
+
+_FORKED_JOBS: list = []
+"""plan_subsets' jobs while its forked workers run (`_best_on_forked_job`)."""
+
+
+def _best_on_forked_job(i: int) -> tuple[Estimate | None, str]:
+    return _best_on_subset(_FORKED_JOBS[i])
+
+
+def _best_on_subset(job) -> tuple[Estimate | None, str]:
+    """(the best plan, "") on one subset of `plan_subsets`, or (None, why nothing fits)."""
+    spec, uses, kw = job
+    try:
+        return plan_on_subset(spec, uses, **kw).best, ""
+    except NoFeasibleStrategy as exc:
+        return None, str(exc)
 
 
 def plan_on_subset(spec: Spec, uses: tuple[tuple[int, int], ...], **kw) -> Plan:

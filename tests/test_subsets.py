@@ -116,6 +116,14 @@ def test_front_and_choice_match_brute_force_over_every_subset():
         assert used == allowed
 
 
+def test_subsets_in_forked_workers_are_the_same_as_one_after_another():
+    """plan_subsets(workers=2) runs the searches in forked processes: the same plans, reasons
+    and order as one process."""
+    spec = parse_spec(_priced(h100=2, a100=1))
+    whole = plan(spec)
+    assert plan_subsets(spec, whole, workers=2) == plan_subsets(spec, whole, workers=1)
+
+
 def test_cli_plan_prints_the_subsets_the_choice_and_the_front(write_spec, tmp_path, capsys,
                                                              monkeypatch):
     monkeypatch.setenv("COLUMNS", "120")

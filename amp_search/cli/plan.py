@@ -531,7 +531,7 @@ def run_plan(args) -> int:
 
         subsets = plan_subsets(spec.for_backend(result.best.backend), result,
                                measurements=measurements, simulate_top=simulate_top,
-                               limit=args.max_subsets)
+                               limit=args.max_subsets, workers=os.cpu_count() or 1)
     if args.groups_alone or (args.groups_alone is None and
                              spec.cluster.num_devices <= GROUPS_ALONE_MAX_GPUS):
         from ..planner import node_groups_alone
