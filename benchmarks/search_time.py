@@ -21,8 +21,8 @@ in-process search time. For the mixed clusters of up to 512 GPUs, where `plan` b
 plans each node group alone, a line gives that default's median too (no target).
 
 Subsets: for the mixed clusters of 256 GPUs and more, `plan --subsets` (the whole cluster and
-up to 15 subsets of its nodes, `amp_search.planner.plan_subsets`) is timed too, against the
-whole cluster's target.
+up to 15 subsets of its nodes, `amp_search.planner.plan_subsets`, searched in a forked worker
+per CPU) is timed too, against the whole cluster's target.
 
 Simulation: `plan` re-ranks its best 32 strategies by simulating them (the
 default). Each warm repeat runs the same spec with `--no-simulate` and with the default back
@@ -315,8 +315,9 @@ def main() -> int:
             tgt = "" if r["target_s"] is None else (
                 f" (target <{r['target_s']:g} s, as the whole cluster's"
                 + ("" if r["subsets_passed"] else ": MISSED") + ")")
-            print(f"  {r['cluster']:38} with --subsets (the whole cluster and 15 subsets, "
-                  f"each its best of 8 simulated): {r['warm_with_subsets_s']:.2f} s{tgt}")
+            print(f"  {r['cluster']:38} with --subsets (the whole cluster, then 15 subsets "
+                  f"in a forked worker per CPU, each its best of 8 simulated): "
+                  f"{r['warm_with_subsets_s']:.2f} s{tgt}")
     print("CPU time (user + system) of the same processes, less moved by other load:")
     for r in rows:
         print(f"  {r['cluster']:38} with simulation {r['cpu_process_s']:.2f} s, without "
