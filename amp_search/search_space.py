@@ -603,7 +603,8 @@ measured at 128,000 and 1,000,000 devices)."""
 
 @dataclass(frozen=True)
 class SearchCost:
-    """What a search will cost, known before it starts."""
+    """What a search will cost at most, known before it starts: every candidate costed (the
+    branch and bound of planner.plan costs fewer)."""
 
     candidates: int
     evaluations: int
@@ -620,8 +621,11 @@ class SearchCost:
                 + self.layout_devices * SECONDS_PER_LAYOUT_DEVICE)
 
     def describe(self) -> str:
+        """The search's size and its cost if every candidate is costed: the most it takes
+        (plan's branch and bound usually stops well before)."""
         return (f"{self.candidates:,} strategies x {self.evaluations // max(self.candidates, 1)} "
-                f"placement order(s), {self.layers:,} layers: about {self.estimated_s:,.0f} s")
+                f"placement order(s), {self.layers:,} layers: at most about "
+                f"{self.estimated_s:,.0f} s")
 
 
 def search_cost(space: SearchSpace, candidates: list[Candidate], orders: int) -> SearchCost:
