@@ -32,7 +32,6 @@ from cost_models.recompute import RECOMPUTE_MODES
 from .costing import CostModel
 from .errors import AmpSearchError, UsageError
 from .measurements import NO_MEASUREMENTS, Measurements
-from .partition import uniform_partition
 from .placement import device_orders
 from .records import Estimate, GroupAlone, Plan, Strategy, SubsetPlan
 from .search_space import (Candidate, Reason, SearchSpace, check_batch_has_a_degree, divisors,
@@ -233,7 +232,7 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
             pruned[Reason.OUT_OF_MEMORY.value] += 1
             continue
         estimates.append(best)
-        layout = (c.pp, c.dp, c.cp, c.tmp, c.mbs)
+        layout = layout_of(c)
         if best.iteration_time_s < found.get(layout, float("inf")):
             found[layout] = best.iteration_time_s
             threshold = _kept_threshold(found, keep, keep_within)
@@ -261,8 +260,7 @@ def kept_plans(estimates: list[Estimate], keep: int, keep_within: float,
     costed (`cost_every_candidate`) as for those the bound let through."""
     found: dict = {}
     for e in estimates:
-        s = e.strategy
-        layout = (s.pp, s.dp, s.cp, s.tmp, s.mbs)
+        layout = layout_of(e.strategy)
         found[layout] = min(found.get(layout, float("inf")), e.iteration_time_s)
     threshold = _kept_threshold(found, keep, keep_within)
     if threshold == float("inf"):
@@ -412,16 +410,15 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
     kw = dict(measurements=measurements, cost_params=cost_params, backend=backend,
               **best_only(simulate_top))
     jobs = [(spec, uses, kw) for uses in parts]
-    import multiprocessing
-
-    if workers > 1 and len(jobs) > 1 and "fork" in multiprocessing.get_all_start_methods():
+    context = _fork_context() if workers > 1 and len(jobs) > 1 else None
+    if context is not None:
         from concurrent.futures import ProcessPoolExecutor
 
         global _FORKED_JOBS
         _FORKED_JOBS = jobs         # the forked workers inherit them (a Spec is not pickled)
         try:
             with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
-                                     mp_context=multiprocessing.get_context("fork")) as pool:
+                                     mp_context=context) as pool:
                 found = list(pool.map(_best_on_forked_job, range(len(jobs))))
         finally:
             _FORKED_JOBS = []
@@ -432,6 +429,16 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
                               price_per_hour=_price_per_hour(spec, uses), best=best,
                               reason=reason))
     return tuple(out)
+
+
+def _fork_context():
+    """multiprocessing's fork context, or None where the platform cannot fork (imported
+    here: only a search with subsets and several workers needs it)."""
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    return multiprocessing.get_context("fork")
 
 
 _FORKED_JOBS: list = []
@@ -504,6 +511,12 @@ def choose_subset(subsets: tuple[SubsetPlan, ...], objective: str, global_batch_
                                   s.iteration_time_s))
 
 
+def layout_of(x: Candidate | Strategy) -> tuple[int, int, int, int, int]:
+    """(pp, dp, cp, tmp, mbs): what `rank` keeps one strategy of, for a candidate or a
+    strategy alike."""
+    return x.pp, x.dp, x.cp, x.tmp, x.mbs
+
+
 def ranking_key(e: Estimate) -> tuple[float, int, str]:
     """Fastest first; times that agree to the 4 significant digits the table shows are
     ordered by the lower peak memory, then by label (a stated, stable order)."""
@@ -517,8 +530,7 @@ def rank(estimates: list[Estimate], pruned: Counter) -> list[Estimate]:
     setting of them fits; they are counted under SLOWER_KNOBS_SAME_LAYOUT."""
     seen, out = set(), []
     for e in sorted(estimates, key=ranking_key):
-        s = e.strategy
-        layout = (s.pp, s.dp, s.cp, s.tmp, s.mbs)
+        layout = layout_of(e.strategy)
         if layout in seen:
             pruned[Reason.SLOWER_KNOBS_SAME_LAYOUT.value] += 1
             continue
@@ -564,9 +576,7 @@ def megatron_baseline(spec: Spec, model: CostModel, space: SearchSpace) -> Estim
                                      recompute=ckpt, sequence_parallel=sp)
                     # the split is fixed: memory first, the time of those that fit
                     if first_violation(space, c) is None and model.split_fits(
-                            c, order, uniform_partition(model.num_layers, pp,
-                                                        first=model.first_fixed,
-                                                        last=model.last_fixed)):
+                            c, order, model.uniform_split(pp)):
                         e = model.evaluate(c, order, partition="uniform")
                         if e.fits:
                             proposals.append(e)
@@ -640,7 +650,7 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
                                  f" (one per model chunk: v*pp + 1 = {n})" if vs > 1 else ""))
     elif partition == "uniform":
         try:
-            uniform_partition(L, pp, first=model.first_fixed, last=model.last_fixed)
+            model.uniform_split(pp)
         except ValueError as exc:
             raise UsageError(f"--partition uniform: {exc}") from None
     elif partition != "optimal":

@@ -241,9 +241,14 @@ class CostModel:
         stage's slowest tensor ring: the kind's measured link fit where profile-comm has one
         (all-gather and reduce-scatter have their own on gloo), else the all-reduce's."""
         bw, crosses = (layout.tp_kind_links or {}).get(kind, layout.tp_links)
+        return bw, self.link_latencies_s(self._latency_kind(kind), crosses, layout)
+
+    def _latency_kind(self, kind: str) -> str:
+        """The collective whose per-message latency a `kind` collective pays: its own where
+        profile-comm measured it, else the all-reduce's."""
         measured = (kind, "intra") in self.measurements.link_fits or \
             (kind, "inter") in self.measurements.link_fits
-        return bw, self.link_latencies_s(kind if measured else "all_reduce", crosses, layout)
+        return kind if measured else "all_reduce"
 
     def cp_time_s(self, c: Candidate, layout: PlacedLayout, part: int | None = None
                   ) -> np.ndarray:
@@ -400,18 +405,22 @@ class CostModel:
         costs = self.stage_costs(c, layout)
         scores = self._attention_scores(layout)
         bounds = self._partition(c, costs, layout, partition, any(scores))
-        strategy = Strategy(pp=c.pp, dp=c.dp, tmp=c.tmp, mbs=c.mbs,
-                            global_batch_size=self.spec.training.global_batch_size,
-                            partition=tuple(int(x) for x in bounds),
-                            placement=layout.placement_tuple,
-                            placement_order=order.name if order is not None else "given",
-                            zero_stage=c.zero_stage,
-                            activation_checkpointing=c.activation_checkpointing,
-                            selective_recompute=c.selective_recompute,
-                            sequence_parallel=c.sequence_parallel,
-                            virtual_stages=c.virtual_stages, cp=c.cp, ep=c.ep)
+        strategy = self._strategy(c, bounds, layout.placement_tuple,
+                                  order.name if order is not None else "given")
         return self._assemble(strategy, costs, layout.capacity_bytes,
                               scores if with_memory else None)
+
+    def _strategy(self, c: Candidate, partition, placement: tuple,
+                  placement_order: str) -> Strategy:
+        """The Strategy record of `c` with its layer split and placement."""
+        return Strategy(pp=c.pp, dp=c.dp, tmp=c.tmp, mbs=c.mbs,
+                        global_batch_size=self.spec.training.global_batch_size,
+                        partition=tuple(int(x) for x in partition), placement=placement,
+                        placement_order=placement_order, zero_stage=c.zero_stage,
+                        activation_checkpointing=c.activation_checkpointing,
+                        selective_recompute=c.selective_recompute,
+                        sequence_parallel=c.sequence_parallel,
+                        virtual_stages=c.virtual_stages, cp=c.cp, ep=c.ep)
 
     def states_cannot_fit(self, c: Candidate) -> bool:
         """Whether the model states alone cannot fit, whatever the split and the placement
@@ -538,16 +547,9 @@ class CostModel:
     def split_fits(self, c: Candidate, order: DeviceOrder, partition: tuple[int, ...]) -> bool:
         """Whether `c` on `order`'s placement with the layer split `partition` fits in
         memory: the stage_memory that `evaluate` gives it, without its time."""
-        s = Strategy(pp=c.pp, dp=c.dp, tmp=c.tmp, mbs=c.mbs,
-                     global_batch_size=self.spec.training.global_batch_size,
-                     partition=tuple(int(x) for x in partition), placement=(),
-                     placement_order=order.name, zero_stage=c.zero_stage,
-                     activation_checkpointing=c.activation_checkpointing,
-                     selective_recompute=c.selective_recompute,
-                     sequence_parallel=c.sequence_parallel, virtual_stages=c.virtual_stages,
-                     cp=c.cp, ep=c.ep)
         layout = self.layout(c, order)
-        return stages_fit(self.spec, s, layout.capacity_bytes, self._attention_scores(layout))
+        return stages_fit(self.spec, self._strategy(c, partition, (), order.name),
+                          layout.capacity_bytes, self._attention_scores(layout))
 
     def tp_floor_s(self, c: Candidate) -> np.ndarray:
         """[L]: each layer's tensor-parallel collectives of one micro-batch (`tp_time_s`) on
@@ -562,9 +564,7 @@ class CostModel:
                 else self.cluster_for["all_reduce"]
             bw = max(float(arr.intra_bytes_per_s.max()) * p.bandwidth("intra"),
                      float(arr.inter_bytes_per_s.max()) * p.bandwidth("inter"))
-            measured = (kind, "intra") in self.measurements.link_fits or \
-                (kind, "inter") in self.measurements.link_fits
-            name = kind if measured else "all_reduce"
+            name = self._latency_kind(kind)
             lat = min(self.latency(name, "intra", min(g.link_latency_intra_s
                                                       for g in self.gpus)),
                       self.latency(name, "inter", min(g.link_latency_inter_s
@@ -885,6 +885,13 @@ class CostModel:
             hit = self._fixed_cache[key] = params - experts + share * experts
         return hit
 
+    def uniform_split(self, pp: int) -> tuple[int, ...]:
+        """Megatron-LM's uniform split of the blocks over pp stages, the embedding on the
+        first and the head on the last (partition.uniform_partition; ValueError where pp
+        exceeds the blocks)."""
+        return uniform_partition(self.num_layers, pp, first=self.first_fixed,
+                                 last=self.last_fixed)
+
     def _chunks(self, c: Candidate) -> tuple[int, ...]:
         """The interleaved schedule's chunks: Megatron-LM's uniform split into v*pp chunks
         (partition.interleaved_partition), chunk k on stage k mod pp; the only assignment
@@ -900,8 +907,7 @@ class CostModel:
         if c.virtual_stages > 1:
             return self._chunks(c)
         if partition == "uniform":
-            return uniform_partition(self.num_layers, c.pp, first=self.first_fixed,
-                                     last=self.last_fixed)
+            return self.uniform_split(c.pp)
         gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
         mem_layer, mem_budget = self._memory_arrays(c, gas, layout, scores)
         kw = dict(sync_layer_s=costs.after_pipeline_s, sync_fixed_s=costs.sync_fixed_s)
@@ -921,8 +927,7 @@ class CostModel:
                                   memory_budget_bytes=mem_budget, **kw)
         candidates = [result.boundaries] + ([other.boundaries] if other is not None else [])
         try:
-            uniform = uniform_partition(self.num_layers, c.pp, first=self.first_fixed,
-                                        last=self.last_fixed)
+            uniform = self.uniform_split(c.pp)
         except ValueError:
             uniform = None
         if uniform is not None and (mem_layer is None or np.all(
