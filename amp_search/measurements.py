@@ -54,8 +54,9 @@ class Measurements:
         default_factory=lambda: MappingProxyType({}))
     """(collective, 'intra' | 'inter') -> measured fit; used for 'all_reduce' and 'p2p', and
     for the tensor-parallel 'all_gather' and 'reduce_scatter' of sequence parallelism."""
-    link_source: str = "nominal"
-    """Where the link figures came from ('nominal': the spec's bandwidths)."""
+    link_source: str = "spec"
+    """Where the link figures came from ('spec': the spec's bandwidths times their link kinds'
+    achievable shares, profiles/gpus.yaml `links:`)."""
     calibration: CostParams | None = None
     """Fitted coefficients (amp-search calibrate) for the spec's devices and precision."""
     calibration_source: str = "uncalibrated"
@@ -71,7 +72,7 @@ class Measurements:
 
 
 NO_MEASUREMENTS = Measurements()
-"""The analytic model on the packaged catalog and the spec's nominal links."""
+"""The analytic model on the packaged catalog and the spec's links."""
 
 
 def load_measurements(spec: Spec, root: str | os.PathLike) -> Measurements:
@@ -89,14 +90,14 @@ def load_measurements(spec: Spec, root: str | os.PathLike) -> Measurements:
         profile = find_profile(name, precision, layer_profile_dir(root), signatures=signatures)
         if profile is not None:
             layers[name] = profile
-    fits, link_source = {}, "nominal"
+    fits, link_source = {}, "spec"
     comm = find_comm_profile(link_profile_dir(root), device=names[0]) if len(names) == 1 \
         else None
     if comm is not None:
         fits = {(c, lk): f for (c, lk), f in comm.fits.items()
                 if c in ("all_reduce", "p2p", "all_gather", "reduce_scatter")}
         link_source = (f"profile:{Path(comm.path).name} ({'+'.join(comm.links_measured)}; "
-                       f"rest nominal)")
+                       f"rest from the spec)")
     calibration, cal_source = find_calibration(spec, layer_profile_dir(root))
     return Measurements(layer_profiles=MappingProxyType(layers),
                         link_fits=MappingProxyType(fits), link_source=link_source,

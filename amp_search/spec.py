@@ -12,6 +12,8 @@ UsageError. Accepted ranges (inclusive):
     cluster.nodes[i].intra/inter_node_bandwidth   1 Mbps to 100 TB/s; inter_node_bandwidth may
         be left out when the cluster has one node in all: it is never used then, and the
         record holds the node's intra_node_bandwidth as a placeholder
+    cluster.nodes[i].intra/inter_node_link    a kind of the catalog's `links:` (nvlink, pcie,
+        infiniband, roce, ethernet, slingshot, measured); default the GPU's / infiniband
     gpu.memory                                64 MiB to 64 TiB
     gpu.memory_bandwidth                      1 GB/s to 100 TB/s
     gpu.peak_tflops.<precision>               0.001 to 100,000 TFLOP/s, or null (unsupported)
@@ -101,6 +103,10 @@ class GPU:
     inside a node (NVLink or PCIe: cost_models.comm.NCCL_RING_STEP_LATENCY_S)."""
     link_latency_inter_s: float = 0.0
     """The same across nodes (the network)."""
+    intra_node_link: str = "nvlink"
+    """The kind of link between two of its devices inside a node (the catalog's `links:`): what
+    share of a node's intra_node_bandwidth collectives reach, unless the node group names its
+    own."""
     prediction_error: float = 0.0
     """The default model's measured error of iteration time on this GPU (a fraction: mean
     absolute percentage error over published runs); `plan` marks the plans whose predicted
@@ -110,14 +116,30 @@ class GPU:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LinkKind:
+    """A kind of link from the catalog's `links:` (profiles/gpus.yaml)."""
+
+    name: str
+    achievable_share: float
+    """The share of the nominal (data-sheet) bandwidth, one direction, that large collectives
+    and P2P transfers reach on it (NCCL's bus bandwidth over the line rate)."""
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class NodeGroup:
     gpu: GPU
     count: int
     gpus_per_node: int
     intra_node_bandwidth_bytes_per_s: float
-    """GPU-to-GPU inside the node, one direction."""
+    """GPU-to-GPU inside the node, one direction, as written (the data sheet's figure)."""
     inter_node_bandwidth_bytes_per_s: float
-    """The node's total network bandwidth (all NICs), one direction."""
+    """The node's total network bandwidth (all NICs), one direction, as written."""
+    intra_node_link: LinkKind = LinkKind(name="measured", achievable_share=1.0, source="")
+    """What kind of link that is, and the share of it collectives reach
+    (`intra_node_achievable_bytes_per_s`)."""
+    inter_node_link: LinkKind = LinkKind(name="measured", achievable_share=1.0, source="")
+    """The same for the network."""
     hosts: tuple[str, ...] = ()
     """Hostnames of the `count` nodes, for launching (optional)."""
     network_links: int = 0
@@ -128,6 +150,16 @@ class NodeGroup:
     its iteration time times the price of the nodes it uses (`planner.plan_subsets`). Not
     part of the spec's fingerprint: it does not change a plan of the whole cluster."""
 
+    @property
+    def intra_node_achievable_bytes_per_s(self) -> float:
+        """What collectives reach inside a node: the bandwidth written times its link's share."""
+        return self.intra_node_bandwidth_bytes_per_s * self.intra_node_link.achievable_share
+
+    @property
+    def inter_node_achievable_bytes_per_s(self) -> float:
+        """What collectives reach on the node's network: written bandwidth times the share."""
+        return self.inter_node_bandwidth_bytes_per_s * self.inter_node_link.achievable_share
+
 
 @dataclass(frozen=True, kw_only=True)
 class Node:
@@ -137,7 +169,10 @@ class Node:
     devices: tuple[int, ...]
     intra_node_bandwidth_bytes_per_s: float
     inter_node_bandwidth_bytes_per_s: float
+    """As written (the data sheet's); collectives reach the `achievable` ones below."""
     host: str | None = None
+    intra_node_achievable_bytes_per_s: float = 0.0
+    inter_node_achievable_bytes_per_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,12 +206,21 @@ class Cluster:
                 node = Node(id=len(nodes), group=g_idx, gpu=g.gpu, devices=ids,
                             intra_node_bandwidth_bytes_per_s=g.intra_node_bandwidth_bytes_per_s,
                             inter_node_bandwidth_bytes_per_s=g.inter_node_bandwidth_bytes_per_s,
-                            host=g.hosts[k] if g.hosts else None)
+                            host=g.hosts[k] if g.hosts else None,
+                            intra_node_achievable_bytes_per_s=g.intra_node_achievable_bytes_per_s,
+                            inter_node_achievable_bytes_per_s=g.inter_node_achievable_bytes_per_s)
                 nodes.append(node)
                 devices += [Device(id=i, node=node.id, local_rank=r, gpu=g.gpu)
                             for r, i in enumerate(ids)]
         return cls(node_groups=tuple(groups), nodes=tuple(nodes), devices=tuple(devices))
 
+
+PIPELINE_P2P = ("whole", "split")
+"""training.pipeline_p2p values (TrainingSpec.pipeline_p2p)."""
+
+DEFAULT_INTER_NODE_LINK = "infiniband"
+"""The network's link kind where a node group names none (what GPU clusters for training
+mostly run; `ethernet` and `roce` differ from it by 1%)."""
 
 MAX_VIRTUAL_STAGES = 64
 """The largest training.virtual_pipeline_stages accepted (each chunk needs a layer per stage)."""
@@ -234,6 +278,13 @@ class TrainingSpec:
     """The training framework the plan is for (BACKENDS): deepspeed (the trial program) or
     megatron (Megatron-LM: zero_stage 1 is its distributed optimizer, ZeRO 2/3 do not
     exist there)."""
+    pipeline_p2p: str = "whole"
+    """How Megatron-LM sends the activation crossing a stage boundary without sequence
+    parallelism (PIPELINE_P2P): whole, every tensor rank the whole tensor (megatron-core's
+    p2p_communication); split, each rank 1/t of it and the receiver all-gathers it over the
+    tensor group (Megatron-LM before megatron-core and Megatron-DeepSpeed:
+    --scatter-gather-tensors-in-pipeline, on by default there). DeepSpeed's pipeline engine
+    always splits (pipe_partitioned)."""
 
     @property
     def bytes_per_element(self) -> int:
@@ -368,15 +419,47 @@ def _read_catalog(path: Path | None) -> tuple[Path, dict, dict]:
     return path, gpus, defaults
 
 
+def _read_links(path: Path | None) -> dict[str, LinkKind]:
+    """The catalog's `links:`: name -> LinkKind ({achievable: '82%', source: ...} each). A
+    catalog of the user's without the section takes the packaged catalog's."""
+    packaged = path is None or Path(path).resolve() == catalog_path().resolve()
+    path = catalog_path() if path is None else Path(path)
+    data = load_yaml_file(path, what="GPU catalog")
+    if not packaged and isinstance(data, dict) and "links" not in data:
+        return link_kinds()
+    links = data.get("links") if isinstance(data, dict) else None
+    if not isinstance(links, dict) or not links:
+        raise UsageError(f"GPU catalog {show_path(path)}: expected a mapping 'links: {{KIND: "
+                         f"{{achievable, source}}}}'")
+    out = {}
+    for name, entry in links.items():
+        name = read_name(name, f"catalog.links.{key_text(name)}", "")
+        r = MappingReader(entry, f"catalog.links.{name}", ("achievable", "source"))
+        out[name] = LinkKind(
+            name=name,
+            achievable_share=read_percent(r.raw("achievable", required=True), r.at("achievable"),
+                                          "'82%'"),
+            source=read_name(r.raw("source", required=True), r.at("source"), "",
+                             MAX_SOURCE_CHARS))
+    return out
+
+
+@lru_cache(maxsize=1)
+def link_kinds() -> dict[str, LinkKind]:
+    """The packaged catalog's link kinds (profiles/gpus.yaml `links:`)."""
+    return _read_links(None)
+
+
 def load_catalog(path: Path | None = None) -> dict[str, GPU]:
     """The GPU catalog: name -> GPU (default: the one the package ships). Read through the
     same front door as a spec, and every entry checked as an inline GPU is; the analytic
     model's keys an entry lacks come from the catalog's `defaults:`."""
     path, gpus, defaults = _read_catalog(path)
+    links = _read_links(path)
     catalog = {}
     for name, entry in gpus.items():
         name = read_name(name, f"catalog.{key_text(name)}", "")
-        catalog[name] = _gpu(entry, name, f"catalog.{name}", defaults)
+        catalog[name] = _gpu(entry, name, f"catalog.{name}", defaults, links)
     return catalog
 
 
@@ -386,13 +469,27 @@ def catalog_defaults() -> dict:
     return _read_catalog(None)[2]
 
 
+def read_percent(raw, path: str, example: str) -> float:
+    """A percentage written as text ('6.4%') as a fraction in [0, 1]."""
+    text = raw.strip() if isinstance(raw, str) else ""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float("nan")
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:
+        raise SpecError(path, f"got {show_value(raw)}; accepted: a percentage from 0% to 100%, "
+                              f"e.g. {example}")
+    return value
+
+
 GPU_MODEL_KEYS = ("gemm_efficiency", "kernel_floor", "host_time", "flash_attention",
-                  "link_latency", "prediction_error")
+                  "link_latency", "intra_node_link", "prediction_error")
 """Keys of a catalog entry (or inline GPU) for the analytic model; missing ones come from the
 catalog's `defaults:`."""
 
 
-def _gpu(entry, name: str, path: str, defaults: dict | None = None) -> GPU:
+def _gpu(entry, name: str, path: str, defaults: dict | None = None,
+         links: dict[str, LinkKind] | None = None) -> GPU:
     """A GPU from a catalog entry or an inline mapping; `name` is the default name; the
     analytic model's keys default to `defaults` (the catalog's `defaults:` mapping)."""
     r = MappingReader(entry, path, ("name", "kind", "memory", "memory_bandwidth", "peak_tflops",
@@ -411,7 +508,8 @@ def _gpu(entry, name: str, path: str, defaults: dict | None = None) -> GPU:
         flops[p] = None if v is None else read_number(
             v, f"{r.at('peak_tflops')}.{p}", MIN_TFLOPS, MAX_TFLOPS,
             "dense TFLOP/s; null where the precision is unsupported") * 1e12
-    model = _gpu_model(r, defaults if defaults is not None else catalog_defaults())
+    model = _gpu_model(r, defaults if defaults is not None else catalog_defaults(),
+                       links if links is not None else link_kinds())
     return GPU(name=read_name(r.raw("name"), r.at("name"), name),
                kind=r.choice("kind", ("gpu", "cpu"), "gpu"),
                memory_bytes=parse_size(r.raw("memory", required=True), r.at("memory"),
@@ -423,7 +521,7 @@ def _gpu(entry, name: str, path: str, defaults: dict | None = None) -> GPU:
                source=read_name(r.raw("source"), r.at("source"), "", MAX_SOURCE_CHARS), **model)
 
 
-def _gpu_model(r: "MappingReader", defaults: dict) -> dict:
+def _gpu_model(r: "MappingReader", defaults: dict, links: dict[str, LinkKind]) -> dict:
     """The GPU record's analytic-model fields from an entry's keys, else the defaults':
 
         gemm_efficiency: {max: 0.8, half_at: 2 GFLOP}
@@ -431,6 +529,7 @@ def _gpu_model(r: "MappingReader", defaults: dict) -> dict:
         host_time: {block_pass: 1100 us, tp_allreduce_per_rank: 20 us}
         flash_attention: true
         link_latency: {intra: 3.4 us, inter: 9.6 us}
+        intra_node_link: nvlink
     """
     def get(key):
         return r.raw(key) if r.has(key) else defaults.get(key)
@@ -471,16 +570,8 @@ def _gpu_model(r: "MappingReader", defaults: dict) -> dict:
     err = get("prediction_error")
     if err is not None:
         e = MappingReader(err, r.at("prediction_error"), ("mape", "source"))
-        raw = e.raw("mape", required=True)
-        text = raw.strip() if isinstance(raw, str) else ""
-        try:
-            value = float(text[:-1]) / 100 if text.endswith("%") else float("nan")
-        except ValueError:
-            value = float("nan")
-        if not 0.0 <= value <= 1.0:
-            raise SpecError(e.at("mape"), f"got {show_value(raw)}; accepted: a percentage "
-                                          f"from 0% to 100%, e.g. '6.4%'")
-        out["prediction_error"] = value
+        out["prediction_error"] = read_percent(e.raw("mape", required=True), e.at("mape"),
+                                               "'6.4%'")
         out["prediction_error_source"] = read_name(e.raw("source", required=True),
                                                    e.at("source"), "", MAX_SOURCE_CHARS)
     lat = get("link_latency")
@@ -490,7 +581,17 @@ def _gpu_model(r: "MappingReader", defaults: dict) -> dict:
                                                      k.at("intra"), FIXED_COST_TIME)
         out["link_latency_inter_s"] = parse_duration(k.raw("inter", required=True),
                                                      k.at("inter"), FIXED_COST_TIME)
+    link = get("intra_node_link")
+    if link is not None:
+        out["intra_node_link"] = _link_kind(link, r.at("intra_node_link"), links).name
     return out
+
+
+def _link_kind(value, path: str, links: dict[str, LinkKind]) -> LinkKind:
+    if not isinstance(value, str) or value not in links:
+        raise SpecError(path, f"unknown link kind {show_value(value)}; accepted: "
+                              f"{', '.join(links)}")
+    return links[value]
 
 
 def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
@@ -505,7 +606,8 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
     for i, entry in enumerate(nodes):
         path = f"cluster.nodes[{i}]"
         n = MappingReader(entry, path, ("gpu", "count", "gpus_per_node", "intra_node_bandwidth",
-                                  "inter_node_bandwidth", "hosts", "price_per_hour"))
+                                        "intra_node_link", "inter_node_bandwidth",
+                                        "inter_node_link", "hosts", "price_per_hour"))
         gpu_v = n.raw("gpu", required=True)
         if isinstance(gpu_v, dict):
             gpu = _gpu(gpu_v, f"custom-{i}", n.at("gpu"))
@@ -536,10 +638,16 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
         if price is not None:
             price = read_number(price, n.at("price_per_hour"), 0.0, MAX_PRICE_PER_HOUR,
                                 "what one node costs per hour")
+        kinds = link_kinds()
         fields.append(dict(gpu=gpu, count=count, gpus_per_node=per,
                            intra_node_bandwidth_bytes_per_s=intra,
                            inter_node_bandwidth_bytes_per_s=inter, hosts=tuple(hosts),
-                           network_links=links, price_per_hour=price))
+                           network_links=links, price_per_hour=price,
+                           intra_node_link=_link_kind(n.raw("intra_node_link", gpu.intra_node_link),
+                                                      n.at("intra_node_link"), kinds),
+                           inter_node_link=_link_kind(n.raw("inter_node_link",
+                                                            DEFAULT_INTER_NODE_LINK),
+                                                      n.at("inter_node_link"), kinds)))
     num_nodes = sum(f["count"] for f in fields)
     for i, f in enumerate(fields):
         if f["inter_node_bandwidth_bytes_per_s"] is None:
@@ -573,7 +681,7 @@ def _training(data) -> TrainingSpec:
                                    "zero_stage", "memory_headroom", "framework_overhead",
                                    "optimizer", "attention", "sequence_parallel",
                                    "virtual_pipeline_stages", "backend", "context_parallel",
-                                   "expert_parallel", "objective"))
+                                   "expert_parallel", "objective", "pipeline_p2p"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
     # virtual stages, as NeMo's auto-configurator does
     backend = r.choice("backend", BACKENDS, "deepspeed")
@@ -644,6 +752,7 @@ def _training(data) -> TrainingSpec:
         attention=r.choice("attention", ("auto", "flash", "standard"), "auto"),
         objective=r.choice("objective", OBJECTIVES, "time"),
         backend=backend,
+        pipeline_p2p=r.choice("pipeline_p2p", PIPELINE_P2P, "whole"),
     )
 
 
@@ -820,6 +929,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             for item in section["node_groups"]:      # how the bandwidth was written neither,
                 item.pop("network_links", None)       # nor what a node costs
                 item.pop("price_per_hour", None)
+        if name == "training" and section["pipeline_p2p"] == "whole":
+            del section["pipeline_p2p"]          # as before the key existed
         if name == "training" and section["objective"] == "time":
             del section["objective"]             # as before the key existed
         if name == "training" and section["context_parallel"] == (1,):

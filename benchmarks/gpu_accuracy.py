@@ -9,7 +9,8 @@ GPUs, 18 (tp, dp, pp) layouts, hidden 1024 or 2048, 12-24 layers, fp16, full rec
 1F1B, no gradient bucketing. Nothing is read from outside the repository.
 
 1. every row becomes a spec built in code (one node of A100-80GB from the catalog with the row's
-   GPU count, 150 GB/s NVLink inside the node; GPT preset with the row's layers, hidden, heads
+   GPU count, 300 GB/s NVLink inside the node (the A100 data sheet; priced at the catalog's
+   nvlink share); GPT preset with the row's layers, hidden, heads
    and sequence, vocabulary 51,200 = GPT-2's padded to a multiple of 128; fp16, full
    recomputation, ZeRO 0, standard attention, backend megatron, the row's global batch); specs
    are built once per distinct shape;
@@ -77,7 +78,7 @@ TOP_K = (2, 3, 4, 5)                # best of the top k: what `launch --top-k k`
 
 # the setup of the measurements (benchmarks/data/README.md)
 GPU = "A100-80GB"
-INTRA_NODE_BANDWIDTH = "150 GB/s"   # NVLink GPU-to-GPU, one direction
+INTRA_NODE_BANDWIDTH = "300 GB/s"   # NVLink 3 GPU-to-GPU, one direction: the A100 data sheet
 INTER_NODE_BANDWIDTH = "200 Gbps"   # unused: one node
 VOCAB_SIZE = 51200                  # GPT-2's 50,257 padded to a multiple of 128
 PRECISION = "fp16"

@@ -6,11 +6,13 @@ parallelism, A100 GPUs).
                                          [--json out.json]
 
 Each row of the CSV (its header lines say where the numbers come from) becomes a spec built in
-code: A100-80GB nodes of 8 GPUs from the catalog (the row's GPU count), 150 GB/s NVLink inside
-a node (the figure benchmarks/gpu_accuracy.py uses for A100 nodes), 1,600 Gbps per node across
+code: A100-80GB nodes of 8 GPUs from the catalog (the row's GPU count), 300 GB/s NVLink inside
+a node (the A100 data sheet, as benchmarks/gpu_accuracy.py writes it; the cost model prices it
+at the catalog's nvlink share), 1,600 Gbps per node across
 nodes (a DGX A100's eight 200 Gb/s HDR InfiniBand adapters: an assumption about the paper's
 cluster, not read from it), GPT preset with the row's heads, hidden, layers and sequence,
-vocabulary 51,200 (GPT-2's, padded), fp16, standard (unfused) attention as Megatron-LM ran in
+vocabulary 51,200 (GPT-2's, padded), fp16, standard (unfused) attention and the pipeline's
+scatter/gather of boundary activations (`training.pipeline_p2p: split`) as Megatron-LM ran in
 2022, `training.backend: megatron`, the row's global batch. It is predicted with the public
 library call and the default model:
 
@@ -45,11 +47,14 @@ from amp_search.spec import parse_spec  # noqa: E402
 DATA = ROOT / "benchmarks" / "data" / "korthikanti2022_table5.csv"
 GPU = "A100-80GB"
 GPUS_PER_NODE = 8
-INTRA_NODE_BANDWIDTH = "150 GB/s"
+INTRA_NODE_BANDWIDTH = "300 GB/s"
 INTER_NODE_BANDWIDTH = "1600 Gbps"
 VOCAB_SIZE = 51200
 PRECISION = "fp16"
 ATTENTION = "standard"
+PIPELINE_P2P = "split"
+"""Megatron-LM of 2022 split the activation crossing a stage boundary over the tensor group
+(--scatter-gather-tensors-in-pipeline, on by default then; megatron-core dropped it)."""
 MODES = {"full": ("full", False), "selective_sp": ("selective", True)}
 """CSV mode -> (activation_checkpointing, sequence_parallel)."""
 INT_FIELDS = ("heads", "hidden", "layers", "seq", "tmp", "pp", "dp", "gpus", "global_batch",
@@ -91,7 +96,8 @@ def spec_dict(row: dict) -> dict:
                   "vocab_size": VOCAB_SIZE},
         "training": {"global_batch_size": row["global_batch"], "precision": PRECISION,
                      "activation_checkpointing": ckpt, "sequence_parallel": sp,
-                     "zero_stage": 0, "attention": ATTENTION, "backend": "megatron"},
+                     "zero_stage": 0, "attention": ATTENTION, "backend": "megatron",
+                     "pipeline_p2p": PIPELINE_P2P},
     }
 
 

@@ -156,28 +156,36 @@ def expert_dispatch_bytes(tokens, topk: int, hidden: int, bytes_per_element: flo
     return tokens * topk * hidden * bytes_per_element
 
 
-def boundary_shards(tmp: int, *, framework: str, sequence_parallel: bool) -> int:
+def boundary_shards(tmp: int, *, framework: str, sequence_parallel: bool,
+                    scatter_gather: bool = False) -> int:
     """How many ways the activation (and its gradient) crossing a pipeline stage boundary is
     split over the tensor group, each tensor rank sending its part to its peer: under
     sequence parallelism its [s/t, b, h] shard (both frameworks); without it DeepSpeed's
     pipeline engine partitions it over the tensor group too (PipelineEngine's
     pipe_partitioned and grad_partitioned, on by default with tensor parallelism:
-    PartitionedTensor), while Megatron-LM sends the whole tensor from every rank."""
+    PartitionedTensor), while megatron-core sends the whole tensor from every rank, and
+    Megatron-LM before it 1/t (`scatter_gather`: --scatter-gather-tensors-in-pipeline,
+    split_tensor_into_1d_equal_chunks, on by default there)."""
     if framework not in GRADIENT_FRAMEWORKS:
         raise ValueError(f"framework {framework!r}; known: {', '.join(GRADIENT_FRAMEWORKS)}")
-    if tmp > 1 and (sequence_parallel or framework == "deepspeed"):
+    if tmp > 1 and (sequence_parallel or framework == "deepspeed" or scatter_gather):
         return tmp
     return 1
 
 
-def boundary_gathers(tmp: int, *, framework: str, sequence_parallel: bool) -> tuple[int, int]:
+def boundary_gathers(tmp: int, *, framework: str, sequence_parallel: bool,
+                     scatter_gather: bool = False) -> tuple[int, int]:
     """(receiving stage, sending stage): all-gathers of the whole boundary activation over
-    the tensor group per micro-batch, where DeepSpeed partitions it (`boundary_shards`;
-    PartitionedTensor.full): the receiver rebuilds its input before the forward; the sender
-    rebuilds its own output before the backward, then the gradient it receives: (1, 2). (0, 0)
+    the tensor group per micro-batch, where it is split (`boundary_shards`) without sequence
+    parallelism. DeepSpeed (PartitionedTensor.full): the receiver rebuilds its input before
+    the forward; the sender rebuilds its own output before the backward, then the gradient it
+    receives: (1, 2). Megatron-LM with `scatter_gather` (gather_split_1d_tensor after each
+    receive): the receiver its input, the sender the gradient it receives: (1, 1). (0, 0)
     elsewhere (sequence parallelism's shards are what the next layer takes)."""
     if tmp > 1 and framework == "deepspeed" and not sequence_parallel:
         return 1, 2
+    if tmp > 1 and scatter_gather and not sequence_parallel:
+        return 1, 1
     return 0, 0
 
 

@@ -15,8 +15,9 @@ plus, per micro-batch, a fixed kernel floor for every block pass (`kernel_floor_
   per GPU type, in the catalog.
 - attention 'flash' (a fused kernel, e.g. FlashAttention / SDPA): the core's 4 s^2 h / t FLOPs
   at GEMM efficiency, no score traffic; 'standard' (Megatron and DeepSpeed before 2023, V100
-  and T4): memory-bound on the a s^2 / t score matrix, STANDARD_ATTENTION_BYTES per score
-  element and forward pass.
+  and T4): the a s^2 / t score matrix, `standard_attention_bytes` per score element and
+  forward pass, its two batched GEMMs each the longer of their FLOPs and their bytes
+  (`standard_attention_times_s`).
 - kernel floor: the GPU's minimum time for a block's many small kernels in one pass (launch
   to launch, tails), whatever their size; per device type, in the catalog.
 
@@ -136,8 +137,39 @@ def attention_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
         raise ValueError(f"attention {attention!r}; accepted: {', '.join(ATTENTION_KINDS)}")
     if attention == "flash":
         return gemm_time_s(attention_core_flops(layer, tmp) * mbs / cp, device)
-    return (attention_score_elements(layer, tmp) * mbs / cp
-            * standard_attention_bytes(bytes_per_element) / device.memory_bandwidth_bytes_per_s)
+    return standard_attention_times_s(layer, tmp=tmp, mbs=mbs, device=device,
+                                      bytes_per_element=bytes_per_element, cp=cp)[0]
+
+
+def score_gemm_flops(layer: Layer, tmp: int = 1) -> float:
+    """FLOPs per sample of one of unfused attention's two batched GEMMs (QK^T, or the
+    probabilities times V) in one forward on one tensor rank: 2 s^2 a d / t over every score
+    (an unfused kernel computes the whole matrix, a sliding window's masked scores too)."""
+    if layer.kind != "transformer":
+        return 0.0
+    width = layer.hidden_size if layer.is_gpt_block else layer.attention_width
+    return 2.0 * layer.seq_length ** 2 * width / tmp
+
+
+def standard_attention_times_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
+                               bytes_per_element: int, cp: int = 1) -> tuple[float, float]:
+    """(forward, backward) of unfused attention, as Megatron-LM runs it, each kernel at the
+    roofline: the longer of its FLOPs at GEMM efficiency and its bytes at memory bandwidth.
+    With E score elements and g bytes each (`standard_attention_bytes`, 6g + 1 per element
+    forward; `standard_attention_backward_bytes`, 9g + 1 backward):
+    forward: QK^T max(F, writes g E), scale-mask-softmax and dropout (4g + 1) E, attention x V
+    max(F, reads g E);
+    backward: attention x V's two GEMMs max(2F, 2g E), dropout's and softmax's backwards
+    (5g + 1) E, QK^T's two GEMMs max(2F, 2g E).
+    F = `score_gemm_flops`; the batched GEMMs are compute-bound once the head width d exceeds
+    about peak / memory bandwidth (~125 on an A100), memory-bound below it."""
+    elements = attention_score_elements(layer, tmp) * mbs / cp
+    g = float(bytes_per_element)
+    byte_s = elements / device.memory_bandwidth_bytes_per_s      # one byte per score element
+    f_s = gemm_time_s(score_gemm_flops(layer, tmp) * mbs / cp, device)
+    forward = 2.0 * max(f_s, g * byte_s) + (4.0 * g + 1.0) * byte_s
+    backward = 2.0 * max(2.0 * f_s, 2.0 * g * byte_s) + (5.0 * g + 1.0) * byte_s
+    return forward, backward
 
 
 def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
@@ -164,8 +196,9 @@ def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed
                             bytes_per_element=bytes_per_element, attention=attention, cp=cp)
     core_backward = 2.0 * core
     if attention == "standard" and framework == "megatron":
-        core_backward = core * (standard_attention_backward_bytes(bytes_per_element)
-                                / standard_attention_bytes(bytes_per_element))
+        core_backward = standard_attention_times_s(layer, tmp=tmp, mbs=mbs, device=device,
+                                                   bytes_per_element=bytes_per_element,
+                                                   cp=cp)[1]
     ew_forward, ew_backward = elementwise_bytes_by_pass(layer, tmp, bytes_per_element, framework)
     ew_forward, ew_backward = ew_forward / cp, ew_backward / cp
     bw = device.memory_bandwidth_bytes_per_s

@@ -430,6 +430,7 @@ def test_planner_charges_the_catalog_latency_on_tensor_parallel_rings():
     spec = parse_spec({
         "cluster": {"nodes": [{"gpu": "A100-80GB", "count": 1, "gpus_per_node": 8,
                                "intra_node_bandwidth": "150 GB/s",
+                               "intra_node_link": "measured",     # used as written
                                "inter_node_bandwidth": "200 Gbps"}]},
         "model": {"preset": "gpt", "num_layers": 4, "hidden_size": 1024,
                   "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 51200},
@@ -637,3 +638,30 @@ def test_a_gemm_too_small_for_its_efficiency_costs_the_fixed_time():
     fixed = d.gemm_half_flops / (d.peak_flops_per_s * d.gemm_max_efficiency)
     assert gemm_time_s(5e-324, d) == pytest.approx(fixed)
     assert gemm_time_s(1e-300, d) == pytest.approx(fixed)
+
+
+def test_unfused_attention_gemms_at_the_roofline():
+    """Unfused attention's two batched GEMMs take the longer of their FLOPs and their bytes:
+    memory-bound at a small head width (the bytes-only count, 6g+1 and 9g+1 per score),
+    compute-bound at a large one, where the time grows with the FLOPs."""
+    from cost_models.compute import (DeviceSpeed, score_gemm_flops, standard_attention_bytes,
+                                     standard_attention_backward_bytes,
+                                     standard_attention_times_s)
+    from cost_models.layers import Layer, attention_score_elements
+    dev = DeviceSpeed(peak_flops_per_s=312e12, memory_bandwidth_bytes_per_s=2.0e12,
+                      gemm_max_efficiency=0.8, gemm_half_flops=2e9)
+    narrow = Layer(kind="transformer", hidden_size=1024, num_attention_heads=32,
+                   seq_length=2048, ffn_hidden_size=4096, vocab_size=1)      # d = 32
+    fwd, bwd = standard_attention_times_s(narrow, tmp=1, mbs=1, device=dev, bytes_per_element=2)
+    e = attention_score_elements(narrow, 1)
+    assert fwd == pytest.approx(e * standard_attention_bytes(2) / 2.0e12)
+    assert bwd == pytest.approx(e * standard_attention_backward_bytes(2) / 2.0e12)
+    wide = Layer(kind="transformer", hidden_size=8192, num_attention_heads=32,
+                 seq_length=2048, ffn_hidden_size=4096, vocab_size=1)        # d = 256
+    fwd, bwd = standard_attention_times_s(wide, tmp=1, mbs=1, device=dev, bytes_per_element=2)
+    e = attention_score_elements(wide, 1)
+    assert fwd > e * standard_attention_bytes(2) / 2.0e12
+    f = score_gemm_flops(wide, 1)
+    gemm = f / (312e12 * 0.8 * f / (f + 2e9))
+    assert fwd == pytest.approx(2 * gemm + 9 * e / 2.0e12)
+    assert bwd == pytest.approx(4 * gemm + 11 * e / 2.0e12)

@@ -111,10 +111,15 @@ def test_selective_recompute_time_is_the_attention_core_once_more():
                                        attention=attention)
         assert k.forward_s == 0 and k.backward_s == attention_time_s(
             x, tmp=8, mbs=1, device=A100, bytes_per_element=2, attention=attention) > 0
-    # standard: memory-bound on the a s^2 / t scores, (6g + 1) = 13 B each in fp16
+    # standard: (4g + 1) = 9 B per score of the a s^2 / t scores in fp16 for the softmax and
+    # dropout, and its two batched GEMMs at the roofline: compute-bound at this head width
+    # (d = 128), so each takes its FLOPs' time, 2 s^2 d per head, at GEMM efficiency
     std = selective_recompute_time_s(x, tmp=8, mbs=1, device=A100, bytes_per_element=2,
                                      attention="standard")
-    assert std.backward_s == pytest.approx(96 * 2048 ** 2 / 8 * 13 / 2.0e12)
+    flops = 2 * 2048 ** 2 * 128 * 96 / 8
+    gemm = gemm_time_s(flops, A100)
+    assert gemm > 2 * 96 * 2048 ** 2 / 8 / 2.0e12            # past the memory roofline
+    assert std.backward_s == pytest.approx(2 * gemm + 96 * 2048 ** 2 / 8 * 9 / 2.0e12)
     # flash: the core's 4 s^2 h / t FLOPs as one GEMM
     fl = selective_recompute_time_s(x, tmp=8, mbs=1, device=A100, bytes_per_element=2,
                                     attention="flash")

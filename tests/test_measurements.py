@@ -32,11 +32,11 @@ def _slow_profile(spec, root, factor=100.0):
 def test_bare_plan_reads_nothing_from_disk(tmp_path):
     spec = load_spec(CPU_LOCAL)
     bare = plan(spec)
-    assert all("analytic" in s or s.startswith(("links=nominal", "coefficients=uncal"))
+    assert all("analytic" in s or s.startswith(("links=spec", "coefficients=uncal"))
                for s in bare.best.timing_sources), bare.best.timing_sources
     _slow_profile(spec, tmp_path)
     slow = load_measurements(spec, tmp_path)
-    assert slow.calibration is None and slow.link_source == "nominal"
+    assert slow.calibration is None and slow.link_source == "spec"
     with_slow = plan(spec, measurements=slow)
     assert with_slow.best.iteration_time_s > 10 * bare.best.iteration_time_s
     assert any("CPU-local__fp32__slow.json" in s for s in with_slow.best.timing_sources)

@@ -34,12 +34,18 @@ def test_shards_and_gathers(tmp, framework, sp, shards, gathers):
     assert comm.boundary_gathers(tmp, framework=framework, sequence_parallel=sp) == gathers
 
 
-@pytest.mark.parametrize("backend", ["deepspeed", "megatron"])
-def test_the_cut_charges_what_each_framework_sends(backend):
+@pytest.mark.parametrize("backend, p2p, part, gathers", [
+    ("deepspeed", "whole", 4, (1, 2)), ("megatron", "whole", 1, (0, 0)),
+    ("megatron", "split", 4, (1, 1))])
+def test_the_cut_charges_what_each_framework_sends(backend, p2p, part, gathers):
     """pp 2 x tmp 4 over two nodes: the cut between the stages is two P2Ps of the rank's
-    part (1/4 under DeepSpeed, the whole tensor under Megatron-LM) plus, under DeepSpeed, one
-    all-gather on the receiving stage's tensor group and two on the sending stage's."""
-    spec = parse_spec(_spec(backend))
+    part (1/4 under DeepSpeed and under Megatron-LM with training.pipeline_p2p split, the
+    whole tensor under megatron-core) plus the all-gathers that rebuild it: under DeepSpeed
+    one on the receiving stage's tensor group and two on the sending stage's, under split
+    Megatron-LM one on each (the receiver its input, the sender the gradient it gets)."""
+    d = _spec(backend)
+    d["training"]["pipeline_p2p"] = p2p
+    spec = parse_spec(d)
     model = CostModel(spec)
     c = Candidate.make(pp=2, dp=1, tmp=4, mbs=1, zero_stage=0, recompute="none")
     layout = model.layout(c, placement=np.arange(8).reshape(2, 1, 4))
@@ -47,11 +53,31 @@ def test_the_cut_charges_what_each_framework_sends(backend):
     bw, crosses = layout.p2p_links
     lat = model.link_latencies_s("p2p", crosses, layout, boundaries=True)
     a = 5                                           # stage 1 starts at layer 5
-    activation = model.out_bytes[a - 1]
-    part = activation / (4 if backend == "deepspeed" else 1)
-    expected = comm.stage_boundary_time_s(part, bw[0], lat[0])
-    if backend == "deepspeed":
-        gather = model.boundary_gather_s(c, layout)
-        expected += gather[1, a - 1] + 2 * gather[0, a - 1]
-        assert gather[0, a - 1] > 0
+    expected = comm.stage_boundary_time_s(model.out_bytes[a - 1] / part, bw[0], lat[0])
+    gather = model.boundary_gather_s(c, layout)
+    receiver, sender = gathers
+    expected += receiver * gather[1, a - 1] + sender * gather[0, a - 1]
+    assert gather[0, a - 1] > 0
     assert costs.cut_s[1, a] == pytest.approx(expected)
+    if p2p == "split":          # 10 Gb/s between the nodes: a quarter of it is cheaper
+        whole = CostModel(parse_spec(_spec(backend))).stage_costs(c, layout)
+        assert costs.cut_s[1, a] < whole.cut_s[1, a]
+
+
+@pytest.mark.parametrize("tmp, sp, shards, gathers", [
+    (1, False, 1, (0, 0)), (4, False, 4, (1, 1)), (4, True, 4, (0, 0))])
+def test_megatron_scatter_gather(tmp, sp, shards, gathers):
+    """Megatron-LM before megatron-core (--scatter-gather-tensors-in-pipeline): each tensor
+    rank sends 1/t and the receiver all-gathers it; with sequence parallelism nothing
+    changes (the shard is already 1/t)."""
+    kw = dict(framework="megatron", sequence_parallel=sp, scatter_gather=True)
+    assert comm.boundary_shards(tmp, **kw) == shards
+    assert comm.boundary_gathers(tmp, **kw) == gathers
+
+
+def test_pipeline_p2p_is_checked():
+    from amp_search import SpecError
+    d = _spec("megatron")
+    d["training"]["pipeline_p2p"] = "scatter"
+    with pytest.raises(SpecError, match=r"training\.pipeline_p2p.*whole, split"):
+        parse_spec(d)

@@ -94,13 +94,20 @@ def test_placement_orders(hetero):
     assert P[1, 0].tolist() == [8, 9, 10, 11]
 
 
+ETHERNET = 0.95
+"""The catalog's ethernet share (the AMP configs' AWS network; their links inside a node are
+AMP's measured figures, used as written)."""
+
+
 def test_tensor_group_spilling_over_nodes_pays_network(hetero):
+    from amp_search.spec import link_kinds
+    assert link_kinds()["ethernet"].achievable_share == ETHERNET
     arr = ClusterArrays.of(hetero.cluster)
     inside = ring_links(arr, np.array([[0, 1, 2, 3]]))
     spill = ring_links(arr, np.array([[2, 3, 4, 5]]))
     assert inside.bandwidth_bytes_per_s[0] == pytest.approx(170e9 / 8)
     assert not inside.crosses_nodes[0] and spill.crosses_nodes[0]
-    assert spill.bandwidth_bytes_per_s[0] == pytest.approx(10e9 / 8)
+    assert spill.bandwidth_bytes_per_s[0] == pytest.approx(10e9 / 8 * ETHERNET)
 
 
 def test_nic_sharing(hetero):
@@ -108,11 +115,12 @@ def test_nic_sharing(hetero):
     arr = ClusterArrays.of(hetero.cluster)
     one = ring_links(arr, np.array([[0, 4]]))
     two = ring_links(arr, np.array([[0, 4], [1, 5]]))
-    assert one.bandwidth_bytes_per_s[0] == pytest.approx(10e9 / 8)
-    assert two.bandwidth_bytes_per_s.tolist() == pytest.approx([10e9 / 16] * 2)
+    nic = 10e9 / 8 * ETHERNET
+    assert one.bandwidth_bytes_per_s[0] == pytest.approx(nic)
+    assert two.bandwidth_bytes_per_s.tolist() == pytest.approx([nic / 2] * 2)
     # pipeline flows: 4 replicas crossing from node 0 to node 1 share node 0's NIC
     P = np.array([[[0], [1], [2], [3]], [[4], [5], [6], [7]]])
-    assert p2p_links(arr, P).bandwidth_bytes_per_s[0] == pytest.approx(10e9 / 8 / 4)
+    assert p2p_links(arr, P).bandwidth_bytes_per_s[0] == pytest.approx(nic / 4)
 
 
 def test_comm_terms():

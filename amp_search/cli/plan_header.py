@@ -29,14 +29,25 @@ def _bandwidth(bytes_per_s: float) -> str:
     return f"{bits:.4g} Gb/s" if bits < 1000 else f"{bits / 1000:.4g} Tb/s"
 
 
+def _over(link) -> str:
+    """' nvlink 82%': the link kind and the share of it collectives reach ('' where the figure
+    written is measured)."""
+    if link.name == "measured":
+        return ""
+    return f" {link.name} {link.achievable_share:.0%}"
+
+
 def _group(g, one_node: bool = False) -> str:
-    """'4 nodes x 8 A100-80GB (inside a node 300 GB/s; network 200 Gb/s per GPU)'; a cluster
-    of one node has no network to show."""
+    """'4 nodes x 8 A100-80GB (inside a node 300 GB/s nvlink 82%; network 200 Gb/s per GPU
+    infiniband 96%)': the bandwidths as written, their link kinds and the share of each that
+    collectives reach; a cluster of one node has no network to show."""
     per_gpu = g.inter_node_bandwidth_bytes_per_s / g.gpus_per_node
     nodes = f"{g.count} node{'s' if g.count > 1 else ''} x {g.gpus_per_node} {g.gpu.name}"
     unit = "device" if g.gpu.kind == "cpu" else "GPU"
     return (f"{nodes} (inside a node {g.intra_node_bandwidth_bytes_per_s / 1e9:.4g} GB/s"
-            + ("" if one_node else f"; network {_bandwidth(per_gpu)} per {unit}") + ")")
+            + _over(g.intra_node_link)
+            + ("" if one_node else f"; network {_bandwidth(per_gpu)} per {unit}"
+               + _over(g.inter_node_link)) + ")")
 
 
 def _knobs(spec: Spec) -> list[tuple[str, str, bool]]:
@@ -112,7 +123,9 @@ def header_lines(spec: Spec, plan: Plan, width: int = 100) -> list[str]:
                     if plan.baseline is not None and len(plan.backends) > 1 else ""))
     sources = dict(x.split("=", 1) for x in plan.best.timing_sources if "=" in x)
     coefficients = sources.pop("coefficients", "uncalibrated")
-    links = sources.pop("links", "nominal")
+    links = sources.pop("links", "spec")
+    if links == "spec":
+        links = "the spec's x their kinds' shares"
     lines.append(f"model: layer times {', '.join(f'{k} {v}' for k, v in sources.items())}; "
                  f"links {links}; coefficients {coefficients}; {plan.candidates} candidates, "
                  f"{plan.evaluated} placements costed")

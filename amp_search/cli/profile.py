@@ -87,7 +87,7 @@ def add_parser(subparsers) -> None:
                     "torch.distributed for a sweep of message and group sizes, inside and "
                     "across nodes, fit alpha-beta and sigmoid models per link, and write "
                     "<profiles>/comm/<device>__<backend>.json, which plan uses instead of the "
-                    "spec's nominal bandwidths.")
+                    "spec's bandwidths.")
     c.add_argument("spec", nargs="?", default=None,
                    help="spec YAML (names the device type); or give --name")
     c.add_argument("--name", default=None, help="device type name the profile is for")
@@ -295,6 +295,6 @@ def run_comm(args) -> int:
               f"{f.bandwidth_bytes_per_s / 1e9:7.2f} {100 * f.mape_alpha_beta:7.1f}% {sig}")
     missing = [lk for lk in ("intra", "inter") if lk not in profile.links_measured]
     if missing:
-        print(f"not measured: {', '.join(missing)} (one node); plan keeps the spec's nominal "
+        print(f"not measured: {', '.join(missing)} (one node); plan keeps the spec's "
               f"bandwidth there")
     return 0

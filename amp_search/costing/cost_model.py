@@ -279,15 +279,19 @@ class CostModel:
 
     def boundary_shards(self, c: Candidate) -> int:
         """The parts a stage boundary's activation is sent in over the tensor group
-        (cost_models.comm.boundary_shards, for the spec's backend)."""
-        return comm.boundary_shards(c.tmp, framework=self.spec.training.backend,
-                                    sequence_parallel=c.sequence_parallel)
+        (cost_models.comm.boundary_shards, for the spec's backend and pipeline_p2p)."""
+        t = self.spec.training
+        return comm.boundary_shards(c.tmp, framework=t.backend,
+                                    sequence_parallel=c.sequence_parallel,
+                                    scatter_gather=t.pipeline_p2p == "split")
 
     def boundary_gathers(self, c: Candidate) -> tuple[int, int]:
         """(receiver, sender) all-gathers per micro-batch and boundary
-        (cost_models.comm.boundary_gathers, for the spec's backend)."""
-        return comm.boundary_gathers(c.tmp, framework=self.spec.training.backend,
-                                     sequence_parallel=c.sequence_parallel)
+        (cost_models.comm.boundary_gathers, for the spec's backend and pipeline_p2p)."""
+        t = self.spec.training
+        return comm.boundary_gathers(c.tmp, framework=t.backend,
+                                     sequence_parallel=c.sequence_parallel,
+                                     scatter_gather=t.pipeline_p2p == "split")
 
     def boundary_gather_s(self, c: Candidate, layout: PlacedLayout) -> np.ndarray:
         """[pp, L]: one all-gather of layer l's whole output (one micro-batch, a context-

@@ -7,7 +7,8 @@ traffic run over it:
 - data-parallel rings:   P[j, :, t]   (gradient sync, once per iteration)
 - pipeline P2P flows:    P[j, r, t] -> P[j+1, r, t]
 
-A ring edge inside a node uses the node's intra-node bandwidth. An edge between nodes uses the
+A ring edge inside a node uses the node's intra-node bandwidth (what collectives reach: the
+figure written times its link kind's achievable share). An edge between nodes uses the
 network, and all edges of the same traffic kind that leave (or enter) a node at the same time
 share that node's inter-node bandwidth fairly (Proteus; cost_models.comm.shared_bandwidth).
 A ring runs at the speed of its slowest edge (AMP: 'the lowest bandwidth in the group').
@@ -30,24 +31,26 @@ class ClusterArrays:
     """The cluster as dense arrays indexed by device id / node id."""
 
     node_of: np.ndarray             # [device] -> node id
-    intra_bytes_per_s: np.ndarray   # [node] intra-node GPU-to-GPU bandwidth
-    inter_bytes_per_s: np.ndarray   # [node] total network bandwidth of the node
+    intra_bytes_per_s: np.ndarray   # [node] intra-node GPU-to-GPU bandwidth collectives reach
+    inter_bytes_per_s: np.ndarray   # [node] the same of the node's whole network
     num_nodes: int
 
     @classmethod
     def of(cls, cluster: Cluster) -> "ClusterArrays":
+        """The bandwidths collectives reach: each as the spec wrote it (the data sheet's)
+        times its link kind's achievable share (spec.LinkKind)."""
         return cls(
             node_of=np.array([d.node for d in cluster.devices], dtype=np.int64),
-            intra_bytes_per_s=np.array([n.intra_node_bandwidth_bytes_per_s
+            intra_bytes_per_s=np.array([n.intra_node_achievable_bytes_per_s
                                         for n in cluster.nodes]),
-            inter_bytes_per_s=np.array([n.inter_node_bandwidth_bytes_per_s
+            inter_bytes_per_s=np.array([n.inter_node_achievable_bytes_per_s
                                         for n in cluster.nodes]),
             num_nodes=len(cluster.nodes))
 
 
     def with_links(self, intra_fit=None, inter_fit=None) -> "ClusterArrays":
         """A copy whose intra / inter bandwidths are those of measured link fits (objects with
-        `bandwidth_bytes_per_s`); None keeps the nominal value."""
+        `bandwidth_bytes_per_s`); None keeps the spec's."""
         if intra_fit is None and inter_fit is None:
             return self
         return ClusterArrays(
