@@ -380,11 +380,15 @@ def test_each_micro_batch_costs_the_closed_forms_steady_state_period(name):
                            kw["p2p_latency_s"])
     np.testing.assert_allclose(t, e.stage_time_s, rtol=1e-9)
     gas = kw["gas"]
-    one, more = (simulate_iteration(**{**kw, "gas": g}).iteration_time_s for g in (gas, gas + 1))
+    # at twice the spec's micro-batches the pipeline is in its steady state (at gas = pp = 16
+    # the warm-up of amp-hetero-gpt2's slowest boundary still shows: 16 -> 17 adds 0.0168 s
+    # of its 0.0185 s period, 32 -> 33 the whole of it)
+    one, more = (simulate_iteration(**{**kw, "gas": g}).iteration_time_s
+                 for g in (2 * gas, 2 * gas + 1))
     period = pipeline.steady_state_period_s(t, e_j, blocking_share=pipeline.P2P_BLOCKING_SHARE[TRIAL_FRAMEWORK])
     assert period > t.max() * 1.05               # the slow boundaries are paid per micro-batch
     assert more - one == pytest.approx(period, rel=1e-9)
-    assert one <= e.iteration_time_s
+    assert simulate_iteration(**kw).iteration_time_s <= e.iteration_time_s
 
 
 def test_mixed_stage_takes_every_pass_from_its_slowest_device_type(monkeypatch):
