@@ -65,7 +65,8 @@ STRATEGY_KNOBS: tuple[tuple[str, str], ...] = (
     ("mbs", "micro-batch size"),
     ("gas", "micro-batches per iteration (gradient accumulation)"),
     ("global_batch_size", "samples per iteration"),
-    ("zero_stage", "ZeRO stage (Megatron-LM: 1 is its distributed optimizer; it has no 2/3)"),
+    ("zero_stage", "ZeRO stage (Megatron-LM: 1 is its distributed optimizer, 3 Megatron-FSDP; "
+                   "it has no 2)"),
     ("activation_checkpointing", "full recomputation of each transformer block"),
     ("selective_recompute", "recomputation of the attention core only (Korthikanti et al.)"),
     ("sequence_parallel", "sequence parallelism over the tensor group"),
@@ -446,6 +447,13 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                      + ("" if spec.training.backend == "megatron" else
                         "; the plan costed DeepSpeed's ZeRO 1 (plan with training.backend: "
                         "megatron to cost Megatron-LM's memory and communication)"))
+    if s.zero_stage == 3:
+        notes.append("zero_stage 3 is Megatron-FSDP (--use-megatron-fsdp "
+                     "--data-parallel-sharding-strategy optim_grads_params): weights, gradients "
+                     "and optimizer state sharded over data parallelism, each layer's weights "
+                     "all-gathered in its forward and backward and its gradients "
+                     "reduce-scattered, beside the neighbouring layers' compute "
+                     "(--overlap-param-gather --overlap-grad-reduce); it needs CUDA")
     if cfg.precision != spec.training.precision:
         notes.append(f"trains in {cfg.precision}, not the spec's {spec.training.precision}")
     return files, split, notes, run, ranks_md

@@ -315,11 +315,15 @@ def mbs_divides_replica_batch(s: SearchSpace, c: Candidate) -> Violation | None:
 
 
 def zero_in_megatron(s: SearchSpace, c: Candidate) -> Violation | None:
-    if s.backend == "megatron" and c.zero_stage >= 2:
+    if s.backend == "megatron" and c.zero_stage == 2:
         return Violation(Reason.ZERO_UNDER_MEGATRON,
-                         f"ZeRO stage {c.zero_stage} under the megatron backend: Megatron-LM "
-                         f"has no ZeRO 2/3 (zero_stage 1 is its distributed optimizer, "
-                         f"--use-distributed-optimizer); use zero_stage 0 or 1")
+                         "ZeRO stage 2 under the megatron backend: Megatron-LM's stages are 1 "
+                         "(its distributed optimizer, --use-distributed-optimizer) and 3 "
+                         "(Megatron-FSDP); use zero_stage 0, 1 or 3")
+    if s.backend == "megatron" and c.zero_stage == 3 and c.pp > 1:
+        return Violation(Reason.ZERO_UNDER_MEGATRON,
+                         f"ZeRO stage 3 (Megatron-FSDP) with pp = {c.pp}: planned with pp = 1 "
+                         f"only here; use pp = 1 or zero_stage 0/1")
     return None
 
 

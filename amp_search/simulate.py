@@ -248,7 +248,9 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
                                       for j in range(s.pp - 1)]),
                   p2p_latency_s=latency,
                   p2p_bandwidth_bytes_per_s=np.asarray(bw, dtype=float))
-    if s.dp > 1 and s.zero_stage == 3:          # pp = 1: per-layer gathers, reduce-scatters
+    if model.is_megatron_fsdp(Candidate.of(s)):
+        pass    # Megatron-FSDP: each layer's traffic is in its pass times (costs.layer_s)
+    elif s.dp > 1 and s.zero_stage == 3:        # pp = 1: per-layer gathers, reduce-scatters
         bw, crosses = layout.dp_links
         params = model.params_per_layer(s.tmp).astype(float)
         grad_bpe = comm.gradient_reduce_bytes_per_element(model.spec.training.precision)

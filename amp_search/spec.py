@@ -276,8 +276,8 @@ class TrainingSpec:
     the planner then also plans subsets of the cluster (`planner.plan_subsets`)."""
     backend: str = "deepspeed"
     """The training framework the plan is for (BACKENDS): deepspeed (the trial program) or
-    megatron (Megatron-LM: zero_stage 1 is its distributed optimizer, ZeRO 2/3 do not
-    exist there)."""
+    megatron (Megatron-LM: zero_stage 1 is its distributed optimizer, 3 Megatron-FSDP, with
+    pp 1; ZeRO 2 does not exist there)."""
     pipeline_p2p: str = "whole"
     """How Megatron-LM sends the activation crossing a stage boundary without sequence
     parallelism (PIPELINE_P2P): whole, every tensor rank the whole tensor (megatron-core's

@@ -114,8 +114,8 @@ def unexpressed(row: dict) -> str:
         return f"model {model} has no preset"
     if row["precision"] not in PRECISIONS:
         return f"precision {row['precision']} (the release's table states none)"
-    if row["fsdp"] not in ("", "0"):
-        return "Megatron FSDP is not modelled"
+    if zero_of(row) == 3 and int(row["fsdp"]) != layout_of(row)[1]:
+        return "Megatron FSDP over part of the data-parallel ranks (HSDP) is not modelled"
     if row["system"] not in SYSTEMS:
         return f"system {row['system']} is not in SYSTEMS"
     return ""
@@ -136,9 +136,15 @@ def spec_dict(row: dict) -> dict:
         "model": {"preset": MODELS[row["model"]], "seq_length": int(row["seq"])},
         "training": {"global_batch_size": int(row["gbs"]),
                      "precision": PRECISIONS[row["precision"]], "backend": "megatron",
-                     "zero_stage": 1, "activation_checkpointing": "none",
+                     "zero_stage": zero_of(row), "activation_checkpointing": "none",
                      "sequence_parallel": int(row["tp"]) > 1, "framework_overhead": "2 GiB"},
     }
+
+
+def zero_of(row: dict) -> int:
+    """The recipe's ZeRO stage: 3 (Megatron-FSDP, optim_grads_params) where it names an FSDP
+    size, else 1 (the distributed optimizer)."""
+    return 3 if row["fsdp"] not in ("", "0") else 1
 
 
 def measured_s(row: dict) -> float:
@@ -206,11 +212,13 @@ def experts(row: dict) -> int:
 
 
 def estimate_recipe(spec, row: dict):
-    """The recipe as published: its layout, the distributed optimizer, sequence parallelism
-    where tp > 1, no recomputation, its expert parallelism."""
+    """The recipe as published: its layout, the distributed optimizer (Megatron-FSDP where
+    it names an FSDP size), sequence parallelism where tp > 1, no recomputation, its expert
+    parallelism."""
     pp, dp, tp, cp, mbs, vp = layout_of(row)
     return estimate(spec, pp=pp, dp=dp, tmp=tp, mbs=mbs, cp=cp, virtual_stages=vp,
-                    zero_stage=1, activation_checkpointing="none", sequence_parallel=tp > 1,
+                    zero_stage=zero_of(row), activation_checkpointing="none",
+                    sequence_parallel=tp > 1,
                     ep=experts(row) if spec.model.num_experts else 1)
 
 

@@ -189,6 +189,19 @@ def boundary_gathers(tmp: int, *, framework: str, sequence_parallel: bool,
     return 0, 0
 
 
+def fsdp_unit_times_s(param_bytes, grad_bytes, n: int, bandwidth_bytes_per_s, latency_s=0.0):
+    """(forward, backward) traffic of one Megatron-FSDP unit (one layer) in one micro-batch
+    over the n data-parallel ranks (--data-parallel-sharding-strategy optim_grads_params, the
+    ZeRO-3 of Megatron-LM): the forward all-gathers the unit's weights; the backward
+    all-gathers them again and reduce-scatters their gradients (Rajbhandari et al. 2020: 1.5x
+    the data of an all-reduce). With --overlap-param-gather and --overlap-grad-reduce each
+    runs beside a neighbouring unit's compute, so a layer's pass takes the longer of its
+    compute and this (amp_search.costing.CostModel.stage_costs)."""
+    gather = allgather_time_s(param_bytes, n, bandwidth_bytes_per_s, latency_s)
+    return gather, gather + reduce_scatter_time_s(grad_bytes, n, bandwidth_bytes_per_s,
+                                                  latency_s)
+
+
 def link_latency_s(crosses_nodes, intra_s, inter_s):
     """Per-message (per ring step) latency of a ring or P2P link: the inter-node latency where
     it crosses nodes, else the intra-node one (arrays broadcast elementwise)."""

@@ -298,7 +298,7 @@ def optimizer_shards(*, framework: str, zero_stage: int, precision: str, dp: int
     updates only its partition (DeepSpeed's ZeRO 1-3 and BF16_Optimizer, Megatron-LM's
     distributed optimizer, zero_stage 1), else 1."""
     if framework == "megatron":
-        return dp if zero_stage == 1 else 1
+        return dp if zero_stage in (1, 3) else 1
     engine = deepspeed_engine(zero_stage=zero_stage, precision=precision)
     return dp if partitions_optimizer(engine) else 1
 
@@ -374,7 +374,7 @@ def megatron_optimizer_bytes_per_param(precision: str) -> int:
 
 
 def megatron_model_state_bytes(params: int, *, precision: str, zero_stage: int,
-                               dp: int) -> ModelStates:
+                               dp: int, gathered_numel: int = 0) -> ModelStates:
     """Model states of Megatron-LM's optimizers, bytes per parameter as its documentation
     gives them (Megatron Core user guide, "Distributed Optimizer", docs/source/
     distrib_optimizer.md; d = data-parallel size):
@@ -387,13 +387,23 @@ def megatron_model_state_bytes(params: int, *, precision: str, zero_stage: int,
     zero_stage 0: Float16OptimizerWithFloat16Params / FP32Optimizer (every rank holds all of
     it); zero_stage 1: the distributed optimizer, which shards the optimizer part (master
     weights, fp32 gradient copies, moments) over the d data-parallel ranks (ceil(P/d) each)
-    and keeps the weights and the gradient buffer whole. Megatron has no ZeRO 2/3
-    (amp_search.search_space prunes them under the megatron backend); no DeepSpeed bucket."""
-    if zero_stage not in (0, 1):
+    and keeps the weights and the gradient buffer whole; zero_stage 3: Megatron-FSDP
+    (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params), which shards
+    the weights and the gradients too, ceil(P/d) each, and holds `gathered_numel` more of
+    each whole: the FSDP units (one layer each) all-gathered for the layer computing and the
+    one prefetched, and their gradients before the reduce-scatter (2 x the largest layer).
+    No ZeRO 2 (amp_search.search_space prunes it under the megatron backend); no DeepSpeed
+    bucket."""
+    if zero_stage not in (0, 1, 3):
         raise ValueError(f"Megatron-LM has no ZeRO stage {zero_stage}; accepted: 0, 1 "
-                         f"(1 = --use-distributed-optimizer)")
+                         f"(1 = --use-distributed-optimizer), 3 (Megatron-FSDP)")
     per_param = megatron_optimizer_bytes_per_param(precision)
-    held = -(-params // dp) if zero_stage == 1 else params
+    held = -(-params // dp) if zero_stage in (1, 3) else params
+    if zero_stage == 3:
+        whole = held + gathered_numel
+        return ModelStates(parameter_bytes=BYTES_PER_ELEMENT[precision] * whole,
+                           gradient_bytes=megatron_grad_bytes(precision) * whole,
+                           optimizer_bytes=per_param * held, buffer_bytes=0)
     return ModelStates(parameter_bytes=BYTES_PER_ELEMENT[precision] * params,
                        gradient_bytes=megatron_grad_bytes(precision) * params,
                        optimizer_bytes=per_param * held, buffer_bytes=0)
@@ -406,7 +416,8 @@ def model_state_bytes(tensor_numels: tuple[int, ...], *, precision: str, zero_st
                       expert_dp: int = 1) -> ModelStates:
     """Weights, gradients, optimizer states and bucket of one device holding the parameter
     tensors `tensor_numels` (one stage, one tensor rank, in flattening order);
-    `zero3_inflight_numel` is `zero3_inflight_gather_numel` of its layers (ZeRO 3 only).
+    `zero3_inflight_numel` is `zero3_inflight_gather_numel` of its layers (ZeRO 3 only;
+    Megatron-FSDP: twice its largest layer, `megatron_model_state_bytes`).
     `framework` "megatron": Megatron-LM's optimizers (`megatron_model_state_bytes`), where
     `expert_numel` of the parameters are routed experts, whose optimizer state the
     distributed optimizer shards over the `expert_dp` expert-data-parallel ranks instead of
@@ -416,7 +427,8 @@ def model_state_bytes(tensor_numels: tuple[int, ...], *, precision: str, zero_st
         raise ValueError(f"framework {framework!r}; known: {', '.join(MEMORY_FRAMEWORKS)}")
     if framework == "megatron":
         dense = megatron_model_state_bytes(params - expert_numel, precision=precision,
-                                           zero_stage=zero_stage, dp=dp)
+                                           zero_stage=zero_stage, dp=dp,
+                                           gathered_numel=zero3_inflight_numel)
         if not expert_numel:
             return dense
         expert = megatron_model_state_bytes(expert_numel, precision=precision,
@@ -477,7 +489,9 @@ def stage_state_bytes(layers, *, dp: int, tmp: int, gas: int, zero_stage: int, p
     return model_state_bytes(
         tuple(n for ts in per_layer for n in ts), precision=precision, zero_stage=zero_stage,
         dp=dp, gas=gas, buckets=buckets,
-        zero3_inflight_numel=zero3_inflight_gather_numel(per_layer, buckets)
+        zero3_inflight_numel=(2 * max((sum(ts) for ts in per_layer), default=0)
+                              if framework == "megatron" else
+                              zero3_inflight_gather_numel(per_layer, buckets))
         if zero_stage == 3 and dp > 1 else 0,       # only ZeRO 3 over dp > 1 reads it
         framework=framework, expert_numel=sum(expert_param_count(x, ep) for x in layers),
         expert_dp=expert_data_parallel(dp, tmp, ep))

@@ -146,7 +146,8 @@ def test_megatron_command_has_the_distributed_optimizer_for_zero_1_only():
     assert "--use-distributed-optimizer" not in megatron_args(layers, strat(0),
                                                               precision="bf16", iters=2)
     assert megatron_unsupported(strat(1)) == ""
-    assert "Megatron-LM has no ZeRO stage 3" in megatron_unsupported(strat(3))
+    assert megatron_unsupported(strat(3)) == ""             # Megatron-FSDP (pp 1)
+    assert "--use-megatron-fsdp" in megatron_args(layers, strat(3), precision="bf16", iters=2)
     assert "no ZeRO stage 2" in preflight(s, strat(2), "megatron")
     assert preflight(s, strat(2), "deepspeed") == ""        # pp 1: DeepSpeed's plain engine
 

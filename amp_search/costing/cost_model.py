@@ -669,6 +669,11 @@ class CostModel:
                 row[0], row[3] = passes.sum(axis=0), passes[0]
                 rows[types] = row
             compute[j], host[j], optimizer[j], compute_forward[j], host_forward[j] = rows[types]
+        if self.is_megatron_fsdp(c):    # each layer's pass: its compute or its unit's traffic
+            fsdp_forward, fsdp_backward = self.fsdp_time_s(c, layout)
+            backward = np.maximum(compute - compute_forward, fsdp_backward)
+            compute_forward = np.maximum(compute_forward, fsdp_forward)
+            compute = compute_forward + backward
 
         tensor_parallel = tensor_parallel_forward = np.zeros((c.pp, L))
         if c.layer_collectives:   # each stage's rings run on its slowest ring's links
@@ -840,11 +845,33 @@ class CostModel:
         return comm.link_latency_s(crosses_nodes, self.latency(collective, "intra", intra),
                                    self.latency(collective, "inter", inter))
 
+    def is_megatron_fsdp(self, c: Candidate) -> bool:
+        """Megatron-FSDP (zero_stage 3 under the megatron backend) over more than one rank."""
+        return self.spec.training.backend == "megatron" and c.zero_stage == 3 \
+            and c.replicas > 1
+
+    def fsdp_time_s(self, c: Candidate, layout: PlacedLayout) -> tuple[np.ndarray, np.ndarray]:
+        """([pp, L], [pp, L]): each layer's Megatron-FSDP traffic in one micro-batch's forward
+        and backward (cost_models.comm.fsdp_unit_times_s) on its stage's slowest dp ring: its
+        weights in the training precision, its gradients in Megatron's gradient dtype, over
+        the dp x cp ranks (routed experts at their share, as the data-parallel sync counts
+        them: `synced_params_per_layer`)."""
+        bw, crosses = layout.dp_links
+        t = self.spec.training
+        bpe = t.bytes_per_element
+        grad = comm.gradient_reduce_bytes_per_element(t.precision, framework="megatron")
+        lat = self.link_latencies_s("all_gather", crosses, layout)
+        params = self.synced_params_per_layer(c)[None, :]
+        return comm.fsdp_unit_times_s(params * bpe, params * grad, c.replicas,
+                                      np.asarray(bw, dtype=float)[:, None],
+                                      np.asarray(lat, dtype=float)[:, None])
+
     def _dp_sync(self, c: Candidate, layout: PlacedLayout) -> tuple[np.ndarray, np.ndarray]:
         """The data-parallel sync of stage j is linear in the parameters it holds
         (cost_models.comm.data_parallel_sync_time_s on the stage's slowest dp ring):
-        sync_j = fixed[j] + sum over its layers of per_layer[j, l], less what overlap hides."""
-        if c.replicas == 1:
+        sync_j = fixed[j] + sum over its layers of per_layer[j, l], less what overlap hides.
+        Megatron-FSDP has none at the step: its traffic runs layer by layer (`fsdp_time_s`)."""
+        if c.replicas == 1 or self.is_megatron_fsdp(c):
             return np.zeros((c.pp, self.num_layers)), np.zeros(c.pp)
         bw, crosses = layout.dp_links
         bpe = self.spec.training.bytes_per_element

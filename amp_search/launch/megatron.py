@@ -42,8 +42,13 @@ The strategy maps to its arguments:
                              micro-batch count a multiple of pp)
     zero_stage 1             --use-distributed-optimizer (ZeRO-1: optimizer state and fp32
                              master weights sharded over dp; gradients reduce-scattered,
-                             weights all-gathered); zero_stage 2/3 do not exist in Megatron-LM
-                             (`megatron_unsupported`, which the launcher's preflight asks)
+                             weights all-gathered)
+    zero_stage 3             Megatron-FSDP: --use-megatron-fsdp --data-parallel-sharding-
+                             strategy optim_grads_params --use-distributed-optimizer
+                             --ckpt-format fsdp_dtensor --overlap-param-gather
+                             --overlap-grad-reduce (pp 1); zero_stage 2 does not exist in
+                             Megatron-LM (`megatron_unsupported`, which the launcher's
+                             preflight asks)
     precision                --bf16 / --fp16 (fp32: neither); fp8: --bf16 --fp8-format hybrid;
                              nvfp4: --bf16 --fp4-format e2m1 --fp4-recipe nvfp4
 
@@ -237,6 +242,11 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
                  "--expert-tensor-parallel-size", "1"]
     if s.zero_stage == 1:
         args += ["--use-distributed-optimizer"]
+    elif s.zero_stage == 3:     # Megatron-FSDP (its README's required flags, and the overlaps
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",   # the plan
+                 "optim_grads_params", "--use-distributed-optimizer",          # costs)
+                 "--ckpt-format", "fsdp_dtensor", "--overlap-param-gather",
+                 "--overlap-grad-reduce"]
     if precision in ("bf16", "fp16"):
         args += [f"--{precision}"]
     elif precision == "fp8":        # Transformer Engine: FP8 GEMMs (E4M3 forward, E5M2
@@ -247,12 +257,15 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
 
 
 def megatron_unsupported(strategy: Strategy) -> str:
-    """Why Megatron-LM cannot run the strategy as planned ('' if it can): it has ZeRO 1 only,
-    as its distributed optimizer; there is no flag for ZeRO 2/3."""
-    if strategy.zero_stage >= 2:
-        return (f"Megatron-LM has no ZeRO stage {strategy.zero_stage} (zero_stage 1 is its "
-                f"--use-distributed-optimizer); plan with training.backend: megatron, which "
-                f"prunes it, or use zero_stage 0 or 1")
+    """Why Megatron-LM cannot run the strategy as planned ('' if it can): its ZeRO stages are
+    1 (the distributed optimizer) and 3 (Megatron-FSDP, with pp 1 as planned here); there is
+    no flag for ZeRO 2."""
+    if strategy.zero_stage == 2 or (strategy.zero_stage == 3 and strategy.pp > 1):
+        return (f"Megatron-LM has no ZeRO stage {strategy.zero_stage}"
+                + (" with pp > 1 as planned here" if strategy.zero_stage == 3 else "")
+                + " (zero_stage 1 is its --use-distributed-optimizer, 3 Megatron-FSDP with "
+                  "pp 1); plan with training.backend: megatron, which prunes it, or use "
+                  "zero_stage 0, 1 or 3")
     return ""
 
 
