@@ -80,3 +80,14 @@ def test_the_search_rules_and_the_launcher():
                  "optim_grads_params", "--overlap-param-gather", "--overlap-grad-reduce"):
         assert flag in args
     assert megatron_unsupported(s) == ""
+
+
+def test_cpu_devices_cannot_run_megatron_fsdp():
+    from amp_search.launch.orchestrator import preflight
+    d = _spec()
+    d["cluster"]["nodes"][0].update(gpu="CPU-local", gpus_per_node=2)
+    d["training"].update(precision="fp32", global_batch_size=8)
+    d["model"].update(hidden_size=256, num_attention_heads=4, vocab_size=2048)
+    spec = parse_spec(d)
+    s = estimate(spec, pp=1, dp=2, tmp=1, mbs=1, zero_stage=3).strategy
+    assert "needs CUDA" in preflight(spec, s, "megatron")

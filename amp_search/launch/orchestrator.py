@@ -278,6 +278,10 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
                 f"{s.dp} x {s.mbs}")
     if backend == "megatron" and megatron_unsupported(s):
         return megatron_unsupported(s)
+    if backend == "megatron" and s.zero_stage == 3 and \
+            any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
+        return ("zero_stage 3 (Megatron-FSDP) needs CUDA: these devices are CPUs; use "
+                "zero_stage 0 or 1 here")
     if backend == "deepspeed" and spec.model.num_experts and (
             s.zero_stage or spec.training.precision != "fp32"):
         return (f"a model with experts runs under DeepSpeed with ZeRO 0 in fp32 only (got ZeRO "
