@@ -19,8 +19,12 @@ GPUs).
      ConnectX-8 on B300/GB300); an NVL72 rack (GB200, GB300) as a node of 64 GPUs, the usual
      job segment of 16 trays of 4, so that tensor, context and data groups inside it pay NVLink;
    - training as Megatron-Bridge's performance recipes run it: backend megatron, the distributed
-     optimizer (zero_stage 1), sequence parallelism where tp > 1, no recomputation, the row's
-     precision (FP8, FP8-CS, MXFP8 and FP8-MX are all `fp8`: FP8 GEMMs, BF16 elsewhere);
+     optimizer (zero_stage 1; Megatron-FSDP, zero_stage 3, where the row names an FSDP size),
+     sequence parallelism where tp > 1, no recomputation, the row's precision (FP8, FP8-CS,
+     MXFP8 and FP8-MX are all `fp8`: FP8 GEMMs, BF16 elsewhere);
+   - full fine-tuning (`sft`) as pre-training: it runs the same passes over every weight
+     (its packed sequences' shorter attention is not modelled); LoRA, which freezes the
+     weights, is counted as not expressible;
 2. it is costed with the public library call only, the default model with no coefficient given:
    `estimate(spec, pp, dp, tmp, mbs, cp=cp, virtual_stages=vp, zero_stage=1,
    sequence_parallel=tp > 1, activation_checkpointing="none")`, the interleaved chunks as
@@ -102,8 +106,8 @@ FP4 with an FP8 scale per 16 values)."""
 def unexpressed(row: dict) -> str:
     """Why a row cannot be costed yet ('' if it can)."""
     model = row["model"]
-    if row["workload"] != "pre-training":
-        return f"{row['workload']}: fine-tuning is not modelled"
+    if row["workload"] not in ("pre-training", "sft"):
+        return f"{row['workload']}: fine-tuning with frozen weights is not modelled"
     if model.startswith(("DeepSeek", "Kimi")):
         return "mixture-of-experts with multi-head latent attention is not modelled"
     if model.startswith("Nemotron"):
