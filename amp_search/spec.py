@@ -217,6 +217,8 @@ class Cluster:
 
 PIPELINE_P2P = ("whole", "split")
 """training.pipeline_p2p values (TrainingSpec.pipeline_p2p)."""
+FINETUNE = ("none", "lora")
+"""training.pipeline_p2p values (TrainingSpec.pipeline_p2p)."""
 
 DEFAULT_INTER_NODE_LINK = "infiniband"
 """The network's link kind where a node group names none (what GPU clusters for training
@@ -278,6 +280,11 @@ class TrainingSpec:
     """The training framework the plan is for (BACKENDS): deepspeed (the trial program) or
     megatron (Megatron-LM: zero_stage 1 is its distributed optimizer, 3 Megatron-FSDP, with
     pp 1; ZeRO 2 does not exist there)."""
+    finetune: str = "none"
+    """FINETUNE: none (every weight trained) or lora (the weights frozen, low-rank adapters
+    trained beside them: no weight gradients, optimizer state or gradient reduction for the
+    frozen weights, each backward computing the input gradients only; the adapters, a rank of
+    tens beside widths of thousands, are not costed)."""
     pipeline_p2p: str = "whole"
     """How Megatron-LM sends the activation crossing a stage boundary without sequence
     parallelism (PIPELINE_P2P): whole, every tensor rank the whole tensor (megatron-core's
@@ -681,7 +688,8 @@ def _training(data) -> TrainingSpec:
                                    "zero_stage", "memory_headroom", "framework_overhead",
                                    "optimizer", "attention", "sequence_parallel",
                                    "virtual_pipeline_stages", "backend", "context_parallel",
-                                   "expert_parallel", "objective", "pipeline_p2p"))
+                                   "expert_parallel", "objective", "pipeline_p2p",
+                                   "finetune"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
     # virtual stages, as NeMo's auto-configurator does
     backend = r.choice("backend", BACKENDS, "deepspeed")
@@ -753,6 +761,7 @@ def _training(data) -> TrainingSpec:
         objective=r.choice("objective", OBJECTIVES, "time"),
         backend=backend,
         pipeline_p2p=r.choice("pipeline_p2p", PIPELINE_P2P, "whole"),
+        finetune=r.choice("finetune", FINETUNE, "none"),
     )
 
 
@@ -929,6 +938,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             for item in section["node_groups"]:      # how the bandwidth was written neither,
                 item.pop("network_links", None)       # nor what a node costs
                 item.pop("price_per_hour", None)
+        if name == "training" and section["finetune"] == "none":
+            del section["finetune"]              # as before the key existed
         if name == "training" and section["pipeline_p2p"] == "whole":
             del section["pipeline_p2p"]          # as before the key existed
         if name == "training" and section["objective"] == "time":

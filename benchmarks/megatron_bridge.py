@@ -23,8 +23,8 @@ GPUs).
      sequence parallelism where tp > 1, no recomputation, the row's precision (FP8, FP8-CS,
      MXFP8 and FP8-MX are all `fp8`: FP8 GEMMs, BF16 elsewhere);
    - full fine-tuning (`sft`) as pre-training: it runs the same passes over every weight
-     (its packed sequences' shorter attention is not modelled); LoRA, which freezes the
-     weights, is counted as not expressible;
+     (its packed sequences' shorter attention is not modelled); LoRA as
+     `training.finetune: lora` (the weights frozen: input gradients only, no optimizer);
 2. it is costed with the public library call only, the default model with no coefficient given:
    `estimate(spec, pp, dp, tmp, mbs, cp=cp, virtual_stages=vp, zero_stage=1,
    sequence_parallel=tp > 1, activation_checkpointing="none")`, the interleaved chunks as
@@ -106,8 +106,8 @@ FP4 with an FP8 scale per 16 values)."""
 def unexpressed(row: dict) -> str:
     """Why a row cannot be costed yet ('' if it can)."""
     model = row["model"]
-    if row["workload"] not in ("pre-training", "sft"):
-        return f"{row['workload']}: fine-tuning with frozen weights is not modelled"
+    if row["workload"] not in ("pre-training", "sft", "lora"):
+        return f"{row['workload']}: this workload is not modelled"
     if model.startswith(("DeepSeek", "Kimi")):
         return "mixture-of-experts with multi-head latent attention is not modelled"
     if model.startswith("Nemotron"):
@@ -141,7 +141,8 @@ def spec_dict(row: dict) -> dict:
         "training": {"global_batch_size": int(row["gbs"]),
                      "precision": PRECISIONS[row["precision"]], "backend": "megatron",
                      "zero_stage": zero_of(row), "activation_checkpointing": "none",
-                     "sequence_parallel": int(row["tp"]) > 1, "framework_overhead": "2 GiB"},
+                     "sequence_parallel": int(row["tp"]) > 1, "framework_overhead": "2 GiB",
+                     "finetune": "lora" if row["workload"] == "lora" else "none"},
     }
 
 

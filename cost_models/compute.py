@@ -174,7 +174,8 @@ def standard_attention_times_s(layer: Layer, *, tmp: int, mbs: int, device: Devi
 
 def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
                         bytes_per_element: int, attention: str = "flash",
-                        framework: str = "deepspeed", cp: int = 1, ep: int = 1) -> LayerTime:
+                        framework: str = "deepspeed", cp: int = 1, ep: int = 1,
+                        frozen: bool = False) -> LayerTime:
     """Forward and backward device time of one micro-batch of `mbs` samples through one tensor
     rank's shard of `layer`, its size-dependent work only (collectives: cost_models.comm;
     fixed costs: `kernel_floor_time_s`, `host_time_s`). The GEMMs and a fused attention take
@@ -189,7 +190,9 @@ def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed
     cost_models.comm.context_parallel_ring_time_s), 1/cp of the whole core, the causal mask
     balanced over the ranks as Megatron-LM's 2 cp chunks do. `ep`: a mixture-of-experts
     layer's expert-parallel degree, which sets how many tokens each local expert's GEMM
-    gets (`cost_models.layers.gemm_flops`)."""
+    gets (`cost_models.layers.gemm_flops`). `frozen`: the weights are not trained (LoRA's
+    base model), so the backward runs the GEMMs' input gradients only, once their forward
+    time rather than twice."""
     linear = device.linear()
     gemm = sum(gemm_time_s(f * mbs / cp, linear) for f in gemm_flops(layer, tmp, ep))
     core = attention_time_s(layer, tmp=tmp, mbs=mbs, device=device,
@@ -203,7 +206,8 @@ def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed
     ew_forward, ew_backward = ew_forward / cp, ew_backward / cp
     bw = device.memory_bandwidth_bytes_per_s
     return LayerTime(forward_s=gemm + core + ew_forward * mbs / bw,
-                     backward_s=2.0 * gemm + core_backward + ew_backward * mbs / bw)
+                     backward_s=(1.0 if frozen else 2.0) * gemm + core_backward
+                     + ew_backward * mbs / bw)
 
 
 def block_passes(layer: Layer, recompute: bool) -> int:

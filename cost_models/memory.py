@@ -51,7 +51,7 @@ Activations saved for backward, and the pipeline buffers: cost_models.activation
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 
 import numpy as np
@@ -354,6 +354,12 @@ def zero_bucket_bytes(*, precision: str, zero_stage: int,
 MEMORY_FRAMEWORKS = ("deepspeed", "megatron")
 
 
+def frozen_states(states: ModelStates) -> ModelStates:
+    """The model states of frozen weights (LoRA's base model): the weights only, with no
+    gradients, optimizer state or gradient bucket."""
+    return replace(states, gradient_bytes=0, optimizer_bytes=0, buffer_bytes=0)
+
+
 def megatron_grad_bytes(precision: str) -> int:
     """Bytes of one element of Megatron-LM's contiguous gradient buffer (main_grad): fp32 for
     bf16 training (--accumulate-allreduce-grads-in-fp32, forced on with bf16) and for fp32,
@@ -578,7 +584,7 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
                         buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
                         attention_scores: bool = False, sequence_parallel: bool = False,
                         selective: bool = False, framework: str = "deepspeed",
-                        cp: int = 1, ep: int = 1) -> LinearMemory:
+                        cp: int = 1, ep: int = 1, frozen: bool = False) -> LinearMemory:
     """`LinearMemory` of a pipelined strategy (see there); the same terms as `stage_bytes`
     (with cp > 1, 1/cp of the activation terms; routed experts' states per parameter as
     their own sharding gives them)."""
@@ -588,6 +594,8 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
                                buckets=buckets, framework=framework,
                                expert_numel=int(experts.sum()),
                                expert_dp=expert_data_parallel(dp, tmp, ep))
+    if frozen:
+        states = frozen_states(states)
     total = (states.parameter_bytes + states.gradient_bytes + states.optimizer_bytes)
     per_param = total / max(sum(flat), 1)
     per_expert_param = per_param
@@ -596,6 +604,8 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
                                zero_stage=zero_stage, dp=dp, gas=gas, buckets=buckets,
                                framework=framework, expert_numel=int(experts.sum()),
                                expert_dp=expert_data_parallel(dp, tmp, ep))
+        if frozen:
+            ex = frozen_states(ex)
         ex_total = ex.parameter_bytes + ex.gradient_bytes + ex.optimizer_bytes
         per_expert_param = ex_total / experts.sum()
         per_param = (total - ex_total) / max(sum(flat) - experts.sum(), 1)

@@ -871,7 +871,7 @@ class CostModel:
         (cost_models.comm.data_parallel_sync_time_s on the stage's slowest dp ring):
         sync_j = fixed[j] + sum over its layers of per_layer[j, l], less what overlap hides.
         Megatron-FSDP has none at the step: its traffic runs layer by layer (`fsdp_time_s`)."""
-        if c.replicas == 1 or self.is_megatron_fsdp(c):
+        if c.replicas == 1 or self.is_megatron_fsdp(c) or self.spec.training.finetune == "lora":
             return np.zeros((c.pp, self.num_layers)), np.zeros(c.pp)
         bw, crosses = layout.dp_links
         bpe = self.spec.training.bytes_per_element
@@ -986,7 +986,8 @@ class CostModel:
                 zero_stage=c.zero_stage, recompute=c.activation_checkpointing,
                 precision=t.precision, framework_overhead_bytes=t.framework_overhead_bytes,
                 attention_scores=scores, sequence_parallel=c.sequence_parallel,
-                selective=c.selective_recompute, framework=t.backend)
+                selective=c.selective_recompute, framework=t.backend,
+                frozen=t.finetune == "lora")
             self._mem_cache[key] = lin
         layer_bytes, reserved = lin.stage_arrays(c.pp, gas)
         usable = layout.capacity_bytes * (1.0 - self.spec.training.memory_headroom)

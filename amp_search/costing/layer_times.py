@@ -77,9 +77,10 @@ class LayerTimer:
         for i, layer in enumerate(layers):
             sig = layer.signature
             if sig not in by_signature:
+                # a measured profile trains every weight: LoRA's frozen ones are analytic
                 by_signature[sig] = self._layer_time(
-                    gpu, layer, tmp, mbs, profile if cp == 1 and not layer.is_moe else None,
-                    used, cp, ep)
+                    gpu, layer, tmp, mbs, profile if cp == 1 and not layer.is_moe
+                    and self.spec.training.finetune == "none" else None, used, cp, ep)
             fwd[i], bwd[i], analytic[i] = by_signature[sig]
         hit = self._cache[key] = LayerTimes(forward_s=fwd, backward_s=bwd, analytic=analytic)
         return hit
@@ -96,7 +97,8 @@ class LayerTimer:
                                 device=device_speed(gpu, training.precision),
                                 bytes_per_element=training.bytes_per_element,
                                 attention=self.spec.attention_for(gpu),
-                                framework=training.backend, cp=cp, ep=ep)
+                                framework=training.backend, cp=cp, ep=ep,
+                                frozen=training.finetune == "lora")
         used.add("analytic")
         return t.forward_s, t.backward_s, True
 
@@ -120,6 +122,8 @@ class LayerTimer:
                     param_count(layer, tmp),
                     memory_bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s,
                     precision=training.precision)
+        if training.finetune == "lora":     # the frozen weights take no optimizer step
+            out[:] = 0.0
         self._cache[key] = out
         return out
 

@@ -278,6 +278,11 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
                 f"{s.dp} x {s.mbs}")
     if backend == "megatron" and megatron_unsupported(s):
         return megatron_unsupported(s)
+    if spec.training.finetune != "none":
+        return (f"training.finetune {spec.training.finetune}: the trial program and "
+                f"Megatron-LM's pretrain_gpt.py train every weight (LoRA runs in "
+                f"Megatron-Bridge or NeMo); the plan costs it, but it is not launched or "
+                f"exported here")
     if backend == "megatron" and s.zero_stage == 3 and \
             any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
         return ("zero_stage 3 (Megatron-FSDP) needs CUDA: these devices are CPUs; use "
