@@ -368,12 +368,15 @@ def expert_param_count(layer: Layer, ep: int = 1) -> int:
     return per_expert * (layer.num_experts // ep)
 
 
-def model_flops_per_sample(layers) -> float:
+def model_flops_per_sample(layers, frozen: bool = False) -> float:
     """Model FLOPs of one training sample (one sequence): three times the forward pass's GEMMs
     and attention core (forward, and the input and weight gradients), full attention as
     Narayanan et al. 2021 count it, no recomputation, the vocabulary padded as at tmp 1; what
-    "model TFLOP/s per GPU" divides by the time (recomputed work is not model work)."""
-    return 3.0 * sum(sum(gemm_flops(x, 1)) + attention_core_flops(x, 1) for x in layers)
+    "model TFLOP/s per GPU" divides by the time (recomputed work is not model work). `frozen`
+    weights (LoRA) have no weight gradients: twice the GEMMs, three times the attention core."""
+    gemm = sum(sum(gemm_flops(x, 1)) for x in layers)
+    return (2.0 if frozen else 3.0) * gemm \
+        + 3.0 * sum(attention_core_flops(x, 1) for x in layers)
 
 
 def model_param_count(layers) -> int:

@@ -57,3 +57,22 @@ def test_lora_is_checked_and_not_launched():
     spec = parse_spec(_spec("lora"))
     s = estimate(spec, pp=1, dp=4, tmp=4, mbs=1).strategy
     assert "train every weight" in preflight(spec, s, "megatron")
+
+
+def test_the_search_prunes_by_the_frozen_states():
+    """A model whose trained states fit on no layout of two H100s (18 bytes a parameter),
+    whose frozen weights (2 bytes) do: the search's memory-first pruning knows the
+    difference, and the TFLOP/s column counts no weight gradients."""
+    from amp_search import NoFeasibleStrategy, plan
+    from amp_search.cli.plan import model_flops_per_sample
+    d = _spec("none")
+    d["cluster"]["nodes"][0].update(count=1, gpus_per_node=2)
+    d["model"].update(hidden_size=8192, num_attention_heads=32, num_layers=16)
+    d["training"].update(global_batch_size=8, zero_stage=0)
+    with pytest.raises(NoFeasibleStrategy, match="out_of_memory"):
+        plan(parse_spec(d))
+    d["training"]["finetune"] = "lora"
+    spec = parse_spec(d)
+    assert plan(spec).best.fits
+    layers = spec.model.layers
+    assert model_flops_per_sample(layers, frozen=True) < model_flops_per_sample(layers)

@@ -53,8 +53,9 @@ def _group(g, one_node: bool = False) -> str:
 def _knobs(spec: Spec) -> list[tuple[str, str, bool]]:
     """(knob, its values, whether more than one is searched) for each searched knob."""
     t = spec.training
-    zero_name = {0: "0", 1: "1 (the distributed optimizer)" if t.backend == "megatron" else "1",
-                 2: "2", 3: "3"}
+    megatron = t.backend == "megatron"
+    zero_name = {0: "0", 1: "1 (the distributed optimizer)" if megatron else "1",
+                 2: "2", 3: "3 (Megatron-FSDP)" if megatron else "3"}
     knobs = [("ZeRO", t.zero_stage, lambda z: zero_name[z]),
              ("recomputation", t.activation_checkpointing, str),
              ("sequence parallelism", t.sequence_parallel, lambda v: "on" if v else "off"),
@@ -71,6 +72,8 @@ def _backend_line(spec: Spec, plan: Plan) -> str:
                                          if t.precision == "fp8" else
                                          " (NVFP4 GEMMs, BF16 elsewhere)"
                                          if t.precision == "nvfp4" else "")
+    if t.finetune == "lora":
+        tail += ", LoRA fine-tuning (the weights frozen; the adapters not costed)"
     if len(plan.backends) > 1:
         names = " and as ".join(BACKEND_NAMES.get(b, b) for b in plan.backends)
         return (f"costed as {names} (training.backend not given: each planned, the backend "

@@ -440,6 +440,8 @@ class CostModel:
         if hit is None:
             per_param = memory_model.megatron_model_state_bytes(
                 1, precision=t.precision, zero_stage=0, dp=1)
+            if t.finetune == "lora":            # frozen weights: the weights only
+                per_param = memory_model.frozen_states(per_param)
             held = per_param.parameter_bytes + per_param.gradient_bytes
             experts = float(self.expert_params_per_layer(c.ep).sum())
             edp = memory_model.expert_data_parallel(c.replicas, c.tmp, c.ep)
