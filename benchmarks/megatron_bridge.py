@@ -95,6 +95,8 @@ MODELS = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b",
           "LLAMA3.1_405B": "llama3.1-405b", "Qwen3_30B_a3B": "qwen3-30b-a3b",
           "Qwen3_235B_a22B": "qwen3-235b-a22b", "GPT OSS 120B": "gpt-oss-120b"}
 """The file's model names -> profiles/models.yaml."""
+MOE_PRESETS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b")
+"""Those of them with experts (the 'kind' split of the report)."""
 
 PRECISIONS = {"BF16": "bf16", "FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "fp8", "FP8-MX": "fp8",
               "NVFP4": "nvfp4"}
@@ -261,6 +263,9 @@ def report(scored: Scored, show_rows: bool) -> dict:
     print(f"\nMAPE {mape(res):.1%} (mean signed {signed(res):+.1%}) over {len(res)} rows; "
           f"{sum(not r.fits for r in res)} predicted not to fit in memory")
     for name, key in (("system", lambda r: r.row["system"]),
+                      ("kind", lambda r: "experts" if MODELS[r.row["model"]] in MOE_PRESETS
+                       else "dense"),
+                      ("workload", lambda r: r.row["workload"]),
                       ("precision", lambda r: r.row["precision"]),
                       ("model", lambda r: r.row["model"]),
                       ("release", lambda r: r.row["release"])):
