@@ -260,7 +260,7 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
                   zero3_layer_forward_s=layer[0],
                   zero3_layer_backward_s=layer[1] + layer[2],
                   zero3_param_bytes=params * bpe, zero3_grad_bytes=params * grad_bpe)
-    elif s.replicas > 1 and model.spec.training.finetune == "none":
+    elif s.replicas > 1 and not model.spec.training.frozen_weights:
         # the gradients are reduced over dp x cp (LoRA's frozen weights have none)
         bw, crosses = layout.dp_links
         grad, gather = _dp_sync_bytes(model, s, pipeline.stage_totals(

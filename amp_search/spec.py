@@ -298,6 +298,12 @@ class TrainingSpec:
         return 4 if self.precision == "fp32" else 2
 
     @property
+    def frozen_weights(self) -> bool:
+        """Whether the model's weights are frozen (finetune lora): no weight gradients,
+        optimizer state, optimizer step or gradient reduction for them."""
+        return self.finetune == "lora"
+
+    @property
     def storage_precision(self) -> str:
         """What weights, gradients, activations and messages are kept in: bf16 for fp8
         (Transformer Engine casts only the GEMMs' inputs), else the precision itself."""
@@ -412,7 +418,8 @@ class Spec:
         return "flash" if gpu.flash_attention else "standard"
 
 
-def _read_catalog(path: Path | None) -> tuple[Path, dict, dict]:
+def _read_catalog(path: Path | None) -> tuple[Path, dict, dict, object]:
+    """(path, gpus, defaults, the `links:` section as written or None) of a catalog file."""
     path = catalog_path() if path is None else Path(path)
     data = load_yaml_file(path, what="GPU catalog")
     gpus = data.get("gpus") if isinstance(data, dict) else None
@@ -423,18 +430,20 @@ def _read_catalog(path: Path | None) -> tuple[Path, dict, dict]:
     if not isinstance(defaults, dict) or any(k not in GPU_MODEL_KEYS for k in defaults):
         raise UsageError(f"GPU catalog {show_path(path)}: 'defaults' may hold "
                          f"{', '.join(GPU_MODEL_KEYS)}")
-    return path, gpus, defaults
+    return path, gpus, defaults, data.get("links")
 
 
-def _read_links(path: Path | None) -> dict[str, LinkKind]:
-    """The catalog's `links:`: name -> LinkKind ({achievable: '82%', source: ...} each). A
-    catalog of the user's without the section takes the packaged catalog's."""
-    packaged = path is None or Path(path).resolve() == catalog_path().resolve()
-    path = catalog_path() if path is None else Path(path)
-    data = load_yaml_file(path, what="GPU catalog")
-    if not packaged and isinstance(data, dict) and "links" not in data:
+@lru_cache(maxsize=1)
+def _packaged_catalog() -> tuple[Path, dict, dict, object]:
+    """`_read_catalog` of the packaged catalog, read once."""
+    return _read_catalog(None)
+
+
+def _parse_links(links, path: Path) -> dict[str, LinkKind]:
+    """A catalog's `links:` section: name -> LinkKind ({achievable: '82%', source: ...}
+    each). A catalog of the user's without the section takes the packaged catalog's."""
+    if links is None and path.resolve() != catalog_path().resolve():
         return link_kinds()
-    links = data.get("links") if isinstance(data, dict) else None
     if not isinstance(links, dict) or not links:
         raise UsageError(f"GPU catalog {show_path(path)}: expected a mapping 'links: {{KIND: "
                          f"{{achievable, source}}}}'")
@@ -454,15 +463,16 @@ def _read_links(path: Path | None) -> dict[str, LinkKind]:
 @lru_cache(maxsize=1)
 def link_kinds() -> dict[str, LinkKind]:
     """The packaged catalog's link kinds (profiles/gpus.yaml `links:`)."""
-    return _read_links(None)
+    path, _, _, links = _packaged_catalog()
+    return _parse_links(links, path)
 
 
 def load_catalog(path: Path | None = None) -> dict[str, GPU]:
     """The GPU catalog: name -> GPU (default: the one the package ships). Read through the
     same front door as a spec, and every entry checked as an inline GPU is; the analytic
     model's keys an entry lacks come from the catalog's `defaults:`."""
-    path, gpus, defaults = _read_catalog(path)
-    links = _read_links(path)
+    path, gpus, defaults, links = _read_catalog(path)
+    links = _parse_links(links, path)
     catalog = {}
     for name, entry in gpus.items():
         name = read_name(name, f"catalog.{key_text(name)}", "")
@@ -473,7 +483,7 @@ def load_catalog(path: Path | None = None) -> dict[str, GPU]:
 @lru_cache(maxsize=1)
 def catalog_defaults() -> dict:
     """The packaged catalog's `defaults:` (what an inline GPU of a spec falls back on)."""
-    return _read_catalog(None)[2]
+    return _packaged_catalog()[2]
 
 
 def read_percent(raw, path: str, example: str) -> float:
@@ -610,6 +620,7 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
         raise SpecError("cluster.nodes", "expected a non-empty list of node groups")
     fields = []
     total = 0
+    kinds = link_kinds()
     for i, entry in enumerate(nodes):
         path = f"cluster.nodes[{i}]"
         n = MappingReader(entry, path, ("gpu", "count", "gpus_per_node", "intra_node_bandwidth",
@@ -645,7 +656,6 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
         if price is not None:
             price = read_number(price, n.at("price_per_hour"), 0.0, MAX_PRICE_PER_HOUR,
                                 "what one node costs per hour")
-        kinds = link_kinds()
         fields.append(dict(gpu=gpu, count=count, gpus_per_node=per,
                            intra_node_bandwidth_bytes_per_s=intra,
                            inter_node_bandwidth_bytes_per_s=inter, hosts=tuple(hosts),

@@ -167,8 +167,13 @@ def standard_attention_times_s(layer: Layer, *, tmp: int, mbs: int, device: Devi
     g = float(bytes_per_element)
     byte_s = elements / device.memory_bandwidth_bytes_per_s      # one byte per score element
     f_s = gemm_time_s(score_gemm_flops(layer, tmp) * mbs / cp, device)
-    forward = 2.0 * max(f_s, g * byte_s) + (4.0 * g + 1.0) * byte_s
-    backward = 2.0 * max(2.0 * f_s, 2.0 * g * byte_s) + (5.0 * g + 1.0) * byte_s
+    # the GEMMs' own reads and writes of the scores: g each forward, 2g each backward; the
+    # rest of the bytes counted per element are the softmax's and the dropout's
+    gemm_forward, gemm_backward = g * byte_s, 2.0 * g * byte_s
+    forward = 2.0 * max(f_s, gemm_forward) \
+        + standard_attention_bytes(bytes_per_element) * byte_s - 2.0 * gemm_forward
+    backward = 2.0 * max(2.0 * f_s, gemm_backward) \
+        + standard_attention_backward_bytes(bytes_per_element) * byte_s - 2.0 * gemm_backward
     return forward, backward
 
 
@@ -195,13 +200,13 @@ def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed
     time rather than twice."""
     linear = device.linear()
     gemm = sum(gemm_time_s(f * mbs / cp, linear) for f in gemm_flops(layer, tmp, ep))
-    core = attention_time_s(layer, tmp=tmp, mbs=mbs, device=device,
-                            bytes_per_element=bytes_per_element, attention=attention, cp=cp)
-    core_backward = 2.0 * core
     if attention == "standard" and framework == "megatron":
-        core_backward = standard_attention_times_s(layer, tmp=tmp, mbs=mbs, device=device,
-                                                   bytes_per_element=bytes_per_element,
-                                                   cp=cp)[1]
+        core, core_backward = standard_attention_times_s(
+            layer, tmp=tmp, mbs=mbs, device=device, bytes_per_element=bytes_per_element, cp=cp)
+    else:
+        core = attention_time_s(layer, tmp=tmp, mbs=mbs, device=device,
+                                bytes_per_element=bytes_per_element, attention=attention, cp=cp)
+        core_backward = 2.0 * core
     ew_forward, ew_backward = elementwise_bytes_by_pass(layer, tmp, bytes_per_element, framework)
     ew_forward, ew_backward = ew_forward / cp, ew_backward / cp
     bw = device.memory_bandwidth_bytes_per_s

@@ -354,9 +354,9 @@ def zero_bucket_bytes(*, precision: str, zero_stage: int,
 MEMORY_FRAMEWORKS = ("deepspeed", "megatron")
 
 
-def frozen_states(states: ModelStates) -> ModelStates:
-    """The model states of frozen weights (LoRA's base model): the weights only, with no
-    gradients, optimizer state or gradient bucket."""
+def frozen_states(states):
+    """The model states (ModelStates, or a stage's StageBytes) of frozen weights (LoRA's base
+    model): the weights only, with no gradients, optimizer state or gradient bucket."""
     return replace(states, gradient_bytes=0, optimizer_bytes=0, buffer_bytes=0)
 
 

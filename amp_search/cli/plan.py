@@ -158,7 +158,7 @@ def format_table(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
             "layers/stage",
             "placement", "mem GiB", "iter s") + (("eq.5 s",) if both else ()) \
         + ("samples/s", "TFLOP/s/GPU", "vs Megatron")
-    flops = model_flops_per_sample(spec.model.layers, frozen=spec.training.finetune == "lora") \
+    flops = model_flops_per_sample(spec.model.layers, frozen=spec.training.frozen_weights) \
         * spec.training.global_batch_size
     cells = []
     for label, e, speedup in rows:

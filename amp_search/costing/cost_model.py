@@ -440,7 +440,7 @@ class CostModel:
         if hit is None:
             per_param = memory_model.megatron_model_state_bytes(
                 1, precision=t.precision, zero_stage=0, dp=1)
-            if t.finetune == "lora":            # frozen weights: the weights only
+            if t.frozen_weights:            # the weights only
                 per_param = memory_model.frozen_states(per_param)
             held = per_param.parameter_bytes + per_param.gradient_bytes
             experts = float(self.expert_params_per_layer(c.ep).sum())
@@ -873,7 +873,7 @@ class CostModel:
         (cost_models.comm.data_parallel_sync_time_s on the stage's slowest dp ring):
         sync_j = fixed[j] + sum over its layers of per_layer[j, l], less what overlap hides.
         Megatron-FSDP has none at the step: its traffic runs layer by layer (`fsdp_time_s`)."""
-        if c.replicas == 1 or self.is_megatron_fsdp(c) or self.spec.training.finetune == "lora":
+        if c.replicas == 1 or self.is_megatron_fsdp(c) or self.spec.training.frozen_weights:
             return np.zeros((c.pp, self.num_layers)), np.zeros(c.pp)
         bw, crosses = layout.dp_links
         bpe = self.spec.training.bytes_per_element
@@ -989,7 +989,7 @@ class CostModel:
                 precision=t.precision, framework_overhead_bytes=t.framework_overhead_bytes,
                 attention_scores=scores, sequence_parallel=c.sequence_parallel,
                 selective=c.selective_recompute, framework=t.backend,
-                frozen=t.finetune == "lora")
+                frozen=t.frozen_weights)
             self._mem_cache[key] = lin
         layer_bytes, reserved = lin.stage_arrays(c.pp, gas)
         usable = layout.capacity_bytes * (1.0 - self.spec.training.memory_headroom)

@@ -80,7 +80,7 @@ class LayerTimer:
                 # a measured profile trains every weight: LoRA's frozen ones are analytic
                 by_signature[sig] = self._layer_time(
                     gpu, layer, tmp, mbs, profile if cp == 1 and not layer.is_moe
-                    and self.spec.training.finetune == "none" else None, used, cp, ep)
+                    and not self.spec.training.frozen_weights else None, used, cp, ep)
             fwd[i], bwd[i], analytic[i] = by_signature[sig]
         hit = self._cache[key] = LayerTimes(forward_s=fwd, backward_s=bwd, analytic=analytic)
         return hit
@@ -98,7 +98,7 @@ class LayerTimer:
                                 bytes_per_element=training.bytes_per_element,
                                 attention=self.spec.attention_for(gpu),
                                 framework=training.backend, cp=cp, ep=ep,
-                                frozen=training.finetune == "lora")
+                                frozen=training.frozen_weights)
         used.add("analytic")
         return t.forward_s, t.backward_s, True
 
@@ -122,7 +122,7 @@ class LayerTimer:
                     param_count(layer, tmp),
                     memory_bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s,
                     precision=training.precision)
-        if training.finetune == "lora":     # the frozen weights take no optimizer step
+        if training.frozen_weights:     # the frozen weights take no optimizer step
             out[:] = 0.0
         self._cache[key] = out
         return out

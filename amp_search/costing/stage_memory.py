@@ -25,8 +25,6 @@ search_space.Reason.OUT_OF_MEMORY.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from cost_models import activations
 from cost_models import memory as memory_model
 from cost_models.layers import Layer
@@ -72,8 +70,8 @@ def _one_stage(spec: Spec, s: Strategy, j: int, capacity, attention_scores) -> S
                           s.activation_checkpointing, t.precision,
                           bool(attention_scores), s.sequence_parallel,
                           s.selective_recompute, t.backend, s.cp, s.ep)
-    if t.finetune == "lora":            # frozen weights: no gradients or optimizer state
-        st = replace(st, gradient_bytes=0, optimizer_bytes=0, buffer_bytes=0)
+    if t.frozen_weights:                # no gradients or optimizer state
+        st = memory_model.frozen_states(st)
     overhead = t.framework_overhead_bytes + st.buffer_bytes
     peak = (st.parameter_bytes + st.gradient_bytes + st.optimizer_bytes
             + st.activation_bytes + overhead)
