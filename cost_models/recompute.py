@@ -97,10 +97,10 @@ def selective_recompute_time_s(layer: Layer, *, tmp: int, mbs: int, device: Devi
 
 def replicated_elementwise_bytes(layer: Layer, bytes_per_element: int) -> float:
     """Bytes per sample moved in one forward by the ops tensor parallelism leaves replicated
-    and sequence parallelism splits over t: layer norms and residual adds on s x h (the trial
-    layers have no dropout; Megatron's dropouts sit in the same region). The same terms as
-    `cost_models.layers.elementwise_bytes` without the ones already split by t:
-    transformer 2 LayerNorms + 2 residual adds (16 s h), mlp one of each (8 s h),
+    and sequence parallelism splits over t, as the trial layers run them (eager PyTorch):
+    layer norms and residual adds on s x h (the trial layers have no dropout).
+    The same terms as `cost_models.layers.elementwise_bytes` without the ones already split
+    by t: transformer 2 LayerNorms + 2 residual adds (16 s h), mlp one of each (8 s h),
     head its final LayerNorm (4 s h); the embedding adds its positions before the scatter.
     RMSNorm moves the same s x h tensors as LayerNorm, so Llama-family layers are counted
     alike (their RoPE and SwiGLU work is on the t-split q, k and fc1 output)."""
@@ -109,18 +109,53 @@ def replicated_elementwise_bytes(layer: Layer, bytes_per_element: int) -> float:
     return n * s * h * bytes_per_element
 
 
+def replicated_elementwise_bytes_by_pass(layer: Layer, bytes_per_element: int,
+                                         framework: str = "deepspeed") -> tuple[float, float]:
+    """(forward, backward) bytes per sample of the replicated region sequence parallelism
+    splits, counted as `cost_models.layers.elementwise_bytes_by_pass` counts the framework's
+    kernels.
+
+    deepspeed (the trial layers): `replicated_elementwise_bytes` forward, twice that backward.
+
+    megatron (fused bias-dropout-add, fused norms; g bytes per element, masks 1 byte), the
+    s x h terms of that count, per token: forward 2 norms (2g h each) and 2 bias-dropout-adds
+    ((3g + 1) h each): (10g + 2) h; backward 2 norm backwards (3g h each), 2 bias-dropout-add
+    backwards ((2g + 1) h each, + g h each for the bias gradient with biases) and the 2
+    residual gradient sums (3g h each): (16g + 2) h [+ 2g h]. The mlp layer has one of each:
+    (5g + 1) h and (8g + 1) h [+ g h]; the head its final norm: 2g h and 3g h. A residual
+    add's own backward is the identity (its gradient flows on unchanged), so the backward
+    is 1.6-1.7x the forward rather than 2x; the attention context's permute and the MLP
+    activation run on the t-split width and are not in this region."""
+    if framework != "megatron":
+        forward = replicated_elementwise_bytes(layer, bytes_per_element)
+        return forward, 2.0 * forward
+    g = float(bytes_per_element)
+    sh = float(layer.seq_length * layer.hidden_size)
+    bias = 1.0 if layer.bias else 0.0
+    if layer.kind == "transformer":
+        return (10 * g + 2) * sh, (16 * g + 2 + 2 * bias * g) * sh
+    if layer.kind == "mlp":
+        return (5 * g + 1) * sh, (8 * g + 1 + bias * g) * sh
+    if layer.kind == "head":
+        return 2 * g * sh, 3 * g * sh
+    return 0.0, 0.0
+
+
 def sequence_parallel_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
-                             bytes_per_element: int, recompute: bool = False) -> KnobTime:
+                             bytes_per_element: int, recompute: bool = False,
+                             framework: str = "deepspeed") -> KnobTime:
     """What sequence parallelism changes in a layer's device time: the replicated elementwise
-    work (`replicated_elementwise_bytes`, memory-bound) runs on s/t tokens, saving
-    (1 - 1/t) of it in forward and in backward (2x forward), and once more in a fully
-    recomputed forward. Its communication (reduce-scatters and all-gathers instead of
-    all-reduces, the all-gather repeated in backward for each column-parallel weight
-    gradient, and the per-call host time of each) is in
+    work (`replicated_elementwise_bytes_by_pass`, the framework's kernels, memory-bound) runs
+    on s/t tokens, saving (1 - 1/t) of it in forward and in backward, and the forward's once
+    more in a fully recomputed forward. Its communication (reduce-scatters and all-gathers
+    instead of all-reduces, the all-gather repeated in backward for each column-parallel
+    weight gradient, and the per-call host time of each) is in
     `cost_models.layers.tp_collectives_by_pass`, which the planner and the simulator cost
     (not overlapped with the input gradient's GEMM, which Megatron-LM does on GPUs)."""
     if tmp <= 1:
         return KnobTime(forward_s=0.0, backward_s=0.0)
-    saved = replicated_elementwise_bytes(layer, bytes_per_element) * mbs * (1.0 - 1.0 / tmp) \
-        / device.memory_bandwidth_bytes_per_s
-    return KnobTime(forward_s=-saved, backward_s=-saved * (3.0 if recompute else 2.0))
+    forward, backward = replicated_elementwise_bytes_by_pass(layer, bytes_per_element,
+                                                             framework)
+    share = mbs * (1.0 - 1.0 / tmp) / device.memory_bandwidth_bytes_per_s
+    return KnobTime(forward_s=-forward * share,
+                    backward_s=-(backward + (forward if recompute else 0.0)) * share)

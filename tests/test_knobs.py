@@ -19,8 +19,9 @@ from cost_models.compute import DeviceSpeed, attention_time_s, gemm_time_s
 from cost_models.layers import Layer
 from cost_models.recompute import (paper_activation_bytes_per_layer,
                                    paper_attention_core_bytes_per_layer,
-                                   replicated_elementwise_bytes, selective_recompute_time_s,
-                                   sequence_parallel_time_s)
+                                   replicated_elementwise_bytes,
+                                   replicated_elementwise_bytes_by_pass,
+                                   selective_recompute_time_s, sequence_parallel_time_s)
 
 # GPT-3 175B as in the paper (section 4, Table 3): s 2048, h 12288, a 96, t 8
 GPT3 = dict(s=2048, b=1, h=12288, a=96, t=8)
@@ -143,6 +144,32 @@ def test_sequence_parallel_time_splits_the_replicated_elementwise_work():
     assert full.backward_s == pytest.approx(-3 * fwd)
     assert sequence_parallel_time_s(x, tmp=1, mbs=2, device=A100,
                                     bytes_per_element=2).total_s == 0
+
+
+def test_sequence_parallel_under_megatron_splits_its_fused_kernels_bytes():
+    """Under Megatron the split region is the fused norms and bias-dropout-adds of the
+    layer's own elementwise count: that count less the t-split permute and activation; a
+    residual add's backward is the identity, so the backward is not twice the forward."""
+    from cost_models.layers import elementwise_bytes_by_pass
+    x = block()
+    g, s, h, f, t = 2, 2048, 12288, 4 * 12288, 8
+    fwd, bwd = replicated_elementwise_bytes_by_pass(x, g, "megatron")
+    assert (fwd, bwd) == ((10 * g + 2) * s * h, (18 * g + 2) * s * h)
+    whole_fwd, whole_bwd = elementwise_bytes_by_pass(x, t, g, "megatron")
+    assert whole_fwd - fwd == pytest.approx(s * (2 * g * h + 2 * g * f / t))
+    assert whole_bwd - bwd == pytest.approx(s * (2 * g * h + 4 * g * f / t))
+    assert replicated_elementwise_bytes_by_pass(x, g, "deepspeed") == (
+        replicated_elementwise_bytes(x, g), 2 * replicated_elementwise_bytes(x, g))
+    meg = sequence_parallel_time_s(x, tmp=t, mbs=2, device=A100, bytes_per_element=g,
+                                   framework="megatron")
+    share = 2 * (1 - 1 / t) / 2.0e12
+    assert meg.forward_s == pytest.approx(-fwd * share)
+    assert meg.backward_s == pytest.approx(-bwd * share)
+    ds = sequence_parallel_time_s(x, tmp=t, mbs=2, device=A100, bytes_per_element=g)
+    assert ds.total_s < meg.total_s < 0
+    full = sequence_parallel_time_s(x, tmp=t, mbs=2, device=A100, bytes_per_element=g,
+                                    framework="megatron", recompute=True)
+    assert full.backward_s == pytest.approx(-(bwd + fwd) * share)
 
 
 # ----------------------------------------------------------------------------- spec and planner

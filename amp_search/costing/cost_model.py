@@ -785,7 +785,8 @@ class CostModel:
                         layer, attention=self.spec.attention_for(gpu), **kw).total_s
                 if sp:
                     x += sequence_parallel_time_s(
-                        layer, recompute=c.activation_checkpointing, **kw).total_s
+                        layer, recompute=c.activation_checkpointing, framework=t.backend,
+                        **kw).total_s
                 out.append(x)
             # one context-parallel rank's share: both knobs' work is per token (the
             # recomputed core too: its queries against every key, 1/cp of the whole)
