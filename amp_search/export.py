@@ -377,7 +377,8 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
     cfg = trial_config(spec, s, ranks, iters=iters, warmup=warmup, seed=seed,
                        output="result.json")   # device and precision, as the launcher
     block = check_gpt_chain(spec.model.layers)
-    args = megatron_args(spec.model.layers, s, precision=cfg.precision, iters=iters, seed=seed)
+    args = megatron_args(spec.model.layers, s, precision=cfg.precision, iters=iters, seed=seed,
+                         overlap_grad_reduce=spec.training.overlaps_grad_reduce(s.zero_stage))
     nodes = megatron_nodes(ranks)
     env = trial_env(cfg.device, "megatron")
     ctx = _context(spec, cfg.device, env, master_port)

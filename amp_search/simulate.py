@@ -195,11 +195,15 @@ def simulatable(s: Strategy) -> str | None:
 
 
 def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str = SCHEDULE,
-                      overlap: bool = False, bucket_elements: int | None = None,
+                      overlap: bool | None = None, bucket_elements: int | None = None,
                       order: "DeviceOrder | None" = None, p2p_mode: str | None = None) -> dict:
     """The keyword arguments of `cost_models.simulator.simulate_iteration` for `strategy` (its
     partition and placement) under `model` (the module docstring says what each one is).
-    bucket_elements: default DeepSpeed's reduce_bucket_size; p2p_mode: default the P2P of the
+    overlap: reduce each gradient bucket during the backward; default the spec's
+    (`CostModel.overlaps_grad_reduce`: training.overlap_grad_reduce, else the backend's
+    default). bucket_elements: default, overlapped, the backend's bucket
+    (`comm.gradient_bucket_elements`), else DeepSpeed's reduce_bucket_size (one collective
+    per 5e8 elements after the backward); p2p_mode: default the P2P of the
     spec's training.backend (`p2p_mode_of`: DeepSpeed's blocking sends, `P2P_MODE`, or
     Megatron's paired ones); order: the DeviceOrder the placement came from, whose layout
     the model has cached (else the placement is costed again). Raises ValueError for a
@@ -209,8 +213,12 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     why = simulatable(strategy)
     if why is not None:
         raise ValueError(f"{strategy.label()}: {why}")
+    if overlap is None:
+        overlap = model.overlaps_grad_reduce(Candidate.of(strategy))
     if bucket_elements is None:
-        bucket_elements = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+        bucket_elements = comm.gradient_bucket_elements(
+            model.spec.training.backend, strategy.replicas) if overlap \
+            else DEEPSPEED_REDUCE_BUCKET_ELEMENTS
     if p2p_mode is None:
         p2p_mode = p2p_mode_of(model.spec.training.backend)
     s = strategy
@@ -222,7 +230,7 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     bounds = s.partition
     t = pass_times(model, c, layout, costs, bounds)
     if s.virtual_stages > 1:
-        return _interleaved_inputs(model, s, layout, costs, t, bucket_elements)
+        return _interleaved_inputs(model, s, layout, costs, t, bucket_elements, overlap)
     bpe = model.spec.training.bytes_per_element
     kw: dict = dict(forward_s=t.forward_s, backward_s=t.backward_s, recompute_s=t.recompute_s,
                     optimizer_s=pipeline.stage_totals(costs.optimizer_s, bounds), gas=s.gas,
@@ -269,11 +277,20 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
         kw.update(dp=s.replicas, gradient_bytes=grad,
                   dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(bw, dtype=float),
-                  bucket_bytes=float(bucket_elements) * bpe, overlap=overlap,
+                  bucket_bytes=float(bucket_elements) * (grad_element_bytes(model) if overlap
+                                                         else bpe), overlap=overlap,
                   gradient_collective="all_reduce" if s.zero_stage == 0 else "reduce_scatter",
                   reduce_every_microbatch=s.zero_stage == 2,
                   gather_bytes_after_step=gather)
     return kw
+
+
+def grad_element_bytes(model: "CostModel") -> int:
+    """Bytes of one gradient element as the backend reduces it (comm.
+    gradient_reduce_bytes_per_element: Megatron-LM's fp32 buffer with bf16): a bucket of N
+    elements is N times this."""
+    t = model.spec.training
+    return comm.gradient_reduce_bytes_per_element(t.precision, framework=t.backend)
 
 
 def _dp_sync_bytes(model: "CostModel", s: Strategy, weight_bytes: np.ndarray
@@ -294,14 +311,16 @@ def _dp_sync_bytes(model: "CostModel", s: Strategy, weight_bytes: np.ndarray
 
 
 def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
-                        costs: "StageCosts", t: PassTimes, bucket_elements: int) -> dict:
+                        costs: "StageCosts", t: PassTimes, bucket_elements: int,
+                        overlap: bool = False) -> dict:
     """`cost_models.simulator.simulate_interleaved`'s keyword arguments for v > 1 model chunks
     per stage: per chunk the passes of `pass_times` (recomputation folded into the backward),
     P2P over each of the v*pp - 1 chunk boundaries (the activation of the chunk's last layer)
     on the stage boundary's link (the wrap-around from the last stage to the first on the
     slowest of them: the cost arrays have no such link), async sends (the simulator does not
-    pair Megatron's sends and receives), gradient buckets after the backward in the bytes and
-    with the weights' all-gather of the 1F1B path (`_dp_sync_bytes`)."""
+    pair Megatron's sends and receives), gradient buckets after the backward (`overlap`: each
+    chunk's share during its last backward) in the bytes and with the weights' all-gather of
+    the 1F1B path (`_dp_sync_bytes`)."""
     pp, v, bounds = s.pp, s.virtual_stages, s.partition
     c = Candidate.of(s)
     per_chunk = (lambda x: np.asarray(x, dtype=float).reshape(v, pp).T)   # noqa: E731
@@ -326,9 +345,10 @@ def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
         kw.update(dp=s.replicas, gradient_bytes=grad,
                   dp_latency_s=model.link_latencies_s("all_reduce", dcross, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(dbw, dtype=float),
-                  bucket_bytes=float(bucket_elements) * bpe,
+                  bucket_bytes=float(bucket_elements) * (grad_element_bytes(model) if overlap
+                                                         else bpe),
                   gradient_collective="all_reduce" if s.zero_stage == 0 else "reduce_scatter",
-                  gather_bytes_after_step=gather)
+                  gather_bytes_after_step=gather, overlap=overlap)
     return kw
 
 

@@ -293,6 +293,21 @@ class TrainingSpec:
     --scatter-gather-tensors-in-pipeline, on by default there). DeepSpeed's pipeline engine
     always splits (pipe_partitioned)."""
 
+    overlap_grad_reduce: bool | None = None
+    """Whether the gradients are reduced in buckets while the last micro-batch's backward
+    still runs (Megatron-LM's --overlap-grad-reduce, DeepSpeed's overlap_comm); None (the
+    spec's `default`): the backend's default, `cost_models.comm.
+    gradient_reduce_overlaps_backward` (off under Megatron-LM and for DeepSpeed's ZeRO 0-2,
+    on for ZeRO 3; DeepSpeed never overlaps ZeRO 0's all-reduce)."""
+
+    def overlaps_grad_reduce(self, zero_stage: int) -> bool:
+        """Whether a strategy at `zero_stage` reduces its gradients overlapped with the
+        backward (`overlap_grad_reduce`, else the backend's default)."""
+        from cost_models.comm import gradient_reduce_overlaps_backward   # numpy: not at import
+
+        return gradient_reduce_overlaps_backward(framework=self.backend, zero_stage=zero_stage,
+                                                 overlap_comm=self.overlap_grad_reduce)
+
     @property
     def bytes_per_element(self) -> int:
         return 4 if self.precision == "fp32" else 2
@@ -699,7 +714,7 @@ def _training(data) -> TrainingSpec:
                                    "optimizer", "attention", "sequence_parallel",
                                    "virtual_pipeline_stages", "backend", "context_parallel",
                                    "expert_parallel", "objective", "pipeline_p2p",
-                                   "finetune"))
+                                   "finetune", "overlap_grad_reduce"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
     # virtual stages, as NeMo's auto-configurator does
     backend = r.choice("backend", BACKENDS, "deepspeed")
@@ -743,6 +758,12 @@ def _training(data) -> TrainingSpec:
         zero_stages = (zero,)
     else:
         raise SpecError(r.at("zero_stage"), f"got {show_value(zero)}; accepted: 0, 1, 2, 3, search")
+    overlap = r.raw("overlap_grad_reduce", "default")
+    if not isinstance(overlap, bool) and overlap != "default":
+        raise SpecError(r.at("overlap_grad_reduce"),
+                        f"got {show_value(overlap)}; accepted: true, false, default (the "
+                        f"backend's: off under Megatron-LM and for DeepSpeed's ZeRO 0-2, on "
+                        f"for ZeRO 3)")
     headroom = r.raw("memory_headroom", "5%")
     hr_path = r.at("memory_headroom")
     if isinstance(headroom, str) and headroom.strip().endswith("%"):
@@ -772,6 +793,7 @@ def _training(data) -> TrainingSpec:
         backend=backend,
         pipeline_p2p=r.choice("pipeline_p2p", PIPELINE_P2P, "whole"),
         finetune=r.choice("finetune", FINETUNE, "none"),
+        overlap_grad_reduce=None if overlap == "default" else overlap,
     )
 
 
@@ -952,6 +974,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             del section["finetune"]              # as before the key existed
         if name == "training" and section["pipeline_p2p"] == "whole":
             del section["pipeline_p2p"]          # as before the key existed
+        if name == "training" and section["overlap_grad_reduce"] is None:
+            del section["overlap_grad_reduce"]   # as before the key existed
         if name == "training" and section["objective"] == "time":
             del section["objective"]             # as before the key existed
         if name == "training" and section["context_parallel"] == (1,):

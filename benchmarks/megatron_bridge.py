@@ -144,7 +144,9 @@ def spec_dict(row: dict) -> dict:
                      "precision": PRECISIONS[row["precision"]], "backend": "megatron",
                      "zero_stage": zero_of(row), "activation_checkpointing": "none",
                      "sequence_parallel": int(row["tp"]) > 1, "framework_overhead": "2 GiB",
-                     "finetune": "lora" if row["workload"] == "lora" else "none"},
+                     "finetune": "lora" if row["workload"] == "lora" else "none",
+                     # the recipes' DistributedDataParallelConfig: overlap_grad_reduce=True
+                     "overlap_grad_reduce": True},
     }
 
 

@@ -256,6 +256,46 @@ def shared_bandwidth(link_bytes_per_s, flows):
     return link_bytes_per_s / np.maximum(flows, 1)
 
 
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed's default ``reduce_bucket_size`` (zero_optimization; also the element count of
+the ZeRO-0 ``allreduce_gradients`` buffers): 5e8 elements."""
+MEGATRON_BUCKET_MIN_PARAMS = 40_000_000
+MEGATRON_BUCKET_PARAMS_PER_RANK = 1_000_000
+"""megatron-core's default gradient bucket with --overlap-grad-reduce
+(DistributedDataParallelConfig.bucket_size None): max(40,000,000, 1,000,000 x the dp x cp
+ranks) parameters, "larger DP sizes need larger buckets to ensure collectives do not become
+latency-bound"; without the overlap, one bucket."""
+
+
+def gradient_bucket_elements(framework: str, data_parallel_ranks: int) -> int:
+    """The framework's default gradient bucket in elements: DeepSpeed's reduce_bucket_size,
+    megatron-core's max(4e7, 1e6 x dp x cp)."""
+    if framework == "megatron":
+        return max(MEGATRON_BUCKET_MIN_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK
+                   * int(data_parallel_ranks))
+    return DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+
+
+def gradient_reduce_time_s(*, grad_bytes, n: int, bandwidth_bytes_per_s, latency_s,
+                           zero_stage: int, gas: int, framework: str = "deepspeed"):
+    """The gradient reduction's part of `data_parallel_sync_time_s`, the part a reduction
+    overlapped with the backward can hide (the weights' all-gather after the step waits for
+    the step): the all-reduce (ZeRO 0; DeepSpeed's ZeRO 1 too), the reduce-scatter of
+    Megatron-LM's distributed optimizer, DeepSpeed's ZeRO 2 reduce-scatter of every
+    micro-batch; 0 for ZeRO 3, whose per-layer traffic the closed form charges whole (the
+    simulator overlaps it layer by layer)."""
+    if framework not in GRADIENT_FRAMEWORKS:
+        raise ValueError(f"framework {framework!r}; known: {', '.join(GRADIENT_FRAMEWORKS)}")
+    if n <= 1 or zero_stage == 3:
+        return 0.0 * (grad_bytes + latency_s + bandwidth_bytes_per_s)
+    bw, lat = bandwidth_bytes_per_s, latency_s
+    if framework == "megatron" and zero_stage == 1:
+        return reduce_scatter_time_s(grad_bytes, n, bw, lat)
+    if zero_stage == 2:
+        return gas * reduce_scatter_time_s(grad_bytes, n, bw, lat)
+    return allreduce_time_s(grad_bytes, n, bw, lat)
+
+
 def data_parallel_sync_time_s(*, param_bytes, grad_bytes, n: int, bandwidth_bytes_per_s,
                               latency_s, zero_stage: int, gas: int,
                               gather_weights_after_step: bool = False,

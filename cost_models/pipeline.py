@@ -14,7 +14,7 @@ numba kernels.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -294,6 +294,55 @@ class StageCostArrays:
     """[pp, L] one optimizer step over the layer's parameters."""
     microbatch_overhead_s: float
     step_overhead_s: float
+    gradient_overlap: "GradientOverlap | None" = field(default=None, kw_only=True)
+    """The part of sync_s reduced in buckets during the backward (None: none is)."""
+
+
+@dataclass(frozen=True)
+class GradientOverlap:
+    """A gradient reduction overlapped with the backward pass (Megatron-LM's
+    --overlap-grad-reduce, DeepSpeed's overlap_comm), per stage j with G_j gradient elements
+    in buckets of B (`bucket_elements`): bucket i is reduced once the backward has produced
+    it, one after another on the stage's data-parallel ring, while the backward goes on. With
+    R_j the reduction's time (its part of the sync) and W_j the window (the backward of the
+    last micro-batch, or of every micro-batch where each reduces its own: `windows`), the
+    reduction ends after the backward by max over buckets of (the rest of R_j - the rest of
+    W_j), for even rates at the two ends:
+
+        exposed_j = max(R_j b_j, R_j - (1 - b_j) W_j),    b_j = min(1, B / G_j)
+
+    the last bucket alone, or all of R_j less the window after the first bucket. One bucket
+    (B >= G_j) hides nothing. The weights' all-gather after the optimizer step (ZeRO 1-2, the
+    distributed optimizer) is not in R_j: it waits for the step."""
+
+    reduce_s: np.ndarray
+    """[pp, L] the gradient reduction's part of sync_s."""
+    reduce_fixed_s: np.ndarray
+    """[pp] its part of sync_fixed_s (the latencies)."""
+    backward_s: np.ndarray
+    """[pp, L] one micro-batch's backward (recomputation included), the window."""
+    elements: np.ndarray
+    """[L] the gradient elements of each layer one rank reduces."""
+    bucket_elements: float
+    windows: int = 1
+    """Backward passes the reduction overlaps: 1 (the last micro-batch's) or gas (DeepSpeed's
+    ZeRO 2 reduces each micro-batch's gradients in its own backward)."""
+
+
+def exposed_sync_s(costs: StageCostArrays, totals) -> np.ndarray:
+    """[pp] the data-parallel sync each stage waits for after its last backward:
+    sync_fixed_s + totals(sync_s), less what `costs.gradient_overlap` hides. `totals`: per
+    layer [pp, L] -> per stage [pp] (the split's `stage_totals` or `chunk_device_totals`)."""
+    sync = costs.sync_fixed_s + totals(costs.sync_s)
+    o = costs.gradient_overlap
+    if o is None:
+        return sync
+    reduce = o.reduce_fixed_s + totals(o.reduce_s)
+    window = totals(o.backward_s) * o.windows
+    elements = totals(np.broadcast_to(o.elements, o.reduce_s.shape))
+    first = np.minimum(1.0, o.bucket_elements / np.maximum(elements, 1.0))
+    exposed = np.maximum(reduce * first, reduce - (1.0 - first) * window)
+    return sync - reduce + np.minimum(exposed, reduce)
 
 
 @dataclass(frozen=True)
@@ -321,7 +370,11 @@ def one_f_one_b_iteration_s(costs: StageCostArrays, boundaries, gas: int, *,
     partition's candidate splits are compared by; `one_f_one_b_iteration` gives the same time
     (up to rounding: it sums the sync and the step per stage separately) with its terms."""
     stage_time = stage_totals(costs.layer_s, boundaries) + costs.microbatch_overhead_s
-    after = costs.sync_fixed_s + stage_totals(costs.sync_s + costs.optimizer_s, boundaries)
+    if costs.gradient_overlap is None:
+        after = costs.sync_fixed_s + stage_totals(costs.sync_s + costs.optimizer_s, boundaries)
+    else:
+        after = exposed_sync_s(costs, lambda x: stage_totals(x, boundaries)) \
+            + stage_totals(costs.optimizer_s, boundaries)
     return iteration_time_s(pipeline_1f1b_time_s(
         stage_time, boundary_times(costs.cut_s, boundaries), gas,
         blocking_share=blocking_share), after, costs.step_overhead_s)
@@ -334,7 +387,7 @@ def one_f_one_b_iteration(costs: StageCostArrays, boundaries, gas: int, *,
     stage_tp = stage_totals(costs.tensor_parallel_s, boundaries)
     stage_compute = stage_time - stage_tp       # device compute, or the host where longer
     cuts = boundary_times(costs.cut_s, boundaries)
-    sync = costs.sync_fixed_s + stage_totals(costs.sync_s, boundaries)
+    sync = exposed_sync_s(costs, lambda x: stage_totals(x, boundaries))
     step = stage_totals(costs.optimizer_s, boundaries)
     pipeline = pipeline_1f1b_time_s(stage_time, cuts, gas, blocking_share=blocking_share)
     total = iteration_time_s(pipeline, sync + step, costs.step_overhead_s)
@@ -362,7 +415,7 @@ def interleaved_iteration(costs: StageCostArrays, boundaries, gas: int, pp: int,
     stage_time = chunk_device_totals(costs.layer_s, boundaries, pp) + costs.microbatch_overhead_s
     stage_tp = chunk_device_totals(costs.tensor_parallel_s, boundaries, pp)
     cuts, wrap = chunk_boundary_times(costs.cut_s, boundaries, pp)
-    sync = costs.sync_fixed_s + chunk_device_totals(costs.sync_s, boundaries, pp)
+    sync = exposed_sync_s(costs, lambda x: chunk_device_totals(x, boundaries, pp))
     step = chunk_device_totals(costs.optimizer_s, boundaries, pp)
     pipeline = interleaved_1f1b_time_s(stage_time, cuts, gas, v, blocking_share=blocking_share,
                                        wrap_time_s=wrap)

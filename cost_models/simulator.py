@@ -115,6 +115,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .comm import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 from .schedule import BACKWARD, FORWARD, IDLE, RECOMPUTE, RECV, SEND, interleaved_order
 from .simulator_inputs import (FlowColumns, Flows, LinksAndRoutes, Route, add_data_parallel_flows,
                                add_p2p_flows, add_zero3_flows, apply_zero3_ops, compute_ops,
@@ -124,9 +125,6 @@ from .simulator_kernels import FLOW_GATHER, FLOW_P2P, FLOW_PREFETCH, pick
 
 GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter")
 
-DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
-"""DeepSpeed's default ``reduce_bucket_size`` (zero_optimization; also the element count of
-the ZeRO-0 ``allreduce_gradients`` buffers): 5e8 elements."""
 
 STREAMS = ("compute", "send_next", "send_prev", "recv_prev", "recv_next", "dp")
 """Event streams: compute; activations sent to stage j+1; gradients sent to stage j-1;
@@ -504,7 +502,7 @@ def simulate_interleaved(*, forward_s, backward_s, optimizer_s, gas: int,
                          dp_bandwidth_bytes_per_s=None,
                          bucket_bytes: float = deepspeed_bucket_bytes(2),
                          gradient_collective: str = "all_reduce",
-                         gather_bytes_after_step=None,
+                         gather_bytes_after_step=None, overlap: bool = False,
                          step_overhead_s: float = 0.0,
                          use_numba: bool = True) -> SimulatedIteration:
     """Simulate one iteration of Megatron-LM's interleaved 1F1B schedule
@@ -519,8 +517,10 @@ def simulate_interleaved(*, forward_s, backward_s, optimizer_s, gas: int,
     last one the wrap-around from device pp-1 to device 0 (each direction a private link).
     Omitted p2p_bytes: free transfers. Sends are "async" (free-running, the receiver waits):
     Megatron's paired sends and receives of the interleaved schedule are not modelled.
-    Data parallelism (dp > 1): gradient_bytes[j] in buckets after the device's last backward,
-    on a private link of dp_bandwidth_bytes_per_s[j], without overlap, then the optimizer step,
+    Data parallelism (dp > 1): gradient_bytes[j] in buckets after the device's last backward
+    (with `overlap`, Megatron-LM's --overlap-grad-reduce: each chunk's 1/v of them during
+    that chunk's last backward, the buckets spread over it as `simulate_iteration` spreads
+    them), on a private link of dp_bandwidth_bytes_per_s[j], then the optimizer step,
     then gather_bytes_after_step[j] (the distributed optimizer's all-gather of the updated
     weights; none where omitted) on the same link, as `simulate_iteration` has them.
 
@@ -540,17 +540,18 @@ def simulate_interleaved(*, forward_s, backward_s, optimizer_s, gas: int,
     gas = int(gas)
     _check_dp_sync(gradient_collective, bucket_bytes)
     kinds, micro, chunk = interleaved_order(pp, v, gas)
-    flows, ops, stage_nb, stage_bptr, lk = interleaved_inputs(
+    flows, ops, dpf, lk = interleaved_inputs(
         kinds, micro, chunk, fwd=fwd, bwd=bwd, opt=opt, gas=gas, p2p_bytes=p2p_bytes,
         p2p_latency_s=p2p_latency_s, p2p_bandwidth_bytes_per_s=p2p_bandwidth_bytes_per_s,
         dp=dp, gradient_bytes=gradient_bytes, dp_latency_s=dp_latency_s,
         dp_bandwidth_bytes_per_s=dp_bandwidth_bytes_per_s, bucket_bytes=bucket_bytes,
-        gradient_collective=gradient_collective, gather_bytes_after_step=gather_bytes_after_step)
+        gradient_collective=gradient_collective, gather_bytes_after_step=gather_bytes_after_step,
+        overlap=overlap)
     s_ptr, s_flow = flows.stream_queues(3 * pp)
     f_lptr, f_link, f_mult, link_bw, slot_ptr, alone = lk.kernel_arrays(len(flows))
     event_loop = pick("event_loop", use_numba)
     c_start, c_end, f_start, f_end, st_end, path, complete = event_loop(
-        pp, ops.dur, ops.dep, ops.out, ops.emit, False, stage_nb, stage_bptr, stage_nb.copy(),
+        pp, ops.dur, ops.dep, ops.out, ops.emit, bool(overlap), dpf.nb, dpf.bptr, dpf.buckets,
         flows.stream, flows.wake, flows.kind, flows.latency_s, flows.wire_bytes, alone,
         flows.bucket_frac, f_lptr, f_link, f_mult, s_ptr, s_flow, link_bw, slot_ptr, False,
         ops.xfer, False, ops.pre)

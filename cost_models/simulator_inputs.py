@@ -295,11 +295,13 @@ class DataParallelFlows:
 def add_data_parallel_flows(columns: FlowColumns, links: LinksAndRoutes, *, pp: int,
                             gas: int, dp: int, gradient_bytes, gather_bytes_after_step,
                             latency_s, bandwidth, routes, bucket_bytes: float,
-                            gradient_collective: str, reduce_every_microbatch: bool
-                            ) -> DataParallelFlows:
+                            gradient_collective: str, reduce_every_microbatch: bool,
+                            chunk_emitters: int = 0) -> DataParallelFlows:
     """Each stage's gradient buckets (of the last backward, or of every backward with
-    reduce_every_microbatch), then its weight all-gather after the step, over a private
-    link of `bandwidth` per stage or over `routes`. dp = 1: none."""
+    reduce_every_microbatch, or with chunk_emitters = v of the last backward of each of the
+    v model chunks, `gradient_bytes` then being one chunk's), then its weight all-gather
+    after the step, over a private link of `bandwidth` per stage or over `routes`. dp = 1:
+    none."""
     if routes is not None and bandwidth is not None:
         raise ValueError("give dp_bandwidth_bytes_per_s (private links) or dp_routes, not both")
     grad = nonnegative_floats("gradient_bytes", gradient_bytes, pp, default=0.0)
@@ -310,7 +312,7 @@ def add_data_parallel_flows(columns: FlowColumns, links: LinksAndRoutes, *, pp: 
     stage_bptr = np.zeros(pp, dtype=np.int64)
     stage_buckets = np.zeros(pp, dtype=np.int64)
     gather_flow = np.full(pp, -1, dtype=np.int64)
-    emitters = gas if reduce_every_microbatch else 1
+    emitters = chunk_emitters or (gas if reduce_every_microbatch else 1)
     if dp > 1:
         if routes is None:
             if bandwidth is None:
@@ -346,7 +348,8 @@ def add_data_parallel_flows(columns: FlowColumns, links: LinksAndRoutes, *, pp: 
                     wire_bytes=np.tile(comm.bus_factor(gradient_collective, dp) * sizes,
                                        emitters),
                     bucket_frac=np.tile(frac, emitters),
-                    microbatch=np.repeat(np.arange(gas - emitters, gas), nb),
+                    microbatch=np.full(n, gas - 1) if chunk_emitters
+                    else np.repeat(np.arange(gas - emitters, gas), nb),
                     peer=np.tile(np.arange(nb), emitters), count=np.full(n, nb))
                 links.route(routes[j], stream, n)
                 n_flows += n
@@ -562,12 +565,14 @@ def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, 
                        opt, gas: int, p2p_bytes, p2p_latency_s, p2p_bandwidth_bytes_per_s,
                        dp: int, gradient_bytes, dp_latency_s, dp_bandwidth_bytes_per_s,
                        bucket_bytes: float, gradient_collective: str,
-                       gather_bytes_after_step=None
-                       ) -> tuple[Flows, ComputeOps, np.ndarray, np.ndarray, LinksAndRoutes]:
+                       gather_bytes_after_step=None, overlap: bool = False
+                       ) -> tuple[Flows, ComputeOps, DataParallelFlows, LinksAndRoutes]:
     """`simulate_interleaved`'s flows and compute tasks for the order (kinds, micro, chunk)
-    of `schedule.interleaved_order`: (flows, ops, stage_nb, stage_bptr, links). P2P flows are
+    of `schedule.interleaved_order`: (flows, ops, dp_flows, links). P2P flows are
     numbered in the order their senders produce them (each stream a FIFO); a device's
-    buckets follow its last backward, without overlap."""
+    buckets follow its last backward, or with `overlap` each chunk's 1/v of them run
+    during that chunk's last backward (its gradients are complete then: Megatron-LM's
+    --overlap-grad-reduce, which syncs each model chunk's buffer on its own)."""
     pp, v = fwd.shape
     V = pp * v
     n_ops = kinds.shape[1]
@@ -628,16 +633,29 @@ def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, 
                 bucket_frac=np.zeros(n_p2p), microbatch=micro[fj, fi], peer=f_wake,
                 count=np.zeros(n_p2p))
 
-    # ---- data parallelism: buckets after each device's last backward, no overlap, then the
-    # weights' all-gather after the step, as `simulate_iteration` has them
+    # ---- data parallelism: buckets after each device's last backward (or, overlapped, each
+    # chunk's during its last backward), then the weights' all-gather after the step, as
+    # `simulate_iteration` has them
+    grad = gradient_bytes
+    if overlap and dp > 1:
+        grad = nonnegative_floats("gradient_bytes", gradient_bytes, pp, default=0.0) / v
     dp_flows = add_data_parallel_flows(
-        columns, lk, pp=pp, gas=gas, dp=dp, gradient_bytes=gradient_bytes,
+        columns, lk, pp=pp, gas=gas, dp=dp, gradient_bytes=grad,
         gather_bytes_after_step=gather_bytes_after_step, latency_s=dp_latency_s,
         bandwidth=dp_bandwidth_bytes_per_s, routes=None, bucket_bytes=bucket_bytes,
-        gradient_collective=gradient_collective, reduce_every_microbatch=False)
+        gradient_collective=gradient_collective, reduce_every_microbatch=False,
+        chunk_emitters=v if overlap and dp > 1 else 0)
     op_out[:, n_ops] = dp_flows.gather_flow
     op_emit = np.full((pp, K), -1, dtype=np.int64)
-    op_emit[dp_flows.nb > 0, n_ops - 1] = 0        # the device's last op is a backward
+    if overlap and dp > 1:      # each chunk's last backward, in the order they run
+        for j in range(pp):
+            if dp_flows.nb[j] > 0:
+                last = [int(np.nonzero((kinds[j] == BACKWARD) & (chunk[j] == c))[0].max())
+                        for c in range(v)]
+                for e, k in enumerate(sorted(last)):
+                    op_emit[j, k] = e
+    else:
+        op_emit[dp_flows.nb > 0, n_ops - 1] = 0    # the device's last op is a backward
     flows = columns.flows()
     op_dur = np.empty((pp, K))
     js = np.arange(pp)[:, None]
@@ -646,4 +664,4 @@ def interleaved_inputs(kinds: np.ndarray, micro: np.ndarray, chunk: np.ndarray, 
     ops = ComputeOps(dur=op_dur, dep=op_dep, out=op_out, emit=op_emit,
                      xfer=np.full((pp, K, 1), -1, dtype=np.int64),
                      pre=np.full((pp, K), -1, dtype=np.int64))
-    return flows, ops, dp_flows.nb, dp_flows.bptr, lk
+    return flows, ops, dp_flows, lk

@@ -74,6 +74,10 @@ def _backend_line(spec: Spec, plan: Plan) -> str:
                                          if t.precision == "nvfp4" else "")
     if t.finetune == "lora":
         tail += ", LoRA fine-tuning (the weights frozen; the adapters not costed)"
+    if t.overlap_grad_reduce is not None:
+        tail += (", gradients reduced in buckets during the backward"
+                 if t.overlap_grad_reduce else ", gradients reduced after the backward") \
+            + " (training.overlap_grad_reduce)"
     if len(plan.backends) > 1:
         names = " and as ".join(BACKEND_NAMES.get(b, b) for b in plan.backends)
         return (f"costed as {names} (training.backend not given: each planned, the backend "

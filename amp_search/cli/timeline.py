@@ -9,6 +9,7 @@ buckets (ZeRO 0-2; ZeRO 3 at pp 1, layer by layer), optimizer step and per-itera
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 from collections import Counter
 from pathlib import Path
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
 
 # The parser is built for every amp-search command: numpy, numba and the simulator are
 # imported only when `timeline` runs.
-_BUCKET_ELEMENTS_DEFAULT = "DeepSpeed's reduce_bucket_size, 5e8"
+_BUCKET_ELEMENTS_DEFAULT = ("overlapped, the backend's bucket (DeepSpeed's reduce_bucket_size "
+                            "5e8, Megatron-LM's max(4e7, 1e6 x dp x cp)); else 5e8")
 
 
 def simulate_iteration(**kw) -> "SimulatedIteration":
@@ -53,9 +55,11 @@ def add_parser(sub) -> None:
     p.add_argument("--schedule", default="1f1b", metavar="NAME",
                    help="pipeline schedule: 1f1b (default; DeepSpeed's and Megatron-LM's "
                         "non-interleaved 1F1B) or gpipe")
-    p.add_argument("--overlap-comm", action="store_true",
+    p.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=None,
                    help="reduce each gradient bucket as soon as it is complete, during the "
-                        "backward (DeepSpeed's overlap_comm); default: after it")
+                        "backward (DeepSpeed's overlap_comm, Megatron-LM's "
+                        "--overlap-grad-reduce), or after it; default: as the spec's "
+                        "training.overlap_grad_reduce says (absent: the backend's default)")
     p.add_argument("--bucket-elements", type=positive_int, default=None, metavar="N",
                    help=f"gradient bucket size in elements (default "
                         f"{_BUCKET_ELEMENTS_DEFAULT})")
@@ -114,14 +118,11 @@ def _format(sim: SimulatedIteration, e: Estimate, names: list[str], kw: dict) ->
 
 def run(args) -> int:
     from cost_models.schedule import SCHEDULES
-    from cost_models.simulator import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 
     from ..timeline import PngWriter
 
     if args.schedule not in SCHEDULES:
         raise UsageError(f"--schedule {args.schedule}: accepted: {', '.join(SCHEDULES)}")
-    if args.bucket_elements is None:
-        args.bucket_elements = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
     spec = load_spec(args.spec)
     measurements = measurements_for(spec, args)
     default_png = args.png is None and args.trace is None and not args.no_files
@@ -144,6 +145,9 @@ def run(args) -> int:
 
 
 def _run(args, spec, measurements, png) -> int:
+    from cost_models.comm import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, gradient_bucket_elements
+
+    from ..search_space import Candidate
     from ..costing import CostModel
     from ..simulate import simulatable, simulation_inputs
     from ..timeline import write_chrome_trace
@@ -155,6 +159,12 @@ def _run(args, spec, measurements, png) -> int:
         raise UsageError(f"timeline: {e.strategy.label()}: {why}; give another strategy "
                          f"(--rank N, or --pp --dp --tmp --mbs with --zero-stage 0, 1 or 2)")
     model = CostModel(spec, measurements=measurements)
+    if args.overlap_comm is None:
+        args.overlap_comm = model.overlaps_grad_reduce(Candidate.of(e.strategy))
+    if args.bucket_elements is None:
+        args.bucket_elements = gradient_bucket_elements(spec.training.backend,
+                                                        e.strategy.replicas) \
+            if args.overlap_comm else DEEPSPEED_REDUCE_BUCKET_ELEMENTS
     kw = simulation_inputs(model, e.strategy, schedule=args.schedule,
                            overlap=args.overlap_comm, bucket_elements=args.bucket_elements)
     if e.strategy.virtual_stages > 1:       # Megatron-LM's interleaved 1F1B

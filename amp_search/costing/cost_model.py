@@ -464,7 +464,8 @@ class CostModel:
         placement: each stage's device passes and tensor-, context- and expert-parallel
         collectives, or its host's time where longer (at most its `layer_s`,
         synced_overlapped_time_s), and its data-parallel
-        sync (without the optimizer step), through iteration_lower_bound_s; with `split`
+        sync (without the optimizer step; an overlapped gradient reduction counted as if it
+        hid entirely), through iteration_lower_bound_s; with `split`
         and one model chunk per stage, the exact partition DP on those rows without P2P
         over the memory-feasible splits (or all, where none is: what `_partition` chooses
         among), which minimises a sum that each split's closed-form time is at least: the
@@ -500,6 +501,10 @@ class CostModel:
         if not split:
             return pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages, **common)
         sync, sync_fixed = self._dp_sync(c, layout)
+        if self.overlaps_grad_reduce(c):     # the reduction may hide entirely: what is left
+            reduce, reduce_fixed = self._dp_sync(c, layout, reduce_only=True)
+            sync, sync_fixed = np.maximum(sync - reduce, 0.0), \
+                np.maximum(sync_fixed - reduce_fixed, 0.0)
         if c.pp == 1:
             return pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages,
                                                     after_layer_s=sync,
@@ -698,12 +703,14 @@ class CostModel:
                 cut[1:, 1:L] += receiver * gather[1:, :L - 1] + sender * gather[:-1, :L - 1]
 
         sync, sync_fixed = self._dp_sync(c, layout)
+        overlap = self._gradient_overlap(c, layout, compute - compute_forward)
         return StageCosts(compute_s=compute, host_s=host, host_forward_s=host_forward,
                           tensor_parallel_s=tensor_parallel,
                           cut_s=cut,
                           sync_s=sync, sync_fixed_s=sync_fixed, optimizer_s=optimizer,
                           microbatch_overhead_s=p.microbatch_overhead_s,
                           step_overhead_s=p.step_overhead(c.pp, c.replicas),
+                          gradient_overlap=overlap,
                           layer_s=synced_overlapped_time_s(
                               host_forward, compute_forward + tensor_parallel_forward, host,
                               compute + tensor_parallel))
@@ -869,11 +876,15 @@ class CostModel:
                                       np.asarray(bw, dtype=float)[:, None],
                                       np.asarray(lat, dtype=float)[:, None])
 
-    def _dp_sync(self, c: Candidate, layout: PlacedLayout) -> tuple[np.ndarray, np.ndarray]:
+    def _dp_sync(self, c: Candidate, layout: PlacedLayout, reduce_only: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
         """The data-parallel sync of stage j is linear in the parameters it holds
         (cost_models.comm.data_parallel_sync_time_s on the stage's slowest dp ring):
-        sync_j = fixed[j] + sum over its layers of per_layer[j, l], less what overlap hides.
-        Megatron-FSDP has none at the step: its traffic runs layer by layer (`fsdp_time_s`)."""
+        sync_j = fixed[j] + sum over its layers of per_layer[j, l], less what the calibrated
+        dp_overlap hides; `reduce_only`: its gradient reduction's part
+        (comm.gradient_reduce_time_s), which an overlapped reduction hides behind the backward
+        (`_gradient_overlap`). Megatron-FSDP has none at the step: its traffic runs layer by
+        layer (`fsdp_time_s`)."""
         if c.replicas == 1 or self.is_megatron_fsdp(c) or self.spec.training.frozen_weights:
             return np.zeros((c.pp, self.num_layers)), np.zeros(c.pp)
         bw, crosses = layout.dp_links
@@ -891,6 +902,11 @@ class CostModel:
             zero_stage=c.zero_stage, precision=self.spec.training.precision) == "bf16_optimizer"
 
         def sync(element_bytes: float) -> np.ndarray:      # [pp]: one parameter's bytes
+            if reduce_only:
+                return pipeline.exposed_time_s(comm.gradient_reduce_time_s(
+                    grad_bytes=element_bytes * grad_scale, n=c.replicas,
+                    bandwidth_bytes_per_s=bw, latency_s=lat, zero_stage=c.zero_stage, gas=gas,
+                    framework=framework), self.params.dp_overlap)
             return pipeline.exposed_time_s(comm.data_parallel_sync_time_s(
                 param_bytes=element_bytes, grad_bytes=element_bytes * grad_scale, n=c.replicas,
                 bandwidth_bytes_per_s=bw, latency_s=lat,
@@ -900,6 +916,31 @@ class CostModel:
         fixed = sync(0.0)
         per_param = sync(float(bpe)) - fixed
         return per_param[:, None] * self.synced_params_per_layer(c)[None, :], fixed
+
+    def overlaps_grad_reduce(self, c: Candidate) -> bool:
+        """Whether `c` reduces its gradients in buckets during the backward
+        (TrainingSpec.overlaps_grad_reduce) and has a reduction to overlap: dp x cp > 1,
+        weights trained, ZeRO 0-2 (ZeRO 3 and Megatron-FSDP move theirs layer by layer)."""
+        t = self.spec.training
+        return (c.replicas > 1 and c.zero_stage != 3 and not t.frozen_weights
+                and t.overlaps_grad_reduce(c.zero_stage))
+
+
+    def _gradient_overlap(self, c: Candidate, layout: PlacedLayout, backward: np.ndarray
+                          ) -> pipeline.GradientOverlap | None:
+        """The overlapped part of the data-parallel sync (pipeline.GradientOverlap) with
+        `backward` [pp, L] as the window, or None where `overlaps_grad_reduce` is false."""
+        if not self.overlaps_grad_reduce(c):
+            return None
+        reduce, reduce_fixed = self._dp_sync(c, layout, reduce_only=True)
+        t = self.spec.training
+        windows = micro_batches(t.global_batch_size, c.dp, c.mbs) \
+            if c.zero_stage == 2 and t.backend == "deepspeed" else 1
+        return pipeline.GradientOverlap(
+            reduce_s=reduce, reduce_fixed_s=reduce_fixed, backward_s=backward,
+            elements=self.synced_params_per_layer(c),
+            bucket_elements=float(comm.gradient_bucket_elements(t.backend, c.replicas)),
+            windows=windows)
 
     def synced_params_per_layer(self, c: Candidate) -> np.ndarray:
         """[L] the parameters whose gradients one rank reduces over the dp x cp ranks, as the
@@ -950,12 +991,14 @@ class CostModel:
         if result is None:      # no split fits: report the fastest one, which won't fit
             result = optimal_partition(costs.layer_s, costs.cut_s, gas, **kw)
             return result.boundaries
-        if c.pp == 1 or gas == 1 or not costs.cut_s.any():
+        if c.pp == 1 or (gas == 1 or not costs.cut_s.any()) and costs.gradient_overlap is None:
             return result.boundaries
         # The DP minimises eq. 5, which pays each cut once; 1F1B's steady state pays the cuts
         # a stage waits for in every micro-batch (pipeline_1f1b_time_s). A second DP with
         # every cut weighted as if it were on the steady state's path, and Megatron's uniform
-        # split, are candidates too; the one the full objective ranks first is kept.
+        # split, are candidates too; the one the full objective ranks first is kept. (The DPs
+        # charge an overlapped gradient reduction whole, linear in the layers; the full
+        # objective charges what the backward leaves exposed, pipeline.exposed_sync_s.)
         heavy = costs.cut_s * (1.0 + self.p2p_blocking_share * (gas - 1))
         other = optimal_partition(costs.layer_s, heavy, gas, memory_layer_bytes=mem_layer,
                                   memory_budget_bytes=mem_budget, **kw)

@@ -201,8 +201,11 @@ def virtual_stage_args(layers: tuple[Layer, ...], strategy: Strategy) -> list[st
 
 
 def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: str,
-                  iters: int, seed: int = 1234, lr: float = 1e-4) -> list[str]:
-    """The pretrain_gpt.py arguments for one strategy."""
+                  iters: int, seed: int = 1234, lr: float = 1e-4,
+                  overlap_grad_reduce: bool = False) -> list[str]:
+    """The pretrain_gpt.py arguments for one strategy; `overlap_grad_reduce` (the spec's
+    training.overlap_grad_reduce): --overlap-grad-reduce, the gradients reduced in buckets
+    during the backward."""
     block = check_gpt_chain(layers)
     s = strategy
     vocab = layers[0].vocab_size
@@ -242,7 +245,9 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
                  "--expert-tensor-parallel-size", "1"]
     if s.zero_stage == 1:
         args += ["--use-distributed-optimizer"]
-    elif s.zero_stage == 3:     # Megatron-FSDP (its README's required flags, and the overlaps
+    if overlap_grad_reduce and s.zero_stage != 3:
+        args += ["--overlap-grad-reduce"]
+    if s.zero_stage == 3:     # Megatron-FSDP (its README's required flags, and the overlaps
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",   # the plan
                  "optim_grads_params", "--use-distributed-optimizer",          # costs)
                  "--ckpt-format", "fsdp_dtensor", "--overlap-param-gather",

@@ -380,7 +380,8 @@ def _prepare(spec: Spec, req: TrialRequest, index: int, ranks: tuple[RankAssignm
                         node_slots={n.id: len(n.devices) for n in spec.cluster.nodes})
     if options.backend == "megatron":
         args = megatron_args(spec.model.layers, s, precision=precision, iters=options.iters,
-                             seed=options.seed)
+                             seed=options.seed, overlap_grad_reduce=spec.training.
+                             overlaps_grad_reduce(s.zero_stage))
         program = megatron_program(options.megatron_path, args)
         launch = BUILDERS[options.launcher](megatron_nodes(ranks), ctx,
                                             rank0_host=ranks[0].host, program=program)

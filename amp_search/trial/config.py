@@ -120,8 +120,11 @@ def _layer_dict(layer: Layer) -> dict:
     return {k: getattr(layer, k) for k in Layer.__dataclass_fields__}
 
 
-def ds_config(strategy: Strategy, *, precision: str, lr: float = 1e-4) -> dict:
-    """The DeepSpeed config of a strategy: batch sizes, ZeRO stage, precision, Adam.
+def ds_config(strategy: Strategy, *, precision: str, lr: float = 1e-4,
+              overlap_comm: bool | None = None) -> dict:
+    """The DeepSpeed config of a strategy: batch sizes, ZeRO stage, precision, Adam, and
+    `overlap_comm` where the spec sets it (training.overlap_grad_reduce; None: DeepSpeed's
+    default, which the cost model follows too; ZeRO 0 has no such setting).
 
     Adam runs as torch's (`torch_adam`): DeepSpeed's fused CPU Adam takes 85 s to compile.
     Activation checkpointing is not a ds_config key here: the PipelineModule recomputes each
@@ -131,7 +134,9 @@ def ds_config(strategy: Strategy, *, precision: str, lr: float = 1e-4) -> dict:
         "train_micro_batch_size_per_gpu": strategy.mbs,
         "gradient_accumulation_steps": strategy.gas,
         "optimizer": {"type": "Adam", "params": {"lr": lr, "torch_adam": True}},
-        "zero_optimization": {"stage": strategy.zero_stage},
+        "zero_optimization": {"stage": strategy.zero_stage, **(
+            {"overlap_comm": bool(overlap_comm)}
+            if overlap_comm is not None and strategy.zero_stage > 0 else {})},
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16", "initial_scale_power": 12},
         "gradient_clipping": 1.0,
@@ -172,7 +177,8 @@ def trial_config(spec: "Spec", strategy: Strategy, ranks: tuple[RankAssignment, 
                        launch_order=launch_order(ranks), precision=precision, device=device,
                        iters=iters, warmup=warmup, seed=seed,
                        causal=spec.model.preset != "bert", output=output,
-                       ds_config=ds_config(strategy, precision=precision),
+                       ds_config=ds_config(strategy, precision=precision,
+                                           overlap_comm=spec.training.overlap_grad_reduce),
                        debug_fail=debug_fail, debug_hang_s=debug_hang_s)
 
 
