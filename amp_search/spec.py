@@ -84,11 +84,14 @@ class GPU:
     gemm_half_flops: float = 2e9
     """The GEMM size (FLOPs per call) at which they reach half of it."""
     gemm_fp8_max_efficiency: float | None = None
+    """The fraction of the FP8 dense peak large FP8 GEMMs reach (their quantization included);
+    None: gemm_max_efficiency."""
     gemm_nvfp4_max_efficiency: float | None = None
     """The fraction of the NVFP4 dense peak large NVFP4 GEMMs reach (gemm_efficiency.nvfp4_max;
     None: the FP8 one)."""
-    """The fraction of the FP8 dense peak large FP8 GEMMs reach (their quantization included);
-    None: gemm_max_efficiency."""
+    gemm_efficiency_source: str = ""
+    """Where this GPU's gemm_efficiency comes from (gemm_efficiency.source; the catalog's
+    defaults' where it gives none)."""
     kernel_floor_s: float = 0.0
     """Device time of one block pass at least (its many small kernels)."""
     host_block_pass_s: float = 0.0
@@ -568,9 +571,17 @@ def _gpu_model(r: "MappingReader", defaults: dict, links: dict[str, LinkKind]) -
 
     out = {}
     gemm = get("gemm_efficiency")
+    if r.has("gemm_efficiency") and isinstance(gemm, dict) \
+            and isinstance(defaults.get("gemm_efficiency"), dict):
+        # each key the entry gives replaces the defaults' (e.g. a family's own max, with the
+        # defaults' half_at and FP8/NVFP4 fractions)
+        gemm = {**defaults["gemm_efficiency"], **gemm}
     if gemm is not None:
         g = MappingReader(gemm, r.at("gemm_efficiency"), ("max", "half_at", "fp8_max",
-                                                          "nvfp4_max"))
+                                                          "nvfp4_max", "source"))
+        if g.has("source"):
+            out["gemm_efficiency_source"] = read_name(g.raw("source"), g.at("source"), "",
+                                                      MAX_SOURCE_CHARS)
         out["gemm_max_efficiency"] = read_number(g.raw("max", required=True), g.at("max"), 0.01,
                                              1.0, "fraction of dense peak")
         if g.has("fp8_max"):
@@ -967,6 +978,7 @@ def spec_fingerprint(spec: Spec) -> dict:
                 for item in section[part]:
                     item["gpu"].pop("prediction_error", None)
                     item["gpu"].pop("prediction_error_source", None)
+                    item["gpu"].pop("gemm_efficiency_source", None)
             for item in section["node_groups"]:      # how the bandwidth was written neither,
                 item.pop("network_links", None)       # nor what a node costs
                 item.pop("price_per_hour", None)
