@@ -378,7 +378,8 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                        output="result.json")   # device and precision, as the launcher
     block = check_gpt_chain(spec.model.layers)
     args = megatron_args(spec.model.layers, s, precision=cfg.precision, iters=iters, seed=seed,
-                         overlap_grad_reduce=spec.training.overlaps_grad_reduce(s.zero_stage))
+                         overlap_grad_reduce=spec.training.overlaps_grad_reduce(s.zero_stage),
+                         tp_comm_overlap=spec.training.tp_comm_overlap)
     nodes = megatron_nodes(ranks)
     env = trial_env(cfg.device, "megatron")
     ctx = _context(spec, cfg.device, env, master_port)
@@ -455,6 +456,11 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                      "all-gathered in its forward and backward and its gradients "
                      "reduce-scattered, beside the neighbouring layers' compute "
                      "(--overlap-param-gather --overlap-grad-reduce); it needs CUDA")
+    if "--tp-comm-overlap" in args:
+        notes.append("--tp-comm-overlap (training.tp_comm_overlap): the tensor-parallel "
+                     "all-gathers and reduce-scatters run beside the GEMMs in Transformer "
+                     "Engine's userbuffers, so these arguments use --transformer-impl "
+                     "transformer_engine; it needs CUDA")
     if cfg.precision != spec.training.precision:
         notes.append(f"trains in {cfg.precision}, not the spec's {spec.training.precision}")
     return files, split, notes, run, ranks_md

@@ -303,6 +303,12 @@ class TrainingSpec:
     gradient_reduce_overlaps_backward` (off under Megatron-LM and for DeepSpeed's ZeRO 0-2,
     on for ZeRO 3; DeepSpeed never overlaps ZeRO 0's all-reduce)."""
 
+    tp_comm_overlap: bool = False
+    """Megatron-LM's --tp-comm-overlap: each tensor-parallel all-gather and reduce-scatter
+    (sequence parallelism) runs in chunks beside the GEMM it feeds or follows (Transformer
+    Engine's userbuffers); strategies without sequence parallelism, and DeepSpeed plans, keep
+    them exposed."""
+
     def overlaps_grad_reduce(self, zero_stage: int) -> bool:
         """Whether a strategy at `zero_stage` reduces its gradients overlapped with the
         backward (`overlap_grad_reduce`, else the backend's default)."""
@@ -725,7 +731,7 @@ def _training(data) -> TrainingSpec:
                                    "optimizer", "attention", "sequence_parallel",
                                    "virtual_pipeline_stages", "backend", "context_parallel",
                                    "expert_parallel", "objective", "pipeline_p2p",
-                                   "finetune", "overlap_grad_reduce"))
+                                   "finetune", "overlap_grad_reduce", "tp_comm_overlap"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
     # virtual stages, as NeMo's auto-configurator does
     backend = r.choice("backend", BACKENDS, "deepspeed")
@@ -775,6 +781,14 @@ def _training(data) -> TrainingSpec:
                         f"got {show_value(overlap)}; accepted: true, false, default (the "
                         f"backend's: off under Megatron-LM and for DeepSpeed's ZeRO 0-2, on "
                         f"for ZeRO 3)")
+    tp_overlap = r.raw("tp_comm_overlap", False)
+    if not isinstance(tp_overlap, bool):
+        raise SpecError(r.at("tp_comm_overlap"),
+                        f"got {show_value(tp_overlap)}; accepted: true, false")
+    if tp_overlap and r.has("backend") and backend != "megatron":
+        raise SpecError(r.at("tp_comm_overlap"),
+                        f"Megatron-LM's --tp-comm-overlap (Transformer Engine's userbuffers); "
+                        f"training.backend {backend} has none: accepted with backend megatron")
     headroom = r.raw("memory_headroom", "5%")
     hr_path = r.at("memory_headroom")
     if isinstance(headroom, str) and headroom.strip().endswith("%"):
@@ -805,6 +819,7 @@ def _training(data) -> TrainingSpec:
         pipeline_p2p=r.choice("pipeline_p2p", PIPELINE_P2P, "whole"),
         finetune=r.choice("finetune", FINETUNE, "none"),
         overlap_grad_reduce=None if overlap == "default" else overlap,
+        tp_comm_overlap=tp_overlap,
     )
 
 
@@ -988,6 +1003,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             del section["pipeline_p2p"]          # as before the key existed
         if name == "training" and section["overlap_grad_reduce"] is None:
             del section["overlap_grad_reduce"]   # as before the key existed
+        if name == "training" and not section["tp_comm_overlap"]:
+            del section["tp_comm_overlap"]       # as before the key existed
         if name == "training" and section["objective"] == "time":
             del section["objective"]             # as before the key existed
         if name == "training" and section["context_parallel"] == (1,):

@@ -198,8 +198,7 @@ def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed
     gets (`cost_models.layers.gemm_flops`). `frozen`: the weights are not trained (LoRA's
     base model), so the backward runs the GEMMs' input gradients only, once their forward
     time rather than twice."""
-    linear = device.linear()
-    gemm = sum(gemm_time_s(f * mbs / cp, linear) for f in gemm_flops(layer, tmp, ep))
+    gemm = gemm_forward_time_s(layer, tmp=tmp, mbs=mbs, device=device, cp=cp, ep=ep)
     if attention == "standard" and framework == "megatron":
         core, core_backward = standard_attention_times_s(
             layer, tmp=tmp, mbs=mbs, device=device, bytes_per_element=bytes_per_element, cp=cp)
@@ -213,6 +212,26 @@ def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed
     return LayerTime(forward_s=gemm + core + ew_forward * mbs / bw,
                      backward_s=(1.0 if frozen else 2.0) * gemm + core_backward
                      + ew_backward * mbs / bw)
+
+
+def gemm_forward_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed, cp: int = 1,
+                        ep: int = 1) -> float:
+    """The forward GEMMs of one micro-batch through one tensor rank's shard of `layer` (one
+    context-parallel rank's tokens), each call at its size's efficiency in the training
+    precision's GEMM rate (`DeviceSpeed.linear`); the backward runs them twice (input and
+    weight gradients)."""
+    linear = device.linear()
+    return sum(gemm_time_s(f * mbs / cp, linear) for f in gemm_flops(layer, tmp, ep))
+
+
+def tp_overlap_exposed_s(comm_s, gemm_s, tmp: int):
+    """What a tensor-parallel collective overlapped with the GEMM it feeds or follows leaves
+    exposed, as Transformer Engine's userbuffers run them (Megatron-LM --tp-comm-overlap):
+    the GEMM is split into tmp chunks and each chunk's all-gather or reduce-scatter runs
+    beside another chunk's GEMM, so the first (or last) chunk's transfer is always exposed,
+    and the rest wherever the transfers outlast the GEMM chunks beside them:
+    max(comm / t, comm - gemm (1 - 1/t))."""
+    return np.maximum(comm_s / tmp, comm_s - gemm_s * (1.0 - 1.0 / tmp))
 
 
 def block_passes(layer: Layer, recompute: bool) -> int:

@@ -74,6 +74,9 @@ def _backend_line(spec: Spec, plan: Plan) -> str:
                                          if t.precision == "nvfp4" else "")
     if t.finetune == "lora":
         tail += ", LoRA fine-tuning (the weights frozen; the adapters not costed)"
+    if t.tp_comm_overlap and t.backend == "megatron":
+        tail += (", tensor-parallel communication beside the GEMMs with sequence parallelism "
+                 "(training.tp_comm_overlap)")
     if t.overlap_grad_reduce is not None:
         tail += (", gradients reduced in buckets during the backward"
                  if t.overlap_grad_reduce else ", gradients reduced after the backward") \

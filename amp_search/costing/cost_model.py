@@ -23,7 +23,7 @@ from cost_models import memory as memory_model
 from cost_models import pipeline
 from cost_models.compute import (HostCosts, attention_time_s, block_passes,
                                  host_time_by_pass_s, kernel_floor_time_s,
-                                 synced_overlapped_time_s)
+                                 synced_overlapped_time_s, tp_overlap_exposed_s)
 from cost_models.layers import (expert_param_count, kv_elements_per_token, leading_layers,
                                  output_elements, param_count, tp_collectives_by_pass)
 from cost_models.params import CostParams
@@ -219,7 +219,9 @@ class CostModel:
         """[pp, L]: each layer's tensor-parallel collectives of one micro-batch (all passes, or
         pass `part`) on each stage's slowest tensor ring: per kind, its link fit's bandwidth
         and latency where profile-comm measured the kind (all-gather and reduce-scatter have
-        their own on gloo), else the all-reduce's."""
+        their own on gloo), else the all-reduce's; with `overlaps_tp_comm`, what each pass's
+        GEMMs leave of them (cost_models.compute.tp_overlap_exposed_s). With cp or ep, their
+        rings' exposed time too (`cp_time_s`, `ep_time_s`)."""
         out = np.zeros((c.pp, self.num_layers))
         bpe = self.spec.training.bytes_per_element
         if c.cp > 1:
@@ -228,6 +230,18 @@ class CostModel:
             out = out + self.ep_time_s(c, layout, part)
         if c.tmp == 1:
             return out
+        if self.overlaps_tp_comm(c):        # each pass against its own GEMMs
+            passes = (0, 1, 2) if part is None else (part,)
+            return out + sum(tp_overlap_exposed_s(self._tp_collectives_s(c, layout, k),
+                                                  self._tp_window_s(c, layout, k), c.tmp)
+                             for k in passes)
+        return out + self._tp_collectives_s(c, layout, part)
+
+    def _tp_collectives_s(self, c: Candidate, layout: PlacedLayout, part: int | None
+                          ) -> np.ndarray:
+        """[pp, L] the tensor-parallel collectives alone of `tp_time_s`."""
+        out = np.zeros((c.pp, self.num_layers))
+        bpe = self.spec.training.bytes_per_element
         for kind, (elements, calls) in self.tp_collectives(
                 c.activation_checkpointing, c.sequence_parallel, part).items():
             bw, lat = self._tp_ring(kind, layout)
@@ -235,6 +249,31 @@ class CostModel:
                                                c.tmp, bw[:, None], lat[:, None],
                                                messages=calls[None, :])
         return out
+
+    def overlaps_tp_comm(self, c: Candidate) -> bool:
+        """Whether `c`'s tensor-parallel collectives run beside its GEMMs
+        (training.tp_comm_overlap: Megatron-LM's --tp-comm-overlap, Transformer Engine's
+        userbuffers, which need sequence parallelism and tmp > 1)."""
+        t = self.spec.training
+        return (t.tp_comm_overlap and t.backend == "megatron" and c.tmp > 1
+                and c.sequence_parallel)
+
+    def _tp_window_s(self, c: Candidate, layout: PlacedLayout, part: int) -> np.ndarray:
+        """[pp, L] the GEMM time pass `part` of each layer runs beside its tensor-parallel
+        collectives (`tp_overlap_exposed_s`): the forward GEMMs (LayerTimer.gemm_forward_s x
+        the calibrated compute scale), twice that in the backward (once with frozen
+        weights), once in a recomputed forward, on the stage's device type with the
+        shortest (the window that hides least); zero for a pass that does not run."""
+        if part == 2 and not c.activation_checkpointing:
+            return np.zeros((c.pp, self.num_layers))
+        key = ("tp-window", c.tmp, c.mbs, c.cp, c.ep)
+        per_type = self._fixed_cache.get(key)
+        if per_type is None:
+            per_type = self._fixed_cache[key] = np.stack([
+                self.timer.gemm_forward_s(g, c.tmp, c.mbs, c.cp, c.ep)
+                * self.params.compute(g.name) for g in self.gpus])
+        factor = 2.0 if part == 1 and not self.spec.training.frozen_weights else 1.0
+        return factor * np.stack([per_type[list(gs)].min(axis=0) for gs in layout.stage_gpus])
 
     def _tp_ring(self, kind: str, layout: PlacedLayout) -> tuple[np.ndarray, np.ndarray]:
         """Per stage, the bandwidth and per-message latency of a `kind` collective on the
@@ -565,7 +604,8 @@ class CostModel:
     def tp_floor_s(self, c: Candidate) -> np.ndarray:
         """[L]: each layer's tensor-parallel collectives of one micro-batch (`tp_time_s`) on
         the best link any ring could get: the cluster's largest bandwidth, intra- or
-        inter-node, and its smallest per-message latency (a floor for every placement)."""
+        inter-node, and its smallest per-message latency (a floor for every placement); with
+        `overlaps_tp_comm`, 1/tmp of that (what the overlap leaves at least)."""
         out = np.zeros(self.num_layers)
         bpe = self.spec.training.bytes_per_element
         p = self.params
@@ -582,6 +622,8 @@ class CostModel:
                                                       for g in self.gpus)))
             out = out + comm.collective_time_s(kind, elements * bpe * c.mbs / c.cp, c.tmp, bw,
                                                lat, messages=calls)
+        if self.overlaps_tp_comm(c):        # at least the first chunk's, tp_overlap_exposed_s
+            return out / c.tmp
         return out
 
     def _attention_scores(self, layout: PlacedLayout) -> list[bool]:

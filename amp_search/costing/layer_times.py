@@ -14,7 +14,8 @@ from typing import Mapping
 
 import numpy as np
 
-from cost_models.compute import DeviceSpeed, analytic_layer_time, optimizer_step_time_s
+from cost_models.compute import (DeviceSpeed, analytic_layer_time, gemm_forward_time_s,
+                                  optimizer_step_time_s)
 from cost_models.layers import Layer, param_count
 
 from ..spec import GPU, STORAGE_PRECISION, Spec
@@ -101,6 +102,24 @@ class LayerTimer:
                                 frozen=training.frozen_weights)
         used.add("analytic")
         return t.forward_s, t.backward_s, True
+
+    def gemm_forward_s(self, gpu: GPU, tmp: int, mbs: int, cp: int = 1, ep: int = 1
+                       ) -> np.ndarray:
+        """[L] each layer's forward GEMMs of one micro-batch on one tensor rank of `gpu`
+        (cost_models.compute.gemm_forward_time_s: analytic, beside measured layer times too,
+        whose profiles do not split out the GEMMs)."""
+        key = (gpu.name, tmp, mbs, cp, ep, "gemm")
+        hit = self._cache.get(key)
+        if hit is None:
+            device = device_speed(gpu, self.spec.training.precision)
+            by_signature: dict[str, float] = {}
+            for layer in self.spec.model.layers:
+                if layer.signature not in by_signature:
+                    by_signature[layer.signature] = gemm_forward_time_s(
+                        layer, tmp=tmp, mbs=mbs, device=device, cp=cp, ep=ep)
+            hit = self._cache[key] = np.array([by_signature[x.signature]
+                                               for x in self.spec.model.layers])
+        return hit
 
     def optimizer_step_s(self, gpu: GPU, tmp: int) -> np.ndarray:
         """Seconds of one optimizer step over each layer's parameters on one tensor rank of

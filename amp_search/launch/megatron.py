@@ -202,10 +202,13 @@ def virtual_stage_args(layers: tuple[Layer, ...], strategy: Strategy) -> list[st
 
 def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: str,
                   iters: int, seed: int = 1234, lr: float = 1e-4,
-                  overlap_grad_reduce: bool = False) -> list[str]:
+                  overlap_grad_reduce: bool = False, tp_comm_overlap: bool = False
+                  ) -> list[str]:
     """The pretrain_gpt.py arguments for one strategy; `overlap_grad_reduce` (the spec's
     training.overlap_grad_reduce): --overlap-grad-reduce, the gradients reduced in buckets
-    during the backward."""
+    during the backward; `tp_comm_overlap` (training.tp_comm_overlap, with tmp > 1 and
+    sequence parallelism): --tp-comm-overlap on Transformer Engine's layers (its
+    userbuffers need them and CUDA)."""
     block = check_gpt_chain(layers)
     s = strategy
     vocab = layers[0].vocab_size
@@ -247,6 +250,10 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         args += ["--use-distributed-optimizer"]
     if overlap_grad_reduce and s.zero_stage != 3:
         args += ["--overlap-grad-reduce"]
+    if tp_comm_overlap and s.tmp > 1 and s.sequence_parallel:
+        i = args.index("--transformer-impl")
+        args[i + 1] = "transformer_engine"
+        args += ["--tp-comm-overlap"]
     if s.zero_stage == 3:     # Megatron-FSDP (its README's required flags, and the overlaps
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",   # the plan
                  "optim_grads_params", "--use-distributed-optimizer",          # costs)

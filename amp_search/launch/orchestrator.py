@@ -283,6 +283,10 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
                 f"Megatron-LM's pretrain_gpt.py train every weight (LoRA runs in "
                 f"Megatron-Bridge or NeMo); the plan costs it, but it is not launched or "
                 f"exported here")
+    if backend == "megatron" and spec.training.tp_comm_overlap and s.tmp > 1 and \
+            s.sequence_parallel and any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
+        return ("training.tp_comm_overlap (Transformer Engine's userbuffers) needs CUDA: these "
+                "devices are CPUs; set it false here")
     if backend == "megatron" and s.zero_stage == 3 and \
             any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
         return ("zero_stage 3 (Megatron-FSDP) needs CUDA: these devices are CPUs; use "
@@ -381,7 +385,8 @@ def _prepare(spec: Spec, req: TrialRequest, index: int, ranks: tuple[RankAssignm
     if options.backend == "megatron":
         args = megatron_args(spec.model.layers, s, precision=precision, iters=options.iters,
                              seed=options.seed, overlap_grad_reduce=spec.training.
-                             overlaps_grad_reduce(s.zero_stage))
+                             overlaps_grad_reduce(s.zero_stage),
+                             tp_comm_overlap=spec.training.tp_comm_overlap)
         program = megatron_program(options.megatron_path, args)
         launch = BUILDERS[options.launcher](megatron_nodes(ranks), ctx,
                                             rank0_host=ranks[0].host, program=program)
