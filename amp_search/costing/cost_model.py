@@ -223,7 +223,6 @@ class CostModel:
         GEMMs leave of them (cost_models.compute.tp_overlap_exposed_s). With cp or ep, their
         rings' exposed time too (`cp_time_s`, `ep_time_s`)."""
         out = np.zeros((c.pp, self.num_layers))
-        bpe = self.spec.training.bytes_per_element
         if c.cp > 1:
             out = out + self.cp_time_s(c, layout, part)
         if c.ep > 1:
