@@ -456,6 +456,12 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                      "all-gathered in its forward and backward and its gradients "
                      "reduce-scattered, beside the neighbouring layers' compute "
                      "(--overlap-param-gather --overlap-grad-reduce); it needs CUDA")
+    if spec.training.grad_reduce_in_fp32 is False and cfg.precision != "fp16":
+        notes.append("training.grad_reduce_in_fp32 false: the plan keeps the gradients in "
+                     f"{cfg.precision} (megatron-core's grad_reduce_in_fp32=False, as "
+                     "Megatron-Bridge sets it); Megatron-LM's pretrain_gpt.py turns "
+                     "--accumulate-allreduce-grads-in-fp32 on for bf16 itself, which doubles "
+                     "the gradient buffer and the data-parallel traffic the plan costed")
     if "--tp-comm-overlap" in args:
         notes.append("--tp-comm-overlap (training.tp_comm_overlap): the tensor-parallel "
                      "all-gathers and reduce-scatters run beside the GEMMs in Transformer "

@@ -261,7 +261,9 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     elif s.dp > 1 and s.zero_stage == 3:        # pp = 1: per-layer gathers, reduce-scatters
         bw, crosses = layout.dp_links
         params = model.params_per_layer(s.tmp).astype(float)
-        grad_bpe = comm.gradient_reduce_bytes_per_element(model.spec.training.precision)
+        grad_bpe = comm.gradient_reduce_bytes_per_element(
+            model.spec.training.precision,
+            fp32_allreduce=model.spec.training.grad_reduce_in_fp32)
         layer = t.layer_s[0]
         kw.update(dp=s.dp, dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
                   dp_bandwidth_bytes_per_s=np.asarray(bw, dtype=float),
@@ -290,7 +292,8 @@ def grad_element_bytes(model: "CostModel") -> int:
     gradient_reduce_bytes_per_element: Megatron-LM's fp32 buffer with bf16): a bucket of N
     elements is N times this."""
     t = model.spec.training
-    return comm.gradient_reduce_bytes_per_element(t.precision, framework=t.backend)
+    return comm.gradient_reduce_bytes_per_element(t.precision, framework=t.backend,
+                                                  fp32_allreduce=t.grad_reduce_in_fp32)
 
 
 def _dp_sync_bytes(model: "CostModel", s: Strategy, weight_bytes: np.ndarray
@@ -303,7 +306,9 @@ def _dp_sync_bytes(model: "CostModel", s: Strategy, weight_bytes: np.ndarray
     precision = model.spec.training.precision
     if model.spec.training.backend == "megatron":
         grad = weight_bytes * comm.gradient_reduce_bytes_per_element(
-            precision, framework="megatron") / model.spec.training.bytes_per_element
+            precision, framework="megatron",
+            fp32_allreduce=model.spec.training.grad_reduce_in_fp32) \
+            / model.spec.training.bytes_per_element
         return grad, (weight_bytes if s.zero_stage == 1 else None)
     engine = memory_model.deepspeed_engine(zero_stage=s.zero_stage, precision=precision)
     gather = s.zero_stage in (1, 2) or engine == "bf16_optimizer"

@@ -309,6 +309,13 @@ class TrainingSpec:
     Engine's userbuffers); strategies without sequence parallelism, and DeepSpeed plans, keep
     them exposed."""
 
+    grad_reduce_in_fp32: bool | None = None
+    """Whether the gradients are accumulated and reduced in fp32 (Megatron-LM's
+    --accumulate-allreduce-grads-in-fp32, megatron-core's grad_reduce_in_fp32; DeepSpeed's
+    communication_data_type fp32) or in the training dtype; None (`default`): the backend's
+    (fp32 under Megatron-LM with bf16, fp8 or nvfp4, which also keeps its gradient buffer in
+    fp32; the training dtype under DeepSpeed)."""
+
     def overlaps_grad_reduce(self, zero_stage: int) -> bool:
         """Whether a strategy at `zero_stage` reduces its gradients overlapped with the
         backward (`overlap_grad_reduce`, else the backend's default)."""
@@ -731,7 +738,8 @@ def _training(data) -> TrainingSpec:
                                    "optimizer", "attention", "sequence_parallel",
                                    "virtual_pipeline_stages", "backend", "context_parallel",
                                    "expert_parallel", "objective", "pipeline_p2p",
-                                   "finetune", "overlap_grad_reduce", "tp_comm_overlap"))
+                                   "finetune", "overlap_grad_reduce", "tp_comm_overlap",
+                                   "grad_reduce_in_fp32"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
     # virtual stages, as NeMo's auto-configurator does
     backend = r.choice("backend", BACKENDS, "deepspeed")
@@ -781,6 +789,12 @@ def _training(data) -> TrainingSpec:
                         f"got {show_value(overlap)}; accepted: true, false, default (the "
                         f"backend's: off under Megatron-LM and for DeepSpeed's ZeRO 0-2, on "
                         f"for ZeRO 3)")
+    grad_fp32 = r.raw("grad_reduce_in_fp32", "default")
+    if not isinstance(grad_fp32, bool) and grad_fp32 != "default":
+        raise SpecError(r.at("grad_reduce_in_fp32"),
+                        f"got {show_value(grad_fp32)}; accepted: true, false, default (the "
+                        f"backend's: fp32 under Megatron-LM with bf16, fp8 or nvfp4; the "
+                        f"training dtype under DeepSpeed)")
     tp_overlap = r.raw("tp_comm_overlap", False)
     if not isinstance(tp_overlap, bool):
         raise SpecError(r.at("tp_comm_overlap"),
@@ -820,6 +834,7 @@ def _training(data) -> TrainingSpec:
         finetune=r.choice("finetune", FINETUNE, "none"),
         overlap_grad_reduce=None if overlap == "default" else overlap,
         tp_comm_overlap=tp_overlap,
+        grad_reduce_in_fp32=None if grad_fp32 == "default" else grad_fp32,
     )
 
 
@@ -1005,6 +1020,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             del section["overlap_grad_reduce"]   # as before the key existed
         if name == "training" and not section["tp_comm_overlap"]:
             del section["tp_comm_overlap"]       # as before the key existed
+        if name == "training" and section["grad_reduce_in_fp32"] is None:
+            del section["grad_reduce_in_fp32"]   # as before the key existed
         if name == "training" and section["objective"] == "time":
             del section["objective"]             # as before the key existed
         if name == "training" and section["context_parallel"] == (1,):

@@ -149,7 +149,10 @@ def spec_dict(row: dict) -> dict:
                      "overlap_grad_reduce": True,
                      # and their CommOverlapConfig(tp_comm_overlap=True): Transformer Engine's
                      # userbuffers (with tp > 1 and sequence parallelism)
-                     "tp_comm_overlap": True},
+                     "tp_comm_overlap": True,
+                     # and their grad_reduce_in_fp32 = False (set_llama3_common_configs,
+                     # set_gpt_oss_common_configs): bf16 gradient buffers and reductions
+                     "grad_reduce_in_fp32": False},
     }
 
 

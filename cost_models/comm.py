@@ -209,7 +209,7 @@ def link_latency_s(crosses_nodes, intra_s, inter_s):
 
 
 def gradient_reduce_bytes_per_element(precision: str, *, framework: str = "deepspeed",
-                                      fp32_allreduce: bool = False) -> int:
+                                      fp32_allreduce: bool | None = None) -> int:
     """Bytes per gradient element of the data-parallel reduction, as the framework issues it.
 
     - fp32 training: 4.
@@ -219,13 +219,17 @@ def gradient_reduce_bytes_per_element(precision: str, *, framework: str = "deeps
       `communication_data_type: fp32`).
     - Megatron-LM (local DDP): fp32 when gradients are accumulated in fp32
       (`--accumulate-allreduce-grads-in-fp32`, off by default, forced on with bf16), else the
-      training precision. `fp32_allreduce` stands for that flag here.
+      training precision. `fp32_allreduce` stands for that flag here (megatron-core's
+      grad_reduce_in_fp32; False keeps bf16 gradients in bf16, as Megatron-Bridge's
+      performance recipes do).
+    `fp32_allreduce` None: the framework's default.
     """
     if framework not in GRADIENT_FRAMEWORKS:
         raise ValueError(f"framework {framework!r}; known: {', '.join(GRADIENT_FRAMEWORKS)}")
     if precision == "fp32" or fp32_allreduce:
         return 4
-    if framework == "megatron" and precision in ("bf16", "fp8", "nvfp4"):
+    if framework == "megatron" and precision in ("bf16", "fp8", "nvfp4") \
+            and fp32_allreduce is None:
         return 4
     if precision in ("fp16", "bf16", "fp8", "nvfp4"):
         return 2

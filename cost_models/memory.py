@@ -360,27 +360,33 @@ def frozen_states(states):
     return replace(states, gradient_bytes=0, optimizer_bytes=0, buffer_bytes=0)
 
 
-def megatron_grad_bytes(precision: str) -> int:
+def megatron_grad_bytes(precision: str, grad_fp32: bool | None = None) -> int:
     """Bytes of one element of Megatron-LM's contiguous gradient buffer (main_grad): fp32 for
-    bf16 training (--accumulate-allreduce-grads-in-fp32, forced on with bf16) and for fp32,
-    fp16 for fp16 (its default)."""
+    bf16 training (--accumulate-allreduce-grads-in-fp32, forced on with bf16; megatron-core's
+    DistributedDataParallelConfig.grad_reduce_in_fp32) and for fp32, fp16 for fp16 (its
+    default); `grad_fp32` False keeps it in the training dtype (grad_reduce_in_fp32=False,
+    as Megatron-Bridge's performance recipes set it), True in fp32."""
     if precision not in BYTES_PER_ELEMENT:
         raise ValueError(f"precision {precision!r}; accepted: {', '.join(BYTES_PER_ELEMENT)}")
-    return 2 if precision == "fp16" else FP32_BYTES
+    if grad_fp32 is None:
+        grad_fp32 = precision != "fp16"
+    return FP32_BYTES if grad_fp32 or precision == "fp32" else 2
 
 
-def megatron_optimizer_bytes_per_param(precision: str) -> int:
+def megatron_optimizer_bytes_per_param(precision: str, grad_fp32: bool | None = None) -> int:
     """What Megatron-LM's optimizer holds per parameter besides the model's weights and
     gradient buffer: Adam's two fp32 moments (8), an fp32 master copy of low-precision
-    weights (4), and an fp32 copy of fp16 gradients (4): fp16 16, bf16 12, fp32 8 -- the
-    parts the distributed optimizer divides by d (Megatron Core's distrib_optimizer.md)."""
+    weights (4), and an fp32 copy of 16-bit gradients (4): fp16 16, bf16 12 (16 with bf16
+    gradients), fp32 8 -- the parts the distributed optimizer divides by d (Megatron Core's
+    distrib_optimizer.md)."""
     g = BYTES_PER_ELEMENT[precision]
     return (ADAM_STATE_BYTES + (FP32_BYTES if g != FP32_BYTES else 0)
-            + (FP32_BYTES if megatron_grad_bytes(precision) != FP32_BYTES else 0))
+            + (FP32_BYTES if megatron_grad_bytes(precision, grad_fp32) != FP32_BYTES else 0))
 
 
 def megatron_model_state_bytes(params: int, *, precision: str, zero_stage: int,
-                               dp: int, gathered_numel: int = 0) -> ModelStates:
+                               dp: int, gathered_numel: int = 0,
+                               grad_fp32: bool | None = None) -> ModelStates:
     """Model states of Megatron-LM's optimizers, bytes per parameter as its documentation
     gives them (Megatron Core user guide, "Distributed Optimizer", docs/source/
     distrib_optimizer.md; d = data-parallel size):
@@ -403,15 +409,15 @@ def megatron_model_state_bytes(params: int, *, precision: str, zero_stage: int,
     if zero_stage not in (0, 1, 3):
         raise ValueError(f"Megatron-LM has no ZeRO stage {zero_stage}; accepted: 0, 1 "
                          f"(1 = --use-distributed-optimizer), 3 (Megatron-FSDP)")
-    per_param = megatron_optimizer_bytes_per_param(precision)
+    per_param = megatron_optimizer_bytes_per_param(precision, grad_fp32)
     held = -(-params // dp) if zero_stage in (1, 3) else params
     if zero_stage == 3:
         whole = held + gathered_numel
         return ModelStates(parameter_bytes=BYTES_PER_ELEMENT[precision] * whole,
-                           gradient_bytes=megatron_grad_bytes(precision) * whole,
+                           gradient_bytes=megatron_grad_bytes(precision, grad_fp32) * whole,
                            optimizer_bytes=per_param * held, buffer_bytes=0)
     return ModelStates(parameter_bytes=BYTES_PER_ELEMENT[precision] * params,
-                       gradient_bytes=megatron_grad_bytes(precision) * params,
+                       gradient_bytes=megatron_grad_bytes(precision, grad_fp32) * params,
                        optimizer_bytes=per_param * held, buffer_bytes=0)
 
 
@@ -419,7 +425,7 @@ def model_state_bytes(tensor_numels: tuple[int, ...], *, precision: str, zero_st
                       dp: int, gas: int, zero3_inflight_numel: int = 0,
                       buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
                       framework: str = "deepspeed", expert_numel: int = 0,
-                      expert_dp: int = 1) -> ModelStates:
+                      expert_dp: int = 1, grad_fp32: bool | None = None) -> ModelStates:
     """Weights, gradients, optimizer states and bucket of one device holding the parameter
     tensors `tensor_numels` (one stage, one tensor rank, in flattening order);
     `zero3_inflight_numel` is `zero3_inflight_gather_numel` of its layers (ZeRO 3 only;
@@ -427,18 +433,20 @@ def model_state_bytes(tensor_numels: tuple[int, ...], *, precision: str, zero_st
     `framework` "megatron": Megatron-LM's optimizers (`megatron_model_state_bytes`), where
     `expert_numel` of the parameters are routed experts, whose optimizer state the
     distributed optimizer shards over the `expert_dp` expert-data-parallel ranks instead of
-    the dp ones."""
+    the dp ones; `grad_fp32` its gradient buffer's dtype (`megatron_grad_bytes`)."""
     params = sum(tensor_numels)
     if framework not in MEMORY_FRAMEWORKS:
         raise ValueError(f"framework {framework!r}; known: {', '.join(MEMORY_FRAMEWORKS)}")
     if framework == "megatron":
         dense = megatron_model_state_bytes(params - expert_numel, precision=precision,
                                            zero_stage=zero_stage, dp=dp,
-                                           gathered_numel=zero3_inflight_numel)
+                                           gathered_numel=zero3_inflight_numel,
+                                           grad_fp32=grad_fp32)
         if not expert_numel:
             return dense
         expert = megatron_model_state_bytes(expert_numel, precision=precision,
-                                            zero_stage=zero_stage, dp=expert_dp)
+                                            zero_stage=zero_stage, dp=expert_dp,
+                                            grad_fp32=grad_fp32)
         return ModelStates(**{f.name: getattr(dense, f.name) + getattr(expert, f.name)
                               for f in fields(ModelStates)})
     engine = deepspeed_engine(zero_stage=zero_stage, precision=precision)
@@ -468,7 +476,7 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
                 buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
                 attention_scores: bool = False, sequence_parallel: bool = False,
                 selective: bool = False, framework: str = "deepspeed",
-                cp: int = 1, ep: int = 1) -> StageBytes:
+                cp: int = 1, ep: int = 1, grad_fp32: bool | None = None) -> StageBytes:
     """All parts for the device of one stage (every tensor rank holds the same shapes). With
     context parallelism (cp > 1; dp is then the dp x cp ranks the optimizer states are sharded
     over) a rank keeps the activations of its s/cp tokens: 1/cp of every activation and
@@ -476,7 +484,8 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
     queries against s keys). A mixture-of-experts block's rank holds E/ep experts, their
     optimizer state sharded over dp x tmp / ep ranks (`model_state_bytes`)."""
     states = stage_state_bytes(layers, dp=dp, tmp=tmp, gas=gas, zero_stage=zero_stage,
-                               precision=precision, buckets=buckets, framework=framework, ep=ep)
+                               precision=precision, buckets=buckets, framework=framework, ep=ep,
+                               grad_fp32=grad_fp32)
     terms = activation_terms(layers, mbs=mbs, tmp=tmp,
                              bytes_per_element=BYTES_PER_ELEMENT[precision],
                              recompute=recompute, attention_scores=attention_scores,
@@ -488,7 +497,8 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
 
 def stage_state_bytes(layers, *, dp: int, tmp: int, gas: int, zero_stage: int, precision: str,
                       buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
-                      framework: str = "deepspeed", ep: int = 1) -> ModelStates:
+                      framework: str = "deepspeed", ep: int = 1,
+                      grad_fp32: bool | None = None) -> ModelStates:
     """`model_state_bytes` of one device holding `layers` (what `stage_bytes` takes from it;
     it does not depend on where the stage sits)."""
     per_layer = [param_tensor_numels(x, tmp, ep) for x in layers]
@@ -500,7 +510,7 @@ def stage_state_bytes(layers, *, dp: int, tmp: int, gas: int, zero_stage: int, p
                               zero3_inflight_gather_numel(per_layer, buckets))
         if zero_stage == 3 and dp > 1 else 0,       # only ZeRO 3 over dp > 1 reads it
         framework=framework, expert_numel=sum(expert_param_count(x, ep) for x in layers),
-        expert_dp=expert_data_parallel(dp, tmp, ep))
+        expert_dp=expert_data_parallel(dp, tmp, ep), grad_fp32=grad_fp32)
 
 
 def stage_bytes_of(states: ModelStates, terms: ActivationTerms, *, stage: int, pp: int,
@@ -584,7 +594,8 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
                         buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
                         attention_scores: bool = False, sequence_parallel: bool = False,
                         selective: bool = False, framework: str = "deepspeed",
-                        cp: int = 1, ep: int = 1, frozen: bool = False) -> LinearMemory:
+                        cp: int = 1, ep: int = 1, frozen: bool = False,
+                        grad_fp32: bool | None = None) -> LinearMemory:
     """`LinearMemory` of a pipelined strategy (see there); the same terms as `stage_bytes`
     (with cp > 1, 1/cp of the activation terms; routed experts' states per parameter as
     their own sharding gives them)."""
@@ -593,7 +604,7 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
     states = model_state_bytes(flat, precision=precision, zero_stage=zero_stage, dp=dp, gas=gas,
                                buckets=buckets, framework=framework,
                                expert_numel=int(experts.sum()),
-                               expert_dp=expert_data_parallel(dp, tmp, ep))
+                               expert_dp=expert_data_parallel(dp, tmp, ep), grad_fp32=grad_fp32)
     if frozen:
         states = frozen_states(states)
     total = (states.parameter_bytes + states.gradient_bytes + states.optimizer_bytes)
@@ -603,7 +614,8 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
         ex = model_state_bytes((int(experts.sum()),), precision=precision,
                                zero_stage=zero_stage, dp=dp, gas=gas, buckets=buckets,
                                framework=framework, expert_numel=int(experts.sum()),
-                               expert_dp=expert_data_parallel(dp, tmp, ep))
+                               expert_dp=expert_data_parallel(dp, tmp, ep),
+                               grad_fp32=grad_fp32)
         if frozen:
             ex = frozen_states(ex)
         ex_total = ex.parameter_bytes + ex.gradient_bytes + ex.optimizer_bytes

@@ -477,7 +477,7 @@ class CostModel:
         hit = self._fixed_cache.get(key)
         if hit is None:
             per_param = memory_model.megatron_model_state_bytes(
-                1, precision=t.precision, zero_stage=0, dp=1)
+                1, precision=t.precision, zero_stage=0, dp=1, grad_fp32=t.grad_reduce_in_fp32)
             if t.frozen_weights:            # the weights only
                 per_param = memory_model.frozen_states(per_param)
             held = per_param.parameter_bytes + per_param.gradient_bytes
@@ -910,7 +910,8 @@ class CostModel:
         bw, crosses = layout.dp_links
         t = self.spec.training
         bpe = t.bytes_per_element
-        grad = comm.gradient_reduce_bytes_per_element(t.precision, framework="megatron")
+        grad = comm.gradient_reduce_bytes_per_element(t.precision, framework="megatron",
+                                                      fp32_allreduce=t.grad_reduce_in_fp32)
         lat = self.link_latencies_s("all_gather", crosses, layout)
         params = self.synced_params_per_layer(c)[None, :]
         return comm.fsdp_unit_times_s(params * bpe, params * grad, c.replicas,
@@ -935,8 +936,9 @@ class CostModel:
         # gradient_reduce_overlaps_backward says so (not by default); dp_overlap is calibrated
         # (Megatron-LM: its gradient buffer's dtype, fp32 with bf16)
         framework = self.spec.training.backend
-        grad_scale = comm.gradient_reduce_bytes_per_element(self.spec.training.precision,
-                                                            framework=framework) / bpe
+        grad_scale = comm.gradient_reduce_bytes_per_element(
+            self.spec.training.precision, framework=framework,
+            fp32_allreduce=self.spec.training.grad_reduce_in_fp32) / bpe
         lat = self.link_latencies_s("all_reduce", crosses, layout)
         gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
         gather_weights = framework == "deepspeed" and memory_model.deepspeed_engine(
@@ -1074,7 +1076,7 @@ class CostModel:
                 precision=t.precision, framework_overhead_bytes=t.framework_overhead_bytes,
                 attention_scores=scores, sequence_parallel=c.sequence_parallel,
                 selective=c.selective_recompute, framework=t.backend,
-                frozen=t.frozen_weights)
+                frozen=t.frozen_weights, grad_fp32=t.grad_reduce_in_fp32)
             self._mem_cache[key] = lin
         layer_bytes, reserved = lin.stage_arrays(c.pp, gas)
         usable = layout.capacity_bytes * (1.0 - self.spec.training.memory_headroom)

@@ -69,7 +69,8 @@ def _one_stage(spec: Spec, s: Strategy, j: int, capacity, attention_scores) -> S
                           s.pp, s.replicas, s.tmp, s.mbs, s.gas, s.zero_stage,
                           s.activation_checkpointing, t.precision,
                           bool(attention_scores), s.sequence_parallel,
-                          s.selective_recompute, t.backend, s.cp, s.ep)
+                          s.selective_recompute, t.backend, s.cp, s.ep,
+                          grad_fp32=t.grad_reduce_in_fp32)
     if t.frozen_weights:                # no gradients or optimizer state
         st = memory_model.frozen_states(st)
     overhead = t.framework_overhead_bytes + st.buffer_bytes
@@ -94,7 +95,8 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
     ranges = s.stage_layer_ranges(j)
     st = _stage_bytes(layers, ranges, s.pp - 1, s.pp, s.replicas, s.tmp, s.mbs, s.gas,
                       s.zero_stage, s.activation_checkpointing, t.precision, attention_scores,
-                      s.sequence_parallel, s.selective_recompute, t.backend, ep=s.ep)
+                      s.sequence_parallel, s.selective_recompute, t.backend, ep=s.ep,
+                      grad_fp32=t.grad_reduce_in_fp32)
     per_chunk, one = _chunk_activations(
         layers, ranges, s.mbs, s.tmp, t.bytes_per_element, attention_scores,
         s.sequence_parallel, t.precision in ("fp8", "nvfp4"), s.activation_checkpointing,
@@ -199,7 +201,7 @@ def _stage_bytes(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...],
                  recompute: bool, precision: str, attention_scores: bool,
                  sequence_parallel: bool = False, selective: bool = False,
                  backend: str = "deepspeed", cp: int = 1,
-                 ep: int = 1) -> memory_model.StageBytes:
+                 ep: int = 1, grad_fp32: bool | None = None) -> memory_model.StageBytes:
     """The parts of one device holding the model's layers in `ranges` (dp: the ranks the
     optimizer states are sharded over, dp x cp; ep: the expert-parallel degree): its model
     states and activation terms are cached per composition of layers (`_composition`), as
@@ -210,10 +212,11 @@ def _stage_bytes(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...],
     def held() -> tuple[Layer, ...]:
         return tuple(x for a, z in ranges for x in layers[a:z])
 
-    states = _memo(layers, ("states", comp, dp, tmp, gas, zero_stage, precision, backend, ep),
+    states = _memo(layers, ("states", comp, dp, tmp, gas, zero_stage, precision, backend, ep,
+                            grad_fp32),
                    lambda: memory_model.stage_state_bytes(
                        held(), dp=dp, tmp=tmp, gas=gas, zero_stage=zero_stage,
-                       precision=precision, framework=backend, ep=ep))
+                       precision=precision, framework=backend, ep=ep, grad_fp32=grad_fp32))
     terms = _memo(layers, ("activations", comp, mbs, tmp, recompute, precision,
                            attention_scores, sequence_parallel, selective),
                   lambda: activations.activation_terms(

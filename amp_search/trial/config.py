@@ -121,10 +121,11 @@ def _layer_dict(layer: Layer) -> dict:
 
 
 def ds_config(strategy: Strategy, *, precision: str, lr: float = 1e-4,
-              overlap_comm: bool | None = None) -> dict:
+              overlap_comm: bool | None = None, fp32_reduce: bool | None = None) -> dict:
     """The DeepSpeed config of a strategy: batch sizes, ZeRO stage, precision, Adam, and
     `overlap_comm` where the spec sets it (training.overlap_grad_reduce; None: DeepSpeed's
-    default, which the cost model follows too; ZeRO 0 has no such setting).
+    default, which the cost model follows too; ZeRO 0 has no such setting); with
+    `fp32_reduce` (training.grad_reduce_in_fp32 true) communication_data_type fp32.
 
     Adam runs as torch's (`torch_adam`): DeepSpeed's fused CPU Adam takes 85 s to compile.
     Activation checkpointing is not a ds_config key here: the PipelineModule recomputes each
@@ -139,6 +140,7 @@ def ds_config(strategy: Strategy, *, precision: str, lr: float = 1e-4,
             if overlap_comm is not None and strategy.zero_stage > 0 else {})},
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16", "initial_scale_power": 12},
+        **({"communication_data_type": "fp32"} if fp32_reduce else {}),
         "gradient_clipping": 1.0,
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
@@ -178,7 +180,8 @@ def trial_config(spec: "Spec", strategy: Strategy, ranks: tuple[RankAssignment, 
                        iters=iters, warmup=warmup, seed=seed,
                        causal=spec.model.preset != "bert", output=output,
                        ds_config=ds_config(strategy, precision=precision,
-                                           overlap_comm=spec.training.overlap_grad_reduce),
+                                           overlap_comm=spec.training.overlap_grad_reduce,
+                                           fp32_reduce=spec.training.grad_reduce_in_fp32),
                        debug_fail=debug_fail, debug_hang_s=debug_hang_s)
 
 

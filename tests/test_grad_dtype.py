@@ -1,0 +1,69 @@
+"""training.grad_reduce_in_fp32: the gradients accumulated and reduced in fp32 (Megatron-LM's
+default with bf16) or in the training dtype (megatron-core's grad_reduce_in_fp32=False, as
+Megatron-Bridge's recipes run): the gradient buffer, the distributed optimizer's share and
+the data-parallel traffic."""
+from __future__ import annotations
+
+import pytest
+
+from amp_search import estimate
+from amp_search.spec import SpecError, parse_spec
+from amp_search.trial.config import ds_config
+from cost_models import comm
+from cost_models import memory as memory_model
+
+
+def _spec(fp32=None, backend="megatron") -> dict:
+    training = {"global_batch_size": 64, "precision": "bf16", "backend": backend,
+                "zero_stage": 1, "activation_checkpointing": "none",
+                "sequence_parallel": False}
+    if fp32 is not None:
+        training["grad_reduce_in_fp32"] = fp32
+    return {"cluster": {"nodes": [{"gpu": "H100-80GB", "count": 2, "gpus_per_node": 8,
+                                   "intra_node_bandwidth": "450 GB/s",
+                                   "inter_node_bandwidth": "100 Gbps"}]},
+            "model": {"preset": "gpt", "num_layers": 8, "hidden_size": 4096,
+                      "num_attention_heads": 32, "seq_length": 2048, "vocab_size": 51200},
+            "training": training}
+
+
+def test_the_key():
+    assert parse_spec(_spec()).training.grad_reduce_in_fp32 is None
+    assert parse_spec(_spec(False)).training.grad_reduce_in_fp32 is False
+    with pytest.raises(SpecError, match=r"training\.grad_reduce_in_fp32: got 'no'; accepted: "
+                                        r"true, false, default"):
+        parse_spec(_spec("no"))
+
+
+def test_megatron_states_follow_the_distributed_optimizer_table():
+    """Megatron Core's distrib_optimizer.md: bf16 weights with fp32 gradients 6 + 12/d bytes a
+    parameter, 16-bit gradients 4 + 16/d."""
+    P, d = 1_000_000, 8
+    fp32 = memory_model.megatron_model_state_bytes(P, precision="bf16", zero_stage=1, dp=d)
+    bf16 = memory_model.megatron_model_state_bytes(P, precision="bf16", zero_stage=1, dp=d,
+                                                   grad_fp32=False)
+    assert fp32.parameter_bytes + fp32.gradient_bytes + fp32.optimizer_bytes == (6 + 12 / d) * P
+    assert bf16.parameter_bytes + bf16.gradient_bytes + bf16.optimizer_bytes == (4 + 16 / d) * P
+    assert comm.gradient_reduce_bytes_per_element("bf16", framework="megatron") == 4
+    assert comm.gradient_reduce_bytes_per_element("bf16", framework="megatron",
+                                                  fp32_allreduce=False) == 2
+    assert comm.gradient_reduce_bytes_per_element("bf16", fp32_allreduce=True) == 4
+
+
+def test_a_plan_with_16_bit_gradients_holds_and_moves_less():
+    kw = dict(pp=2, dp=8, tmp=1, mbs=1, simulate=True)
+    fp32 = estimate(parse_spec(_spec(None)), **kw)
+    bf16 = estimate(parse_spec(_spec(False)), **kw)
+    assert bf16.breakdown.data_parallel_s < fp32.breakdown.data_parallel_s
+    assert bf16.simulation.iteration_time_s < fp32.simulation.iteration_time_s
+    for a, b in zip(fp32.memory, bf16.memory):
+        assert b.gradient_bytes * 2 == a.gradient_bytes
+        assert b.peak_bytes < a.peak_bytes
+
+
+def test_deepspeed_says_it_in_its_config():
+    s = estimate(parse_spec(_spec(True, backend="deepspeed")), pp=2, dp=8, tmp=1,
+                 mbs=1).strategy
+    assert ds_config(s, precision="bf16", fp32_reduce=True)["communication_data_type"] == \
+        "fp32"
+    assert "communication_data_type" not in ds_config(s, precision="bf16")
