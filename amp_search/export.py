@@ -379,7 +379,8 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
     block = check_gpt_chain(spec.model.layers)
     args = megatron_args(spec.model.layers, s, precision=cfg.precision, iters=iters, seed=seed,
                          overlap_grad_reduce=spec.training.overlaps_grad_reduce(s.zero_stage),
-                         tp_comm_overlap=spec.training.tp_comm_overlap)
+                         tp_comm_overlap=spec.training.tp_comm_overlap,
+                         grad_reduce_in_fp32=spec.training.grad_reduce_in_fp32)
     nodes = megatron_nodes(ranks)
     env = trial_env(cfg.device, "megatron")
     ctx = _context(spec, cfg.device, env, master_port)

@@ -32,8 +32,9 @@ strategy on its placement and layer split, from the same cost terms as AMP eq. 5
   all-gather of the weights under BF16_Optimizer; reduce-scatter + all-gather for ZeRO 1;
   reduce-scatter in every micro-batch's backward for ZeRO 2), after the backward (DeepSpeed's
   pipeline engine reduces at the accumulation boundary; overlap_comm is off in the trials'
-  configs); the analytic `dp_overlap` coefficient is not applied, the schedule decides what
-  overlaps;
+  configs), or with training.overlap_grad_reduce during the last backward in the backend's
+  buckets (megatron-core's max(4e7, 1e6 x dp x cp) parameters; `simulation_inputs`); the
+  analytic `dp_overlap` coefficient is not applied, the schedule decides what overlaps;
 - the optimizer step and the per-iteration overhead as in eq. 4.
 
 - ZeRO 3 (pp = 1 only: DeepSpeed's pipeline engine rejects it, `search_space`'s
@@ -312,7 +313,10 @@ def _dp_sync_bytes(model: "CostModel", s: Strategy, weight_bytes: np.ndarray
         return grad, (weight_bytes if s.zero_stage == 1 else None)
     engine = memory_model.deepspeed_engine(zero_stage=s.zero_stage, precision=precision)
     gather = s.zero_stage in (1, 2) or engine == "bf16_optimizer"
-    return weight_bytes, (weight_bytes if gather else None)
+    grad = weight_bytes if not model.spec.training.grad_reduce_in_fp32 else \
+        weight_bytes * comm.gradient_reduce_bytes_per_element(precision, fp32_allreduce=True) \
+        / model.spec.training.bytes_per_element
+    return grad, (weight_bytes if gather else None)
 
 
 def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",

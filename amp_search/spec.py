@@ -587,8 +587,9 @@ def _gpu_model(r: "MappingReader", defaults: dict, links: dict[str, LinkKind]) -
     if r.has("gemm_efficiency") and isinstance(gemm, dict) \
             and isinstance(defaults.get("gemm_efficiency"), dict):
         # each key the entry gives replaces the defaults' (e.g. a family's own max, with the
-        # defaults' half_at and FP8/NVFP4 fractions)
-        gemm = {**defaults["gemm_efficiency"], **gemm}
+        # defaults' half_at and FP8/NVFP4 fractions); the defaults' source is theirs alone
+        own = {"source": "as written for this GPU"} if gemm else {}
+        gemm = {**defaults["gemm_efficiency"], **own, **gemm}
     if gemm is not None:
         g = MappingReader(gemm, r.at("gemm_efficiency"), ("max", "half_at", "fp8_max",
                                                           "nvfp4_max", "source"))
@@ -799,10 +800,6 @@ def _training(data) -> TrainingSpec:
     if not isinstance(tp_overlap, bool):
         raise SpecError(r.at("tp_comm_overlap"),
                         f"got {show_value(tp_overlap)}; accepted: true, false")
-    if tp_overlap and r.has("backend") and backend != "megatron":
-        raise SpecError(r.at("tp_comm_overlap"),
-                        f"Megatron-LM's --tp-comm-overlap (Transformer Engine's userbuffers); "
-                        f"training.backend {backend} has none: accepted with backend megatron")
     headroom = r.raw("memory_headroom", "5%")
     hr_path = r.at("memory_headroom")
     if isinstance(headroom, str) and headroom.strip().endswith("%"):
@@ -867,6 +864,12 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
         training, others = trainings[0], tuple(trainings[1:])
     else:
         training, others, notes = _checked_training(training_data, cluster, model), (), []
+        if training.tp_comm_overlap and training.backend != "megatron":
+            raise SpecError("training.tp_comm_overlap",
+                            f"Megatron-LM's --tp-comm-overlap (Transformer Engine's "
+                            f"userbuffers); training.backend {training.backend} has none: "
+                            f"accepted with backend megatron (or no backend: the DeepSpeed "
+                            f"plans then keep their collectives exposed)")
     return Spec(cluster=cluster, model=model, training=training,
                 search=_search_limits(r.raw("search")), path=path,
                 sha256=_content_hash(data), backend_given=not isinstance(training_data, dict)

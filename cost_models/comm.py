@@ -284,16 +284,17 @@ def gradient_reduce_time_s(*, grad_bytes, n: int, bandwidth_bytes_per_s, latency
                            zero_stage: int, gas: int, framework: str = "deepspeed"):
     """The gradient reduction's part of `data_parallel_sync_time_s`, the part a reduction
     overlapped with the backward can hide (the weights' all-gather after the step waits for
-    the step): the all-reduce (ZeRO 0; DeepSpeed's ZeRO 1 too), the reduce-scatter of
-    Megatron-LM's distributed optimizer, DeepSpeed's ZeRO 2 reduce-scatter of every
-    micro-batch; 0 for ZeRO 3, whose per-layer traffic the closed form charges whole (the
-    simulator overlaps it layer by layer)."""
+    the step): the all-reduce of ZeRO 0; the reduce-scatter of ZeRO 1 (Megatron-LM's
+    distributed optimizer, and DeepSpeed's, whose all-reduce volume is a reduce-scatter then
+    the weights' all-gather, as the simulator plays it); DeepSpeed's ZeRO 2 reduce-scatter of
+    every micro-batch; 0 for ZeRO 3, whose per-layer traffic the closed form charges whole
+    (the simulator overlaps it layer by layer)."""
     if framework not in GRADIENT_FRAMEWORKS:
         raise ValueError(f"framework {framework!r}; known: {', '.join(GRADIENT_FRAMEWORKS)}")
     if n <= 1 or zero_stage == 3:
         return 0.0 * (grad_bytes + latency_s + bandwidth_bytes_per_s)
     bw, lat = bandwidth_bytes_per_s, latency_s
-    if framework == "megatron" and zero_stage == 1:
+    if zero_stage == 1:
         return reduce_scatter_time_s(grad_bytes, n, bw, lat)
     if zero_stage == 2:
         return gas * reduce_scatter_time_s(grad_bytes, n, bw, lat)

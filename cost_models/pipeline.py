@@ -287,7 +287,8 @@ class StageCostArrays:
     cut_s: np.ndarray
     """[pp, L + 1] P2P into stage j when it starts at layer i."""
     sync_s: np.ndarray
-    """[pp, L] exposed data-parallel sync of the layer's parameters."""
+    """[pp, L] data-parallel sync of the layer's parameters (less the calibrated dp_overlap;
+    what a bucketed reduction hides besides is `gradient_overlap`'s, `exposed_sync_s`)."""
     sync_fixed_s: np.ndarray
     """[pp] the sync's per-stage latency part."""
     optimizer_s: np.ndarray

@@ -151,7 +151,8 @@ def sequence_parallel_time_s(layer: Layer, *, tmp: int, mbs: int, device: Device
     instead of all-reduces, the all-gather repeated in backward for each column-parallel
     weight gradient, and the per-call host time of each) is in
     `cost_models.layers.tp_collectives_by_pass`, which the planner and the simulator cost
-    (not overlapped with the input gradient's GEMM, which Megatron-LM does on GPUs)."""
+    (exposed, or beside the GEMMs with training.tp_comm_overlap:
+    `cost_models.compute.tp_overlap_exposed_s`)."""
     if tmp <= 1:
         return KnobTime(forward_s=0.0, backward_s=0.0)
     forward, backward = replicated_elementwise_bytes_by_pass(layer, bytes_per_element,

@@ -67,3 +67,23 @@ def test_deepspeed_says_it_in_its_config():
     assert ds_config(s, precision="bf16", fp32_reduce=True)["communication_data_type"] == \
         "fp32"
     assert "communication_data_type" not in ds_config(s, precision="bf16")
+
+
+def test_the_simulator_and_the_launch_follow_it():
+    from amp_search.launch.megatron import megatron_args, megatron_unsupported_gradients
+    from amp_search.simulate import simulation_inputs
+    from amp_search.costing.cost_model import CostModel
+
+    for backend in ("deepspeed", "megatron"):
+        bytes_ = {}
+        for fp32 in (True, False):
+            spec = parse_spec(_spec(fp32, backend=backend))
+            e = estimate(spec, pp=2, dp=8, tmp=1, mbs=1)
+            bytes_[fp32] = simulation_inputs(CostModel(spec), e.strategy)["gradient_bytes"]
+        assert list(bytes_[True]) == [2 * b for b in bytes_[False]], backend
+    spec = parse_spec(_spec(True))
+    s = estimate(spec, pp=2, dp=8, tmp=1, mbs=1).strategy
+    assert "--accumulate-allreduce-grads-in-fp32" in megatron_args(
+        spec.model.layers, s, precision="fp16", iters=2, grad_reduce_in_fp32=True)
+    assert "pretrain_gpt.py accumulates" in megatron_unsupported_gradients("bf16", False)
+    assert megatron_unsupported_gradients("bf16", None) == ""

@@ -134,3 +134,16 @@ def test_trial_and_export_configs_say_it():
     assert ds_config(ds, precision="bf16", overlap_comm=True)["zero_optimization"] == \
         {"stage": 1, "overlap_comm": True}
     assert ds_config(ds, precision="bf16")["zero_optimization"] == {"stage": 1}
+
+
+def test_deepspeed_zero1_hides_its_reduce_scatter_only_and_never_in_a_pipeline():
+    """DeepSpeed's ZeRO 1 all-reduce volume is a reduce-scatter then the weights' all-gather
+    (as the simulator plays it): only the reduce-scatter can hide. Its PipelineEngine reduces
+    at the accumulation boundary, after the backward, so pp > 1 overlaps nothing."""
+    kw = dict(grad_bytes=1e9, n=8, bandwidth_bytes_per_s=1e10, latency_s=1e-5, gas=4)
+    assert comm.gradient_reduce_time_s(zero_stage=1, **kw) == pytest.approx(
+        comm.reduce_scatter_time_s(1e9, 8, 1e10, 1e-5))
+    model = CostModel(parse_spec(_spec(True, backend="deepspeed")))
+    one = Candidate.make(pp=1, dp=16, tmp=1, mbs=1, zero_stage=1, recompute="none")
+    two = Candidate.make(pp=2, dp=8, tmp=1, mbs=1, zero_stage=1, recompute="none")
+    assert model.overlaps_grad_reduce(one) and not model.overlaps_grad_reduce(two)

@@ -50,6 +50,12 @@ def test_the_key():
     with pytest.raises(SpecError, match=r"training\.tp_comm_overlap: Megatron-LM's "
                                         r"--tp-comm-overlap .* accepted with backend megatron"):
         parse_spec(_spec(True, backend="deepspeed"))
+    # no backend named: both are planned, the DeepSpeed plans without the overlap
+    raw = _spec(True)
+    del raw["training"]["backend"]
+    both = parse_spec(raw)
+    assert {t.backend for t in (both.training, *both.other_backends)} == {"deepspeed",
+                                                                          "megatron"}
     # absent and false cost the same plan (only the hash of the text written differs)
     absent, false = (spec_fingerprint(parse_spec(_spec(v))) for v in (None, False))
     assert {k: v for k, v in absent.items() if k != "spec_sha256"} == \

@@ -963,9 +963,17 @@ class CostModel:
     def overlaps_grad_reduce(self, c: Candidate) -> bool:
         """Whether `c` reduces its gradients in buckets during the backward
         (TrainingSpec.overlaps_grad_reduce) and has a reduction to overlap: dp x cp > 1,
-        weights trained, ZeRO 0-2 (ZeRO 3 and Megatron-FSDP move theirs layer by layer)."""
+        weights trained, ZeRO 0-2 (ZeRO 3 and Megatron-FSDP move theirs layer by layer), and
+        under DeepSpeed pp 1 (its PipelineEngine reduces at the accumulation boundary, after
+        the backward, whatever overlap_comm says).
+
+        megatron-core buckets the first pipeline stage's gradients (and the first model
+        chunk's) only; a later stage reduces its whole buffer once its last backward ends,
+        j backward passes before the first stage's does, which eq. 4 (every stage's sync after
+        the same pipeline end) does not see: the same overlap stands in for that head start."""
         t = self.spec.training
         return (c.replicas > 1 and c.zero_stage != 3 and not t.frozen_weights
+                and not (t.backend == "deepspeed" and c.pp > 1)
                 and t.overlaps_grad_reduce(c.zero_stage))
 
 

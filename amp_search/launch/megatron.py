@@ -202,13 +202,15 @@ def virtual_stage_args(layers: tuple[Layer, ...], strategy: Strategy) -> list[st
 
 def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: str,
                   iters: int, seed: int = 1234, lr: float = 1e-4,
-                  overlap_grad_reduce: bool = False, tp_comm_overlap: bool = False
-                  ) -> list[str]:
+                  overlap_grad_reduce: bool = False, tp_comm_overlap: bool = False,
+                  grad_reduce_in_fp32: bool | None = None) -> list[str]:
     """The pretrain_gpt.py arguments for one strategy; `overlap_grad_reduce` (the spec's
     training.overlap_grad_reduce): --overlap-grad-reduce, the gradients reduced in buckets
     during the backward; `tp_comm_overlap` (training.tp_comm_overlap, with tmp > 1 and
     sequence parallelism): --tp-comm-overlap on Transformer Engine's layers (its
-    userbuffers need them and CUDA)."""
+    userbuffers need them and CUDA); `grad_reduce_in_fp32` True:
+    --accumulate-allreduce-grads-in-fp32 (pretrain_gpt.py sets it itself for bf16; with bf16
+    it cannot be turned off there, `megatron_unsupported_gradients`)."""
     block = check_gpt_chain(layers)
     s = strategy
     vocab = layers[0].vocab_size
@@ -250,6 +252,8 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         args += ["--use-distributed-optimizer"]
     if overlap_grad_reduce and s.zero_stage != 3:
         args += ["--overlap-grad-reduce"]
+    if grad_reduce_in_fp32 and precision != "fp32":
+        args += ["--accumulate-allreduce-grads-in-fp32"]
     if tp_comm_overlap and s.tmp > 1 and s.sequence_parallel:
         i = args.index("--transformer-impl")
         args[i + 1] = "transformer_engine"
@@ -278,6 +282,19 @@ def megatron_unsupported(strategy: Strategy) -> str:
                 + " (zero_stage 1 is its --use-distributed-optimizer, 3 Megatron-FSDP with "
                   "pp 1); plan with training.backend: megatron, which prunes it, or use "
                   "zero_stage 0, 1 or 3")
+    return ""
+
+
+def megatron_unsupported_gradients(precision: str, grad_reduce_in_fp32: bool | None) -> str:
+    """Why pretrain_gpt.py cannot keep the gradients as planned ('' if it can): with bf16
+    (fp8, nvfp4: bf16 elsewhere) it accumulates and reduces them in fp32 whatever it is
+    told, so training.grad_reduce_in_fp32 false (megatron-core's grad_reduce_in_fp32=False,
+    as Megatron-Bridge runs it) is not what it would measure."""
+    if grad_reduce_in_fp32 is False and precision in ("bf16", "fp8", "nvfp4"):
+        return ("training.grad_reduce_in_fp32 false: Megatron-LM's pretrain_gpt.py accumulates "
+                "and reduces bf16 gradients in fp32 itself, so its trial would not measure the "
+                "plan (set it to default to launch with pretrain_gpt.py; Megatron-Bridge runs "
+                "it as planned)")
     return ""
 
 

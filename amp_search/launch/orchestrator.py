@@ -45,7 +45,8 @@ from ..trial.ranks import RankAssignment, assign_ranks
 from .hostfile import HostSlots
 from .launchers import LAUNCHERS, BUILDERS, LaunchContext, TrialLaunch, build_launch
 from .megatron import (check_gpt_chain, megatron_args, megatron_nodes, megatron_program,
-                       megatron_unsupported, parse_megatron_log)
+                       megatron_unsupported, megatron_unsupported_gradients,
+                       parse_megatron_log)
 from .process import (TRIAL_DIR_VAR, classify_failure, failure_reason, log_tail,
                       oom_kill_count, out_of_memory_in, run_commands, stop_trial_processes)
 from .results_db import (FINISHED, ResultRow, ResultsDB, ResultsDBError, TrialLock,
@@ -278,6 +279,10 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
                 f"{s.dp} x {s.mbs}")
     if backend == "megatron" and megatron_unsupported(s):
         return megatron_unsupported(s)
+    if backend == "megatron" and megatron_unsupported_gradients(
+            spec.training.precision, spec.training.grad_reduce_in_fp32):
+        return megatron_unsupported_gradients(spec.training.precision,
+                                              spec.training.grad_reduce_in_fp32)
     if spec.training.finetune != "none":
         return (f"training.finetune {spec.training.finetune}: the trial program and "
                 f"Megatron-LM's pretrain_gpt.py train every weight (LoRA runs in "
@@ -386,7 +391,8 @@ def _prepare(spec: Spec, req: TrialRequest, index: int, ranks: tuple[RankAssignm
         args = megatron_args(spec.model.layers, s, precision=precision, iters=options.iters,
                              seed=options.seed, overlap_grad_reduce=spec.training.
                              overlaps_grad_reduce(s.zero_stage),
-                             tp_comm_overlap=spec.training.tp_comm_overlap)
+                             tp_comm_overlap=spec.training.tp_comm_overlap,
+                             grad_reduce_in_fp32=spec.training.grad_reduce_in_fp32)
         program = megatron_program(options.megatron_path, args)
         launch = BUILDERS[options.launcher](megatron_nodes(ranks), ctx,
                                             rank0_host=ranks[0].host, program=program)
