@@ -406,11 +406,17 @@ def recipe_ranks(rows: list[dict]) -> list[dict]:
         rank = next((i for i, e in enumerate(ranked, 1)
                      if (e.strategy.pp, e.strategy.dp, e.strategy.tmp, e.strategy.cp,
                          e.strategy.mbs, e.strategy.virtual_stages) == layout), None)
+        # the recipe's (pp, dp, tmp, cp, mbs) whatever its virtual stages and recomputation:
+        # the ranking keeps each layout once, with its fastest knobs
+        layout_rank = next((i for i, e in enumerate(ranked, 1)
+                            if (e.strategy.pp, e.strategy.dp, e.strategy.tmp, e.strategy.cp,
+                                e.strategy.mbs) == layout[:5]), None)
         best = ranked[0] if ranked else None
         out.append({"recipe": f"{row['model']} {row['system']} {row['precision']} "
                               f"{row['gpus']} GPUs gbs {row['gbs']}: tp{tp} pp{pp} cp{cp} "
                               f"vp{virtual(row)} ep{experts(row)} mbs{row['mbs']}",
-                    "rank": rank, "ranked": len(ranked), "recipe_fits": recipe.fits,
+                    "rank": rank, "layout_rank": layout_rank, "ranked": len(ranked),
+                    "recipe_fits": recipe.fits,
                     "recipe_predicted_s": recipe.iteration_time_s,
                     "measured_s": measured_s(row),
                     "best_predicted_s": best.iteration_time_s if best else None,
@@ -424,14 +430,18 @@ def report_ranks(ranks: list[dict]) -> None:
     for r in ranks:
         where = (f"rank {r['rank']} of {r['ranked']}" if r["rank"] is not None else
                  "not ranked: predicted not to fit" if not r["recipe_fits"] else
-                 "not ranked (a faster setting of its knobs is kept)")
+                 "not ranked (a faster setting of its knobs is kept"
+                 + (f": its layout at rank {r['layout_rank']})" if r["layout_rank"]
+                    else ")"))
         best = (f"best {r['best']} {r['best_predicted_s']:.4g} s, "
                 f"{r['best_predicted_s'] / r['recipe_predicted_s'] - 1:+.1%} against the "
                 f"recipe's predicted {r['recipe_predicted_s']:.4g} s"
                 if r["best"] else "no plan fits")
         print(f"  {r['recipe']}: {where}; {best}; measured {r['measured_s']:.4g} s")
     top10 = sum(r["rank"] is not None and r["rank"] <= 10 for r in ranks)
-    print(f"in the top 10: {top10} of {len(ranks)}")
+    layout10 = sum(r["layout_rank"] is not None and r["layout_rank"] <= 10 for r in ranks)
+    print(f"in the top 10: {top10} of {len(ranks)}; its layout (pp, dp, tmp, cp, mbs, with "
+          f"whatever virtual stages and recomputation the plan keeps for it): {layout10}")
 
 
 def main(argv=None) -> int:
