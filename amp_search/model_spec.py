@@ -138,13 +138,6 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0] if n <= 1 << 20 else [1]
 
 
-def _flag(r: MappingReader, key: str, default: bool) -> bool:
-    v = r.raw(key, default)
-    if v is not True and v is not False:
-        raise SpecError(r.at(key), f"got {show_value(v)}; accepted: true, false")
-    return v
-
-
 def swiglu_ffn_hidden_size(hidden: int) -> int:
     """Megatron-LM's default MLP width with --swiglu (megatron/training/arguments.py):
     int((4h * 2/3) / 64) * 64, about the parameters of a 4h GELU MLP in three matrices."""
@@ -225,9 +218,9 @@ def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None)
     f = _ffn(r, h, mlp)
     attention = _attention(r, h, a, note)
     norm = r.choice("norm", NORM_KINDS, "layernorm")
-    bias = _flag(r, "bias", True)
+    bias = r.flag("bias", True)
     pos = r.choice("position_embedding", POSITION_EMBEDDINGS, "learned")
-    tied = _flag(r, "tie_embeddings", False)
+    tied = r.flag("tie_embeddings", False)
     block = Layer(kind="transformer", seq_length=seq, hidden_size=h, num_attention_heads=a,
                   ffn_hidden_size=f, **attention, mlp=mlp, norm=norm, bias=bias,
                   position_embedding=pos, **_experts(r, f))
@@ -317,14 +310,14 @@ def parse_model(data) -> ModelSpec:
                 heads.add(a)
             if kind in ("transformer", "mlp", "head"):
                 arch["norm"] = lr.choice("norm", NORM_KINDS, "layernorm")
-                arch["bias"] = _flag(lr, "bias", True)
+                arch["bias"] = lr.flag("bias", True)
             if kind in ("embedding", "transformer"):
                 arch["position_embedding"] = lr.choice("position_embedding",
                                                        POSITION_EMBEDDINGS, pos_default)
                 if kind == "embedding":
                     pos_default = arch["position_embedding"]
             if kind in ("embedding", "head"):
-                arch["tie_embeddings"] = _flag(lr, "tie_embeddings", False)
+                arch["tie_embeddings"] = lr.flag("tie_embeddings", False)
             f = _ffn(lr, h, arch["mlp"]) if kind in ("transformer", "mlp") else 0
             if lr.has("ffn_hidden_size") and kind not in ("transformer", "mlp"):
                 raise SpecError(lr.at("ffn_hidden_size"), f"not used by a {kind} layer")

@@ -784,22 +784,12 @@ def _training(data) -> TrainingSpec:
         zero_stages = (zero,)
     else:
         raise SpecError(r.at("zero_stage"), f"got {show_value(zero)}; accepted: 0, 1, 2, 3, search")
-    overlap = r.raw("overlap_grad_reduce", "default")
-    if not isinstance(overlap, bool) and overlap != "default":
-        raise SpecError(r.at("overlap_grad_reduce"),
-                        f"got {show_value(overlap)}; accepted: true, false, default (the "
-                        f"backend's: off under Megatron-LM and for DeepSpeed's ZeRO 0-2, on "
-                        f"for ZeRO 3)")
-    grad_fp32 = r.raw("grad_reduce_in_fp32", "default")
-    if not isinstance(grad_fp32, bool) and grad_fp32 != "default":
-        raise SpecError(r.at("grad_reduce_in_fp32"),
-                        f"got {show_value(grad_fp32)}; accepted: true, false, default (the "
-                        f"backend's: fp32 under Megatron-LM with bf16, fp8 or nvfp4; the "
-                        f"training dtype under DeepSpeed)")
-    tp_overlap = r.raw("tp_comm_overlap", False)
-    if not isinstance(tp_overlap, bool):
-        raise SpecError(r.at("tp_comm_overlap"),
-                        f"got {show_value(tp_overlap)}; accepted: true, false")
+    overlap = r.flag("overlap_grad_reduce", default_means=(
+        "the backend's: off under Megatron-LM and for DeepSpeed's ZeRO 0-2, on for ZeRO 3"))
+    grad_fp32 = r.flag("grad_reduce_in_fp32", default_means=(
+        "the backend's: fp32 under Megatron-LM with bf16, fp8 or nvfp4; the training dtype "
+        "under DeepSpeed"))
+    tp_overlap = r.flag("tp_comm_overlap", False)
     headroom = r.raw("memory_headroom", "5%")
     hr_path = r.at("memory_headroom")
     if isinstance(headroom, str) and headroom.strip().endswith("%"):
@@ -829,9 +819,9 @@ def _training(data) -> TrainingSpec:
         backend=backend,
         pipeline_p2p=r.choice("pipeline_p2p", PIPELINE_P2P, "whole"),
         finetune=r.choice("finetune", FINETUNE, "none"),
-        overlap_grad_reduce=None if overlap == "default" else overlap,
+        overlap_grad_reduce=overlap,
         tp_comm_overlap=tp_overlap,
-        grad_reduce_in_fp32=None if grad_fp32 == "default" else grad_fp32,
+        grad_reduce_in_fp32=grad_fp32,
     )
 
 

@@ -93,6 +93,18 @@ class MappingReader:
             raise SpecError(self.at(key), f"{show_value(v)} is out of range; accepted: {lo} to {hi}")
         return v
 
+    def flag(self, key: str, default: bool | None = False, *, default_means: str = ""
+             ) -> bool | None:
+        """A true/false key. With `default_means` (what the default is, for the message) the
+        value `default` is accepted too, and it and an absent key read as None."""
+        v = self.raw(key, "default" if default_means else default)
+        if v is True or v is False:
+            return v
+        if default_means and v == "default":
+            return None
+        raise SpecError(self.at(key), f"got {show_value(v)}; accepted: true, false"
+                        + (f", default ({default_means})" if default_means else ""))
+
     def choice(self, key: str, options: tuple, default=None):
         v = self.raw(key, default, default is None)
         if not isinstance(v, (str, int)) or isinstance(v, bool) or v not in options:
