@@ -641,19 +641,35 @@ def _megatron_llama_elementwise_bytes(layer: Layer, tmp: int, bytes_per_element:
     A mixture-of-experts block: the activation on k f_e + f_s per token (`_mlp_inner`) and
     the routing's permutations in each pass (`_moe_routing_bytes`)."""
     g = float(bytes_per_element)
-    s, h, f = layer.seq_length, float(layer.hidden_size), float(_mlp_inner(layer))
+    s, f = layer.seq_length, float(_mlp_inner(layer))
     bias = 1.0 if layer.bias else 0.0
     if layer.mlp == "swiglu":
         act_f, act_b = 3 * g * f / tmp, (5 + 2 * bias) * g * f / tmp
     else:
         act_f, act_b = 2 * g * f / tmp, (3 + bias) * g * f / tmp
+    norms_f, norms_b = megatron_norm_residual_bytes(layer, bytes_per_element)
     if layer.kind == "mlp":
-        return (s * ((5 * g + 1) * h + act_f),
-                s * ((8 * g + 1) * h + bias * g * h + act_b))
+        return s * (norms_f + act_f), s * (norms_b + act_b)
     ad = float(layer.attention_width)
     rope = g * _rope_elements(layer) / tmp + _moe_routing_bytes(layer, tmp, bytes_per_element)
-    return (s * ((10 * g + 2) * h + 2 * g * ad + act_f) + rope,
-            s * ((16 * g + 2) * h + 2 * bias * g * h + 2 * g * ad + act_b) + rope)
+    return (s * (norms_f + 2 * g * ad + act_f) + rope,
+            s * (norms_b + 2 * g * ad + act_b) + rope)
+
+
+def megatron_norm_residual_bytes(layer: Layer, bytes_per_element: int) -> tuple[float, float]:
+    """(forward, backward) bytes per token of a transformer or mlp layer's norms, fused
+    bias-dropout-adds and residual sums under megatron, the s x h part of
+    `_megatron_llama_elementwise_bytes` (the region tensor parallelism leaves replicated and
+    sequence parallelism splits): transformer (10g + 2) h and (16g + 2) h [+ 2g h with
+    biases], mlp (5g + 1) h and (8g + 1) h [+ g h]; (0, 0) for the other layers."""
+    g = float(bytes_per_element)
+    h = float(layer.hidden_size)
+    bias = 1.0 if layer.bias else 0.0
+    if layer.kind == "transformer":
+        return (10 * g + 2) * h, (16 * g + 2) * h + 2 * bias * g * h
+    if layer.kind == "mlp":
+        return (5 * g + 1) * h, (8 * g + 1) * h + bias * g * h
+    return 0.0, 0.0
 
 
 CROSS_ENTROPY_BYTES_PER_LOGIT = 60.0

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .compute import DeviceSpeed, attention_time_s
-from .layers import Layer
+from .layers import Layer, megatron_norm_residual_bytes
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 """training.activation_checkpointing values: nothing, the attention core, each whole block."""
@@ -118,7 +118,7 @@ def replicated_elementwise_bytes_by_pass(layer: Layer, bytes_per_element: int,
     deepspeed (the trial layers): `replicated_elementwise_bytes` forward, twice that backward.
 
     megatron (fused bias-dropout-add, fused norms; g bytes per element, masks 1 byte), the
-    s x h terms of that count, per token: forward 2 norms (2g h each) and 2 bias-dropout-adds
+    s x h terms of that count (`cost_models.layers.megatron_norm_residual_bytes`), per token: forward 2 norms (2g h each) and 2 bias-dropout-adds
     ((3g + 1) h each): (10g + 2) h; backward 2 norm backwards (3g h each), 2 bias-dropout-add
     backwards ((2g + 1) h each, + g h each for the bias gradient with biases) and the 2
     residual gradient sums (3g h each): (16g + 2) h [+ 2g h]. The mlp layer has one of each:
@@ -129,16 +129,12 @@ def replicated_elementwise_bytes_by_pass(layer: Layer, bytes_per_element: int,
     if framework != "megatron":
         forward = replicated_elementwise_bytes(layer, bytes_per_element)
         return forward, 2.0 * forward
-    g = float(bytes_per_element)
-    sh = float(layer.seq_length * layer.hidden_size)
-    bias = 1.0 if layer.bias else 0.0
-    if layer.kind == "transformer":
-        return (10 * g + 2) * sh, (16 * g + 2 + 2 * bias * g) * sh
-    if layer.kind == "mlp":
-        return (5 * g + 1) * sh, (8 * g + 1 + bias * g) * sh
-    if layer.kind == "head":
-        return 2 * g * sh, 3 * g * sh
-    return 0.0, 0.0
+    s = layer.seq_length
+    if layer.kind == "head":        # its final norm
+        g, h = float(bytes_per_element), float(layer.hidden_size)
+        return s * 2 * g * h, s * 3 * g * h
+    forward, backward = megatron_norm_residual_bytes(layer, bytes_per_element)
+    return s * forward, s * backward
 
 
 def sequence_parallel_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
