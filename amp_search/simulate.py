@@ -209,17 +209,10 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     Megatron's paired ones); order: the DeviceOrder the placement came from, whose layout
     the model has cached (else the placement is costed again). Raises ValueError for a
     strategy that `simulatable` refuses."""
-    from cost_models.simulator import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
-
     why = simulatable(strategy)
     if why is not None:
         raise ValueError(f"{strategy.label()}: {why}")
-    if overlap is None:
-        overlap = model.overlaps_grad_reduce(Candidate.of(strategy))
-    if bucket_elements is None:
-        bucket_elements = comm.gradient_bucket_elements(
-            model.spec.training.backend, strategy.replicas) if overlap \
-            else DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    overlap, bucket_elements = gradient_buckets(model, strategy, overlap, bucket_elements)
     if p2p_mode is None:
         p2p_mode = p2p_mode_of(model.spec.training.backend)
     s = strategy
@@ -286,6 +279,20 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
                   reduce_every_microbatch=s.zero_stage == 2,
                   gather_bytes_after_step=gather)
     return kw
+
+
+def gradient_buckets(model: "CostModel", strategy: Strategy, overlap: bool | None = None,
+                     bucket_elements: int | None = None) -> tuple[bool, int]:
+    """(overlap, bucket elements) a simulation of `strategy` uses, each as given or by
+    default: the spec's overlap (`CostModel.overlaps_grad_reduce`), and overlapped the
+    backend's bucket (`comm.gradient_bucket_elements`), else DeepSpeed's reduce_bucket_size."""
+    if overlap is None:
+        overlap = model.overlaps_grad_reduce(Candidate.of(strategy))
+    if bucket_elements is None:
+        bucket_elements = comm.gradient_bucket_elements(
+            model.spec.training.backend, strategy.replicas) if overlap \
+            else comm.DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    return overlap, bucket_elements
 
 
 def grad_element_bytes(model: "CostModel") -> int:

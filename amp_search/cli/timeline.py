@@ -145,11 +145,8 @@ def run(args) -> int:
 
 
 def _run(args, spec, measurements, png) -> int:
-    from cost_models.comm import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, gradient_bucket_elements
-
-    from ..search_space import Candidate
     from ..costing import CostModel
-    from ..simulate import simulatable, simulation_inputs
+    from ..simulate import gradient_buckets, simulatable, simulation_inputs
     from ..timeline import write_chrome_trace
 
     e, where = chosen_strategy(spec, args, measurements)
@@ -159,12 +156,8 @@ def _run(args, spec, measurements, png) -> int:
         raise UsageError(f"timeline: {e.strategy.label()}: {why}; give another strategy "
                          f"(--rank N, or --pp --dp --tmp --mbs with --zero-stage 0, 1 or 2)")
     model = CostModel(spec, measurements=measurements)
-    if args.overlap_comm is None:
-        args.overlap_comm = model.overlaps_grad_reduce(Candidate.of(e.strategy))
-    if args.bucket_elements is None:
-        args.bucket_elements = gradient_bucket_elements(spec.training.backend,
-                                                        e.strategy.replicas) \
-            if args.overlap_comm else DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    args.overlap_comm, args.bucket_elements = gradient_buckets(
+        model, e.strategy, args.overlap_comm, args.bucket_elements)
     kw = simulation_inputs(model, e.strategy, schedule=args.schedule,
                            overlap=args.overlap_comm, bucket_elements=args.bucket_elements)
     if e.strategy.virtual_stages > 1:       # Megatron-LM's interleaved 1F1B

@@ -976,7 +976,6 @@ class CostModel:
                 and not (t.backend == "deepspeed" and c.pp > 1)
                 and t.overlaps_grad_reduce(c.zero_stage))
 
-
     def _gradient_overlap(self, c: Candidate, layout: PlacedLayout, backward: np.ndarray
                           ) -> pipeline.GradientOverlap | None:
         """The overlapped part of the data-parallel sync (pipeline.GradientOverlap) with
