@@ -48,6 +48,10 @@ class NoFeasibleStrategy(AmpSearchError):
     """Every candidate was pruned; the message says why."""
 
 
+class Dominated(NoFeasibleStrategy):
+    """Nothing below `plan`'s cutoff_s: what fits is no faster than the plan the caller has."""
+
+
 class SearchTooLarge(AmpSearchError):
     """The search would take longer than the caller allows; the message says what to change."""
 
@@ -74,7 +78,8 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
          cost_params: CostParams | None = None, progress: bool = False,
          max_search_s: float | None = None, on_start=None,
          simulate_top: int | None = None, backend: str | None = None,
-         keep: int | None = KEEP, keep_within: float = 1.0) -> Plan:
+         keep: int | None = KEEP, keep_within: float = 1.0,
+         cutoff_s: float | None = None) -> Plan:
     """Rank the feasible strategies for `spec` (AMP Algorithm 1, lines 1-7).
 
     `keep`: the plan holds the fastest `keep` layouts (at least `simulate_top`) and every
@@ -91,6 +96,11 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
 
     `backend`: deepspeed | megatron, the framework the plan is for (None: any); the search
     space's rules drop what it cannot run (search_space.interleaved_backend).
+
+    `cutoff_s`: the caller has no use for a plan whose closed-form time is this or more
+    (`plan_subsets`: another part of the cluster already beats it in every objective); such
+    plans are left out like the slower-than-kept ones, most never costed, and counted under
+    Reason.DOMINATED. Raises Dominated when that leaves nothing.
 
     `measurements`: layer profiles, link fits and calibration to use (default: none, the
     analytic model on the packaged catalog). `max_search_s`: refuse (SearchTooLarge) a search
@@ -119,14 +129,22 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
         keep = max(keep, DEFAULT_SIMULATE_TOP if simulate_top is None else simulate_top)
     if keep is None or len(candidates) * len(orders) <= BOUND_ABOVE:
         estimates, evaluated = cost_every_candidate(model, candidates, orders, pruned, progress)
+        if cutoff_s is not None:
+            below = [e for e in estimates if e.iteration_time_s < cutoff_s]
+            if len(estimates) > len(below):
+                pruned[Reason.DOMINATED.value] += len(estimates) - len(below)
+            estimates = below
         if keep is not None:
             estimates = kept_plans(estimates, keep, keep_within, pruned)
     else:
         estimates, evaluated = cost_best_candidates(
-            model, candidates, orders, pruned, progress, keep=keep, keep_within=keep_within)
+            model, candidates, orders, pruned, progress, keep=keep, keep_within=keep_within,
+            cutoff_s=cutoff_s)
     ranked = rank(estimates, pruned)
     if not ranked:
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(pruned.items()))
+        if pruned.get(Reason.DOMINATED.value):
+            raise Dominated(f"no strategy is faster than {cutoff_s:.4g} s ({detail})")
         raise NoFeasibleStrategy(
             f"no strategy is feasible ({detail}); try training.zero_stage: search, "
             f"training.activation_checkpointing: search, or a smaller global_batch_size")
@@ -164,8 +182,8 @@ def cost_every_candidate(model: CostModel, candidates, orders, pruned: Counter,
 
 
 def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
-                         progress: bool, *, keep: int, keep_within: float
-                         ) -> tuple[list[Estimate], int]:
+                         progress: bool, *, keep: int, keep_within: float,
+                         cutoff_s: float | None = None) -> tuple[list[Estimate], int]:
     """What `cost_every_candidate` gives for the strategies `plan` keeps (the fastest `keep`
     layouts and those within `keep_within` of the best, by `ranking_key`), costing few of
     the others: best first by a lower bound on the time (branch and bound).
@@ -179,7 +197,9 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
     smallest bound left is above the threshold: the slowest of the fastest `keep` layouts,
     or keep_within times the best, whichever is larger (with `_TIE_SLACK`); it only falls
     as plans are found, so each strategy faster than the final threshold was costed, and
-    the plans above it are left out. Returns those estimates and the placements costed."""
+    the plans above it are left out. `cutoff_s`: the threshold starts there, and the plans
+    at or above it are left out too (counted under Reason.DOMINATED). Returns those
+    estimates and the placements costed."""
     import heapq
 
     found: dict[tuple, float] = {}          # layout -> its fastest feasible time
@@ -187,7 +207,8 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
     order_bounds: dict[int, list[float]] = {}
     heap = [(model.lower_bound_s(c), 0, i) for i, c in enumerate(candidates)]
     heapq.heapify(heap)
-    threshold, evaluated, settled = float("inf"), 0, 0
+    cutoff = float("inf") if cutoff_s is None else cutoff_s
+    threshold, evaluated, settled, dominated = cutoff, 0, 0, 0
     bar = None
     if progress:
         from tqdm import tqdm
@@ -231,15 +252,23 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
         if not best.fits:
             pruned[Reason.OUT_OF_MEMORY.value] += 1
             continue
+        if best.iteration_time_s >= cutoff:
+            dominated += 1
+            continue
         estimates.append(best)
         layout = layout_of(c)
         if best.iteration_time_s < found.get(layout, float("inf")):
             found[layout] = best.iteration_time_s
-            threshold = _kept_threshold(found, keep, keep_within)
+            threshold = min(cutoff, _kept_threshold(found, keep, keep_within))
     if bar is not None:
         bar.close()
-    if len(candidates) > settled:
-        pruned[Reason.SLOWER_THAN_KEPT.value] += len(candidates) - settled
+    left = len(candidates) - settled
+    if left and _kept_threshold(found, keep, keep_within) > cutoff:
+        dominated, left = dominated + left, 0       # the cutoff, not the kept plans, stopped it
+    if dominated:
+        pruned[Reason.DOMINATED.value] += dominated
+    if left:
+        pruned[Reason.SLOWER_THAN_KEPT.value] += left
     return kept_plans(estimates, keep, keep_within, pruned), evaluated
 
 
@@ -353,7 +382,8 @@ def cluster_subsets(cluster: Cluster, limit: int = MAX_SUBSETS
     """The parts of the cluster a plan may run on alone, the rest idle, as (nodes, GPUs per
     node) per node group (the first ones as listed): whole nodes, 0, 1, 2, 4, ... or all of a
     group's; on a one-node cluster 1, 2, 4, ... of its devices. Every combination but none and
-    the whole cluster, the most devices first, at most `limit` of them."""
+    the whole cluster: each node group alone first, as listed (whether the slower groups
+    help at all), then the most devices first; at most `limit` of them."""
     groups = cluster.node_groups
     if len(cluster.nodes) == 1:
         k = groups[0].gpus_per_node
@@ -364,7 +394,9 @@ def cluster_subsets(cluster: Cluster, limit: int = MAX_SUBSETS
             for g in groups]
     whole = tuple((g.count, g.gpus_per_node) for g in groups)
     subsets = [u for u in itertools.product(*options) if any(n for n, _ in u) and u != whole]
-    subsets.sort(key=lambda u: (-sum(n * k for n, k in u), u))
+    alone = _groups_alone_uses(cluster)
+    subsets.sort(key=lambda u: (alone.index(u) if u in alone else len(alone),
+                                -sum(n * k for n, k in u), u))
     return tuple(subsets[:limit])
 
 
@@ -391,6 +423,16 @@ def _price_per_hour(spec: Spec, uses) -> float | None:
     return total
 
 
+SUBSET_WAVE = 4
+"""Subsets `plan_subsets` searches at once (a wave; the next wave's cutoffs come from them):
+fixed, so that the plans do not depend on the number of CPUs."""
+
+SUBSET_CUTOFF_SLACK = 0.05
+"""How far above a dominating plan's time `plan_subsets` still costs a subset's candidates:
+the cutoff compares closed-form times with the found plans' simulated ones, which the
+event simulation moves by a few percent."""
+
+
 def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEASUREMENTS,
                  cost_params: CostParams | None = None, simulate_top: int | None = None,
                  backend: str | None = None, limit: int = MAX_SUBSETS,
@@ -400,35 +442,83 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
     placements in the whole cluster's device ids, with what the nodes used cost: the points
     a cost or GPU-time objective, a deadline or a budget chooses among (`choose_subset`).
 
-    `workers` > 1: the subsets' searches, independent of each other, run in that many
-    forked processes at once (the same results, in the same order); where the platform
-    cannot fork, one after another."""
+    A subset is searched only for plans that some plan already found does not dominate:
+    one no slower that uses no more GPU-seconds per sample and (where both are priced) costs
+    no more per iteration (`dominance_cutoff_s`). Such a plan would meet every deadline,
+    budget and amplification limit the dominated one meets, at no more time, cost or
+    GPU-time, so neither the front nor the choice changes; the subset is marked `dominated`
+    and its search stops early. Each node group alone is searched in full (`plan` states
+    whether the slower groups help, with numbers).
+
+    The subsets are searched in waves of SUBSET_WAVE, each wave's cutoffs from the plans of
+    the waves before it, so the result depends neither on which search ends first nor on
+    `workers`: > 1, a wave's searches run in that many forked processes at once (where the
+    platform cannot fork, one after another)."""
     every = tuple((g.count, g.gpus_per_node) for g in spec.cluster.node_groups)
     out = [SubsetPlan(uses=every, gpus=spec.cluster.num_devices, best=whole.best,
                       price_per_hour=_price_per_hour(spec, every), whole=True)]
     parts = cluster_subsets(spec.cluster, limit)
+    alone = set(_groups_alone_uses(spec.cluster))
     kw = dict(measurements=measurements, cost_params=cost_params, backend=backend,
               **best_only(simulate_top))
-    jobs = [(spec, uses, kw) for uses in parts]
-    context = _fork_context() if workers > 1 and len(jobs) > 1 else None
+    context = _fork_context() if workers > 1 and len(parts) > 1 else None
+    global _FORKED_JOBS
+    _FORKED_JOBS = [(spec, uses, kw) for uses in parts]   # forked workers inherit them
+    pool = None
     if context is not None:
         from concurrent.futures import ProcessPoolExecutor
 
-        global _FORKED_JOBS
-        _FORKED_JOBS = jobs         # the forked workers inherit them (a Spec is not pickled)
-        try:
-            with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
-                                     mp_context=context) as pool:
-                found = list(pool.map(_best_on_forked_job, range(len(jobs))))
-        finally:
-            _FORKED_JOBS = []
-    else:
-        found = [_best_on_subset(job) for job in jobs]
-    for uses, (best, reason) in zip(parts, found):
-        out.append(SubsetPlan(uses=uses, gpus=sum(n * k for n, k in uses),
-                              price_per_hour=_price_per_hour(spec, uses), best=best,
-                              reason=reason))
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(parts)), mp_context=context)
+    try:
+        for start in range(0, len(parts), SUBSET_WAVE):
+            wave = range(start, min(start + SUBSET_WAVE, len(parts)))
+            cutoffs = [None if parts[i] in alone else dominance_cutoff_s(
+                out, sum(n * k for n, k in parts[i]), _price_per_hour(spec, parts[i]))
+                for i in wave]
+            if pool is not None and len(wave) > 1:
+                found = list(pool.map(_best_on_forked_job, wave, cutoffs))
+            else:
+                found = [_best_on_forked_job(i, c) for i, c in zip(wave, cutoffs)]
+            for i, cutoff, (best, reason, dominated) in zip(wave, cutoffs, found):
+                uses = parts[i]
+                out.append(SubsetPlan(uses=uses, gpus=sum(n * k for n, k in uses),
+                                      price_per_hour=_price_per_hour(spec, uses), best=best,
+                                      reason=reason, dominated=dominated,
+                                      cutoff_s=cutoff if dominated else None))
+    finally:
+        _FORKED_JOBS = []
+        if pool is not None:
+            pool.shutdown()
     return tuple(out)
+
+
+def _groups_alone_uses(cluster: Cluster) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Each node group alone in `cluster_subsets`' form (none for one group)."""
+    groups = cluster.node_groups
+    if len(groups) < 2:
+        return ()
+    return tuple(tuple((x.count, x.gpus_per_node) if j == i else (0, 0)
+                       for j, x in enumerate(groups)) for i in range(len(groups)))
+
+
+def dominance_cutoff_s(found, gpus: int, price_per_hour: float | None) -> float | None:
+    """The iteration time at and above which a plan on `gpus` devices costing
+    `price_per_hour` is dominated by one of the `found` subset plans: no faster, more
+    GPU-seconds (time x GPUs) and, where both have a price, no cheaper. For each found plan
+    that is max(its time, its time x its GPUs / gpus, its cost / price); the least over
+    them, times 1 + SUBSET_CUTOFF_SLACK. None where nothing found can dominate."""
+    least = None
+    for p in found:
+        if p.best is None:
+            continue
+        t = p.iteration_time_s
+        bound = max(t, t * p.gpus / gpus)
+        if price_per_hour is not None:
+            if p.price_per_hour is None:
+                continue            # its cost is not known: it cannot be cheaper
+            bound = max(bound, t * p.price_per_hour / price_per_hour)
+        least = bound if least is None else min(least, bound)
+    return None if least is None else least * (1.0 + SUBSET_CUTOFF_SLACK)
 
 
 def _fork_context():
@@ -445,17 +535,20 @@ _FORKED_JOBS: list = []
 """plan_subsets' jobs while its forked workers run (`_best_on_forked_job`)."""
 
 
-def _best_on_forked_job(i: int) -> tuple[Estimate | None, str]:
-    return _best_on_subset(_FORKED_JOBS[i])
-
-
-def _best_on_subset(job) -> tuple[Estimate | None, str]:
-    """(the best plan, "") on one subset of `plan_subsets`, or (None, why nothing fits)."""
-    spec, uses, kw = job
+def _best_on_forked_job(i: int, cutoff_s: float | None) -> tuple[Estimate | None, str, bool]:
+    """(the best plan, "", False) on subset `i` of `plan_subsets`' jobs, no plan at or above
+    `cutoff_s` wanted; (None, why nothing fits, False); or (None, what beats it, True)
+    where a plan found elsewhere dominates every plan here."""
+    spec, uses, kw = _FORKED_JOBS[i]
+    kw = {**kw, "cutoff_s": cutoff_s}
     try:
-        return plan_on_subset(spec, uses, **kw).best, ""
+        return plan_on_subset(spec, uses, **kw).best, "", False
+    except Dominated:
+        return None, (f"dominated: every plan that fits here is predicted at "
+                      f"{kw['cutoff_s']:.4g} s per iteration or more, and a plan on another "
+                      f"part of the cluster is faster with no more GPU-seconds or cost"), True
     except NoFeasibleStrategy as exc:
-        return None, str(exc)
+        return None, str(exc), False
 
 
 def plan_on_subset(spec: Spec, uses: tuple[tuple[int, int], ...], **kw) -> Plan:

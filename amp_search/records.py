@@ -388,7 +388,14 @@ class SubsetPlan:
     whole: bool = False
     """Every device of the cluster (the plan's own best)."""
     reason: str = ""
-    """Why nothing fits."""
+    """Why nothing fits, or what beats every plan here."""
+    dominated: bool = False
+    """Not searched to the end: every plan that fits here is slower than a plan found on
+    another part of the cluster that also uses no more GPU-seconds and costs no more
+    (`planner.plan_subsets`); `best` is None."""
+    cutoff_s: float | None = None
+    """Where `dominated`: the predicted time (s per iteration) that every plan here takes
+    at least."""
 
     @property
     def iteration_time_s(self) -> float | None:
@@ -425,4 +432,5 @@ class SubsetPlan:
                 "cost_per_iteration": self.cost_per_iteration,
                 "gpu_seconds_per_sample": self.gpu_seconds_per_sample(global_batch_size),
                 "best": None if self.best is None else self.best.to_dict(),
+                "dominated": self.dominated, "cutoff_s": self.cutoff_s,
                 "reason": self.reason or None}

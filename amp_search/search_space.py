@@ -137,6 +137,9 @@ class Reason(str, Enum):
     """Not among the plans `plan` keeps (its best `keep` layouts and those within
     `keep_within` of the best): costed and slower, or never costed because a lower bound on
     its time (CostModel.lower_bound_s) already was."""
+    DOMINATED = "dominated"
+    """No faster than the caller's cutoff (`plan`'s cutoff_s; `plan_subsets`: a plan on
+    another part of the cluster beats it in time, GPU-seconds and cost alike)."""
 
     def __str__(self) -> str:
         return self.value

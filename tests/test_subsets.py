@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from amp_search.cli import main
-from amp_search.planner import (MAX_SUBSETS, choose_subset, cluster_subsets, pareto_front,
-                                plan, plan_subsets, subset_spec)
+from amp_search.planner import (MAX_SUBSETS, Dominated, choose_subset, cluster_subsets,
+                                pareto_front, plan, plan_on_subset, plan_subsets, subset_spec)
 from amp_search.spec import load_spec, parse_spec, spec_fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,11 +34,12 @@ def _priced(h100=2, a100=2, price=True, **training) -> dict:
                          "sequence_parallel": False, **training}}
 
 
-def test_subsets_are_whole_nodes_most_devices_first_and_bounded():
+def test_subsets_are_whole_nodes_groups_alone_then_most_devices_first_and_bounded():
     spec = load_spec(ROOT / "configs" / "amp-hetero-gpt2.yaml")      # 3 x 4 V100 + 1 x 4 T4
     subsets = cluster_subsets(spec.cluster)
     assert len(subsets) == 4 * 2 - 2             # (0..3 V100 nodes) x (0..1 T4) - none - all
-    gpus = [sum(n * k for n, k in u) for u in subsets]
+    assert subsets[:2] == (((3, 4), (0, 0)), ((0, 0), (1, 4)))     # each group alone first
+    gpus = [sum(n * k for n, k in u) for u in subsets[2:]]
     assert gpus == sorted(gpus, reverse=True)
     assert all(k in (0, 4) and (k == 0) == (n == 0) for u in subsets for n, k in u)
     assert ((3, 4), (0, 0)) in subsets and ((0, 0), (1, 4)) in subsets
@@ -47,6 +49,7 @@ def test_subsets_are_whole_nodes_most_devices_first_and_bounded():
     big = parse_spec(_priced(h100=16, a100=16))
     many = cluster_subsets(big.cluster)
     assert len(many) == MAX_SUBSETS and len(cluster_subsets(big.cluster, 1000)) == 6 * 6 - 2
+    assert many[:2] == (((16, 2), (0, 0)), ((0, 0), (16, 2)))    # kept however many there are
     assert {n for u in cluster_subsets(big.cluster, 1000) for n, _ in u} == {0, 1, 2, 4, 8, 16}
 
 
@@ -82,16 +85,26 @@ def test_front_and_choice_match_brute_force_over_every_subset():
         best = plan(parse_spec(d), simulate_top=0).best
         brute[(h, a)] = (best.iteration_time_s, best.iteration_time_s * (
             h * 24.6 + a * 10.2) / 3600)
-    ours = {tuple(n for n, _ in s.uses): (s.iteration_time_s, s.cost_per_iteration)
-            for s in subsets}
-    assert ours.keys() == brute.keys()
-    for k in brute:
-        assert ours[k] == pytest.approx(brute[k], rel=1e-12)
+    by_uses = {tuple(n for n, _ in s.uses): s for s in subsets}
+    assert by_uses.keys() == brute.keys()
+    gpus = {k: 2 * sum(k) for k in brute}
+    for k, s in by_uses.items():
+        if not s.dominated:
+            assert (s.iteration_time_s, s.cost_per_iteration) == \
+                pytest.approx(brute[k], rel=1e-12)
+            continue
+        # searched only up to its cutoff: its true best is no faster, and another plan found
+        # is as fast with no more GPU-seconds or cost
+        assert s.best is None and brute[k][0] >= s.cutoff_s and "dominated" in s.reason
+        assert any(o != k and not by_uses[o].dominated and brute[o][0] <= brute[k][0]
+                   and brute[o][1] <= brute[k][1]
+                   and brute[o][0] * gpus[o] <= brute[k][0] * gpus[k] for o in brute)
     dominated = {k for k in brute if any(
         o != k and brute[o][0] <= brute[k][0] and brute[o][1] <= brute[k][1] and
         brute[o] != brute[k] for o in brute)}
-    points = [(s.iteration_time_s, s.cost_per_iteration) for s in subsets]
-    front = {tuple(n for n, _ in subsets[i].uses) for i in pareto_front(points)}
+    fit = [s for s in subsets if s.best is not None]
+    points = [(s.iteration_time_s, s.cost_per_iteration) for s in fit]
+    front = {tuple(n for n, _ in fit[i].uses) for i in pareto_front(points)}
     assert front == set(brute) - dominated and front
     # the cheapest within a deadline, as brute force finds it
     iterations = 1000
@@ -114,6 +127,67 @@ def test_front_and_choice_match_brute_force_over_every_subset():
         used = {d for st in s.best.strategy.placement for r in st for d in r}
         allowed = set(subset_spec(spec, s.uses)[1])
         assert used == allowed
+
+
+def test_dominated_subsets_stop_early_and_change_neither_front_nor_choice():
+    """A subset whose every plan is beaten in time, GPU-seconds and cost by a plan found
+    before it is searched only up to that cutoff: marked dominated, its true best (a full
+    search of it) really is dominated, and the front and every objective's choice are those
+    of the full searches."""
+    spec = parse_spec(_priced(h100=2, a100=4))
+    whole = plan(spec, simulate_top=0)
+    subsets = plan_subsets(spec, whole, simulate_top=0)
+    full = [subsets[0]] + [replace(s, best=plan_on_subset(spec, s.uses, simulate_top=0).best,
+                                   dominated=False, cutoff_s=None, reason="")
+                           for s in subsets[1:]]
+    dominated = [i for i, s in enumerate(subsets) if s.dominated]
+    assert dominated
+    for i in dominated:
+        truth = full[i]
+        assert truth.iteration_time_s >= subsets[i].cutoff_s
+        assert any(o.best is not None and o.iteration_time_s <= truth.iteration_time_s
+                   and o.cost_per_iteration <= truth.cost_per_iteration
+                   and o.gpu_seconds_per_sample(32) <= truth.gpu_seconds_per_sample(32)
+                   for j, o in enumerate(subsets) if j != i)
+    for s, f in zip(subsets, full):
+        if not s.dominated:
+            assert s.best == f.best
+    def front(ss):
+        fit = [s for s in ss if s.best is not None]
+        return {fit[i].uses for i in pareto_front(
+            [(s.iteration_time_s, s.cost_per_iteration) for s in fit])}
+    assert front(subsets) == front(full)
+    deadline = 1000 * sorted(s.iteration_time_s for s in full)[4]
+    for objective, kw in (("time", {}), ("cost", {}), ("gpu_seconds", {}),
+                          ("cost", dict(iterations=1000, deadline_s=deadline)),
+                          ("time", dict(iterations=1000, budget=1.5)),
+                          ("time", dict(max_amplification=1.3))):
+        assert choose_subset(subsets, objective, 32, **kw).uses == \
+            choose_subset(full, objective, 32, **kw).uses
+
+
+def test_plan_cutoff_keeps_the_plans_below_it():
+    """plan(cutoff_s): the same plans below the cutoff as without it (the same best where it
+    is faster), the rest counted as dominated; Dominated where nothing is below it."""
+    spec = parse_spec(_priced(h100=4, a100=4))
+    free = plan(spec, simulate_top=0, keep=None)
+    times = sorted(e.iteration_time_s for e in free.strategies)
+    cut = times[len(times) // 2]
+    bounded = plan(spec, simulate_top=0, keep=None, cutoff_s=cut)
+    assert bounded.best == free.best
+    assert [e for e in bounded.strategies] == [e for e in free.strategies
+                                               if e.iteration_time_s < cut]
+    assert bounded.pruned["dominated"] > 0
+    with pytest.raises(Dominated, match="no strategy is faster than"):
+        plan(spec, simulate_top=0, cutoff_s=times[0])
+    # by branch and bound (1548 points, most never costed), the same
+    spec = parse_spec(_priced(h100=16, a100=16, zero_stage="search", global_batch_size=256,
+                              activation_checkpointing="search"))
+    free = plan(spec, simulate_top=0)
+    cut = sorted(e.iteration_time_s for e in free.strategies)[3]
+    bounded = plan(spec, simulate_top=0, cutoff_s=cut)
+    assert bounded.strategies == tuple(e for e in free.strategies if e.iteration_time_s < cut)
+    assert bounded.evaluated < free.evaluated and bounded.pruned["dominated"] > 0
 
 
 def test_subsets_in_forked_workers_are_the_same_as_one_after_another():

@@ -106,7 +106,9 @@ def report(spec: Spec, subsets: tuple[SubsetPlan, ...], args, width: int
     for i, s in enumerate(subsets):
         mark = "->" if s is chosen else ""
         if s.best is None:
-            rows.append((mark, str(i), uses_text(spec, s), str(s.gpus), "nothing fits", "-")
+            rows.append((mark, str(i), uses_text(spec, s), str(s.gpus),
+                         "dominated" if s.dominated else "nothing fits",
+                         f">={s.cutoff_s:.4g}" if s.dominated else "-")
                         + (("-",) if priced else ()) + ("-", "-", ""))
             continue
         t = s.best.strategy
@@ -120,7 +122,10 @@ def report(spec: Spec, subsets: tuple[SubsetPlan, ...], args, width: int
     title = (f"Devices used, the best plan on each (objective: {objective}; front '*': the "
              f"plans no other beats in both time and "
              f"{'cost' if other == 'cost' else 'GPU-seconds per sample'}; ampl.: GPU-seconds "
-             f"per sample against the least):")
+             f"per sample against the least"
+             + ("; dominated: no plan there is faster than one above that uses no more "
+                "GPU-seconds or money, so its search stopped early" if any(
+                    s.dominated for s in subsets) else "") + "):")
     left = ("", "devices used (the rest idle)", "best plan")
     dropped: list[str] = []
     head, rows, table = narrow_table(head, rows, left_names=left,

@@ -825,8 +825,10 @@ class CostModel:
             t = self.spec.training
             kw = dict(tmp=c.tmp, mbs=c.mbs, device=device_speed(gpu, t.precision),
                       bytes_per_element=t.bytes_per_element)
-            out = []
+            by_signature: dict[str, float] = {}     # the model's many equal blocks: once
             for layer in self.spec.model.layers:
+                if layer.signature in by_signature:
+                    continue
                 x = 0.0
                 if sel:
                     x += selective_recompute_time_s(
@@ -835,7 +837,8 @@ class CostModel:
                     x += sequence_parallel_time_s(
                         layer, recompute=c.activation_checkpointing, framework=t.backend,
                         **kw).total_s
-                out.append(x)
+                by_signature[layer.signature] = x
+            out = [by_signature[layer.signature] for layer in self.spec.model.layers]
             # one context-parallel rank's share: both knobs' work is per token (the
             # recomputed core too: its queries against every key, 1/cp of the whole)
             hit = self._fixed_cache[key] = np.array(out) / c.cp
@@ -856,14 +859,18 @@ class CostModel:
         hit = self._fixed_cache.get(key)
         if hit is None:
             layers = self.spec.model.layers
-            issue = np.array([host_time_by_pass_s(l, tmp=tmp, recompute=recompute, host=costs,
-                                                  sequence_parallel=sequence_parallel,
-                                                  framework=self.spec.training.backend)
-                              for l in layers]).reshape(len(layers), 3)
-            hit = self._fixed_cache[key] = (
-                np.array([kernel_floor_time_s(l, recompute=recompute, kernel_floor_s=floor_s)
-                          for l in layers]),
-                issue.sum(axis=1), issue[:, 0])
+            by_signature: dict[str, tuple] = {}     # the model's many equal blocks: once
+            for l in layers:
+                if l.signature not in by_signature:
+                    by_signature[l.signature] = (
+                        kernel_floor_time_s(l, recompute=recompute, kernel_floor_s=floor_s),
+                        *host_time_by_pass_s(l, tmp=tmp, recompute=recompute, host=costs,
+                                             sequence_parallel=sequence_parallel,
+                                             framework=self.spec.training.backend))
+            rows = np.array([by_signature[l.signature] for l in layers]).reshape(len(layers), 4)
+            issue = rows[:, 1:]
+            hit = self._fixed_cache[key] = (rows[:, 0].copy(), issue.sum(axis=1),
+                                            issue[:, 0].copy())
         return hit
 
     def _catalog_latency(self, stage_gpus) -> tuple[np.ndarray, np.ndarray]:
