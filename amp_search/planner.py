@@ -29,7 +29,7 @@ import numpy as np
 from cost_models.params import CostParams
 from cost_models.recompute import RECOMPUTE_MODES
 
-from .costing import CostModel
+from .costing import CostModel, SharedRows
 from .errors import AmpSearchError, UsageError
 from .measurements import NO_MEASUREMENTS, Measurements
 from .placement import device_orders
@@ -41,7 +41,8 @@ from .spec import Cluster, Spec
 
 __all__ = ["NoFeasibleStrategy", "SearchTooLarge", "estimate", "evaluate", "megatron_baseline",
            "node_groups_alone", "plan", "plan_backends", "rank", "ranking_key", "cluster_subsets",
-           "subset_spec", "plan_on_subset", "plan_subsets", "pareto_front", "choose_subset"]
+           "subset_spec", "plan_on_subset", "plan_subsets", "start_subsets", "pareto_front",
+           "choose_subset"]
 
 
 class NoFeasibleStrategy(AmpSearchError):
@@ -79,7 +80,8 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
          max_search_s: float | None = None, on_start=None,
          simulate_top: int | None = None, backend: str | None = None,
          keep: int | None = KEEP, keep_within: float = 1.0,
-         cutoff_s: float | None = None) -> Plan:
+         cutoff_s: float | None = None, shared: SharedRows | None = None,
+         bound_above: int | None = None) -> Plan:
     """Rank the feasible strategies for `spec` (AMP Algorithm 1, lines 1-7).
 
     `keep`: the plan holds the fastest `keep` layouts (at least `simulate_top`) and every
@@ -100,7 +102,9 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     `cutoff_s`: the caller has no use for a plan whose closed-form time is this or more
     (`plan_subsets`: another part of the cluster already beats it in every objective); such
     plans are left out like the slower-than-kept ones, most never costed, and counted under
-    Reason.DOMINATED. Raises Dominated when that leaves nothing.
+    Reason.DOMINATED. Raises Dominated when that leaves nothing. `shared`: per device type
+    rows to take and keep (costing.SharedRows: the searches of several parts of a cluster).
+    `bound_above`: placements above which the search bounds (default BOUND_ABOVE).
 
     `measurements`: layer profiles, link fits and calibration to use (default: none, the
     analytic model on the packaged catalog). `max_search_s`: refuse (SearchTooLarge) a search
@@ -108,7 +112,7 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     called with that SearchCost when the search starts. Raises NoFeasibleStrategy when nothing
     fits, with the prune counts in the message."""
     t0 = time.perf_counter()
-    model = CostModel(spec, measurements=measurements, cost_params=cost_params)
+    model = CostModel(spec, measurements=measurements, cost_params=cost_params, shared=shared)
     space = SearchSpace.of(spec, backend)
     pruned: Counter = Counter()
     candidates = enumerate_candidates(space, pruned)
@@ -127,7 +131,9 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
         on_start(cost)
     if keep is not None:
         keep = max(keep, DEFAULT_SIMULATE_TOP if simulate_top is None else simulate_top)
-    if keep is None or len(candidates) * len(orders) <= BOUND_ABOVE:
+    if bound_above is None:
+        bound_above = BOUND_ABOVE
+    if keep is None or len(candidates) * len(orders) <= bound_above:
         estimates, evaluated = cost_every_candidate(model, candidates, orders, pruned, progress)
         if cutoff_s is not None:
             below = [e for e in estimates if e.iteration_time_s < cutoff_s]
@@ -343,18 +349,22 @@ cluster's plan, whose top 10 the table shows, simulates 32."""
 
 
 def best_only(simulate_top: int | None) -> dict:
-    """plan()'s simulate_top and keep for a search whose best plan alone is used."""
+    """plan()'s simulate_top and keep for a search whose best plan alone is used, by branch
+    and bound however small the search (keeping so few plans, it costs fewer candidates:
+    15 parts of AMP's 16x16 cluster took 1.3-1.7 s instead of 1.9-2.0 s on the 2-core
+    machine, 2026-11-27)."""
     top = BEST_ONLY_SIMULATE_TOP if simulate_top is None else \
         min(simulate_top, BEST_ONLY_SIMULATE_TOP)
-    return dict(simulate_top=top, keep=max(1, top))
+    return dict(simulate_top=top, keep=max(1, top), bound_above=0)
 
 
 def node_groups_alone(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
                       cost_params: CostParams | None = None, simulate_top: int | None = None,
-                      backend: str | None = None) -> tuple[GroupAlone, ...]:
+                      backend: str | None = None, shared: SharedRows | None = None
+                      ) -> tuple[GroupAlone, ...]:
     """Each node group of a mixed cluster planned on its own, the others idle (`plan` on the
     spec with that group only, the same model and re-rank): whether the slower groups help or
-    hold the rest back. () for a cluster of one node group."""
+    hold the rest back. () for a cluster of one node group. `shared`: as plan()'s."""
     groups = spec.cluster.node_groups
     if len(groups) < 2:
         return ()
@@ -365,7 +375,7 @@ def node_groups_alone(spec: Spec, *, measurements: Measurements = NO_MEASUREMENT
         common = dict(group=i, gpu=g.gpu.name, nodes=g.count, gpus=g.count * g.gpus_per_node)
         try:        # its placement on the whole cluster's device ids, as plan_subsets' are
             best = plan_on_subset(spec, uses, measurements=measurements,
-                                  cost_params=cost_params, backend=backend,
+                                  cost_params=cost_params, backend=backend, shared=shared,
                                   **best_only(simulate_top)).best
             out.append(GroupAlone(**common, best=best))
         except NoFeasibleStrategy as exc:
@@ -436,7 +446,8 @@ event simulation moves by a few percent."""
 def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEASUREMENTS,
                  cost_params: CostParams | None = None, simulate_top: int | None = None,
                  backend: str | None = None, limit: int = MAX_SUBSETS,
-                 workers: int = 1) -> tuple[SubsetPlan, ...]:
+                 workers: int = 1, shared: SharedRows | None = None,
+                 early: "EarlySubsets | None" = None) -> tuple[SubsetPlan, ...]:
     """The whole cluster's best (`whole`, the plan of `spec`) and the best plan on each of
     `cluster_subsets` (each planned as `plan` does, the same model and re-rank), their
     placements in the whole cluster's device ids, with what the nodes used cost: the points
@@ -450,46 +461,115 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
     and its search stops early. Each node group alone is searched in full (`plan` states
     whether the slower groups help, with numbers).
 
-    The subsets are searched in waves of SUBSET_WAVE, each wave's cutoffs from the plans of
-    the waves before it, so the result depends neither on which search ends first nor on
-    `workers`: > 1, a wave's searches run in that many forked processes at once (where the
-    platform cannot fork, one after another)."""
+    The subsets are searched in waves: each node group alone first, then SUBSET_WAVE at a
+    time, each wave's cutoffs from the plans of the waves before it, so the result depends
+    neither on which search ends first nor on `workers`: > 1, a wave's searches run in that
+    many forked processes at once (where the platform cannot fork, one after another).
+    `early`: the first wave, started beside the whole cluster's search (`start_subsets`).
+
+    `shared`: the per device type rows the parts' searches take and keep (SharedRows; give
+    the one the whole cluster's search filled: the forked workers inherit its rows)."""
     every = tuple((g.count, g.gpus_per_node) for g in spec.cluster.node_groups)
-    out = [SubsetPlan(uses=every, gpus=spec.cluster.num_devices, best=whole.best,
-                      price_per_hour=_price_per_hour(spec, every), whole=True)]
+    out = {(): SubsetPlan(uses=every, gpus=spec.cluster.num_devices, best=whole.best,
+                          price_per_hour=_price_per_hour(spec, every), whole=True)}
     parts = cluster_subsets(spec.cluster, limit)
+    jobs = _subset_jobs(spec, parts, measurements=measurements, cost_params=cost_params,
+                        simulate_top=simulate_top, backend=backend, shared=shared)
     alone = set(_groups_alone_uses(spec.cluster))
-    kw = dict(measurements=measurements, cost_params=cost_params, backend=backend,
-              **best_only(simulate_top))
-    context = _fork_context() if workers > 1 and len(parts) > 1 else None
+    first = [i for i, u in enumerate(parts) if u in alone]
+    rest = [i for i, u in enumerate(parts) if u not in alone]
+    waves = ([first] if first else []) + [rest[k:k + SUBSET_WAVE]
+                                          for k in range(0, len(rest), SUBSET_WAVE)]
+    done = early.collect() if early is not None else {}
     global _FORKED_JOBS
-    _FORKED_JOBS = [(spec, uses, kw) for uses in parts]   # forked workers inherit them
+    _FORKED_JOBS = jobs                 # the forked workers inherit them (a Spec is not pickled)
+    context = _fork_context() if workers > 1 and len(parts) > 1 else None
     pool = None
     if context is not None:
         from concurrent.futures import ProcessPoolExecutor
 
-        pool = ProcessPoolExecutor(max_workers=min(workers, len(parts)), mp_context=context)
+        pool = ProcessPoolExecutor(max_workers=min(workers, SUBSET_WAVE), mp_context=context)
     try:
-        for start in range(0, len(parts), SUBSET_WAVE):
-            wave = range(start, min(start + SUBSET_WAVE, len(parts)))
+        for wave in waves:
             cutoffs = [None if parts[i] in alone else dominance_cutoff_s(
-                out, sum(n * k for n, k in parts[i]), _price_per_hour(spec, parts[i]))
+                out.values(), sum(n * k for n, k in parts[i]), _price_per_hour(spec, parts[i]))
                 for i in wave]
-            if pool is not None and len(wave) > 1:
-                found = list(pool.map(_best_on_forked_job, wave, cutoffs))
+            todo = [(i, c) for i, c in zip(wave, cutoffs) if i not in done]
+            if pool is not None and len(todo) > 1:
+                found = list(pool.map(_best_on_forked_job, *zip(*todo)))
             else:
-                found = [_best_on_forked_job(i, c) for i, c in zip(wave, cutoffs)]
-            for i, cutoff, (best, reason, dominated) in zip(wave, cutoffs, found):
+                found = [_best_on_forked_job(i, c) for i, c in todo]
+            done.update((i, f) for (i, _), f in zip(todo, found))
+            for i, cutoff in zip(wave, cutoffs):
+                best, reason, dominated = done[i]
                 uses = parts[i]
-                out.append(SubsetPlan(uses=uses, gpus=sum(n * k for n, k in uses),
-                                      price_per_hour=_price_per_hour(spec, uses), best=best,
-                                      reason=reason, dominated=dominated,
-                                      cutoff_s=cutoff if dominated else None))
+                out[(i,)] = SubsetPlan(uses=uses, gpus=sum(n * k for n, k in uses),
+                                       price_per_hour=_price_per_hour(spec, uses), best=best,
+                                       reason=reason, dominated=dominated,
+                                       cutoff_s=cutoff if dominated else None)
     finally:
         _FORKED_JOBS = []
         if pool is not None:
             pool.shutdown()
-    return tuple(out)
+    return (out[()],) + tuple(out[(i,)] for i in range(len(parts)))
+
+
+def _subset_jobs(spec: Spec, parts, *, shared: SharedRows | None = None,
+                 simulate_top: int | None = None, **kw) -> list:
+    """(spec, uses, plan()'s keywords) of each part's search."""
+    kw = dict(kw, shared=SharedRows() if shared is None else shared, **best_only(simulate_top))
+    return [(spec, uses, kw) for uses in parts]
+
+
+class EarlySubsets:
+    """The searches of each node group alone (the first wave of `plan_subsets`, which no
+    cutoff bounds), running in forked processes while the caller searches the whole
+    cluster; `plan_subsets(early=...)` collects them (`collect`)."""
+
+    def __init__(self, pool, futures: dict) -> None:
+        self._pool, self._futures = pool, futures
+
+    def collect(self) -> dict:
+        """{part index: (best, reason, dominated)}; the processes are then let go."""
+        try:
+            return {i: f.result() for i, f in self._futures.items()}
+        finally:
+            self._pool.shutdown()
+
+    def cancel(self) -> None:
+        """Stop the searches (the caller's own failed or was interrupted)."""
+        for f in self._futures.values():
+            f.cancel()
+        for proc in list(getattr(self._pool, "_processes", {}).values()):
+            proc.terminate()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
+                  cost_params: CostParams | None = None, simulate_top: int | None = None,
+                  backend: str | None = None, limit: int = MAX_SUBSETS, workers: int = 1
+                  ) -> EarlySubsets | None:
+    """Start `plan_subsets`' first wave (each node group alone) in forked processes, one
+    CPU fewer than `workers` (the caller's search of the whole cluster takes one), so that it
+    runs beside that search; None where there is one node group, a single CPU or no fork.
+    Give the result to plan_subsets(early=...) with the same spec and options."""
+    parts = cluster_subsets(spec.cluster, limit)
+    first = [i for i, u in enumerate(parts) if u in set(_groups_alone_uses(spec.cluster))]
+    context = _fork_context() if workers > 1 and first else None
+    if context is None:
+        return None
+    from concurrent.futures import ProcessPoolExecutor
+
+    global _FORKED_JOBS
+    _FORKED_JOBS = _subset_jobs(spec, parts, measurements=measurements,
+                                cost_params=cost_params, simulate_top=simulate_top,
+                                backend=backend)
+    pool = ProcessPoolExecutor(max_workers=min(workers - 1, len(first)), mp_context=context)
+    try:
+        futures = {i: pool.submit(_best_on_forked_job, i, None) for i in first}
+    finally:
+        _FORKED_JOBS = []           # the workers forked at the first submit: they have them
+    return EarlySubsets(pool, futures)
 
 
 def _groups_alone_uses(cluster: Cluster) -> tuple[tuple[tuple[int, int], ...], ...]:

@@ -143,23 +143,55 @@ def iteration_lower_bound_s(stage_layer_s, gas: int, virtual_stages: int = 1, *,
 
     The planner costs strategies in the order of this bound and stops where it exceeds the
     plans it keeps (amp_search.planner.cost_best_candidates)."""
+    return bound_from_rows(lower_bound_rows(stage_layer_s), gas, virtual_stages,
+                           microbatch_overhead_s=microbatch_overhead_s,
+                           step_overhead_s=step_overhead_s, type_devices=type_devices,
+                           devices_per_stage=devices_per_stage, after_layer_s=after_layer_s,
+                           after_fixed_s=after_fixed_s)
+
+
+@dataclass(frozen=True)
+class BoundRows:
+    """What `iteration_lower_bound_s` takes from its rows (`lower_bound_rows`): M, each
+    row's a_j, the rows in order of a, and whether any layer costs anything."""
+
+    total: float
+    a: np.ndarray
+    order: tuple[int, ...]
+    held: bool
+    count: int
+
+
+def lower_bound_rows(stage_layer_s) -> BoundRows:
+    """The part of `iteration_lower_bound_s` that depends on the rows alone (a caller that
+    bounds many strategies on the same rows computes it once)."""
     r = np.asarray(stage_layer_s, dtype=float)
     m = r.min(axis=0)
-    total = float(m.sum())
     held = m > 0
     a = (r[:, held] / m[held]).min(axis=1) if held.any() else np.ones(r.shape[0])
+    return BoundRows(total=float(m.sum()), a=a,
+                     order=tuple(np.argsort(a, kind="stable").tolist()),
+                     held=bool(held.any()), count=r.shape[0])
+
+
+def bound_from_rows(rows: BoundRows, gas: int, virtual_stages: int = 1, *,
+                    microbatch_overhead_s: float = 0.0, step_overhead_s: float = 0.0,
+                    type_devices=None, devices_per_stage: int | None = None,
+                    after_layer_s=None, after_fixed_s=None) -> float:
+    """`iteration_lower_bound_s` from its rows' `lower_bound_rows`."""
+    total, a = rows.total, rows.a
     if type_devices is None:
-        pp = r.shape[0]
+        pp = rows.count
         speed = float(np.sum(1.0 / a))              # sum_j 1 / a_j
     else:
         pp = int(np.sum(type_devices)) // devices_per_stage
         speed, stages, devices = 0.0, 0, 0
-        for t in np.argsort(a, kind="stable").tolist():
+        for t in rows.order:
             devices += int(type_devices[t])
             k = min(pp, devices // devices_per_stage)
             speed += (k - stages) / a[t]
             stages = k
-    bottleneck = total / speed if held.any() else 0.0
+    bottleneck = total / speed if rows.held else 0.0
     x = bottleneck + microbatch_overhead_s
     s = total + pp * microbatch_overhead_s
     v = int(virtual_stages)

@@ -12,7 +12,8 @@ import pytest
 
 from amp_search.cli import main
 from amp_search.planner import (MAX_SUBSETS, Dominated, choose_subset, cluster_subsets,
-                                pareto_front, plan, plan_on_subset, plan_subsets, subset_spec)
+                                pareto_front, plan, plan_on_subset, plan_subsets,
+                                start_subsets, subset_spec)
 from amp_search.spec import load_spec, parse_spec, spec_fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,12 +119,15 @@ def test_front_and_choice_match_brute_force_over_every_subset():
     assert choose_subset(subsets, "time", 32).iteration_time_s == min(t for t, _ in
                                                                        brute.values())
     g = choose_subset(subsets, "gpu_seconds", 32)
-    assert g.gpu_seconds_per_sample(32) == min(s.gpu_seconds_per_sample(32) for s in subsets)
+    assert g.gpu_seconds_per_sample(32) == min(s.gpu_seconds_per_sample(32) for s in subsets
+                                               if s.best is not None)
     # amplification: plans within K x the least GPU-seconds per sample only
     fastest = choose_subset(subsets, "time", 32, max_amplification=1.0)
     assert fastest is g
     # every placement is on the whole cluster's devices of the chosen groups
     for s in subsets[1:]:
+        if s.best is None:
+            continue
         used = {d for st in s.best.strategy.placement for r in st for d in r}
         allowed = set(subset_spec(spec, s.uses)[1])
         assert used == allowed
@@ -190,12 +194,40 @@ def test_plan_cutoff_keeps_the_plans_below_it():
     assert bounded.evaluated < free.evaluated and bounded.pruned["dominated"] > 0
 
 
+def test_shared_rows_change_no_plan():
+    """The parts' searches take their per device type rows from one costing.SharedRows (the
+    whole cluster's search fills it first): the same plans as each search on its own, and
+    each names only its own device types' sources."""
+    from amp_search.costing import SharedRows
+
+    spec = parse_spec(_priced(h100=2, a100=2))
+    shared = SharedRows()
+    whole = plan(spec, shared=shared)
+    assert whole == replace(plan(spec), search_time_s=whole.search_time_s)
+    for uses in (((2, 2), (0, 0)), ((0, 0), (1, 2)), ((1, 2), (2, 2))):
+        a = plan_on_subset(spec, uses, shared=shared)
+        b = plan_on_subset(spec, uses)
+        assert a.strategies == b.strategies
+    alone = plan_on_subset(spec, ((0, 0), (2, 2)), shared=shared).best
+    assert [s.split("=")[0] for s in alone.timing_sources if "=" in s][0] == "A100-80GB"
+    assert not any(s.startswith("H100") for s in alone.timing_sources)
+
+
 def test_subsets_in_forked_workers_are_the_same_as_one_after_another():
     """plan_subsets(workers=2) runs the searches in forked processes: the same plans, reasons
     and order as one process."""
     spec = parse_spec(_priced(h100=2, a100=1))
     whole = plan(spec)
-    assert plan_subsets(spec, whole, workers=2) == plan_subsets(spec, whole, workers=1)
+    one = plan_subsets(spec, whole, workers=1)
+    assert plan_subsets(spec, whole, workers=2) == one
+    # each node group alone started first, beside the whole cluster's search: the same
+    early = start_subsets(spec, workers=2)
+    assert early is not None
+    whole = plan(spec)
+    assert plan_subsets(spec, whole, workers=2, early=early) == one
+    assert start_subsets(spec, workers=1) is None       # no CPU to spare
+    early = start_subsets(spec, workers=2)
+    early.cancel()                                       # the caller's search failed
 
 
 def test_cli_plan_prints_the_subsets_the_choice_and_the_front(write_spec, tmp_path, capsys,

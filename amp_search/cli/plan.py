@@ -511,6 +511,7 @@ def backends_note(result: Plan, error: float) -> str | None:
 
 
 def run_plan(args) -> int:
+    from ..costing import SharedRows
     from ..planner import KEEP, plan_backends
     from . import subsets as cli_subsets
 
@@ -520,11 +521,25 @@ def run_plan(args) -> int:
     simulate_top = 0 if args.no_simulate else args.simulate_top
     error, gpu = model_error(spec)
     # the plans shown, and every plan that may tie with the best (tied_count)
-    result: Plan = plan_backends(spec, measurements=measurements,
-                                 progress=not args.no_progress and sys.stderr.isatty(),
-                                 max_search_s=args.max_search_seconds, on_start=announce,
-                                 simulate_top=simulate_top, keep=max(KEEP, args.top_k),
-                                 keep_within=tie_ratio(error))
+    shared = SharedRows()       # per device type rows, for the parts planned after it too
+    workers = os.cpu_count() or 1
+    early = None
+    if with_subsets and spec.training.backend is not None:
+        from ..planner import start_subsets
+
+        # each node group alone, beside the whole cluster's search (the backend is known)
+        early = start_subsets(spec, measurements=measurements, simulate_top=simulate_top,
+                              limit=args.max_subsets, workers=workers)
+    try:
+        result: Plan = plan_backends(spec, measurements=measurements,
+                                     progress=not args.no_progress and sys.stderr.isatty(),
+                                     max_search_s=args.max_search_seconds, on_start=announce,
+                                     simulate_top=simulate_top, keep=max(KEEP, args.top_k),
+                                     keep_within=tie_ratio(error), shared=shared)
+    except BaseException:
+        if early is not None:
+            early.cancel()
+        raise
     tied = tied_count(result, error)
     alone, subsets = (), ()
     if with_subsets:
@@ -532,14 +547,15 @@ def run_plan(args) -> int:
 
         subsets = plan_subsets(spec.for_backend(result.best.backend), result,
                                measurements=measurements, simulate_top=simulate_top,
-                               limit=args.max_subsets, workers=os.cpu_count() or 1)
+                               limit=args.max_subsets, workers=workers, shared=shared,
+                               early=early)
     if args.groups_alone or (args.groups_alone is None and
                              spec.cluster.num_devices <= GROUPS_ALONE_MAX_GPUS):
         from ..planner import node_groups_alone
 
         alone = groups_alone_of(spec, subsets) or node_groups_alone(
             spec.for_backend(result.best.backend), measurements=measurements,
-            simulate_top=simulate_top)
+            simulate_top=simulate_top, shared=shared)
     rows = [(f"{i}~" if 1 < i <= tied else str(i), e, result.speedup(e))
             for i, e in enumerate(result.strategies[:args.top_k], 1)]
     if result.baseline is not None:

@@ -1,7 +1,7 @@
 """The cost model of one strategy on one cluster, shared by the planner and the simulator:
 
 - cost_model:   CostModel (cluster arrays, caches; `evaluate` costs one strategy), StageCosts,
-                PlacedLayout, measured_overheads
+                PlacedLayout, measured_overheads, SharedRows (rows several clusters share)
 - layer_times:  per-layer forward/backward times per device type (profile first, analytic
                 second): LayerTimer
 - links:        which links each collective uses and the bandwidth it gets (NIC sharing):
@@ -11,6 +11,6 @@
 The formulas themselves are in the top-level `cost_models` package (pure functions of
 numbers); this package applies them to a spec, a placement and measurements.
 """
-from .cost_model import CostModel, PlacedLayout, StageCosts, measured_overheads
+from .cost_model import CostModel, PlacedLayout, SharedRows, StageCosts, measured_overheads
 
-__all__ = ["CostModel", "PlacedLayout", "StageCosts", "measured_overheads"]
+__all__ = ["CostModel", "PlacedLayout", "SharedRows", "StageCosts", "measured_overheads"]

@@ -128,12 +128,32 @@ def measured_overheads(measurements: Measurements) -> tuple[CostParams, str]:
     return params, f"uncalibrated + framework overheads measured in {where}"
 
 
+class SharedRows:
+    """Per device type rows that do not depend on the cluster, for the cost models of one
+    model and training on different clusters (`planner.plan_subsets`' parts of a cluster and
+    the whole): the layer timer and each device type's per-layer passes, knob times and
+    fixed costs, computed once for all of them. Keyed by the spec's model and training and
+    the coefficients, so a cost model of anything else gets rows of its own."""
+
+    def __init__(self) -> None:
+        self._by_key: dict = {}
+
+    def get(self, spec: Spec, params: CostParams, profiles) -> tuple[LayerTimer, dict]:
+        key = (spec.model, spec.training, repr(params), tuple(sorted(
+            (name, id(p)) for name, p in profiles.items())))
+        hit = self._by_key.get(key)
+        if hit is None:
+            hit = self._by_key[key] = (LayerTimer(spec, profiles), {})
+        return hit
+
+
 class CostModel:
     """Everything about a spec that does not depend on the strategy, computed once; then
-    `evaluate()` costs one strategy in well under a millisecond plus its DP."""
+    `evaluate()` costs one strategy in well under a millisecond plus its DP. `shared`: take
+    the layer timer and the per-device-type rows from there (`SharedRows`)."""
 
     def __init__(self, spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
-                 cost_params: CostParams | None = None):
+                 cost_params: CostParams | None = None, shared: SharedRows | None = None):
         self.spec = spec
         self.measurements = measurements
         if cost_params is not None:
@@ -162,7 +182,11 @@ class CostModel:
             if profile.device != name or profile.precision != precision:
                 raise UsageError(f"the layer profile given for {name} ({precision}) was "
                                  f"measured on {profile.device} in {profile.precision}")
-        self.timer = LayerTimer(spec, measurements.layer_profiles)
+        if shared is None:
+            self.timer, self._type_rows = LayerTimer(spec, measurements.layer_profiles), {}
+        else:
+            self.timer, self._type_rows = shared.get(spec, self.params,
+                                                     measurements.layer_profiles)
         self.cluster = ClusterArrays.of(spec.cluster)
         fits = measurements.link_fits
         self.cluster_for = {k: self.cluster.with_links(fits.get((k, "intra")),
@@ -188,6 +212,10 @@ class CostModel:
                                            dtype=float) for ck in (False, True)}
         self._mem_cache: dict = {}
         self._placement_cache: dict = {}
+        # what `tp_floor_s` and the device types' rows depend on besides the candidate
+        self._types_and_links = tuple(g.name for g in self.gpus) + tuple(
+            (k, float(a.intra_bytes_per_s.max()), float(a.inter_bytes_per_s.max()))
+            for k, a in sorted(self.cluster_for.items()))
         self.capacity_bytes = np.array([d.gpu.memory_bytes for d in spec.cluster.devices],
                                        dtype=float)
         self.first_fixed = leading_layers(layers, "embedding")
@@ -431,7 +459,9 @@ class CostModel:
 
     def sources(self) -> tuple[str, ...]:
         """Where the numbers came from: layer times per device type, links, coefficients."""
-        return tuple(f"{k}={v}" for k, v in sorted(self.timer.sources().items())) + (
+        mine = {g.name for g in self.gpus}
+        return tuple(f"{k}={v}" for k, v in sorted(self.timer.sources().items())
+                     if k in mine) + (
             f"links={self.measurements.link_source}", f"coefficients={self.params_source}")
 
     # ------------------------------------------------------------------ one strategy
@@ -514,19 +544,22 @@ class CostModel:
         common = dict(microbatch_overhead_s=p.microbatch_overhead_s,
                       step_overhead_s=p.step_overhead(c.pp, c.replicas))
         if order is None:
-            key = ("fastest", c.tmp, c.mbs, c.activation_checkpointing, c.selective_recompute,
-                   c.sequence_parallel, c.zero_stage, c.cp, c.ep, c.pp > 1)
-            rows = self._fixed_cache.get(key)
-            if rows is None:
+            # the device types' rows and the best links: the same on every part of a cluster
+            # that has these types (SharedRows)
+            key = ("fastest", self._types_and_links, c.tmp, c.mbs, c.activation_checkpointing,
+                   c.selective_recompute, c.sequence_parallel, c.zero_stage, c.cp, c.ep,
+                   c.pp > 1)
+            bound_rows = self._type_rows.get(key)
+            if bound_rows is None:
                 rows = np.stack([self.device_pass_times_s(g, c).sum(axis=0)
                                  for g in self.gpus])
                 if c.tmp > 1:
                     rows = rows + self.tp_floor_s(c)[None, :]
                 rows = np.maximum(rows, np.stack([self._host_row(i, c)
                                                   for i in range(len(self.gpus))]))
-                self._fixed_cache[key] = rows
-            return pipeline.iteration_lower_bound_s(
-                rows, gas, c.virtual_stages, type_devices=self.devices_per_type,
+                bound_rows = self._type_rows[key] = pipeline.lower_bound_rows(rows)
+            return pipeline.bound_from_rows(
+                bound_rows, gas, c.virtual_stages, type_devices=self.devices_per_type,
                 devices_per_stage=self.spec.cluster.num_devices // c.pp, **common)
         layout = self.layout(c, order)
         types = [tuple(t.tolist()) for t in layout.stage_gpus]
@@ -787,7 +820,7 @@ class CostModel:
         key = ("passes", gpu.name, c.tmp, c.mbs, ckpt, c.selective_recompute,
                c.sequence_parallel, scale, floor_s, framework_s,
                self.params.zero_cost("zero_microbatch_s_per_param", c.zero_stage), c.cp, c.ep)
-        hit = self._fixed_cache.get(key)
+        hit = self._type_rows.get(key)
         if hit is None:
             lt = self.timer.times(gpu, c.tmp, c.mbs, c.cp, c.ep)
             floor = self._fixed_costs(gpu, c.tmp, ckpt)[0]
@@ -795,8 +828,8 @@ class CostModel:
             fwd = lt.forward_s * scale + per_pass + framework_s
             bwd = ((lt.backward_s + self._knob_time(gpu, c)) * scale + per_pass + framework_s
                    + self._zero_time_s("zero_microbatch_s_per_param", c))
-            hit = self._fixed_cache[key] = np.stack([fwd, bwd, fwd if ckpt
-                                                     else np.zeros_like(fwd)])
+            hit = self._type_rows[key] = np.stack([fwd, bwd, fwd if ckpt
+                                                   else np.zeros_like(fwd)])
         return hit
 
     def _zero_time_s(self, name: str, c: Candidate) -> np.ndarray | float:
@@ -820,7 +853,7 @@ class CostModel:
         if not sel and not sp:
             return 0.0
         key = ("knobs", gpu.name, c.tmp, c.mbs, sel, sp, c.activation_checkpointing, c.cp)
-        hit = self._fixed_cache.get(key)
+        hit = self._type_rows.get(key)
         if hit is None:
             t = self.spec.training
             kw = dict(tmp=c.tmp, mbs=c.mbs, device=device_speed(gpu, t.precision),
@@ -841,7 +874,7 @@ class CostModel:
             out = [by_signature[layer.signature] for layer in self.spec.model.layers]
             # one context-parallel rank's share: both knobs' work is per token (the
             # recomputed core too: its queries against every key, 1/cp of the whole)
-            hit = self._fixed_cache[key] = np.array(out) / c.cp
+            hit = self._type_rows[key] = np.array(out) / c.cp
         return hit
 
     def _fixed_costs(self, gpu, tmp: int, recompute: bool, sequence_parallel: bool = False
@@ -855,8 +888,8 @@ class CostModel:
             block_pass_s=p.fixed_cost("host_block_pass_s", gpu.name, gpu.host_block_pass_s),
             tp_allreduce_per_rank_s=p.fixed_cost("host_tp_allreduce_per_rank_s", gpu.name,
                                                  gpu.host_tp_allreduce_per_rank_s))
-        key = (tmp, recompute, floor_s, costs, sequence_parallel)
-        hit = self._fixed_cache.get(key)
+        key = ("fixed", tmp, recompute, floor_s, costs, sequence_parallel)
+        hit = self._type_rows.get(key)
         if hit is None:
             layers = self.spec.model.layers
             by_signature: dict[str, tuple] = {}     # the model's many equal blocks: once
@@ -869,8 +902,8 @@ class CostModel:
                                              framework=self.spec.training.backend))
             rows = np.array([by_signature[l.signature] for l in layers]).reshape(len(layers), 4)
             issue = rows[:, 1:]
-            hit = self._fixed_cache[key] = (rows[:, 0].copy(), issue.sum(axis=1),
-                                            issue[:, 0].copy())
+            hit = self._type_rows[key] = (rows[:, 0].copy(), issue.sum(axis=1),
+                                          issue[:, 0].copy())
         return hit
 
     def _catalog_latency(self, stage_gpus) -> tuple[np.ndarray, np.ndarray]:
