@@ -5,7 +5,7 @@ naming the key path and what is accepted."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from cost_models.layers import MLP_KINDS, NORM_KINDS, POSITION_EMBEDDINGS, Layer
@@ -91,8 +91,12 @@ them."""
 WINDOW_LAYER_FIELDS = ("attention_window",)
 """The cost_models.layers.Layer field WINDOW_KEYS fill."""
 MODEL_KEYS = ("preset", "num_layers", "hidden_size", "num_attention_heads", "seq_length",
-               "vocab_size", "ffn_hidden_size", "layers", "name") + ARCH_KEYS + MOE_KEYS \
-    + WINDOW_KEYS
+               "vocab_size", "ffn_hidden_size", "layers", "name", "hidden_dropout") \
+    + ARCH_KEYS + MOE_KEYS + WINDOW_KEYS
+DROPOUT_KINDS = ("embedding", "transformer", "mlp")
+"""The layers `hidden_dropout` applies to (cost_models.layers.Layer.dropout_masks)."""
+DROPOUT_LAYER_FIELDS = ("hidden_dropout",)
+"""The cost_models.layers.Layer field model.hidden_dropout fills."""
 LAYER_KEYS = ("kind", "count", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                "vocab_size", "forward_flops", "params", "output_elements", "name") + ARCH_KEYS
 _LAYER_ARCH = {"embedding": ("position_embedding", "tie_embeddings"),
@@ -201,6 +205,12 @@ def _window(r: MappingReader) -> tuple[int, int]:
             r.int("window_attn_skip_freq", 0, lo=0, hi=MAX_LAYERS))
 
 
+def _hidden_dropout(r: MappingReader) -> float:
+    """model.hidden_dropout: Megatron-LM's --hidden-dropout (0 here, as the Llama recipes
+    train; Megatron-LM's own default is 0.1)."""
+    return r.number("hidden_dropout", 0.0, lo=0.0, below=1.0)
+
+
 def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None) -> ModelSpec:
     """preset gpt, bert or a named model (`given`: the keys the spec itself wrote)."""
     def note(key: str) -> str:
@@ -225,8 +235,11 @@ def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None)
                   ffn_hidden_size=f, **attention, mlp=mlp, norm=norm, bias=bias,
                   position_embedding=pos, **_experts(r, f))
     window, every = _window(r)
+    dropout = _hidden_dropout(r)
+    block = replace(block, hidden_dropout=dropout)
     layers = ((Layer(kind="embedding", seq_length=seq, hidden_size=h, vocab_size=v,
-                     position_embedding=pos, tie_embeddings=tied, name="embedding"),)
+                     position_embedding=pos, tie_embeddings=tied, name="embedding",
+                     hidden_dropout=dropout),)
               + tuple(Layer(**{**block.__dict__, "name": f"block{i}",
                                **({"attention_window": window}
                                   if window and (not every or (i + 1) % every) else {})})
@@ -259,6 +272,7 @@ def parse_model(data) -> ModelSpec:
         if r.has(k):
             raise SpecError(r.at(k), "not used with preset: layers; give sizes per layer "
                                      "in model.layers")
+    dropout = _hidden_dropout(r)
     items = r.raw("layers", required=True)
     if not isinstance(items, list) or not items:
         raise SpecError("model.layers", "expected a non-empty list of layers")
@@ -325,7 +339,8 @@ def parse_model(data) -> ModelSpec:
             in_h = prev_width if kind in ("transformer", "mlp") and prev_width and \
                 prev_width != h else 0
             base = Layer(kind=kind, seq_length=seq, hidden_size=h, num_attention_heads=a,
-                         ffn_hidden_size=f, vocab_size=v, input_hidden_size=in_h, **arch)
+                         ffn_hidden_size=f, vocab_size=v, input_hidden_size=in_h, **arch,
+                         hidden_dropout=dropout if kind in DROPOUT_KINDS else 0.0)
             width = h
             if kind in ("embedding", "head"):
                 tied_at.append((lr.at("tie_embeddings"), base))

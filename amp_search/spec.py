@@ -19,6 +19,7 @@ UsageError. Accepted ranges (inclusive):
     gpu.peak_tflops.<precision>               0.001 to 100,000 TFLOP/s, or null (unsupported)
     names (model, layer, GPU)                 1 to 128 printable characters
     model sizes                               amp_search.model_spec's MAX_* caps; heads >= 1
+    model.hidden_dropout                      0 up to (not including) 1; default 0
     training.memory_headroom                  0% to 50%
     training.framework_overhead               0 B up to less than the smallest device memory
 """
@@ -35,7 +36,8 @@ from cost_models.layers import Layer
 
 from .errors import SpecError, UsageError
 from .hosts import validate_hostname
-from .model_spec import ARCH_KEYS, MOE_LAYER_FIELDS, WINDOW_LAYER_FIELDS, ModelSpec, parse_model
+from .model_spec import (ARCH_KEYS, DROPOUT_LAYER_FIELDS, MOE_LAYER_FIELDS, WINDOW_LAYER_FIELDS,
+                         ModelSpec, parse_model)
 from .resources import catalog_path
 from .spec_reader import MappingReader, key_text, read_name, read_number, show_value
 from .units import (DEVICE_MEMORY, FIXED_COST_TIME, GEMM_SIZE, MEMORY_BANDWIDTH,
@@ -979,7 +981,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             # the Llama-family Layer fields count only where they differ from the GPT block,
             # so a GPT model hashes as it did before they existed (its plans stay valid)
             for layer in {id(x): x for x in section["layers"]}.values():
-                for k in ARCH_KEYS + MOE_LAYER_FIELDS + WINDOW_LAYER_FIELDS:
+                for k in ARCH_KEYS + MOE_LAYER_FIELDS + WINDOW_LAYER_FIELDS \
+                        + DROPOUT_LAYER_FIELDS:
                     default = Layer.__dataclass_fields__[k].default
                     if k in layer and type(layer[k]) is type(default) and layer[k] == default:
                         del layer[k]

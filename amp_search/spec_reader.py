@@ -93,6 +93,14 @@ class MappingReader:
             raise SpecError(self.at(key), f"{show_value(v)} is out of range; accepted: {lo} to {hi}")
         return v
 
+    def number(self, key: str, default: float, *, lo: float, below: float) -> float:
+        """A number in [lo, below)."""
+        v = self.raw(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v < below:
+            raise SpecError(self.at(key), f"got {show_value(v)}; expected a number from {lo:g} "
+                                          f"up to (not including) {below:g}")
+        return float(v)
+
     def flag(self, key: str, default: bool | None = False, *, default_means: str = ""
              ) -> bool | None:
         """A true/false key. With `default_means` (what the default is, for the message) the

@@ -80,12 +80,13 @@ PARTS = ("parameter_bytes", "gradient_bytes", "optimizer_bytes", "buffer_bytes",
 # ----------------------------------------------------------------------------- cases
 
 def gpt_layers(*, num_layers: int, hidden: int, heads: int, seq: int, vocab: int,
-               ffn: int = 0) -> tuple[Layer, ...]:
+               ffn: int = 0, hidden_dropout: float = 0.0) -> tuple[Layer, ...]:
     """The gpt preset's chain: embedding, blocks, head (as amp_search.spec builds it)."""
     block = dict(kind="transformer", seq_length=seq, hidden_size=hidden,
-                 num_attention_heads=heads, ffn_hidden_size=ffn or 4 * hidden)
+                 num_attention_heads=heads, ffn_hidden_size=ffn or 4 * hidden,
+                 hidden_dropout=hidden_dropout)
     return ((Layer(kind="embedding", seq_length=seq, hidden_size=hidden, vocab_size=vocab,
-                   name="embedding"),)
+                   name="embedding", hidden_dropout=hidden_dropout),)
             + tuple(Layer(**block, name=f"block{i}") for i in range(num_layers))
             + (Layer(kind="head", seq_length=seq, hidden_size=hidden, vocab_size=vocab,
                      name="head"),))

@@ -7,19 +7,19 @@ peak: that plus the activations and temporaries of the step). Megatron-LM logs t
 last rank (`_set_tensorboard_writer`: rank world_size - 1), which under pipeline parallelism
 is on the last stage. The runs' arguments are in each test's model_config.yaml: a 7B GPT
 (32 layers, hidden 4096, 32 heads, 8 query groups, the default 4h GeLU MLP, LayerNorm,
-learned positions, biases, untied embeddings), sequence 8192, bf16 (so fp32 gradient
-buffers: pretrain_gpt.py accumulates in fp32 with bf16), the distributed optimizer,
-Transformer Engine in deterministic mode (fused attention: no stored scores), no sequence
-parallelism, no recomputation, global batch 8 on one node of 8 GPUs.
+learned positions, biases, untied embeddings, Megatron-LM's default hidden dropout 0.1),
+sequence 8192, bf16 (so fp32 gradient buffers: pretrain_gpt.py accumulates in fp32 with
+bf16), the distributed optimizer, Transformer Engine in deterministic mode (fused attention:
+no stored scores), no sequence parallelism, no recomputation, global batch 8 on one node of
+8 GPUs.
 
-Each run is costed as written, with no fixed framework memory (the allocator's counters
-exclude the CUDA context and NCCL's buffers), on the stage Megatron-LM logs. Not modelled:
-the dropout masks of Megatron-LM's default hidden dropout (0.1, which these runs keep; the
-planner's models train without dropout, as the Llama recipes do). Nothing is fitted here.
+Each run is costed as written (model.hidden_dropout: 0.1), with no fixed framework memory
+(the allocator's counters exclude the CUDA context and NCCL's buffers), on the stage
+Megatron-LM logs. Nothing is fitted here.
 
     python benchmarks/published_memory.py [--json out.json]
 
-Exits 1 when a peak is off by more than 10%.
+Exits 1 when a peak is off by more than 5%.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from amp_search import estimate  # noqa: E402
 from amp_search.spec import parse_spec  # noqa: E402
 
-TARGET = 0.10
+TARGET = 0.05
 SOURCE = "NVIDIA/Megatron-LM tests/functional_tests/test_cases/gpt"
 
 
@@ -78,7 +78,7 @@ def spec_of(run: Published):
                   "num_attention_heads": 32, "num_query_groups": 8, "ffn_hidden_size": 16384,
                   "mlp": "gelu", "norm": "layernorm", "position_embedding": "learned",
                   "bias": True, "tie_embeddings": False, "vocab_size": run.vocab_size,
-                  "seq_length": 8192},
+                  "seq_length": 8192, "hidden_dropout": 0.1},
         "training": {"global_batch_size": 8, "precision": "bf16", "backend": "megatron",
                      "zero_stage": 1, "activation_checkpointing": "none",
                      "sequence_parallel": False, "grad_reduce_in_fp32": True,

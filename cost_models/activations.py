@@ -45,8 +45,11 @@ megatron-core saves them:
   instead of the MLP's F/t, g (k (2h + F_e + f_e) + F_s + f_s)/t + 8E/t: each routed copy's
   permuted input, fc1 and activation outputs and the expert's output, the shared experts
   as a dense MLP, and the router's fp32 logits and probabilities (`_moe_saved_elements`).
-Biases save nothing. No dropout masks (the trial layers have none; Llama recipes train
-without dropout). With standard attention the (2g + 1) a s^2/t score bytes per query head
+Biases save nothing. Hidden dropout (`Layer.hidden_dropout` > 0, Megatron-LM's
+--hidden-dropout, 0.1 by default there) keeps a 1-byte mask per element of each dropout's
+output: 2h per token in a transformer block (after the attention and after the MLP), h in
+an mlp layer and in the embedding, split by sequence parallelism like the norms; without it
+(the Llama recipes, the default here) none. With standard attention the (2g + 1) a s^2/t score bytes per query head
 as above (megatron-core's unfused attention also keeps K and V repeated to a heads under
 GQA, not counted). In Korthikanti et al.'s notation (2-byte elements, t = 1, b samples,
 leaving out the per-token statistics and the 4 sba log-sum-exp bytes): the GPT block with
@@ -102,6 +105,9 @@ from .layers import Layer, padded_vocab_size
 
 FP32_BYTES = 4
 """fp32 master weights, fp32 gradient partitions, cross-entropy softmax, log-sum-exp."""
+DROPOUT_MASK_BYTES = 1
+"""A dropout mask element (torch's native dropout and Megatron-LM's fused bias-dropout-add
+keep a bool per element)."""
 INDEX_BYTES = 8
 """int64 token ids and targets."""
 CHECKPOINTED_KINDS = ("transformer", "mlp")
@@ -137,15 +143,16 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
     proj_in = g * layer.input_hidden_size if layer.input_hidden_size and \
         layer.input_hidden_size != h else 0
     k = layer.kind
+    masks = DROPOUT_MASK_BYTES * layer.dropout_masks * h     # per token, on the rank's tokens
     if k == "embedding":
-        return (INDEX_BYTES + (1 if t > 1 else 0)) * s * mbs
+        return (INDEX_BYTES + (1 if t > 1 else 0)) * s * mbs + masks * s // q * mbs
     if k in ("transformer", "mlp", "head") and not layer.is_gpt_block:
         replicated, split = _llama_saved_per_token(layer, tmp=t, bytes_per_element=g,
                                                    attention_scores=attention_scores,
                                                    selective=selective)
         if fp8:
             replicated, split = _fp8_saved_per_token(layer, replicated, split, t, g)
-        return ((replicated + proj_in * (k != "head")) * s // q + split * s) * mbs
+        return ((replicated + masks + proj_in * (k != "head")) * s // q + split * s) * mbs
     if k == "transformer":
         replicated = g * (4 * h + 4) + proj_in
         split = g * (4 * h // t + 2 * f // t)
@@ -163,7 +170,7 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
         raise ValueError(f"unknown layer kind {k!r}")
     if fp8:
         replicated, split = _fp8_saved_per_token(layer, replicated, split, t, g)
-    return (replicated * s // q + split * s) * mbs
+    return ((replicated + masks) * s // q + split * s) * mbs
 
 
 def _fp8_saved_per_token(layer: Layer, replicated: int, split: int, tmp: int,

@@ -100,6 +100,11 @@ class Layer:
     attention_window: int = 0
     """transformer: sliding-window attention, each query attends to the w keys before it
     (Megatron-LM's --window-size w,0); 0: full causal attention."""
+    hidden_dropout: float = 0.0
+    """embedding, transformer and mlp: the dropout probability on the embedding's output and
+    on the attention's and the MLP's outputs before their residual adds (Megatron-LM's
+    --hidden-dropout, 0.1 by default there); each keeps a 1-byte mask per element for the
+    backward. 0: none (the Llama recipes)."""
     custom_forward_flops: float = 0.0
     """custom only: forward FLOPs per sample."""
     custom_params: int = 0
@@ -165,7 +170,18 @@ class Layer:
                 parts += [f"fs{self.moe_shared_expert_size}"]
         if self.kind == "transformer" and 0 < self.attention_window < self.seq_length:
             parts += [f"w{self.attention_window}"]
+        if self.dropout_masks:
+            parts += ["dropout"]
         return ":".join(parts)
+
+    @property
+    def dropout_masks(self) -> int:
+        """Dropout masks of one element per token and hidden unit the layer keeps for the
+        backward: 2 in a transformer block (after the attention and after the MLP), 1 in an
+        mlp layer and in the embedding; 0 without hidden dropout."""
+        if self.hidden_dropout <= 0.0:
+            return 0
+        return {"transformer": 2, "mlp": 1, "embedding": 1}.get(self.kind, 0)
 
     @property
     def is_moe(self) -> bool:
@@ -493,7 +509,17 @@ def attention_score_elements(layer: Layer, tmp: int = 1) -> float:
 
 
 def elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
-    """Bytes read+written per sample by the memory-bound ops of one forward pass.
+    """Bytes read+written per sample by the memory-bound ops of one forward pass
+    (`_elementwise_bytes`), and each hidden dropout's (eager, as a trial layer runs it:
+    read its input, write its output and the 1-byte mask, (2g + 1) h per token)."""
+    return _elementwise_bytes(layer, tmp, bytes_per_element) + \
+        layer.dropout_masks * (2.0 * bytes_per_element + 1.0) * layer.seq_length \
+        * layer.hidden_size
+
+
+def _elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
+    """Bytes read+written per sample by the memory-bound ops of one forward pass, without
+    hidden dropout.
 
     Counted as (reads + writes) of each elementwise op's tensors:
     transformer: 2 LayerNorms and 2 residual adds on s*h (~4 tensors each), bias+GELU on s*f/t

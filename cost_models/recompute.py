@@ -98,15 +98,18 @@ def selective_recompute_time_s(layer: Layer, *, tmp: int, mbs: int, device: Devi
 def replicated_elementwise_bytes(layer: Layer, bytes_per_element: int) -> float:
     """Bytes per sample moved in one forward by the ops tensor parallelism leaves replicated
     and sequence parallelism splits over t, as the trial layers run them (eager PyTorch):
-    layer norms and residual adds on s x h (the trial layers have no dropout).
+    layer norms, residual adds and hidden dropouts on s x h.
     The same terms as `cost_models.layers.elementwise_bytes` without the ones already split
     by t: transformer 2 LayerNorms + 2 residual adds (16 s h), mlp one of each (8 s h),
-    head its final LayerNorm (4 s h); the embedding adds its positions before the scatter.
-    RMSNorm moves the same s x h tensors as LayerNorm, so Llama-family layers are counted
-    alike (their RoPE and SwiGLU work is on the t-split q, k and fc1 output)."""
+    head its final LayerNorm (4 s h), and each hidden dropout's (2g + 1) s h; the embedding
+    adds its positions before the scatter. RMSNorm moves the same s x h tensors as
+    LayerNorm, so Llama-family layers are counted alike (their RoPE and SwiGLU work is on
+    the t-split q, k and fc1 output)."""
     s, h = layer.seq_length, layer.hidden_size
     n = {"transformer": 16.0, "mlp": 8.0, "head": 4.0}.get(layer.kind, 0.0)
-    return n * s * h * bytes_per_element
+    dropout = 0.0 if layer.kind == "embedding" else \
+        layer.dropout_masks * (2.0 * bytes_per_element + 1.0) * s * h
+    return n * s * h * bytes_per_element + dropout
 
 
 def replicated_elementwise_bytes_by_pass(layer: Layer, bytes_per_element: int,

@@ -311,6 +311,29 @@ def test_knob_predictions_match_the_real_trial_engine_within_5_percent():
     assert not bad, "\n" + B.table(bad)
 
 
+def test_dropout_masks_match_the_real_trial_engine_within_5_percent():
+    """Hidden dropout (Layer.hidden_dropout) on the real trial engine: its 1-byte masks
+    (after the embedding, the attention and the MLP) are what the model adds, with and
+    without sequence parallelism; every part within 5%, and the masks really are kept."""
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("megatron.core")
+    B = _bench()
+    layers = B.gpt_layers(**B.QUICK, hidden_dropout=0.1)
+    one = (0, len(layers))
+    kw = dict(mbs=2, gas=3, buckets=B.QUICK_BUCKETS, pp=1, dp=1, zero_stage=0,
+              recompute=False, precision="bf16", partition=one)
+    cases = [B.Case(tmp=1, **kw), B.Case(tmp=2, sequence_parallel=True, **kw)]
+    rows = B.compare(B.measure(cases, layers, timeout_s=300), layers)
+    bad = B.failures(rows)
+    assert not bad, "\n" + B.table(bad)
+    plain = B.predict(cases[0], B.gpt_layers(**B.QUICK), 0)
+    got = {(r.case, r.part): r for r in rows}[("pp1dp1tmp1-mbs2x3-z0-bf16",
+                                              "activation_bytes_per_microbatch")]
+    masks = (2 * B.QUICK["num_layers"] + 1) * B.QUICK["hidden"] * B.QUICK["seq"] * 2
+    assert got.measured - plain["activation_bytes_per_microbatch"] == \
+        pytest.approx(masks, rel=0.2), (got.measured, plain["activation_bytes_per_microbatch"])
+
+
 @pytest.mark.parametrize("config", ["amp-hetero-gpt2", "cpu-tiny-llama", "a100-gpt7b"])
 def test_stage_memory_cached_by_composition_is_each_stage_computed_alone(config):
     """The planner caches a stage's model states and activation terms by the composition of

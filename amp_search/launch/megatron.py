@@ -1,7 +1,8 @@
 """The Megatron-LM backend: a `pretrain_gpt.py` command line per strategy.
 
 Megatron-LM (a checkout given by --megatron-path) trains the same GPT as the trials: no
-dropout, mock data of the spec's vocabulary, and the block the spec describes
+attention dropout, the spec's hidden dropout (--hidden-dropout, model.hidden_dropout, 0 unless
+given), mock data of the spec's vocabulary, and the block the spec describes
 (`architecture_args`; the default GPT block is learned absolute positions, untied output
 layer, GELU MLP, LayerNorm, biases, multi-head attention):
 
@@ -231,7 +232,7 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         "--position-embedding-type",
         "rope" if layers[0].position_embedding == "rope" else "learned_absolute",
         *([] if layers[0].tie_embeddings else ["--untie-embeddings-and-output-weights"]),
-        "--attention-dropout", "0", "--hidden-dropout", "0",
+        "--attention-dropout", "0", "--hidden-dropout", f"{block.hidden_dropout:g}",
         "--transformer-impl", "local", "--no-gradient-accumulation-fusion",
         *(virtual_stage_args(layers, s) if s.virtual_stages > 1
           else split_args(layers, s.partition)),

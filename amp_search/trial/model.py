@@ -66,8 +66,9 @@ API (what the memory and profiling code use)
         layer built with tp_size=1 (the real megatron-core modules) runs in one process.
         Idempotent.
 
-Layer definitions (Megatron-LM's GPT, without dropout; batch-first [b, s, h] unless sequence
-parallel):
+Layer definitions (Megatron-LM's GPT; batch-first [b, s, h] unless sequence parallel; with
+`Layer.hidden_dropout` > 0 a dropout on the embedding's output and on the attention's and
+the MLP's outputs before their residual adds, as Megatron-LM's --hidden-dropout):
 - embedding: megatron-core VocabParallelEmbedding (V x h, split on V) + learned positions
   (s x h, replicated), summed;
 - transformer: x + proj(attn(LN1(x))), then + fc2(gelu(fc1(LN2(.)))); QKV is one
@@ -388,6 +389,15 @@ def _input_projection(layer: Layer, dtype: torch.dtype) -> nn.Module | None:
 
 # ----------------------------------------------------------------------------- layers
 
+def _dropout(x, p: float, training: bool):
+    """Hidden dropout (Layer.hidden_dropout): torch's native dropout, which keeps a 1-byte
+    (bool) mask per element for the backward, as on a GPU (F.dropout on a CPU tensor keeps
+    a mask in the tensor's own dtype instead); nothing at 0 or in evaluation."""
+    if p <= 0.0 or not training:
+        return x
+    return torch.native_dropout(x, p, True)[0]
+
+
 class EmbeddingLayer(nn.Module):
     """ids [b, s] -> [b, s, h]: vocab-parallel token embedding + replicated learned
     positions (none with rotary embeddings, which the blocks apply)."""
@@ -411,6 +421,7 @@ class EmbeddingLayer(nn.Module):
             self.position = nn.Parameter(torch.empty(s, h, dtype=lin.dtype))
             _init_normal(self.position)
         self.seq_group = lin.seq_group
+        self.dropout = layer.hidden_dropout
 
     def forward(self, ids):
         if self.simulate:  # this rank's rows only; the lookup cost is the same
@@ -420,7 +431,7 @@ class EmbeddingLayer(nn.Module):
             x = x + self.position[: ids.shape[1]]
         if self.seq_group is not None:      # sequence parallel: this rank's [s/t, b, h]
             x = _ScatterToSequence.apply(x.transpose(0, 1), self.seq_group)
-        return x
+        return _dropout(x, self.dropout, self.training)
 
 
 class _MLP(nn.Module):
@@ -688,6 +699,7 @@ class TransformerLayer(nn.Module):
             else _MLP(layer, lin)
         self.seq_group = lin.seq_group
         self.selective_recompute = selective_recompute
+        self.dropout = layer.hidden_dropout
 
     def _split_qkv(self, qkv, lead: tuple, perm: tuple):
         """qkv [lead..., groups_local * (per + 2) * d] -> q [b, a/t, s, d], k and v
@@ -729,8 +741,8 @@ class TransformerLayer(nn.Module):
         y = self.attention(q, k, v)
         y = y.transpose(1, 2).reshape(b, s, self.heads_local * self.head_dim)
         y, _ = self.proj(y)
-        x = x + y
-        return x + self.mlp(self.ln2(x))
+        x = x + _dropout(y, self.dropout, self.training)
+        return x + _dropout(self.mlp(self.ln2(x)), self.dropout, self.training)
 
     def _forward_sequence_parallel(self, x):
         """x: this rank's [s/t, b, h_in] -> [s/t, b, h]."""
@@ -750,8 +762,8 @@ class TransformerLayer(nn.Module):
         else:
             y, _ = self.proj(y.transpose(1, 2).reshape(b, s, local), batch_first=True)
         # reduce-scattered: [s/t, b, h]
-        x = x + y
-        return x + self.mlp(_layer_norm(self.ln2, x, g))
+        x = x + _dropout(y, self.dropout, self.training)
+        return x + _dropout(self.mlp(_layer_norm(self.ln2, x, g)), self.dropout, self.training)
 
 
 class MLPLayer(nn.Module):
@@ -763,12 +775,13 @@ class MLPLayer(nn.Module):
         self.ln = _norm(layer, lin.dtype)
         self.mlp = _MLP(layer, lin)
         self.seq_group = lin.seq_group
+        self.dropout = layer.hidden_dropout
 
     def forward(self, x):
         g = self.seq_group
         if self.proj_in is not None:
             x = _linear_on_shard(self.proj_in, x, g)
-        return x + self.mlp(_layer_norm(self.ln, x, g))
+        return x + _dropout(self.mlp(_layer_norm(self.ln, x, g)), self.dropout, self.training)
 
 
 class HeadLayer(nn.Module):
