@@ -131,8 +131,9 @@ def measured_overheads(measurements: Measurements) -> tuple[CostParams, str]:
 class SharedRows:
     """Per device type rows that do not depend on the cluster, for the cost models of one
     model and training on different clusters (`planner.plan_subsets`' parts of a cluster and
-    the whole): the layer timer and each device type's per-layer passes, knob times and
-    fixed costs, computed once for all of them. Keyed by the spec's model and training and
+    the whole): the layer timer, the model's tensor-parallel collectives and each device
+    type's per-layer passes, knob times, fixed costs and bound rows, computed once for all
+    of them. Keyed by the spec's model and training and
     the coefficients, so a cost model of anything else gets rows of its own."""
 
     def __init__(self) -> None:
@@ -203,14 +204,12 @@ class CostModel:
         self.devices_per_type = np.bincount(self.gpu_of_device, minlength=len(self.gpus))
         # per sample: P2P bytes leaving layer l, TP all-reduce bytes and message count of layer l
         self.out_bytes = np.array([output_elements(l) * bpe for l in layers], dtype=float)
-        self._tp_collectives: dict = {}
         self._params: dict[tuple, np.ndarray] = {}
         self._fixed_cache: dict = {}
         self._latency_cache: dict = {}
         # block passes per layer (1 for the others, whose kernel floor is 0), per recompute
         self._floor_passes = {ck: np.array([max(block_passes(l, ck), 1) for l in layers],
                                            dtype=float) for ck in (False, True)}
-        self._mem_cache: dict = {}
         self._placement_cache: dict = {}
         # what `tp_floor_s` and the device types' rows depend on besides the candidate
         self._types_and_links = tuple(g.name for g in self.gpus) + tuple(
@@ -226,8 +225,8 @@ class CostModel:
         """{kind: (elements [L], calls [L])} of each layer's tensor-parallel collectives per
         sample (cost_models.layers.tp_collectives_by_pass, the backend's layers), all passes
         or pass `part` (0 forward, 1 backward, 2 recomputed forward); cached."""
-        key = (recompute, sequence_parallel, part)
-        hit = self._tp_collectives.get(key)
+        key = ("tp-collectives", recompute, sequence_parallel, part)    # the model's alone
+        hit = self._type_rows.get(key)
         if hit is None:
             framework = self.spec.training.backend
             per_layer = []
@@ -236,7 +235,7 @@ class CostModel:
                 per_layer.append(comm.collectives_by_kind(
                     x for k, p in enumerate(passes) if part in (None, k) for x in p))
             kinds = sorted({k for d in per_layer for k in d})
-            hit = self._tp_collectives[key] = {
+            hit = self._type_rows[key] = {
                 k: (np.array([d.get(k, (0.0, 0))[0] for d in per_layer]),
                     np.array([d.get(k, (0.0, 0))[1] for d in per_layer], dtype=float))
                 for k in kinds}
@@ -1111,9 +1110,10 @@ class CostModel:
         stored when any stage runs standard attention (the exact check is per stage)."""
         if c.pp == 1:
             return None, None
-        key = (c.tmp, c.dp, c.mbs, gas, c.zero_stage, c.activation_checkpointing, scores,
-               c.selective_recompute, c.sequence_parallel, c.cp, c.ep)
-        lin = self._mem_cache.get(key)
+        key = ("linear-memory", c.tmp, c.dp, c.mbs, gas, c.zero_stage,      # the model's alone
+               c.activation_checkpointing, scores, c.selective_recompute, c.sequence_parallel,
+               c.cp, c.ep)
+        lin = self._type_rows.get(key)
         if lin is None:
             t = self.spec.training
             lin = memory_model.linear_stage_memory(
@@ -1124,7 +1124,7 @@ class CostModel:
                 attention_scores=scores, sequence_parallel=c.sequence_parallel,
                 selective=c.selective_recompute, framework=t.backend,
                 frozen=t.frozen_weights, grad_fp32=t.grad_reduce_in_fp32)
-            self._mem_cache[key] = lin
+            self._type_rows[key] = lin
         layer_bytes, reserved = lin.stage_arrays(c.pp, gas)
         usable = layout.capacity_bytes * (1.0 - self.spec.training.memory_headroom)
         return layer_bytes, usable - reserved
