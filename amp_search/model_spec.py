@@ -5,7 +5,7 @@ naming the key path and what is accepted."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 from cost_models.layers import MLP_KINDS, NORM_KINDS, POSITION_EMBEDDINGS, Layer
@@ -231,12 +231,12 @@ def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None)
     bias = r.flag("bias", True)
     pos = r.choice("position_embedding", POSITION_EMBEDDINGS, "learned")
     tied = r.flag("tie_embeddings", False)
-    block = Layer(kind="transformer", seq_length=seq, hidden_size=h, num_attention_heads=a,
-                  ffn_hidden_size=f, **attention, mlp=mlp, norm=norm, bias=bias,
-                  position_embedding=pos, **_experts(r, f))
+    experts = _experts(r, f)
     window, every = _window(r)
     dropout = _hidden_dropout(r)
-    block = replace(block, hidden_dropout=dropout)
+    block = Layer(kind="transformer", seq_length=seq, hidden_size=h, num_attention_heads=a,
+                  ffn_hidden_size=f, **attention, mlp=mlp, norm=norm, bias=bias,
+                  position_embedding=pos, **experts, hidden_dropout=dropout)
     layers = ((Layer(kind="embedding", seq_length=seq, hidden_size=h, vocab_size=v,
                      position_embedding=pos, tie_embeddings=tied, name="embedding",
                      hidden_dropout=dropout),)

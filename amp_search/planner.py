@@ -42,7 +42,7 @@ from .spec import Cluster, Spec
 __all__ = ["NoFeasibleStrategy", "SearchTooLarge", "estimate", "evaluate", "megatron_baseline",
            "node_groups_alone", "plan", "plan_backends", "rank", "ranking_key", "cluster_subsets",
            "subset_spec", "plan_on_subset", "plan_subsets", "start_subsets", "pareto_front",
-           "choose_subset"]
+           "choose_subset", "groups_alone_uses"]
 
 
 class NoFeasibleStrategy(AmpSearchError):
@@ -365,13 +365,9 @@ def node_groups_alone(spec: Spec, *, measurements: Measurements = NO_MEASUREMENT
     """Each node group of a mixed cluster planned on its own, the others idle (`plan` on the
     spec with that group only, the same model and re-rank): whether the slower groups help or
     hold the rest back. () for a cluster of one node group. `shared`: as plan()'s."""
-    groups = spec.cluster.node_groups
-    if len(groups) < 2:
-        return ()
     out = []
-    for i, g in enumerate(groups):
-        uses = tuple((x.count, x.gpus_per_node) if j == i else (0, 0)
-                     for j, x in enumerate(groups))
+    for i, (g, uses) in enumerate(zip(spec.cluster.node_groups,
+                                      groups_alone_uses(spec.cluster))):
         common = dict(group=i, gpu=g.gpu.name, nodes=g.count, gpus=g.count * g.gpus_per_node)
         try:        # its placement on the whole cluster's device ids, as plan_subsets' are
             best = plan_on_subset(spec, uses, measurements=measurements,
@@ -404,7 +400,7 @@ def cluster_subsets(cluster: Cluster, limit: int = MAX_SUBSETS
             for g in groups]
     whole = tuple((g.count, g.gpus_per_node) for g in groups)
     subsets = [u for u in itertools.product(*options) if any(n for n, _ in u) and u != whole]
-    alone = _groups_alone_uses(cluster)
+    alone = groups_alone_uses(cluster)
     subsets.sort(key=lambda u: (alone.index(u) if u in alone else len(alone),
                                 -sum(n * k for n, k in u), u))
     return tuple(subsets[:limit])
@@ -475,7 +471,7 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
     parts = cluster_subsets(spec.cluster, limit)
     jobs = _subset_jobs(spec, parts, measurements=measurements, cost_params=cost_params,
                         simulate_top=simulate_top, backend=backend, shared=shared)
-    alone = set(_groups_alone_uses(spec.cluster))
+    alone = set(groups_alone_uses(spec.cluster))
     first = [i for i, u in enumerate(parts) if u in alone]
     rest = [i for i, u in enumerate(parts) if u not in alone]
     waves = ([first] if first else []) + [rest[k:k + SUBSET_WAVE]
@@ -554,7 +550,8 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     runs beside that search; None where there is one node group, a single CPU or no fork.
     Give the result to plan_subsets(early=...) with the same spec and options."""
     parts = cluster_subsets(spec.cluster, limit)
-    first = [i for i, u in enumerate(parts) if u in set(_groups_alone_uses(spec.cluster))]
+    alone = set(groups_alone_uses(spec.cluster))
+    first = [i for i, u in enumerate(parts) if u in alone]
     context = _fork_context() if workers > 1 and first else None
     if context is None:
         return None
@@ -572,8 +569,9 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     return EarlySubsets(pool, futures)
 
 
-def _groups_alone_uses(cluster: Cluster) -> tuple[tuple[tuple[int, int], ...], ...]:
-    """Each node group alone in `cluster_subsets`' form (none for one group)."""
+def groups_alone_uses(cluster: Cluster) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Each node group alone, the others idle, in `cluster_subsets`' form, as listed (none
+    for one group)."""
     groups = cluster.node_groups
     if len(groups) < 2:
         return ()

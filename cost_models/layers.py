@@ -508,13 +508,31 @@ def attention_score_elements(layer: Layer, tmp: int = 1) -> float:
     return layer.num_attention_heads * layer.seq_length ** 2 / tmp
 
 
+def per_distinct_layer(layers, fn) -> list:
+    """[fn(layer) for layer in layers], calling fn once per distinct `Layer.signature` (a
+    model's many equal blocks cost the same)."""
+    seen: dict = {}
+    out = []
+    for x in layers:
+        if x.signature not in seen:
+            seen[x.signature] = fn(x)
+        out.append(seen[x.signature])
+    return out
+
+
+def dropout_bytes(layer: Layer, bytes_per_element: int) -> float:
+    """Bytes per sample the layer's hidden dropouts move in one forward, eager as a trial
+    layer runs them: each reads its input and writes its output and the 1-byte mask,
+    (2g + 1) h per token."""
+    return layer.dropout_masks * (2.0 * bytes_per_element + 1.0) * layer.seq_length \
+        * layer.hidden_size
+
+
 def elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
     """Bytes read+written per sample by the memory-bound ops of one forward pass
-    (`_elementwise_bytes`), and each hidden dropout's (eager, as a trial layer runs it:
-    read its input, write its output and the 1-byte mask, (2g + 1) h per token)."""
+    (`_elementwise_bytes`), and each hidden dropout's (`dropout_bytes`)."""
     return _elementwise_bytes(layer, tmp, bytes_per_element) + \
-        layer.dropout_masks * (2.0 * bytes_per_element + 1.0) * layer.seq_length \
-        * layer.hidden_size
+        dropout_bytes(layer, bytes_per_element)
 
 
 def _elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:

@@ -60,7 +60,8 @@ from .activations import (FP32_BYTES, ActivationTerms, activation_terms, head_bu
                           in_flight_microbatches, layer_activation_bytes, pipe_buffer_count,
                           recompute_working_set_bytes, stage_activation_bytes,
                           stage_output_buffer_bytes)
-from .layers import Layer, block_tensor_numels, expert_param_count, padded_vocab_size
+from .layers import (Layer, block_tensor_numels, expert_param_count, padded_vocab_size,
+                     per_distinct_layer)
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2, "nvfp4": 2}
 """g: bytes of a weight, gradient or activation element in each training precision."""
@@ -629,11 +630,8 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
         # the largest block's: one layer of each signature is enough
         fixed += recompute_working_set_bytes(tuple(first.values()), selective=selective,
                                              **kw) / cp
-    by_signature: dict = {}
-    for x in layers[:-1]:
-        if x.signature not in by_signature:
-            by_signature[x.signature] = stage_output_buffer_bytes(x, mbs=mbs, tmp=tmp,
-                                                                  bytes_per_element=g)
+    outputs = per_distinct_layer(layers[:-1], lambda x: stage_output_buffer_bytes(
+        x, mbs=mbs, tmp=tmp, bytes_per_element=g))
     last = layers[-1]
     activation_of = {k: layer_activation_bytes(x, recompute=recompute, selective=selective,
                                                **kw) for k, x in first.items()}
@@ -641,7 +639,7 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
         state_bytes=per_param * (layer_numel - experts) + per_expert_param * experts,
         activation_bytes=np.array([activation_of[x.signature] for x in layers],
                                   dtype=float) / cp,
-        fixed_bytes=fixed, output_buffer_bytes=max(by_signature.values(), default=0.0) / cp,
+        fixed_bytes=fixed, output_buffer_bytes=max(outputs, default=0.0) / cp,
         last_buffer_bytes=stage_output_buffer_bytes(last, mbs=mbs, tmp=tmp,
                                                     bytes_per_element=g) / cp,
         last_buffers_aliased=head_buffers_aliased(g) if last.kind == "head" else 0)

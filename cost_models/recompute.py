@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .compute import DeviceSpeed, attention_time_s
-from .layers import Layer, megatron_norm_residual_bytes
+from .layers import Layer, dropout_bytes, megatron_norm_residual_bytes
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 """training.activation_checkpointing values: nothing, the attention core, each whole block."""
@@ -107,8 +107,7 @@ def replicated_elementwise_bytes(layer: Layer, bytes_per_element: int) -> float:
     the t-split q, k and fc1 output)."""
     s, h = layer.seq_length, layer.hidden_size
     n = {"transformer": 16.0, "mlp": 8.0, "head": 4.0}.get(layer.kind, 0.0)
-    dropout = 0.0 if layer.kind == "embedding" else \
-        layer.dropout_masks * (2.0 * bytes_per_element + 1.0) * s * h
+    dropout = 0.0 if layer.kind == "embedding" else dropout_bytes(layer, bytes_per_element)
     return n * s * h * bytes_per_element + dropout
 
 

@@ -429,15 +429,14 @@ def groups_alone_note(spec: Spec, result: Plan, alone, error: float) -> str:
 def groups_alone_of(spec: Spec, subsets) -> tuple:
     """Each node group alone (records.GroupAlone), taken from the planned subsets where they
     hold every group's; () where they do not (or there are none)."""
+    from ..planner import groups_alone_uses
     from ..records import GroupAlone
 
-    groups = spec.cluster.node_groups
     out = []
-    for i, g in enumerate(groups):
-        uses = tuple((g.count, g.gpus_per_node) if j == i else (0, 0)
-                     for j in range(len(groups)))
+    for i, (g, uses) in enumerate(zip(spec.cluster.node_groups,
+                                      groups_alone_uses(spec.cluster))):
         hit = next((s for s in subsets if s.uses == uses), None)
-        if hit is None or len(groups) < 2:
+        if hit is None:
             return ()
         out.append(GroupAlone(group=i, gpu=g.gpu.name, nodes=g.count,
                               gpus=g.count * g.gpus_per_node, best=hit.best,

@@ -24,8 +24,9 @@ from cost_models import pipeline
 from cost_models.compute import (HostCosts, attention_time_s, block_passes,
                                  host_time_by_pass_s, kernel_floor_time_s,
                                  synced_overlapped_time_s, tp_overlap_exposed_s)
-from cost_models.layers import (expert_param_count, kv_elements_per_token, leading_layers,
-                                 output_elements, param_count, tp_collectives_by_pass)
+from cost_models.layers import (Layer, expert_param_count, kv_elements_per_token,
+                                 leading_layers, output_elements, param_count,
+                                 per_distinct_layer, tp_collectives_by_pass)
 from cost_models.params import CostParams
 from cost_models.recompute import selective_recompute_time_s, sequence_parallel_time_s
 
@@ -421,13 +422,9 @@ class CostModel:
             for gpu in self.gpus:
                 device = device_speed(gpu, t.precision)
                 attention = self.spec.attention_for(gpu)
-                by_signature: dict = {}
-                for x in layers:
-                    if x.signature not in by_signature:
-                        by_signature[x.signature] = attention_time_s(
-                            x, tmp=c.tmp, mbs=c.mbs, device=device, bytes_per_element=bpe,
-                            attention=attention, cp=c.cp)
-                cores.append(np.array([by_signature[x.signature] for x in layers]))
+                cores.append(np.array(per_distinct_layer(layers, lambda x: attention_time_s(
+                    x, tmp=c.tmp, mbs=c.mbs, device=device, bytes_per_element=bpe,
+                    attention=attention, cp=c.cp))))
             hit = self._fixed_cache[key] = (kv, cores)
         return hit
 
@@ -857,10 +854,8 @@ class CostModel:
             t = self.spec.training
             kw = dict(tmp=c.tmp, mbs=c.mbs, device=device_speed(gpu, t.precision),
                       bytes_per_element=t.bytes_per_element)
-            by_signature: dict[str, float] = {}     # the model's many equal blocks: once
-            for layer in self.spec.model.layers:
-                if layer.signature in by_signature:
-                    continue
+
+            def knobs_s(layer: Layer) -> float:
                 x = 0.0
                 if sel:
                     x += selective_recompute_time_s(
@@ -869,8 +864,9 @@ class CostModel:
                     x += sequence_parallel_time_s(
                         layer, recompute=c.activation_checkpointing, framework=t.backend,
                         **kw).total_s
-                by_signature[layer.signature] = x
-            out = [by_signature[layer.signature] for layer in self.spec.model.layers]
+                return x
+
+            out = per_distinct_layer(self.spec.model.layers, knobs_s)
             # one context-parallel rank's share: both knobs' work is per token (the
             # recomputed core too: its queries against every key, 1/cp of the whole)
             hit = self._type_rows[key] = np.array(out) / c.cp
@@ -891,15 +887,12 @@ class CostModel:
         hit = self._type_rows.get(key)
         if hit is None:
             layers = self.spec.model.layers
-            by_signature: dict[str, tuple] = {}     # the model's many equal blocks: once
-            for l in layers:
-                if l.signature not in by_signature:
-                    by_signature[l.signature] = (
-                        kernel_floor_time_s(l, recompute=recompute, kernel_floor_s=floor_s),
-                        *host_time_by_pass_s(l, tmp=tmp, recompute=recompute, host=costs,
-                                             sequence_parallel=sequence_parallel,
-                                             framework=self.spec.training.backend))
-            rows = np.array([by_signature[l.signature] for l in layers]).reshape(len(layers), 4)
+            rows = np.array(per_distinct_layer(layers, lambda l: (
+                kernel_floor_time_s(l, recompute=recompute, kernel_floor_s=floor_s),
+                *host_time_by_pass_s(l, tmp=tmp, recompute=recompute, host=costs,
+                                     sequence_parallel=sequence_parallel,
+                                     framework=self.spec.training.backend)))
+                            ).reshape(len(layers), 4)
             issue = rows[:, 1:]
             hit = self._type_rows[key] = (rows[:, 0].copy(), issue.sum(axis=1),
                                           issue[:, 0].copy())

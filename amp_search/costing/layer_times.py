@@ -16,7 +16,7 @@ import numpy as np
 
 from cost_models.compute import (DeviceSpeed, analytic_layer_time, gemm_forward_time_s,
                                   optimizer_step_time_s)
-from cost_models.layers import Layer, param_count
+from cost_models.layers import Layer, param_count, per_distinct_layer
 
 from ..spec import GPU, STORAGE_PRECISION, Spec
 
@@ -112,13 +112,9 @@ class LayerTimer:
         hit = self._cache.get(key)
         if hit is None:
             device = device_speed(gpu, self.spec.training.precision)
-            by_signature: dict[str, float] = {}
-            for layer in self.spec.model.layers:
-                if layer.signature not in by_signature:
-                    by_signature[layer.signature] = gemm_forward_time_s(
-                        layer, tmp=tmp, mbs=mbs, device=device, cp=cp, ep=ep)
-            hit = self._cache[key] = np.array([by_signature[x.signature]
-                                               for x in self.spec.model.layers])
+            hit = self._cache[key] = np.array(per_distinct_layer(
+                self.spec.model.layers, lambda layer: gemm_forward_time_s(
+                    layer, tmp=tmp, mbs=mbs, device=device, cp=cp, ep=ep)))
         return hit
 
     def optimizer_step_s(self, gpu: GPU, tmp: int) -> np.ndarray:
