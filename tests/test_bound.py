@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from amp_search import load_spec, plan, planner
+from amp_search.spec import parse_spec
 from amp_search.costing import CostModel
 from amp_search.placement import device_orders
 from amp_search.planner import KEEP
@@ -90,11 +91,30 @@ SPECS = ["amp-hetero-gpt2.yaml", "mixed-h100-a100-gpt13b.yaml", "h100-llama3-70b
          "cpu-tiny-moe.yaml"]
 
 
-@pytest.mark.parametrize("name", SPECS)
+def slow_network_spec(widths: tuple[int, ...], backend: str) -> dict:
+    """Nodes of several widths on slow networks (the P2P and data-parallel floors' NIC
+    sharing and node-crossing rules matter most there)."""
+    gpus = ("V100-16GB", "T4-16GB", "A100-40GB")
+    return {"cluster": {"nodes": [
+        {"gpu": gpus[i % 3], "count": 2, "gpus_per_node": w, "intra_node_bandwidth": "170 Gbps",
+         "inter_node_bandwidth": f"{10 * (i + 1)} Gbps"} for i, w in enumerate(widths)]},
+        "model": {"preset": "gpt", "hidden_size": 1024, "num_attention_heads": 16,
+                  "num_layers": 24, "seq_length": 1024, "vocab_size": 52256},
+        "training": {"global_batch_size": 32, "precision": "fp16", "backend": backend,
+                     "zero_stage": 0, "activation_checkpointing": "none",
+                     "sequence_parallel": False}}
+
+
+@pytest.mark.parametrize("name", SPECS + ["slow:8,4:deepspeed", "slow:4,2,8:megatron",
+                                          "slow:16:deepspeed"])
 def test_every_bound_is_below_the_cost(name):
     """CostModel.lower_bound_s, without a placement, on each placement order, and with the
     partition DP, never exceeds what evaluate() gives (every candidate of the search)."""
-    spec = load_spec(ROOT / "configs" / name)
+    if name.startswith("slow:"):
+        _, widths, backend = name.split(":")
+        spec = parse_spec(slow_network_spec(tuple(map(int, widths.split(","))), backend))
+    else:
+        spec = load_spec(ROOT / "configs" / name)
     for s in spec.backends():
         model = CostModel(s)
         space = SearchSpace.of(s)

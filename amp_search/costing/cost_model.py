@@ -527,14 +527,15 @@ class CostModel:
         best link, `tp_floor_s`). On `order`'s
         placement: each stage's device passes and tensor-, context- and expert-parallel
         collectives, or its host's time where longer (at most its `layer_s`,
-        synced_overlapped_time_s), and its data-parallel
-        sync (without the optimizer step; an overlapped gradient reduction counted as if it
-        hid entirely), through iteration_lower_bound_s; with `split`
-        and one model chunk per stage, the exact partition DP on those rows without P2P
+        synced_overlapped_time_s), through iteration_lower_bound_s, plus with one model
+        chunk per stage each boundary's cheapest P2P (`cut_s`; 1F1B's fill and drain pay
+        each boundary once); with `split`, its data-parallel sync too (without the optimizer
+        step; an overlapped gradient reduction counted as if it hid entirely) and, with one
+        model chunk per stage, the exact partition DP on those rows and the boundaries' P2P
         over the memory-feasible splits (or all, where none is: what `_partition` chooses
-        among), which minimises a sum that each split's closed-form time is at least: the
-        tightest bound, at the price of one or two DP solves; with virtual stages, the
-        interleaved schedule's time on its fixed chunks without P2P."""
+        among), which minimises a sum (eq. 5) that each split's closed-form time is at
+        least: the tightest bound, at the price of one or two DP solves; with virtual
+        stages, the interleaved schedule's time on its fixed chunks without P2P."""
         gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
         p = self.params
         common = dict(microbatch_overhead_s=p.microbatch_overhead_s,
@@ -556,7 +557,8 @@ class CostModel:
                 bound_rows = self._type_rows[key] = pipeline.lower_bound_rows(rows)
             return pipeline.bound_from_rows(
                 bound_rows, gas, c.virtual_stages, type_devices=self.devices_per_type,
-                devices_per_stage=self.spec.cluster.num_devices // c.pp, **common)
+                devices_per_stage=self.spec.cluster.num_devices // c.pp, **common) \
+                + self.p2p_floor_s(c) + self.dp_sync_floor_s(c)
         layout = self.layout(c, order)
         types = [tuple(t.tolist()) for t in layout.stage_gpus]
         passes = {t: self.stage_pass_times_s(t, c).sum(axis=0) for t in set(types)}
@@ -565,9 +567,15 @@ class CostModel:
             rows = rows + self.tp_time_s(c, layout)
         host = {t: np.max([self._host_row(g, c) for g in t], axis=0) for t in set(types)}
         rows = np.maximum(rows, np.stack([host[t] for t in types]))
-        if not split:
-            return pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages, **common)
+        cut = self.cut_s(c, layout) if c.pp > 1 and c.virtual_stages == 1 else None
         sync, sync_fixed = self._dp_sync(c, layout)
+        if not split:
+            bound = pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages, **common)
+            if cut is not None:     # 1F1B's fill and drain pay each boundary's P2P once
+                bound += float(cut[1:, 1:-1].min(axis=1).sum())
+            if not self.overlaps_grad_reduce(c):    # the last stage to sync, at least the mean
+                bound += float(sync.min(axis=0).sum()) / c.pp + float(sync_fixed.min())
+            return bound
         if self.overlaps_grad_reduce(c):     # the reduction may hide entirely: what is left
             reduce, reduce_fixed = self._dp_sync(c, layout, reduce_only=True)
             sync, sync_fixed = np.maximum(sync - reduce, 0.0), \
@@ -584,18 +592,94 @@ class CostModel:
                                                  blocking_share=0.0),
                 sync_fixed + pipeline.chunk_device_totals(sync, chunks, c.pp),
                 common["step_overhead_s"])
-        # The partition DP on these rows, without P2P, over the splits `_partition` chooses
-        # among: those in memory, or, where none is, all of them (the memory check does not
-        # depend on the times)
+        # The partition DP on these rows and the boundaries' P2P (eq. 5, which pays each
+        # once: 1F1B's steady state pays more), over the splits `_partition` chooses among:
+        # those in memory, or, where none is, all of them (the memory check does not depend
+        # on the times)
         mem_layer, mem_budget = self._memory_arrays(c, gas, layout,
                                                     any(self._attention_scores(layout)))
         kw = dict(sync_layer_s=sync, sync_fixed_s=sync_fixed)
-        free = np.zeros((c.pp, self.num_layers + 1))
-        best = optimal_partition(rows, free, gas, memory_layer_bytes=mem_layer,
+        best = optimal_partition(rows, cut, gas, memory_layer_bytes=mem_layer,
                                  memory_budget_bytes=mem_budget, **kw) or \
-            optimal_partition(rows, free, gas, **kw)
+            optimal_partition(rows, cut, gas, **kw)
         return best.objective_s + (gas - 1 + c.pp) * p.microbatch_overhead_s \
             + common["step_overhead_s"]
+
+    def p2p_floor_s(self, c: Candidate) -> float:
+        """What the pp - 1 stage boundaries' P2P adds at least to a 1F1B iteration (its fill
+        and drain pay each boundary once; virtual stages: 0) on any order of whole nodes
+        (`device_orders`; a stage is dp x cp x tmp consecutive devices of it): each boundary
+        its cheapest layer's activation and gradient over the fastest link (no NIC shared)
+        and the lowest latency, and over the network at least on the boundaries that must
+        cross nodes. A pair of a boundary sends between devices a stage apart in the order,
+        so with stages as wide as the widest node every boundary crosses, and a node holds
+        devices of two stages at most: before the last boundary all of its devices send at
+        once, each at its share of the node's network (links.p2p_links shares the NICs
+        among all boundaries' flows). With narrower stages each of the M - 1 node changes
+        lies between the pairs of some boundary, and one boundary's pairs span fewer than
+        2 stages, so at most 1 + (2 stage - 2) // (narrowest node) of them."""
+        if c.pp == 1 or c.virtual_stages > 1:
+            return 0.0
+        key = ("p2p-floor", c.pp, c.replicas, c.tmp, c.mbs, c.cp, c.sequence_parallel)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            p, arr = self.params, self.cluster_for["p2p"]
+            inter = float(arr.inter_bytes_per_s.max()) * p.bandwidth("inter")
+            fastest = max(inter, float(arr.intra_bytes_per_s.max()) * p.bandwidth("intra"))
+            inter_latency = self.latency("p2p", "inter",
+                                         min(g.link_latency_inter_s for g in self.gpus))
+            least_latency = min(inter_latency, self.latency(
+                "p2p", "intra", min(g.link_latency_intra_s for g in self.gpus)))
+            message = float(self.out_bytes[:self.num_layers - 1].min()) * c.mbs \
+                / (self.boundary_shards(c) * c.cp)
+            stage = self.spec.cluster.num_devices // c.pp
+            widths = [len(n.devices) for n in self.spec.cluster.nodes]
+            shared = 0
+            if stage >= max(widths):
+                crossing = c.pp - 1
+                # a node then holds devices of two stages at most; before the last
+                # boundary all of them send at once, each over its share of the NIC
+                shared = c.pp - 2
+            else:
+                per_boundary = 1 + (2 * stage - 2) // min(widths)
+                crossing = min(c.pp - 1, -(-(len(widths) - 1) // per_boundary))
+            per_gpu = float((arr.inter_bytes_per_s / widths).max()) * p.bandwidth("inter")
+            hit = self._fixed_cache[key] = float(
+                shared * comm.stage_boundary_time_s(message, per_gpu, inter_latency)
+                + (crossing - shared) * comm.stage_boundary_time_s(message, inter,
+                                                                   inter_latency)
+                + (c.pp - 1 - crossing) * comm.stage_boundary_time_s(message, fastest,
+                                                                     least_latency))
+        return hit
+
+    def dp_sync_floor_s(self, c: Candidate) -> float:
+        """What the data-parallel sync adds at least to an iteration (eq. 4 waits for the
+        stage that syncs last, which holds at least the mean of the synced parameters) on any
+        order of whole nodes: `_dp_sync` on the fastest link and the lowest latency, over the
+        network where every ring must cross nodes (a ring spans (dp cp - 1) tmp consecutive
+        devices of the order: as many as the widest node, it cannot stay inside one); 0 where
+        the reduction may overlap the backward."""
+        if c.replicas == 1 or self.is_megatron_fsdp(c) or self.spec.training.frozen_weights \
+                or self.overlaps_grad_reduce(c):
+            return 0.0
+        key = ("dp-floor", c.pp, c.dp, c.cp, c.tmp, c.mbs, c.zero_stage, c.ep)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            p, arr = self.params, self.cluster_for["all_reduce"]
+            inter = float(arr.inter_bytes_per_s.max()) * p.bandwidth("inter")
+            inter_latency = self.latency("all_reduce", "inter",
+                                         min(g.link_latency_inter_s for g in self.gpus))
+            widest = max(len(n.devices) for n in self.spec.cluster.nodes)
+            if (c.replicas - 1) * c.tmp >= widest:
+                bw, lat = inter, inter_latency
+            else:
+                bw = max(inter, float(arr.intra_bytes_per_s.max()) * p.bandwidth("intra"))
+                lat = min(inter_latency, self.latency(
+                    "all_reduce", "intra", min(g.link_latency_intra_s for g in self.gpus)))
+            fixed, per_param = self._dp_sync_rates(c, np.array([bw]), np.array([lat]))
+            hit = self._fixed_cache[key] = float(
+                fixed[0] + per_param[0] * self.synced_params_per_layer(c).sum() / c.pp)
+        return hit
 
     def _host_row(self, g: int, c: Candidate) -> np.ndarray:
         """[L]: the host's time to issue one micro-batch of each layer on device type
@@ -758,6 +842,24 @@ class CostModel:
             if host.any():  # the forward's share matters only beside a host time
                 tensor_parallel_forward = self.tp_time_s(c, layout, part=0)
 
+        cut = self.cut_s(c, layout)
+        sync, sync_fixed = self._dp_sync(c, layout)
+        overlap = self._gradient_overlap(c, layout, compute - compute_forward)
+        return StageCosts(compute_s=compute, host_s=host, host_forward_s=host_forward,
+                          tensor_parallel_s=tensor_parallel,
+                          cut_s=cut,
+                          sync_s=sync, sync_fixed_s=sync_fixed, optimizer_s=optimizer,
+                          microbatch_overhead_s=p.microbatch_overhead_s,
+                          step_overhead_s=p.step_overhead(c.pp, c.replicas),
+                          gradient_overlap=overlap,
+                          layer_s=synced_overlapped_time_s(
+                              host_forward, compute_forward + tensor_parallel_forward, host,
+                              compute + tensor_parallel))
+
+    def cut_s(self, c: Candidate, layout: PlacedLayout) -> np.ndarray:
+        """[pp, L + 1]: cut_s[j, i], the P2P into stage j (activation and gradient) when it
+        starts at layer i; zero for stage 0 and at the ends."""
+        L = self.num_layers
         cut = np.zeros((c.pp, L + 1))
         if c.pp > 1:
             bw, crosses = layout.p2p_links
@@ -771,19 +873,7 @@ class CostModel:
             if receiver or sender:      # DeepSpeed rebuilds the partitioned tensors
                 gather = self.boundary_gather_s(c, layout)              # [pp, L]
                 cut[1:, 1:L] += receiver * gather[1:, :L - 1] + sender * gather[:-1, :L - 1]
-
-        sync, sync_fixed = self._dp_sync(c, layout)
-        overlap = self._gradient_overlap(c, layout, compute - compute_forward)
-        return StageCosts(compute_s=compute, host_s=host, host_forward_s=host_forward,
-                          tensor_parallel_s=tensor_parallel,
-                          cut_s=cut,
-                          sync_s=sync, sync_fixed_s=sync_fixed, optimizer_s=optimizer,
-                          microbatch_overhead_s=p.microbatch_overhead_s,
-                          step_overhead_s=p.step_overhead(c.pp, c.replicas),
-                          gradient_overlap=overlap,
-                          layer_s=synced_overlapped_time_s(
-                              host_forward, compute_forward + tensor_parallel_forward, host,
-                              compute + tensor_parallel))
+        return cut
 
     def stage_pass_times_s(self, types, c: Candidate) -> np.ndarray:
         """[3, L]: `device_pass_times_s` of a stage holding the device types `types` (indices
@@ -962,6 +1052,14 @@ class CostModel:
         if c.replicas == 1 or self.is_megatron_fsdp(c) or self.spec.training.frozen_weights:
             return np.zeros((c.pp, self.num_layers)), np.zeros(c.pp)
         bw, crosses = layout.dp_links
+        fixed, per_param = self._dp_sync_rates(c, bw, self.link_latencies_s(
+            "all_reduce", crosses, layout), reduce_only)
+        return per_param[:, None] * self.synced_params_per_layer(c)[None, :], fixed
+
+    def _dp_sync_rates(self, c: Candidate, bw, lat, reduce_only: bool = False
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """(fixed, per parameter) of `_dp_sync` on rings of bandwidth `bw` and latency
+        `lat` (arrays, one per stage)."""
         bpe = self.spec.training.bytes_per_element
         # DeepSpeed (the trial backend) reduces gradients in the training precision unless
         # fp32_allreduce is set, and overlaps them with the backward only where
@@ -971,7 +1069,6 @@ class CostModel:
         grad_scale = comm.gradient_reduce_bytes_per_element(
             self.spec.training.precision, framework=framework,
             fp32_allreduce=self.spec.training.grad_reduce_in_fp32) / bpe
-        lat = self.link_latencies_s("all_reduce", crosses, layout)
         gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
         gather_weights = framework == "deepspeed" and memory_model.deepspeed_engine(
             zero_stage=c.zero_stage, precision=self.spec.training.precision) == "bf16_optimizer"
@@ -989,8 +1086,7 @@ class CostModel:
                 framework=framework), self.params.dp_overlap)
 
         fixed = sync(0.0)
-        per_param = sync(float(bpe)) - fixed
-        return per_param[:, None] * self.synced_params_per_layer(c)[None, :], fixed
+        return fixed, sync(float(bpe)) - fixed
 
     def overlaps_grad_reduce(self, c: Candidate) -> bool:
         """Whether `c` reduces its gradients in buckets during the backward
