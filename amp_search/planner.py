@@ -472,11 +472,13 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
     jobs = _subset_jobs(spec, parts, measurements=measurements, cost_params=cost_params,
                         simulate_top=simulate_top, backend=backend, shared=shared)
     alone = set(groups_alone_uses(spec.cluster))
-    first = [i for i, u in enumerate(parts) if u in alone]
-    rest = [i for i, u in enumerate(parts) if u not in alone]
-    waves = ([first] if first else []) + [rest[k:k + SUBSET_WAVE]
-                                          for k in range(0, len(rest), SUBSET_WAVE)]
-    done = early.collect() if early is not None else {}
+    waves = _subset_waves(spec.cluster, parts)
+    done = {}
+    if early is not None:       # started for this spec's backend, or of no use here
+        if early.backend == spec.training.backend:
+            done = early.collect()
+        else:
+            early.cancel()
     global _FORKED_JOBS
     _FORKED_JOBS = jobs                 # the forked workers inherit them (a Spec is not pickled)
     context = _fork_context() if workers > 1 and len(parts) > 1 else None
@@ -486,10 +488,12 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
 
         pool = ProcessPoolExecutor(max_workers=min(workers, SUBSET_WAVE), mp_context=context)
     try:
-        for wave in waves:
-            cutoffs = [None if parts[i] in alone else dominance_cutoff_s(
-                out.values(), sum(n * k for n, k in parts[i]), _price_per_hour(spec, parts[i]))
-                for i in wave]
+        for k, wave in enumerate(waves):
+            # the wave after the groups alone takes its cutoffs from them only: it may run
+            # beside the whole cluster's search (start_subsets)
+            basis = [out[(i,)] for i in waves[0]] if k == 1 and parts[waves[0][0]] in alone \
+                else list(out.values())
+            cutoffs = _wave_cutoffs(spec, parts, wave, basis)
             todo = [(i, c) for i, c in zip(wave, cutoffs) if i not in done]
             if pool is not None and len(todo) > 1:
                 found = list(pool.map(_best_on_forked_job, *zip(*todo)))
@@ -497,17 +501,39 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
                 found = [_best_on_forked_job(i, c) for i, c in todo]
             done.update((i, f) for (i, _), f in zip(todo, found))
             for i, cutoff in zip(wave, cutoffs):
-                best, reason, dominated = done[i]
-                uses = parts[i]
-                out[(i,)] = SubsetPlan(uses=uses, gpus=sum(n * k for n, k in uses),
-                                       price_per_hour=_price_per_hour(spec, uses), best=best,
-                                       reason=reason, dominated=dominated,
-                                       cutoff_s=cutoff if dominated else None)
+                out[(i,)] = _subset_plan(spec, parts[i], done[i], cutoff)
     finally:
         _FORKED_JOBS = []
         if pool is not None:
             pool.shutdown()
     return (out[()],) + tuple(out[(i,)] for i in range(len(parts)))
+
+
+def _subset_waves(cluster: Cluster, parts) -> list[list[int]]:
+    """`plan_subsets`' waves of part indices: each node group alone, then SUBSET_WAVE at a
+    time."""
+    alone = set(groups_alone_uses(cluster))
+    first = [i for i, u in enumerate(parts) if u in alone]
+    rest = [i for i, u in enumerate(parts) if u not in alone]
+    return ([first] if first else []) + [rest[k:k + SUBSET_WAVE]
+                                         for k in range(0, len(rest), SUBSET_WAVE)]
+
+
+def _wave_cutoffs(spec: Spec, parts, wave, basis) -> list[float | None]:
+    """Each part of `wave`'s dominance cutoff from the subset plans `basis` (none for a node
+    group alone: searched in full)."""
+    alone = set(groups_alone_uses(spec.cluster))
+    return [None if parts[i] in alone else dominance_cutoff_s(
+        basis, sum(n * k for n, k in parts[i]), _price_per_hour(spec, parts[i]))
+        for i in wave]
+
+
+def _subset_plan(spec: Spec, uses, found, cutoff_s: float | None) -> "SubsetPlan":
+    """The SubsetPlan of a part from `_best_on_forked_job`'s (best, reason, dominated)."""
+    best, reason, dominated = found
+    return SubsetPlan(uses=uses, gpus=sum(n * k for n, k in uses),
+                      price_per_hour=_price_per_hour(spec, uses), best=best, reason=reason,
+                      dominated=dominated, cutoff_s=cutoff_s if dominated else None)
 
 
 def _subset_jobs(spec: Spec, parts, *, shared: SharedRows | None = None,
@@ -519,22 +545,56 @@ def _subset_jobs(spec: Spec, parts, *, shared: SharedRows | None = None,
 
 class EarlySubsets:
     """The searches of each node group alone (the first wave of `plan_subsets`, which no
-    cutoff bounds), running in forked processes while the caller searches the whole
-    cluster; `plan_subsets(early=...)` collects them (`collect`)."""
+    cutoff bounds) and then of the second wave (its cutoffs from the groups alone), running
+    in forked processes while the caller searches the whole cluster;
+    `plan_subsets(early=...)` collects them (`collect`)."""
 
-    def __init__(self, pool, futures: dict) -> None:
-        self._pool, self._futures = pool, futures
+    def __init__(self, pool, futures: dict, backend: str, then=None) -> None:
+        import threading
+
+        self.backend = backend
+        """The backend the parts are costed for (plan_subsets ignores them for another)."""
+        self._pool, self._futures = pool, dict(futures)
+        self._lock, self._cancelled = threading.Lock(), False
+        self._thread = None
+        if then is not None:        # (wave, cutoffs of the first wave's results)
+            self._thread = threading.Thread(target=self._second_wave, args=then, daemon=True)
+            self._thread.start()
+
+    def _second_wave(self, wave, cutoffs_of) -> None:
+        from concurrent.futures import wait
+
+        first = dict(self._futures)
+        wait(first.values())
+        if any(f.cancelled() or f.exception() is not None for f in first.values()):
+            return                  # collect() raises it; plan_subsets runs the wave itself
+        cutoffs = cutoffs_of({i: f.result() for i, f in first.items()})
+        with self._lock:
+            if self._cancelled:
+                return
+            for i, c in zip(wave, cutoffs):
+                self._futures[i] = self._pool.submit(_best_on_forked_job, i, c)
 
     def collect(self) -> dict:
-        """{part index: (best, reason, dominated)}; the processes are then let go."""
+        """{part index: (best, reason, dominated)} of the parts searched or being searched;
+        those of the second wave not started yet are dropped (the caller, its own search
+        done, has the CPUs to search them: plan_subsets does, with the same cutoffs). The
+        processes are then let go."""
         try:
-            return {i: f.result() for i, f in self._futures.items()}
+            if self._thread is not None:
+                self._thread.join()
+            with self._lock:
+                futures = {i: f for i, f in self._futures.items() if not f.cancel()}
+            return {i: f.result() for i, f in futures.items()}
         finally:
             self._pool.shutdown()
 
     def cancel(self) -> None:
         """Stop the searches (the caller's own failed or was interrupted)."""
-        for f in self._futures.values():
+        with self._lock:
+            self._cancelled = True
+            futures = list(self._futures.values())
+        for f in futures:
             f.cancel()
         for proc in list(getattr(self._pool, "_processes", {}).values()):
             proc.terminate()
@@ -547,11 +607,14 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
                   ) -> EarlySubsets | None:
     """Start `plan_subsets`' first wave (each node group alone) in forked processes, one
     CPU fewer than `workers` (the caller's search of the whole cluster takes one), so that it
-    runs beside that search; None where there is one node group, a single CPU or no fork.
-    Give the result to plan_subsets(early=...) with the same spec and options."""
+    runs beside that search, and the second wave after it; None where there is one node
+    group, a single CPU or no fork. Give the result to plan_subsets(early=...) with the same
+    spec and options (a spec that names its backend: plan_subsets drops parts costed for
+    another backend than its spec's)."""
     parts = cluster_subsets(spec.cluster, limit)
     alone = set(groups_alone_uses(spec.cluster))
-    first = [i for i, u in enumerate(parts) if u in alone]
+    waves = _subset_waves(spec.cluster, parts)
+    first = waves[0] if waves and parts[waves[0][0]] in alone else []
     context = _fork_context() if workers > 1 and first else None
     if context is None:
         return None
@@ -561,12 +624,20 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     _FORKED_JOBS = _subset_jobs(spec, parts, measurements=measurements,
                                 cost_params=cost_params, simulate_top=simulate_top,
                                 backend=backend)
-    pool = ProcessPoolExecutor(max_workers=min(workers - 1, len(first)), mp_context=context)
+    second = waves[1] if len(waves) > 1 else []
+    pool = ProcessPoolExecutor(max_workers=min(workers - 1, max(len(first), len(second))),
+                               mp_context=context)
     try:
         futures = {i: pool.submit(_best_on_forked_job, i, None) for i in first}
     finally:
         _FORKED_JOBS = []           # the workers forked at the first submit: they have them
-    return EarlySubsets(pool, futures)
+
+    def cutoffs_of(found: dict) -> list[float | None]:
+        return _wave_cutoffs(spec, parts, second,
+                             [_subset_plan(spec, parts[i], found[i], None) for i in first])
+
+    return EarlySubsets(pool, futures, spec.training.backend,
+                        then=(second, cutoffs_of) if second else None)
 
 
 def groups_alone_uses(cluster: Cluster) -> tuple[tuple[tuple[int, int], ...], ...]:

@@ -230,6 +230,23 @@ def test_subsets_in_forked_workers_are_the_same_as_one_after_another():
     early.cancel()                                       # the caller's search failed
 
 
+def test_parts_started_for_another_backend_are_searched_again():
+    """A spec that names no backend is planned for each: parts started beside the whole
+    search under the default backend are not taken for the backend the whole search chose
+    (they were, before: the groups alone costed for DeepSpeed beside Megatron-LM's parts)."""
+    d = _priced(h100=2, a100=1)
+    del d["training"]["backend"]
+    spec = parse_spec(d)
+    assert spec.other_backends
+    megatron = spec.for_backend("megatron")
+    whole = plan(megatron)
+    one = plan_subsets(megatron, whole, workers=1)
+    assert {p.best.backend for p in one if p.best is not None} == {"megatron"}
+    early = start_subsets(spec, workers=2)
+    assert early is not None and early.backend == "deepspeed"
+    assert plan_subsets(megatron, whole, workers=2, early=early) == one
+
+
 def test_cli_plan_prints_the_subsets_the_choice_and_the_front(write_spec, tmp_path, capsys,
                                                              monkeypatch):
     monkeypatch.setenv("COLUMNS", "120")

@@ -523,7 +523,7 @@ def run_plan(args) -> int:
     shared = SharedRows()       # per device type rows, for the parts planned after it too
     workers = os.cpu_count() or 1
     early = None
-    if with_subsets and spec.training.backend is not None:
+    if with_subsets and not spec.other_backends:
         from ..planner import start_subsets
 
         # each node group alone, beside the whole cluster's search (the backend is known)
