@@ -617,7 +617,9 @@ class CostModel:
         once, each at its share of the node's network (links.p2p_links shares the NICs
         among all boundaries' flows). With narrower stages each of the M - 1 node changes
         lies between the pairs of some boundary, and one boundary's pairs span fewer than
-        2 stages, so at most 1 + (2 stage - 2) // (narrowest node) of them."""
+        2 stages, so at most 1 + (2 stage - 2) // (narrowest node) of them; with stages no
+        wider than the narrowest node, the stage-width devices before a node change (all on
+        one node) each send across it at once, at 1/stage of that node's network at most."""
         if c.pp == 1 or c.virtual_stages > 1:
             return 0.0
         key = ("p2p-floor", c.pp, c.replicas, c.tmp, c.mbs, c.cp, c.sequence_parallel)
@@ -634,16 +636,19 @@ class CostModel:
                 / (self.boundary_shards(c) * c.cp)
             stage = self.spec.cluster.num_devices // c.pp
             widths = [len(n.devices) for n in self.spec.cluster.nodes]
-            shared = 0
+            shared, per_gpu = 0, inter
             if stage >= max(widths):
                 crossing = c.pp - 1
                 # a node then holds devices of two stages at most; before the last
                 # boundary all of them send at once, each over its share of the NIC
                 shared = c.pp - 2
+                per_gpu = float((arr.inter_bytes_per_s / widths).max()) * p.bandwidth("inter")
             else:
                 per_boundary = 1 + (2 * stage - 2) // min(widths)
                 crossing = min(c.pp - 1, -(-(len(widths) - 1) // per_boundary))
-            per_gpu = float((arr.inter_bytes_per_s / widths).max()) * p.bandwidth("inter")
+                if stage <= min(widths):
+                    # the stage devices before a node change all send across it at once
+                    shared, per_gpu = crossing, inter / stage
             hit = self._fixed_cache[key] = float(
                 shared * comm.stage_boundary_time_s(message, per_gpu, inter_latency)
                 + (crossing - shared) * comm.stage_boundary_time_s(message, inter,
@@ -657,8 +662,9 @@ class CostModel:
         stage that syncs last, which holds at least the mean of the synced parameters) on any
         order of whole nodes: `_dp_sync` on the fastest link and the lowest latency, over the
         network where every ring must cross nodes (a ring spans (dp cp - 1) tmp consecutive
-        devices of the order: as many as the widest node, it cannot stay inside one); 0 where
-        the reduction may overlap the backward."""
+        devices of the order: as many as the widest node, it cannot stay inside one), each at
+        1/min(node width, tmp) of its node's network (that many rings leave a node at once);
+        0 where the reduction may overlap the backward."""
         if c.replicas == 1 or self.is_megatron_fsdp(c) or self.spec.training.frozen_weights \
                 or self.overlaps_grad_reduce(c):
             return 0.0
@@ -669,9 +675,13 @@ class CostModel:
             inter = float(arr.inter_bytes_per_s.max()) * p.bandwidth("inter")
             inter_latency = self.latency("all_reduce", "inter",
                                          min(g.link_latency_inter_s for g in self.gpus))
-            widest = max(len(n.devices) for n in self.spec.cluster.nodes)
-            if (c.replicas - 1) * c.tmp >= widest:
-                bw, lat = inter, inter_latency
+            widths = np.array([len(n.devices) for n in self.spec.cluster.nodes])
+            if (c.replicas - 1) * c.tmp >= widths.max():
+                # every ring crosses; a node's consecutive devices hold min(width, tmp) of
+                # them, each leaving it at once over its share of the NIC
+                bw = float((arr.inter_bytes_per_s / np.minimum(widths, c.tmp)).max()) \
+                    * p.bandwidth("inter")
+                lat = inter_latency
             else:
                 bw = max(inter, float(arr.intra_bytes_per_s.max()) * p.bandwidth("intra"))
                 lat = min(inter_latency, self.latency(
