@@ -218,6 +218,9 @@ class CostModel:
             for k, a in sorted(self.cluster_for.items()))
         self.capacity_bytes = np.array([d.gpu.memory_bytes for d in spec.cluster.devices],
                                        dtype=float)
+        self.num_experts = spec.model.num_experts
+        self.node_widths = np.array([len(n.devices) for n in spec.cluster.nodes])
+        """Devices per node, by node id."""
         self.first_fixed = leading_layers(layers, "embedding")
         self.last_fixed = leading_layers(layers[::-1], "head")
 
@@ -635,18 +638,18 @@ class CostModel:
             message = float(self.out_bytes[:self.num_layers - 1].min()) * c.mbs \
                 / (self.boundary_shards(c) * c.cp)
             stage = self.spec.cluster.num_devices // c.pp
-            widths = [len(n.devices) for n in self.spec.cluster.nodes]
+            widths = self.node_widths
             shared, per_gpu = 0, inter
-            if stage >= max(widths):
+            if stage >= widths.max():
                 crossing = c.pp - 1
                 # a node then holds devices of two stages at most; before the last
                 # boundary all of them send at once, each over its share of the NIC
                 shared = c.pp - 2
                 per_gpu = float((arr.inter_bytes_per_s / widths).max()) * p.bandwidth("inter")
             else:
-                per_boundary = 1 + (2 * stage - 2) // min(widths)
+                per_boundary = 1 + (2 * stage - 2) // widths.min()
                 crossing = min(c.pp - 1, -(-(len(widths) - 1) // per_boundary))
-                if stage <= min(widths):
+                if stage <= widths.min():
                     # the stage devices before a node change all send across it at once
                     shared, per_gpu = crossing, inter / stage
             hit = self._fixed_cache[key] = float(
@@ -675,7 +678,7 @@ class CostModel:
             inter = float(arr.inter_bytes_per_s.max()) * p.bandwidth("inter")
             inter_latency = self.latency("all_reduce", "inter",
                                          min(g.link_latency_inter_s for g in self.gpus))
-            widths = np.array([len(n.devices) for n in self.spec.cluster.nodes])
+            widths = self.node_widths
             if (c.replicas - 1) * c.tmp >= widths.max():
                 # every ring crosses; a node's consecutive devices hold min(width, tmp) of
                 # them, each leaving it at once over its share of the NIC
@@ -1137,7 +1140,7 @@ class CostModel:
         expert-data-parallel ranks instead (the ring's bus factor (n-1)/n at either size,
         on the same links; none where each expert has one holder)."""
         params = self.params_per_layer(c.tmp, c.ep)
-        if not self.spec.model.num_experts or c.replicas == 1:
+        if not self.num_experts or c.replicas == 1:
             return params
         key = ("synced", c.tmp, c.ep, c.replicas)
         hit = self._fixed_cache.get(key)
