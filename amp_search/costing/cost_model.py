@@ -558,10 +558,15 @@ class CostModel:
                 rows = np.maximum(rows, np.stack([self._host_row(i, c)
                                                   for i in range(len(self.gpus))]))
                 bound_rows = self._type_rows[key] = pipeline.lower_bound_rows(rows)
-            return pipeline.bound_from_rows(
+            fixed = self.p2p_floor_s(c) + self.dp_sync_floor_s(c)
+            b = (gas - 1) * self.p2p_blocking_share
+            return max(pipeline.bound_from_rows(
                 bound_rows, gas, c.virtual_stages, type_devices=self.devices_per_type,
-                devices_per_stage=self.spec.cluster.num_devices // c.pp, **common) \
-                + self.p2p_floor_s(c) + self.dp_sync_floor_s(c)
+                devices_per_stage=self.spec.cluster.num_devices // c.pp, **common)
+                + fixed + b * self.p2p_floor_s(c, least=True),
+                # or: the stage beside the dearest boundary waits for it every micro-batch
+                fixed + b * self.p2p_floor_s(c, most=True) + (gas - 1)
+                * p.microbatch_overhead_s + common["step_overhead_s"])
         layout = self.layout(c, order)
         types = [tuple(t.tolist()) for t in layout.stage_gpus]
         passes = {t: self.stage_pass_times_s(t, c).sum(axis=0) for t in set(types)}
@@ -572,13 +577,27 @@ class CostModel:
         rows = np.maximum(rows, np.stack([host[t] for t in types]))
         cut = self.cut_s(c, layout) if c.pp > 1 and c.virtual_stages == 1 else None
         sync, sync_fixed = self._dp_sync(c, layout)
+        # the last stage to sync holds at least the mean
+        mean_sync = 0.0 if self.overlaps_grad_reduce(c) else \
+            float(sync.min(axis=0).sum()) / c.pp + float(sync_fixed.min())
+        steady = alternative = 0.0
+        if cut is not None:
+            # each boundary's cheapest P2P; 1F1B's steady state waits, in every micro-batch
+            # but one, for the blocking share of the bottleneck stage's two boundaries
+            # (pipeline.steady_state_period_s): at least the least such pair's; and as long
+            # as the stage beside the dearest pair takes
+            least = cut[1:, 1:-1].min(axis=1)
+            pairs = np.concatenate([[0.0], least]) + np.concatenate([least, [0.0]])
+            b = (gas - 1) * self.p2p_blocking_share
+            steady = b * float(pairs.min())
+            alternative = b * float(pairs.max()) + float(least.sum()) \
+                + float(rows.min(axis=0).sum()) + (gas - 1 + c.pp) * p.microbatch_overhead_s \
+                + common["step_overhead_s"] + mean_sync
         if not split:
             bound = pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages, **common)
             if cut is not None:     # 1F1B's fill and drain pay each boundary's P2P once
-                bound += float(cut[1:, 1:-1].min(axis=1).sum())
-            if not self.overlaps_grad_reduce(c):    # the last stage to sync, at least the mean
-                bound += float(sync.min(axis=0).sum()) / c.pp + float(sync_fixed.min())
-            return bound
+                bound += float(least.sum()) + steady
+            return max(bound + mean_sync, alternative)
         if self.overlaps_grad_reduce(c):     # the reduction may hide entirely: what is left
             reduce, reduce_fixed = self._dp_sync(c, layout, reduce_only=True)
             sync, sync_fixed = np.maximum(sync - reduce, 0.0), \
@@ -605,10 +624,10 @@ class CostModel:
         best = optimal_partition(rows, cut, gas, memory_layer_bytes=mem_layer,
                                  memory_budget_bytes=mem_budget, **kw) or \
             optimal_partition(rows, cut, gas, **kw)
-        return best.objective_s + (gas - 1 + c.pp) * p.microbatch_overhead_s \
-            + common["step_overhead_s"]
+        return max(best.objective_s + (gas - 1 + c.pp) * p.microbatch_overhead_s
+                   + common["step_overhead_s"] + steady, alternative)
 
-    def p2p_floor_s(self, c: Candidate) -> float:
+    def p2p_floor_s(self, c: Candidate, least: bool = False, most: bool = False) -> float:
         """What the pp - 1 stage boundaries' P2P adds at least to a 1F1B iteration (its fill
         and drain pay each boundary once; virtual stages: 0) on any order of whole nodes
         (`device_orders`; a stage is dp x cp x tmp consecutive devices of it): each boundary
@@ -622,7 +641,10 @@ class CostModel:
         lies between the pairs of some boundary, and one boundary's pairs span fewer than
         2 stages, so at most 1 + (2 stage - 2) // (narrowest node) of them; with stages no
         wider than the narrowest node, the stage-width devices before a node change (all on
-        one node) each send across it at once, at 1/stage of that node's network at most."""
+        one node) each send across it at once, at 1/stage of that node's network at most.
+        `least`: the least any one boundary pays (each stage has one at least: 1F1B's
+        steady state waits for it, pipeline.steady_state_period_s); `most`: the most, of
+        the kinds of boundary there certainly are."""
         if c.pp == 1 or c.virtual_stages > 1:
             return 0.0
         key = ("p2p-floor", c.pp, c.replicas, c.tmp, c.mbs, c.cp, c.sequence_parallel)
@@ -652,13 +674,15 @@ class CostModel:
                 if stage <= widths.min():
                     # the stage devices before a node change all send across it at once
                     shared, per_gpu = crossing, inter / stage
-            hit = self._fixed_cache[key] = float(
-                shared * comm.stage_boundary_time_s(message, per_gpu, inter_latency)
-                + (crossing - shared) * comm.stage_boundary_time_s(message, inter,
-                                                                   inter_latency)
-                + (c.pp - 1 - crossing) * comm.stage_boundary_time_s(message, fastest,
-                                                                     least_latency))
-        return hit
+            each = [(shared, comm.stage_boundary_time_s(message, per_gpu, inter_latency)),
+                    (crossing - shared, comm.stage_boundary_time_s(message, inter,
+                                                                   inter_latency)),
+                    (c.pp - 1 - crossing, comm.stage_boundary_time_s(message, fastest,
+                                                                     least_latency))]
+            hit = self._fixed_cache[key] = (float(sum(n * t for n, t in each)),
+                                            float(min(t for n, t in each if n > 0)),
+                                            float(max(t for n, t in each if n > 0)))
+        return hit[1] if least else hit[2] if most else hit[0]
 
     def dp_sync_floor_s(self, c: Candidate) -> float:
         """What the data-parallel sync adds at least to an iteration (eq. 4 waits for the
