@@ -558,15 +558,16 @@ class CostModel:
                 rows = np.maximum(rows, np.stack([self._host_row(i, c)
                                                   for i in range(len(self.gpus))]))
                 bound_rows = self._type_rows[key] = pipeline.lower_bound_rows(rows)
-            fixed = self.p2p_floor_s(c) + self.dp_sync_floor_s(c)
+            p2p, least, most = self._p2p_floors(c)
+            fixed = p2p + self.dp_sync_floor_s(c)
             b = (gas - 1) * self.p2p_blocking_share
             return max(pipeline.bound_from_rows(
                 bound_rows, gas, c.virtual_stages, type_devices=self.devices_per_type,
                 devices_per_stage=self.spec.cluster.num_devices // c.pp, **common)
-                + fixed + b * self.p2p_floor_s(c, least=True),
+                + fixed + b * least,
                 # or: the stage beside the dearest boundary waits for it every micro-batch
-                fixed + b * self.p2p_floor_s(c, most=True) + (gas - 1)
-                * p.microbatch_overhead_s + common["step_overhead_s"])
+                fixed + b * most + (gas - 1) * p.microbatch_overhead_s
+                + common["step_overhead_s"])
         layout = self.layout(c, order)
         types = [tuple(t.tolist()) for t in layout.stage_gpus]
         passes = {t: self.stage_pass_times_s(t, c).sum(axis=0) for t in set(types)}
@@ -577,9 +578,11 @@ class CostModel:
         rows = np.maximum(rows, np.stack([host[t] for t in types]))
         cut = self.cut_s(c, layout) if c.pp > 1 and c.virtual_stages == 1 else None
         sync, sync_fixed = self._dp_sync(c, layout)
-        # the last stage to sync holds at least the mean
-        mean_sync = 0.0 if self.overlaps_grad_reduce(c) else \
-            float(sync.min(axis=0).sum()) / c.pp + float(sync_fixed.min())
+        # the stage that syncs last: at least the split that evens out the stages' syncs
+        # (stage j syncing all the parameters would take totals[j]): 1 / sum_j 1 / totals[j]
+        totals = sync.sum(axis=1)
+        mean_sync = 0.0 if self.overlaps_grad_reduce(c) else float(sync_fixed.min()) + (
+            1.0 / float((1.0 / totals).sum()) if (totals > 0).all() else 0.0)
         steady = alternative = 0.0
         if cut is not None:
             # each boundary's cheapest P2P; 1F1B's steady state waits, in every micro-batch
@@ -645,9 +648,29 @@ class CostModel:
         `least`: the least any one boundary pays (each stage has one at least: 1F1B's
         steady state waits for it, pipeline.steady_state_period_s); `most`: the most, of
         the kinds of boundary there certainly are."""
+        hit = self._p2p_floors(c)
+        return hit[1] if least else hit[2] if most else hit[0]
+
+    def _p2p_floors(self, c: Candidate) -> tuple[float, float, float]:
+        """`p2p_floor_s`: (all, least, most); cached."""
         if c.pp == 1 or c.virtual_stages > 1:
-            return 0.0
+            return (0.0, 0.0, 0.0)
         key = ("p2p-floor", c.pp, c.replicas, c.tmp, c.mbs, c.cp, c.sequence_parallel)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            counts, bw, lat = self._p2p_floor_links(c.pp)
+            message = float(self.out_bytes[:self.num_layers - 1].min()) * c.mbs \
+                / (self.boundary_shards(c) * c.cp)
+            each = comm.stage_boundary_time_s(message, bw, lat)
+            there = each[counts > 0]
+            hit = self._fixed_cache[key] = (float((counts * each).sum()), float(there.min()),
+                                            float(there.max()))
+        return hit
+
+    def _p2p_floor_links(self, pp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`p2p_floor_s`'s boundaries of a pp-stage pipeline: (how many, bandwidth,
+        latency) of each kind; cached."""
+        key = ("p2p-floor-links", pp)
         hit = self._fixed_cache.get(key)
         if hit is None:
             p, arr = self.params, self.cluster_for["p2p"]
@@ -657,32 +680,33 @@ class CostModel:
                                          min(g.link_latency_inter_s for g in self.gpus))
             least_latency = min(inter_latency, self.latency(
                 "p2p", "intra", min(g.link_latency_intra_s for g in self.gpus)))
-            message = float(self.out_bytes[:self.num_layers - 1].min()) * c.mbs \
-                / (self.boundary_shards(c) * c.cp)
-            stage = self.spec.cluster.num_devices // c.pp
+            stage = self.spec.cluster.num_devices // pp
             widths = self.node_widths
-            shared, per_gpu = 0, inter
+            shared, rates = 0, np.zeros(0)
             if stage >= widths.max():
-                crossing = c.pp - 1
+                crossing = pp - 1
                 # a node then holds devices of two stages at most; before the last
-                # boundary all of them send at once, each over its share of the NIC
-                shared = c.pp - 2
-                per_gpu = float((arr.inter_bytes_per_s / widths).max()) * p.bandwidth("inter")
+                # boundary all of them send at once, each over its share of the NIC: a
+                # boundary at most at the least share among its stage's nodes, and at most
+                # (devices of the nodes with a share >= x) // stage stages have only such
+                # nodes, so the fastest shares go to as many boundaries as they can fill
+                shared = pp - 2
+                rates = np.array(self._stage_rates(arr.inter_bytes_per_s / widths
+                                                   * p.bandwidth("inter"), stage, shared,
+                                                   ("p2p",)))
             else:
                 per_boundary = 1 + (2 * stage - 2) // widths.min()
-                crossing = min(c.pp - 1, -(-(len(widths) - 1) // per_boundary))
+                crossing = min(pp - 1, -(-(len(widths) - 1) // per_boundary))
                 if stage <= widths.min():
                     # the stage devices before a node change all send across it at once
-                    shared, per_gpu = crossing, inter / stage
-            each = [(shared, comm.stage_boundary_time_s(message, per_gpu, inter_latency)),
-                    (crossing - shared, comm.stage_boundary_time_s(message, inter,
-                                                                   inter_latency)),
-                    (c.pp - 1 - crossing, comm.stage_boundary_time_s(message, fastest,
-                                                                     least_latency))]
-            hit = self._fixed_cache[key] = (float(sum(n * t for n, t in each)),
-                                            float(min(t for n, t in each if n > 0)),
-                                            float(max(t for n, t in each if n > 0)))
-        return hit[1] if least else hit[2] if most else hit[0]
+                    shared, rates = crossing, np.full(crossing, inter / stage)
+            rate, many = np.unique(rates, return_counts=True)
+            hit = self._fixed_cache[key] = (
+                np.concatenate([many, [crossing - shared, pp - 1 - crossing]]).astype(float),
+                np.concatenate([rate, [inter, fastest]]),
+                np.concatenate([np.full(len(rate), inter_latency),
+                                [inter_latency, least_latency]]))
+        return hit
 
     def dp_sync_floor_s(self, c: Candidate) -> float:
         """What the data-parallel sync adds at least to an iteration (eq. 4 waits for the
@@ -705,17 +729,43 @@ class CostModel:
             widths = self.node_widths
             if (c.replicas - 1) * c.tmp >= widths.max():
                 # every ring crosses; a node's consecutive devices hold min(width, tmp) of
-                # them, each leaving it at once over its share of the NIC
-                bw = float((arr.inter_bytes_per_s / np.minimum(widths, c.tmp)).max()) \
-                    * p.bandwidth("inter")
-                lat = inter_latency
+                # them, each leaving it at once over its share of the NIC: a stage's rings
+                # at most at the least share among its nodes (`_stage_rates`)
+                bw = np.array(self._stage_rates(arr.inter_bytes_per_s / np.minimum(
+                    widths, c.tmp) * p.bandwidth("inter"),
+                    self.spec.cluster.num_devices // c.pp, c.pp, ("all_reduce", c.tmp)))
+                lat = np.full(c.pp, inter_latency)
             else:
-                bw = max(inter, float(arr.intra_bytes_per_s.max()) * p.bandwidth("intra"))
-                lat = min(inter_latency, self.latency(
-                    "all_reduce", "intra", min(g.link_latency_intra_s for g in self.gpus)))
-            fixed, per_param = self._dp_sync_rates(c, np.array([bw]), np.array([lat]))
-            hit = self._fixed_cache[key] = float(
-                fixed[0] + per_param[0] * self.synced_params_per_layer(c).sum() / c.pp)
+                bw = np.array([max(inter, float(arr.intra_bytes_per_s.max())
+                                   * p.bandwidth("intra"))])
+                lat = np.array([min(inter_latency, self.latency(
+                    "all_reduce", "intra", min(g.link_latency_intra_s for g in self.gpus)))])
+            fixed, per_param = self._dp_sync_rates(c, bw, lat)
+            # the split that evens out the stages' syncs: P / sum_j (1 / per-parameter_j)
+            # (one rate for all: the mean stage's)
+            params = float(self.synced_params_per_layer(c).sum())
+            spread = float((1.0 / per_param).sum()) * (c.pp / len(per_param)) \
+                if (per_param > 0).all() else float("inf")
+            hit = self._fixed_cache[key] = float(fixed.min() + params / spread)
+        return hit
+
+    def _stage_rates(self, rates: np.ndarray, stage: int, count: int, kind: tuple
+                     ) -> list[float]:
+        """The `count` fastest per-stage rates any order of whole nodes allows (`rates` by
+        node, named by `kind` for the cache), where a stage (`stage` consecutive devices)
+        runs at the least rate among its nodes: at most (devices of the nodes with a rate
+        >= x) // stage stages have only such nodes, so the fastest rates go to as many
+        stages as their nodes fill."""
+        if count <= 0:
+            return []
+        key = ("stage-rates", kind, stage, count)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            by_rate = np.argsort(-rates, kind="stable")
+            fill = np.cumsum(self.node_widths[by_rate]) // stage
+            # the k-th stage (k = 1 ..) is filled once the k-th count of `fill` is reached
+            hit = self._fixed_cache[key] = \
+                rates[by_rate][np.searchsorted(fill, np.arange(1, count + 1))].tolist()
         return hit
 
     def _host_row(self, g: int, c: Candidate) -> np.ndarray:
