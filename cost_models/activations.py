@@ -42,9 +42,13 @@ megatron-core saves them:
       attention log-sum-exp (fp32, one per query head)                          4a/t bytes
   mlp:  g (2h + n + F/t);   head: g (2h + n) + 4V/t + 9.
   A mixture-of-experts block (E experts, k per token, width f_e, shared width f_s) saves,
-  instead of the MLP's F/t, g (k (2h + F_e + f_e) + F_s + f_s)/t + 8E/t: each routed copy's
-  permuted input, fc1 and activation outputs and the expert's output, the shared experts
-  as a dense MLP, and the router's fp32 logits and probabilities (`_moe_saved_elements`).
+  instead of the MLP's F/t, g (k (h + F_e + f_e) + F_s + f_s)/t + 8E/t: each routed copy's
+  permuted input (fc1's input), fc1's output and the weighted activation's output (fc2's
+  input), the shared experts as a dense MLP, and the router's fp32 logits and
+  probabilities (`_moe_saved_elements`). megatron-core's grouped experts apply the router's
+  probabilities inside the activation (GroupedMLP / TEGroupedMLP: activation_func_with_probs,
+  weighted_bias_swiglu_impl, which saves its input and the probabilities), so the combine
+  is a plain sum that keeps none of the experts' outputs.
 Biases save nothing. Hidden dropout (`Layer.hidden_dropout` > 0, Megatron-LM's
 --hidden-dropout, 0.1 by default there) keeps a 1-byte mask per element of each dropout's
 output: 2h per token in a transformer block (after the attention and after the MLP), h in
@@ -227,12 +231,13 @@ def _llama_saved_per_token(layer: Layer, *, tmp: int, bytes_per_element: int,
 def _moe_saved_elements(layer: Layer) -> int:
     """Elements per token a mixture-of-experts MLP saves (its rank's tokens, s/t of them
     under sequence parallelism, which Megatron-LM requires of MoE with tmp > 1): for each of
-    the token's k copies the permuted input (fc1 input, h), fc1's output (F_e) and the
-    activation's (fc2 input, f_e) and the expert's output (kept for the weighted
-    combination's gradient, h); the shared experts as a dense MLP of width f_s."""
+    the token's k copies the permuted input (fc1 input, h), fc1's output (F_e, the weighted
+    activation's input) and the weighted activation's output (fc2 input, f_e); the experts'
+    outputs are summed as they are (the router's weights applied in the activation, as
+    megatron-core does), so none is kept; the shared experts as a dense MLP of width f_s."""
     k, h = layer.moe_router_topk, layer.hidden_size
     act = 3 if layer.mlp == "swiglu" else 2
-    return k * (2 * h + act * layer.expert_ffn) + act * layer.moe_shared_expert_size
+    return k * (h + act * layer.expert_ffn) + act * layer.moe_shared_expert_size
 
 
 def checkpoint_input_bytes(layer: Layer, *, mbs: int, bytes_per_element: int,

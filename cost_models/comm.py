@@ -150,9 +150,17 @@ def all_to_all_time_s(message_bytes, seconds_per_byte, latency_s=0.0, messages=1
 
 
 def expert_dispatch_bytes(tokens, topk: int, hidden: int, bytes_per_element: float):
-    """One rank's message in one dispatch (or combine) all-to-all of a mixture-of-experts
-    layer: each of its tokens goes to k experts, h elements each (BF16 even under FP8, which
-    Megatron-LM dispatches unquantised by default)."""
+    """One rank's message in one dispatch all-to-all of a mixture-of-experts layer: each of
+    its tokens goes to k experts, h elements each (BF16 even under FP8, which Megatron-LM
+    dispatches unquantised by default), with its router weight (megatron-core's alltoall
+    dispatcher sends the permuted probabilities beside the tokens: the experts apply them;
+    counted at the element size)."""
+    return tokens * topk * (hidden + 1) * bytes_per_element
+
+
+def expert_combine_bytes(tokens, topk: int, hidden: int, bytes_per_element: float):
+    """One rank's message in one combine all-to-all: its tokens' k expert outputs back, h
+    elements each."""
     return tokens * topk * hidden * bytes_per_element
 
 

@@ -95,7 +95,8 @@ def test_all_to_all_links_by_hand():
     across = all_to_all_links(arr, np.arange(8).reshape(1, 8))
     assert across.seconds_per_byte == pytest.approx([max(3 / 8 / 400e9, 4 / 8 / 25e9)])
     assert across.crosses_nodes.all()
-    message = comm.expert_dispatch_bytes(4096, 8, 2048, 2)
+    message = comm.expert_combine_bytes(4096, 8, 2048, 2)
+    assert comm.expert_dispatch_bytes(4096, 8, 2048, 2) == 4096 * 8 * 2049 * 2
     assert comm.all_to_all_time_s(message, across.seconds_per_byte[0], 1e-5, 4) == \
         pytest.approx(4 * (1e-5 + message * 0.5 / 25e9))
 

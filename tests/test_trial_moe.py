@@ -138,9 +138,10 @@ def test_real_moe_trial(tmp_path, pp, dp, ep):
     block = next(x for x in layers if x.is_moe)
     per_stage = [sum(layers[i].is_moe for i in range(a, b))
                  for a, b in zip(strategy.partition, strategy.partition[1:])]
-    message = comm.expert_dispatch_bytes(strategy.mbs * block.seq_length, block.moe_router_topk,
-                                         block.hidden_size, 4)
-    expected = sum(4 * message * per_stage[j] * strategy.gas * dp for j in range(pp))
+    # dispatch (the tokens and their router weights) and combine, forward and backward
+    message = sum(f(strategy.mbs * block.seq_length, block.moe_router_topk, block.hidden_size, 4)
+                  for f in (comm.expert_dispatch_bytes, comm.expert_combine_bytes))
+    expected = sum(2 * message * per_stage[j] * strategy.gas * dp for j in range(pp))
     sent = result["rank_all_to_all_per_iteration"]
     assert sum(r["bytes"] for r in sent) == expected
     assert all(r["calls"] == 4 * per_stage[a // dp] * strategy.gas for a, r in enumerate(sent))
@@ -178,3 +179,50 @@ def test_experts_under_deepspeed_need_zero0_and_fp32():
     raw["training"].update(zero_stage=0, precision="bf16")
     with pytest.raises(SpecError, match="training.precision"):
         parse_spec(raw)
+
+
+@pytest.mark.parametrize("fields", [MOE, LLAMA_MOE], ids=["gelu", "swiglu"])
+def test_an_expert_keeps_its_input_fc1_output_and_fc2_input_only(fields):
+    """The router's weight is applied in the expert's activation (as megatron-core's grouped
+    experts do), which keeps only its input and the weights: an expert saves for backward
+    its input (h), fc1's output (F_e) and fc2's input (f_e) per row, and the weights, what
+    cost_models.activations counts per routed copy; the layer sums the experts' outputs
+    without keeping them."""
+    import torch
+
+    from amp_search.trial.model import _Expert
+
+    layer = Layer(**fields)
+    expert = _Expert(layer, torch.float32)
+    rows, h = 10, layer.hidden_size
+    x = torch.randn(rows, h, requires_grad=True)
+    w = torch.rand(rows, 1, requires_grad=True)
+    storages = {}
+    params = {p.untyped_storage().data_ptr() for p in expert.parameters()}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:       # the weights are held anyway
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = expert(x, w)
+    saved = sum(storages.values())
+    per_row = h + layer.expert_fc1_width + layer.expert_ffn + 1
+    assert saved == rows * per_row * 4
+    # the weighted activation's gradients are those of act(fc1(x)) * w
+    y.sum().backward()
+    x2, w2 = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    a = expert.fc1(x2)
+    if expert.gated:
+        gate, up = a.chunk(2, dim=-1)
+        a = torch.nn.functional.silu(gate) * up
+    else:
+        a = torch.nn.functional.gelu(a)
+    ref = torch.nn.functional.linear(a * w2, expert.fc2.weight)
+    if expert.fc2.bias is not None:
+        ref = ref + w2 * expert.fc2.bias
+    ref.sum().backward()
+    assert torch.allclose(y, ref, atol=1e-6)
+    assert torch.allclose(x.grad, x2.grad, atol=1e-6)
+    assert torch.allclose(w.grad, w2.grad, atol=1e-5)

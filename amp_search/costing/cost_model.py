@@ -382,16 +382,19 @@ class CostModel:
         spb, crosses = self._ep_links(c, layout)
         lat = self.link_latencies_s("p2p", crosses, layout)
         key = ("dispatch", c.mbs, c.tmp, c.cp)
-        per_layer = self._fixed_cache.get(key)
-        if per_layer is None:
+        hit = self._fixed_cache.get(key)
+        if hit is None:
             bpe = self.spec.training.bytes_per_element
-            per_layer = self._fixed_cache[key] = np.array([comm.expert_dispatch_bytes(
+            hit = self._fixed_cache[key] = tuple(np.array([message(
                 c.mbs * x.seq_length / (c.tmp * c.cp), x.moe_router_topk, x.hidden_size, bpe)
                 if x.is_moe else 0.0 for x in self.spec.model.layers])
+                for message in (comm.expert_dispatch_bytes, comm.expert_combine_bytes))
+        dispatch, combine = hit
         passes = (1, 1, 1 if c.activation_checkpointing else 0)
-        calls = 2.0 * (sum(passes) if part is None else passes[part])
-        out = comm.all_to_all_time_s(per_layer[None, :], spb[:, None], lat[:, None], calls)
-        return np.where(per_layer[None, :] > 0, out, 0.0)
+        calls = float(sum(passes) if part is None else passes[part])   # of each
+        out = sum(comm.all_to_all_time_s(m[None, :], spb[:, None], lat[:, None], calls)
+                  for m in (dispatch, combine))
+        return np.where(dispatch[None, :] > 0, out, 0.0)
 
     def _ep_links(self, c: Candidate, layout: PlacedLayout) -> tuple[np.ndarray, np.ndarray]:
         """Per stage: the seconds per byte of its slowest expert-parallel group's

@@ -518,14 +518,42 @@ class _Expert(nn.Module):
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
 
-    def forward(self, x):
-        y = self.fc1(x)
-        if self.gated:
-            gate, up = y.chunk(2, dim=-1)
-            y = F.silu(gate) * up
-        else:
-            y = F.gelu(y)
-        return self.fc2(y)
+    def forward(self, x, weight):
+        """fc2(act(fc1(x)) x weight): each row's router weight applied in the activation,
+        as megatron-core's grouped experts do (the fc2 bias weighted too), so the layer's
+        sum over a token's experts keeps none of their outputs."""
+        a = _WeightedActivation.apply(self.fc1(x), weight, self.gated)
+        y = F.linear(a, self.fc2.weight)
+        return y if self.fc2.bias is None else y + weight * self.fc2.bias
+
+
+def _activation(y, gated: bool):
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return F.gelu(y)
+
+
+class _WeightedActivation(torch.autograd.Function):
+    """act(y) x w (w: one router weight per row, [rows, 1]) saving only y and w, as
+    megatron-core's fused weighted activation (weighted_bias_swiglu_impl,
+    activation_func_with_probs under its fuser) does; the backward recomputes act(y)."""
+
+    @staticmethod
+    def forward(ctx, y, weight, gated):
+        ctx.gated = gated
+        ctx.save_for_backward(y, weight)
+        with torch.no_grad():
+            return _activation(y, gated) * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, weight = ctx.saved_tensors
+        with torch.enable_grad():
+            y_, w_ = y.detach().requires_grad_(), weight.detach().requires_grad_()
+            out = _activation(y_, ctx.gated) * w_
+        grad_y, grad_w = torch.autograd.grad(out, (y_, w_), grad)
+        return grad_y, grad_w, None
 
 
 class _MoE(nn.Module):
@@ -534,9 +562,11 @@ class _MoE(nn.Module):
     1): a replicated router (E x h, no bias) scores this rank's tokens, each goes to its top k
     experts with the softmax of its k scores, renormalized, as weights; the tokens are sorted
     by expert and sent to the expert-parallel rank that holds it (one all-to-all of the
-    counts, one of the tokens: ep k tokens / E per expert on average), each of the rank's
-    E/ep experts runs on what it got, the results return by the reverse all-to-all and are
-    summed with the weights; plus the shared experts (a tensor-parallel MLP of width f_s) on
+    counts, one of the tokens with their weights: ep k tokens / E per expert on average),
+    each of the rank's E/ep experts runs on what it got, applying each token's weight in its
+    activation (as megatron-core's grouped experts do: `_WeightedActivation`), and the
+    results return by the reverse all-to-all and are summed; plus the shared experts (a
+    tensor-parallel MLP of width f_s) on
     every token. No token is dropped and no auxiliary loss is added (neither changes the
     time). Expert e lives on expert-parallel rank e // (E/ep).
 
@@ -590,6 +620,7 @@ class _MoE(nn.Module):
             flat = flat % self.local
         order = torch.argsort(flat, stable=True)        # token slots by expert
         routed = tokens[order // self.k]
+        slot_weights = weights.reshape(-1, 1)[order]    # each routed copy's router weight
         counts = torch.bincount(flat, minlength=self.num_experts if self.group is not None
                                 else self.local)
         if self.group is not None and self.ep > 1:
@@ -600,25 +631,30 @@ class _MoE(nn.Module):
             sent_split = counts.view(self.ep, self.local).sum(dim=1).tolist()
             got = got.view(self.ep, self.local)         # [source rank, local expert]
             got_split = got.sum(dim=1).tolist()
-            received = _AllToAll.apply(routed, got_split, sent_split, self.group)
+            # each copy with its router weight as one more column (megatron-core's
+            # dispatcher sends the permuted probabilities beside the tokens)
+            received = _AllToAll.apply(torch.cat([routed, slot_weights], dim=-1), got_split,
+                                       sent_split, self.group)
             # from (source, expert) order to expert order
             expert_of = torch.repeat_interleave(
                 torch.arange(self.local).repeat(self.ep), got.reshape(-1))
             regroup = torch.argsort(expert_of, stable=True)
             per_expert = got.sum(dim=0).tolist()
-            y = self._run_experts(received[regroup], per_expert)
+            received = received[regroup]
+            y = self._run_experts(received[:, :h], received[:, h:], per_expert)
             y = _AllToAll.apply(y[torch.argsort(regroup)], sent_split, got_split, self.group)
         else:                   # every expert here: counts has one entry per local expert
-            y = self._run_experts(routed, counts.tolist())
+            y = self._run_experts(routed, slot_weights, counts.tolist())
         y = y[torch.argsort(order)].view(-1, self.k, h)                # back to token order
-        out = (y * weights.unsqueeze(-1)).sum(dim=1).view(shape)
+        out = y.sum(dim=1).view(shape)      # the weights were applied in the experts
         if self.shared is not None:
             out = out + self.shared(x)
         return out
 
-    def _run_experts(self, rows, per_expert):
-        return torch.cat([expert(part) for expert, part in
-                          zip(self.experts, rows.split(per_expert))])
+    def _run_experts(self, rows, weights, per_expert):
+        return torch.cat([expert(part, w) for expert, part, w in
+                          zip(self.experts, rows.split(per_expert),
+                              weights.split(per_expert))])
 
 
 ROPE_THETA = 10000.0
