@@ -225,3 +225,49 @@ def test_one_real_llama_trial_at_tmp2(tmp_path):
     assert rec.status == "ok", (rec.error, rec.log_tail)
     assert rec.strategy.tmp == 2
     assert rec.measured_s is not None and rec.measured_s > 0
+
+
+def test_swiglu_and_rmsnorm_keep_what_the_fused_kernels_keep():
+    """The trial's SwiGLU and RMSNorm save what Megatron-LM's fused kernels save (the
+    activation's input; the norm's input and rstd), so a Llama mlp layer keeps exactly
+    cost_models.activations.layer_saved_bytes; a block keeps no more than it counts; and
+    both compute what eager torch computes, gradients included."""
+    from cost_models.activations import layer_saved_bytes
+
+    mlp = Layer(kind="mlp", seq_length=S, hidden_size=H, ffn_hidden_size=F_, **LLAMA)
+    block = LAYERS[1]
+    for layer, exact in ((mlp, True), (block, False)):
+        m = trial_model.build_layer(layer, simulate_tp_size=1)
+        x = torch.randn(S, 2, H, requires_grad=True)
+        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        saved = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in params:
+                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = m(x)
+        counted = layer_saved_bytes(layer, mbs=2, tmp=1, bytes_per_element=4)
+        got = sum(saved.values())
+        assert got == counted if exact else 0.9 * counted <= got <= counted, (layer.kind, got)
+    # the fused forms against eager torch
+    x = torch.randn(5, H, requires_grad=True)
+    w = torch.randn(H, requires_grad=True)
+    out = trial_model._RMSNorm.apply(x, w, 1e-5)
+    x2, w2 = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    ref = F.rms_norm(x2, (H,), w2, 1e-5)
+    (out * ref.detach()).sum().backward()
+    (ref * ref.detach()).sum().backward()
+    assert torch.allclose(out, ref, atol=1e-6)
+    assert torch.allclose(x.grad, x2.grad, atol=1e-5) and torch.allclose(w.grad, w2.grad,
+                                                                          atol=1e-5)
+    y = torch.randn(5, 2 * F_, requires_grad=True)
+    out = trial_model._WeightedActivation.apply(y, None, True)
+    y2 = y.detach().clone().requires_grad_(True)
+    gate, up = y2.chunk(2, dim=-1)
+    ref = F.silu(gate) * up
+    out.sum().backward()
+    ref.sum().backward()
+    assert torch.allclose(out, ref, atol=1e-6) and torch.allclose(y.grad, y2.grad, atol=1e-6)

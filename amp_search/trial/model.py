@@ -273,7 +273,7 @@ def _layer_norm(ln: nn.Module, x, group):
     if group is None:
         return ln(x)
     if isinstance(ln, nn.RMSNorm):
-        return F.rms_norm(x, ln.normalized_shape, _replicated(ln.weight, group), ln.eps)
+        return _RMSNorm.apply(x, _replicated(ln.weight, group), ln.eps)
     return F.layer_norm(x, ln.normalized_shape, _replicated(ln.weight, group),
                         _replicated(ln.bias, group), ln.eps)
 
@@ -294,8 +294,39 @@ def _norm(layer: Layer, dtype: torch.dtype) -> nn.Module:
     """The layer's normalization over hidden_size: LayerNorm (weight and bias) or RMSNorm
     (weight only), replicated on every tensor rank."""
     if layer.norm == "rmsnorm":
-        return nn.RMSNorm(layer.hidden_size, eps=NORM_EPS, dtype=dtype)
+        return _FusedRMSNorm(layer.hidden_size, eps=NORM_EPS, dtype=dtype)
     return nn.LayerNorm(layer.hidden_size, eps=NORM_EPS, dtype=dtype)
+
+
+class _RMSNorm(torch.autograd.Function):
+    """x * rsqrt(mean(x^2) + eps) * weight saving only x and the per-token rstd, as the fused
+    RMSNorm kernels Megatron-LM runs (Transformer Engine's, Apex's) do; eager torch RMSNorm
+    would keep the normalized x too. The backward recomputes it."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        with torch.no_grad():
+            rstd = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+            out = x * rstd * weight
+        ctx.eps = eps
+        ctx.save_for_backward(x, rstd, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, _, weight = ctx.saved_tensors
+        with torch.enable_grad():
+            x_, w_ = x.detach().requires_grad_(), weight.detach().requires_grad_()
+            out = x_ * torch.rsqrt(x_.pow(2).mean(dim=-1, keepdim=True) + ctx.eps) * w_
+        grad_x, grad_w = torch.autograd.grad(out, (x_, w_), grad)
+        return grad_x, grad_w, None
+
+
+class _FusedRMSNorm(nn.RMSNorm):
+    """torch.nn.RMSNorm (the same weight and state) run through `_RMSNorm`."""
+
+    def forward(self, x):
+        return _RMSNorm.apply(x, self.weight, self.eps)
 
 
 def _make_sequence_column(base):
@@ -452,11 +483,8 @@ class _MLP(nn.Module):
 
     def forward(self, x):
         y, _ = self.fc1(x)
-        if self.gated:
-            gate, up = y.chunk(2, dim=-1)
-            y = F.silu(gate) * up
-        else:
-            y = F.gelu(y)
+        # SwiGLU as Megatron-LM's fused bias_swiglu runs it (saving its input only)
+        y = _WeightedActivation.apply(y, None, True) if self.gated else F.gelu(y)
         y, _ = self.fc2(y)
         return y
 
@@ -535,22 +563,26 @@ def _activation(y, gated: bool):
 
 
 class _WeightedActivation(torch.autograd.Function):
-    """act(y) x w (w: one router weight per row, [rows, 1]) saving only y and w, as
-    megatron-core's fused weighted activation (weighted_bias_swiglu_impl,
-    activation_func_with_probs under its fuser) does; the backward recomputes act(y)."""
+    """act(y) x w (w: one router weight per row, [rows, 1], or None) saving only y and w, as
+    megatron-core's fused activations (bias_swiglu_impl, weighted_bias_swiglu_impl,
+    activation_func_with_probs under its fuser) do; the backward recomputes act(y)."""
 
     @staticmethod
     def forward(ctx, y, weight, gated):
-        ctx.gated = gated
+        ctx.gated, ctx.weighted = gated, weight is not None
         ctx.save_for_backward(y, weight)
         with torch.no_grad():
-            return _activation(y, gated) * weight
+            out = _activation(y, gated)
+            return out * weight if weight is not None else out
 
     @staticmethod
     def backward(ctx, grad):
         y, weight = ctx.saved_tensors
         with torch.enable_grad():
-            y_, w_ = y.detach().requires_grad_(), weight.detach().requires_grad_()
+            y_ = y.detach().requires_grad_()
+            if not ctx.weighted:
+                return torch.autograd.grad(_activation(y_, ctx.gated), y_, grad)[0], None, None
+            w_ = weight.detach().requires_grad_()
             out = _activation(y_, ctx.gated) * w_
         grad_y, grad_w = torch.autograd.grad(out, (y_, w_), grad)
         return grad_y, grad_w, None
