@@ -380,7 +380,8 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
     args = megatron_args(spec.model.layers, s, precision=cfg.precision, iters=iters, seed=seed,
                          overlap_grad_reduce=spec.training.overlaps_grad_reduce(s.zero_stage),
                          tp_comm_overlap=spec.training.tp_comm_overlap,
-                         grad_reduce_in_fp32=spec.training.grad_reduce_in_fp32)
+                         grad_reduce_in_fp32=spec.training.grad_reduce_in_fp32,
+                         cpu_offload_layers=spec.training.cpu_offload_layers)
     nodes = megatron_nodes(ranks)
     env = trial_env(cfg.device, "megatron")
     ctx = _context(spec, cfg.device, env, master_port)
@@ -463,6 +464,12 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                      "Megatron-Bridge sets it); Megatron-LM's pretrain_gpt.py turns "
                      "--accumulate-allreduce-grads-in-fp32 on for bf16 itself, which doubles "
                      "the gradient buffer and the data-parallel traffic the plan costed")
+    if "--cpu-offloading" in args:
+        notes.append(f"--cpu-offloading --cpu-offloading-num-layers "
+                     f"{spec.training.cpu_offload_layers} (training.cpu_offload_layers): the "
+                     f"first blocks' saved activations go to host memory and back beside the "
+                     f"compute, on Transformer Engine's layers (--transformer-impl "
+                     f"transformer_engine); it needs CUDA")
     if "--tp-comm-overlap" in args:
         notes.append("--tp-comm-overlap (training.tp_comm_overlap): the tensor-parallel "
                      "all-gathers and reduce-scatters run beside the GEMMs in Transformer "

@@ -62,6 +62,12 @@ rules are written once:
                                                               (its ZeRO optimizers would
                                                               shard and reduce them over the
                                                               whole data-parallel group)
+    cpu_offload_rules           cpu_offload_under_deepspeed   training.cpu_offload_layers is
+                                cpu_offload_with_pipeline     megatron-core's activation
+                                cpu_offload_with_recomputation  offloading: the megatron
+                                                              backend, pp 1, no recomputation
+                                                              (its TransformerConfig refuses
+                                                              the rest)
 
 and one equivalence, applied by the search only (an equivalent point is a valid strategy, so
 `estimate` accepts it):
@@ -125,6 +131,9 @@ class Reason(str, Enum):
     MOE_TENSOR_PARALLEL_WITHOUT_SP = "moe_tensor_parallel_without_sp"
     EXPERTS_WITH_ZERO_UNDER_DEEPSPEED = "experts_with_zero_under_deepspeed"
     CONTEXT_PARALLEL_WITH_STANDARD_ATTENTION = "context_parallel_with_standard_attention"
+    CPU_OFFLOAD_UNDER_DEEPSPEED = "cpu_offload_under_deepspeed"
+    CPU_OFFLOAD_WITH_PIPELINE = "cpu_offload_with_pipeline"
+    CPU_OFFLOAD_WITH_RECOMPUTATION = "cpu_offload_with_recomputation"
     OUTSIDE_SEARCH_LIMITS = "outside_search_limits"
     """A degree the spec's `search:` section does not allow (the search only; `estimate`
     costs any strategy)."""
@@ -259,6 +268,8 @@ class SearchSpace:
     backend: str = "deepspeed"
     """The framework the plan is for (deepspeed | megatron): training.backend, unless the
     caller names another (`launch --backend`)."""
+    cpu_offload_layers: int = 0
+    """training.cpu_offload_layers (0: no activation offloading)."""
 
     @classmethod
     def of(cls, spec: Spec, backend: str | None = None) -> "SearchSpace":
@@ -278,7 +289,7 @@ class SearchSpace:
                    sequence_parallel=t.sequence_parallel,
                    seq_lengths=tuple(sorted({x.seq_length for x in spec.model.layers})),
                    attention_scores=any(spec.attention_for(g) == "standard" for g in gpus),
-                   backend=backend or t.backend)
+                   backend=backend or t.backend, cpu_offload_layers=t.cpu_offload_layers)
 
 
 Rule = Callable[[SearchSpace, Candidate], "Violation | None"]
@@ -483,6 +494,29 @@ def experts_zero_under_deepspeed(s: SearchSpace, c: Candidate) -> Violation | No
     return None
 
 
+def cpu_offload_rules(s: SearchSpace, c: Candidate) -> Violation | None:
+    """megatron-core's TransformerConfig: CPU offloading without pipeline parallelism and
+    without activation recomputation; DeepSpeed's pipeline engine has no such offloading."""
+    n = s.cpu_offload_layers
+    if not n:
+        return None
+    if s.backend != "megatron":
+        return Violation(Reason.CPU_OFFLOAD_UNDER_DEEPSPEED,
+                         f"training.cpu_offload_layers {n} under the {s.backend} backend: "
+                         f"activation offloading is megatron-core's (--cpu-offloading); "
+                         f"backend megatron, or cpu_offload_layers 0")
+    if c.pp > 1:
+        return Violation(Reason.CPU_OFFLOAD_WITH_PIPELINE,
+                         f"pp = {c.pp} with training.cpu_offload_layers {n}: megatron-core has "
+                         f"no pipeline parallelism with CPU offloading")
+    if c.activation_checkpointing or c.selective_recompute:
+        return Violation(Reason.CPU_OFFLOAD_WITH_RECOMPUTATION,
+                         f"recomputation with training.cpu_offload_layers {n}: megatron-core's "
+                         f"CPU offloading does not work with activation recomputation "
+                         f"(training.activation_checkpointing: none)")
+    return None
+
+
 def context_parallel_needs_flash(s: SearchSpace, c: Candidate) -> Violation | None:
     if c.cp > 1 and s.attention_scores:
         return Violation(Reason.CONTEXT_PARALLEL_WITH_STANDARD_ATTENTION,
@@ -535,7 +569,8 @@ FEASIBILITY_RULES: tuple[Rule, ...] = LAYOUT_RULES + (mbs_divides_replica_batch,
                                                       ep_divides_experts,
                                                       ep_within_stage_ranks,
                                                       moe_tensor_parallel_needs_sp,
-                                                      experts_zero_under_deepspeed)
+                                                      experts_zero_under_deepspeed,
+                                                      cpu_offload_rules)
 """Everything a strategy must satisfy to run (what `estimate` checks)."""
 EQUIVALENCE_RULES: tuple[Rule, ...] = (zero_without_data_parallel, selective_needs_scores)
 """Points that repeat (or are beaten by) another point's plan (the search keeps one)."""

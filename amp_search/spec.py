@@ -61,6 +61,7 @@ BACKENDS = ("deepspeed", "megatron")
 """training.backend: the framework a plan is costed for."""
 # sanity caps: absurd values are rejected, not attempted
 MAX_DEVICES = 1_000_000
+MAX_OFFLOAD_LAYERS = 4096  # training.cpu_offload_layers; the model's blocks bound it too
 MAX_BATCH = 65_536  # a larger batch makes the simulated re-rank run for minutes
 MAX_GPUS_PER_NODE = 1024
 MIN_TFLOPS, MAX_TFLOPS = 0.001, 100_000.0
@@ -108,6 +109,11 @@ class GPU:
     inside a node (NVLink or PCIe: cost_models.comm.NCCL_RING_STEP_LATENCY_S)."""
     link_latency_inter_s: float = 0.0
     """The same across nodes (the network)."""
+    host_link_bytes_per_s: float = 32e9
+    """One direction of the link between the GPU and its host's memory, for one GPU (PCIe
+    x16 of its generation, or NVLink-C2C on Grace superchips): what activation offloading
+    (training.cpu_offload_layers) moves over; the catalog's `host_link`."""
+    host_link_source: str = ""
     intra_node_link: str = "nvlink"
     """The kind of link between two of its devices inside a node (the catalog's `links:`): what
     share of a node's intra_node_bandwidth collectives reach, unless the node group names its
@@ -310,6 +316,13 @@ class TrainingSpec:
     (sequence parallelism) runs in chunks beside the GEMM it feeds or follows (Transformer
     Engine's userbuffers); strategies without sequence parallelism, and DeepSpeed plans, keep
     them exposed."""
+
+    cpu_offload_layers: int = 0
+    """Megatron-LM's --cpu-offloading --cpu-offloading-num-layers N (Transformer Engine's
+    activation offloading): the saved activations of the first N transformer blocks go to
+    host memory during the forward and come back for the backward, on a side stream beside
+    the compute (GPU.host_link_bytes_per_s). megatron-core allows it with pp 1 and no
+    recomputation only (search_space.cpu_offload_rules); 0: none."""
 
     grad_reduce_in_fp32: bool | None = None
     """Whether the gradients are accumulated and reduced in fp32 (Megatron-LM's
@@ -533,7 +546,7 @@ def read_percent(raw, path: str, example: str) -> float:
 
 
 GPU_MODEL_KEYS = ("gemm_efficiency", "kernel_floor", "host_time", "flash_attention",
-                  "link_latency", "intra_node_link", "prediction_error")
+                  "link_latency", "intra_node_link", "prediction_error", "host_link")
 """Keys of a catalog entry (or inline GPU) for the analytic model; missing ones come from the
 catalog's `defaults:`."""
 
@@ -643,6 +656,13 @@ def _gpu_model(r: "MappingReader", defaults: dict, links: dict[str, LinkKind]) -
     link = get("intra_node_link")
     if link is not None:
         out["intra_node_link"] = _link_kind(link, r.at("intra_node_link"), links).name
+    host_link = get("host_link")
+    if host_link is not None:
+        h = MappingReader(host_link, r.at("host_link"), ("bandwidth", "source"))
+        out["host_link_bytes_per_s"] = parse_bandwidth(h.raw("bandwidth", required=True),
+                                                       h.at("bandwidth"), MEMORY_BANDWIDTH)
+        out["host_link_source"] = read_name(h.raw("source", required=True), h.at("source"), "",
+                                            MAX_SOURCE_CHARS)
     return out
 
 
@@ -742,7 +762,7 @@ def _training(data) -> TrainingSpec:
                                    "virtual_pipeline_stages", "backend", "context_parallel",
                                    "expert_parallel", "objective", "pipeline_p2p",
                                    "finetune", "overlap_grad_reduce", "tp_comm_overlap",
-                                   "grad_reduce_in_fp32"))
+                                   "grad_reduce_in_fp32", "cpu_offload_layers"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
     # virtual stages, as NeMo's auto-configurator does
     backend = r.choice("backend", BACKENDS, "deepspeed")
@@ -824,6 +844,7 @@ def _training(data) -> TrainingSpec:
         overlap_grad_reduce=overlap,
         tp_comm_overlap=tp_overlap,
         grad_reduce_in_fp32=grad_fp32,
+        cpu_offload_layers=r.int("cpu_offload_layers", default=0, lo=0, hi=MAX_OFFLOAD_LAYERS),
     )
 
 
@@ -877,6 +898,12 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
         # CPUs have no fast half precision to train in (DeepSpeed's fp16 needs CUDA): the
         # default there is fp32, not the 0.001 TFLOP/s fp16 of the catalog's CPU entry
         training = replace(training, precision="fp32")
+    blocks = sum(x.kind == "transformer" for x in model.layers)
+    if training.cpu_offload_layers >= max(blocks, 1):
+        raise SpecError("training.cpu_offload_layers",
+                        f"got {training.cpu_offload_layers}; accepted: 0 to {max(blocks - 1, 0)} "
+                        f"(fewer than the model's {blocks} transformer blocks, as megatron-core "
+                        f"requires)")
     experts = model.num_experts
     if not experts:
         if training.expert_parallel != EXPERT_PARALLEL_SEARCH and training.expert_parallel != (1,):
@@ -1005,6 +1032,9 @@ def spec_fingerprint(spec: Spec) -> dict:
                     item["gpu"].pop("prediction_error", None)
                     item["gpu"].pop("prediction_error_source", None)
                     item["gpu"].pop("gemm_efficiency_source", None)
+                    item["gpu"].pop("host_link_source", None)
+                    if not spec.training.cpu_offload_layers:   # only offloading uses it
+                        item["gpu"].pop("host_link_bytes_per_s", None)
             for item in section["node_groups"]:      # how the bandwidth was written neither,
                 item.pop("network_links", None)       # nor what a node costs
                 item.pop("price_per_hour", None)
@@ -1018,6 +1048,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             del section["tp_comm_overlap"]       # as before the key existed
         if name == "training" and section["grad_reduce_in_fp32"] is None:
             del section["grad_reduce_in_fp32"]   # as before the key existed
+        if name == "training" and not section["cpu_offload_layers"]:
+            del section["cpu_offload_layers"]    # as before the key existed
         if name == "training" and section["objective"] == "time":
             del section["objective"]             # as before the key existed
         if name == "training" and section["context_parallel"] == (1,):

@@ -240,6 +240,16 @@ def _moe_saved_elements(layer: Layer) -> int:
     return k * (h + act * layer.expert_ffn) + act * layer.moe_shared_expert_size
 
 
+def offloaded_activation_bytes(per_layer_bytes) -> int:
+    """What CPU activation offloading (megatron-core's --cpu-offloading-num-layers, Transformer
+    Engine's offload handler) takes off a device that holds one micro-batch's activations
+    (pp 1): the offloaded blocks' saved bytes (`per_layer_bytes`, one micro-batch each) less
+    the largest, which is on its way to or from the host at any time (a copy in flight
+    beside the compute, double-buffered)."""
+    values = [int(x) for x in per_layer_bytes]
+    return sum(values) - max(values, default=0)
+
+
 def checkpoint_input_bytes(layer: Layer, *, mbs: int, bytes_per_element: int,
                            tmp: int = 1, sequence_parallel: bool = False) -> int:
     """What a recomputed block keeps: its input, g s h_in per sample (its sequence shard,

@@ -37,9 +37,10 @@ def test_each_rule_names_its_reason():
         assert v is not None and v.reason == reason, (c, v)
         assert isinstance(v.error(), Infeasible) and v.error().reason == reason.value
     assert first_violation(space, cand(2, 2, 2, mbs=3, zero=1)) is None
-    assert len(FEASIBILITY_RULES) == 19     # 4 on virtual stages (test_interleaved), 3 on cp,
+    assert len(FEASIBILITY_RULES) == 20     # 4 on virtual stages (test_interleaved), 3 on cp,
     #                                         3 on experts (test_moe), 1 on experts under
-    #                                         deepspeed (test_trial_moe)
+    #                                         deepspeed (test_trial_moe), 1 on CPU offloading
+    #                                         (test_cpu_offload)
 
 
 def test_enumeration_counts_prunes_and_collapses_zero_without_dp():

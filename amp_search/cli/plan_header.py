@@ -77,6 +77,9 @@ def _backend_line(spec: Spec, plan: Plan) -> str:
     if t.tp_comm_overlap and t.backend == "megatron":
         tail += (", tensor-parallel communication beside the GEMMs with sequence parallelism "
                  "(training.tp_comm_overlap)")
+    if t.cpu_offload_layers:
+        tail += (f", the first {t.cpu_offload_layers} blocks' activations offloaded to host "
+                 f"memory (training.cpu_offload_layers)")
     if t.overlap_grad_reduce is not None:
         tail += (", gradients reduced in buckets during the backward"
                  if t.overlap_grad_reduce else ", gradients reduced after the backward") \

@@ -926,6 +926,11 @@ class CostModel:
             compute_forward = np.maximum(compute_forward, fsdp_forward)
             compute = compute_forward + backward
 
+        if self.spec.training.cpu_offload_layers and c.pp == 1:
+            forward, backward = self.offload_exposed_s(c, layout, compute_forward,
+                                                       compute - compute_forward)
+            compute_forward = compute_forward + forward
+            compute = compute + forward + backward
         tensor_parallel = tensor_parallel_forward = np.zeros((c.pp, L))
         if c.layer_collectives:   # each stage's rings run on its slowest ring's links
             tensor_parallel = self.tp_time_s(c, layout)
@@ -964,6 +969,30 @@ class CostModel:
                 gather = self.boundary_gather_s(c, layout)              # [pp, L]
                 cut[1:, 1:L] += receiver * gather[1:, :L - 1] + sender * gather[:-1, :L - 1]
         return cut
+
+    def offload_exposed_s(self, c: Candidate, layout: PlacedLayout, forward: np.ndarray,
+                          backward: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """([1, L], [1, L]): what CPU activation offloading (training.cpu_offload_layers,
+        pp 1) adds to each offloaded block's forward and backward: its saved activations go
+        to the host beside the forward and come back beside the backward, on a side stream,
+        at the slowest device type's host link (GPU.host_link_bytes_per_s); a copy longer
+        than the pass it runs beside shows by the difference."""
+        key = ("offload-bytes", c.mbs, c.tmp, c.cp, c.sequence_parallel,
+               tuple(self._attention_scores(layout)))
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            from .stage_memory import offloaded_layers, offloaded_saved_bytes
+
+            strategy = self._strategy(c, (0, self.num_layers), (), "")
+            per = np.zeros(self.num_layers)
+            per[list(offloaded_layers(self.spec))] = np.array(offloaded_saved_bytes(
+                self.spec, strategy, self._attention_scores(layout)[0]), dtype=float) / c.cp
+            hit = self._fixed_cache[key] = per
+        host = min(self.gpus[g].host_link_bytes_per_s for g in layout.stage_gpus[0])
+        copy = hit[None, :] / host
+        on = hit[None, :] > 0
+        return (np.where(on, np.maximum(copy - forward, 0.0), 0.0),
+                np.where(on, np.maximum(copy - backward, 0.0), 0.0))
 
     def stage_pass_times_s(self, types, c: Candidate) -> np.ndarray:
         """[3, L]: `device_pass_times_s` of a stage holding the device types `types` (indices

@@ -25,6 +25,8 @@ search_space.Reason.OUT_OF_MEMORY.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cost_models import activations
 from cost_models import memory as memory_model
 from cost_models.layers import Layer
@@ -71,6 +73,9 @@ def _one_stage(spec: Spec, s: Strategy, j: int, capacity, attention_scores) -> S
                           bool(attention_scores), s.sequence_parallel,
                           s.selective_recompute, t.backend, s.cp, s.ep,
                           grad_fp32=t.grad_reduce_in_fp32)
+    if t.cpu_offload_layers and s.pp == 1:     # the offloaded blocks' activations on the host
+        st = replace(st, activation_bytes=st.activation_bytes - offloaded_bytes(
+            spec, s, bool(attention_scores)) // s.cp)
     if t.frozen_weights:                # no gradients or optimizer state
         st = memory_model.frozen_states(st)
     overhead = t.framework_overhead_bytes + st.buffer_bytes
@@ -81,6 +86,31 @@ def _one_stage(spec: Spec, s: Strategy, j: int, capacity, attention_scores) -> S
                        activation_bytes=st.activation_bytes, overhead_bytes=overhead,
                        peak_bytes=peak,
                        capacity_bytes=int(capacity * (1.0 - t.memory_headroom)))
+
+
+def offloaded_layers(spec: Spec) -> tuple[int, ...]:
+    """Indices of the transformer blocks training.cpu_offload_layers offloads: the first N
+    (megatron-core's TransformerBlock offloads its first cpu_offloading_num_layers)."""
+    blocks = [i for i, x in enumerate(spec.model.layers) if x.kind == "transformer"]
+    return tuple(blocks[:spec.training.cpu_offload_layers])
+
+
+def offloaded_saved_bytes(spec: Spec, s: Strategy, attention_scores: bool) -> list[int]:
+    """One micro-batch's saved activations of each offloaded block (`offloaded_layers`), on
+    one device (before context parallelism's split)."""
+    t = spec.training
+    return [activations.layer_activation_bytes(
+        spec.model.layers[i], mbs=s.mbs, tmp=s.tmp,
+        bytes_per_element=memory_model.BYTES_PER_ELEMENT[t.precision], recompute=False,
+        attention_scores=attention_scores, sequence_parallel=s.sequence_parallel,
+        fp8=t.precision in ("fp8", "nvfp4")) for i in offloaded_layers(spec)]
+
+
+def offloaded_bytes(spec: Spec, s: Strategy, attention_scores: bool) -> int:
+    """The activation bytes CPU offloading takes off the device
+    (activations.offloaded_activation_bytes of `offloaded_saved_bytes`)."""
+    return activations.offloaded_activation_bytes(offloaded_saved_bytes(spec, s,
+                                                                        attention_scores))
 
 
 def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,

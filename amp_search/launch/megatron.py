@@ -204,14 +204,17 @@ def virtual_stage_args(layers: tuple[Layer, ...], strategy: Strategy) -> list[st
 def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: str,
                   iters: int, seed: int = 1234, lr: float = 1e-4,
                   overlap_grad_reduce: bool = False, tp_comm_overlap: bool = False,
-                  grad_reduce_in_fp32: bool | None = None) -> list[str]:
+                  grad_reduce_in_fp32: bool | None = None,
+                  cpu_offload_layers: int = 0) -> list[str]:
     """The pretrain_gpt.py arguments for one strategy; `overlap_grad_reduce` (the spec's
     training.overlap_grad_reduce): --overlap-grad-reduce, the gradients reduced in buckets
     during the backward; `tp_comm_overlap` (training.tp_comm_overlap, with tmp > 1 and
     sequence parallelism): --tp-comm-overlap on Transformer Engine's layers (its
     userbuffers need them and CUDA); `grad_reduce_in_fp32` True:
     --accumulate-allreduce-grads-in-fp32 (pretrain_gpt.py sets it itself for bf16; with bf16
-    it cannot be turned off there, `megatron_unsupported_gradients`)."""
+    it cannot be turned off there, `megatron_unsupported_gradients`); `cpu_offload_layers`
+    (training.cpu_offload_layers) > 0: --cpu-offloading --cpu-offloading-num-layers N on
+    Transformer Engine's layers (its offload handler; CUDA)."""
     block = check_gpt_chain(layers)
     s = strategy
     vocab = layers[0].vocab_size
@@ -259,6 +262,10 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         i = args.index("--transformer-impl")
         args[i + 1] = "transformer_engine"
         args += ["--tp-comm-overlap"]
+    if cpu_offload_layers:
+        i = args.index("--transformer-impl")
+        args[i + 1] = "transformer_engine"
+        args += ["--cpu-offloading", "--cpu-offloading-num-layers", str(cpu_offload_layers)]
     if s.zero_stage == 3:     # Megatron-FSDP (its README's required flags, and the overlaps
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",   # the plan
                  "optim_grads_params", "--use-distributed-optimizer",          # costs)

@@ -292,6 +292,10 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
             s.sequence_parallel and any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
         return ("training.tp_comm_overlap (Transformer Engine's userbuffers) needs CUDA: these "
                 "devices are CPUs; set it false here")
+    if backend == "megatron" and spec.training.cpu_offload_layers and \
+            any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
+        return ("training.cpu_offload_layers (Transformer Engine's activation offloading) "
+                "needs CUDA: these devices are CPUs; set it to 0 here")
     if backend == "megatron" and s.zero_stage == 3 and \
             any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
         return ("zero_stage 3 (Megatron-FSDP) needs CUDA: these devices are CPUs; use "
@@ -392,7 +396,8 @@ def _prepare(spec: Spec, req: TrialRequest, index: int, ranks: tuple[RankAssignm
                              seed=options.seed, overlap_grad_reduce=spec.training.
                              overlaps_grad_reduce(s.zero_stage),
                              tp_comm_overlap=spec.training.tp_comm_overlap,
-                             grad_reduce_in_fp32=spec.training.grad_reduce_in_fp32)
+                             grad_reduce_in_fp32=spec.training.grad_reduce_in_fp32,
+                             cpu_offload_layers=spec.training.cpu_offload_layers)
         program = megatron_program(options.megatron_path, args)
         launch = BUILDERS[options.launcher](megatron_nodes(ranks), ctx,
                                             rank0_host=ranks[0].host, program=program)
