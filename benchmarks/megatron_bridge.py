@@ -21,7 +21,8 @@ GPUs).
    - training as Megatron-Bridge's performance recipes run it: backend megatron, the distributed
      optimizer (zero_stage 1; Megatron-FSDP, zero_stage 3, where the row names an FSDP size),
      sequence parallelism where tp > 1, no recomputation, the row's precision (FP8, FP8-CS,
-     MXFP8 and FP8-MX are all `fp8`: FP8 GEMMs, BF16 elsewhere);
+     MXFP8 and FP8-MX are all `fp8`: FP8 GEMMs, BF16 elsewhere), and the CPU activation
+     offloading of the Llama 3 70B FSDP recipes (CPU_OFFLOAD_LAYERS);
    - full fine-tuning (`sft`) as pre-training: it runs the same passes over every weight
      (its packed sequences' shorter attention is not modelled); LoRA as
      `training.finetune: lora` (the weights frozen: input gradients only, no optimizer);
