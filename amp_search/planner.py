@@ -194,8 +194,9 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
     layouts and those within `keep_within` of the best, by `ranking_key`), costing few of
     the others: best first by a lower bound on the time (branch and bound).
 
-    Every candidate gets the bound of `CostModel.lower_bound_s` without a placement (cached
-    per-layer arrays only); taken from a heap in the order of its bound, it gets the tighter
+    Every candidate gets the bound of `CostModel.lower_bound_s` without a placement from
+    cached per-layer arrays only (floors=False); taken from a heap in the order of its bound,
+    it gets that bound with the P2P and sync floors and goes back; taken again, the tighter
     bound of each placement order and goes back; taken again, the tightest (the partition
     DP's) and goes back; and when it comes out a third time it is costed on the orders whose
     bound is below the best time found for it (the first fastest order is the one
@@ -211,7 +212,9 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
     found: dict[tuple, float] = {}          # layout -> its fastest feasible time
     estimates: list[Estimate] = []
     order_bounds: dict[int, list[float]] = {}
-    heap = [(model.lower_bound_s(c), 0, i) for i, c in enumerate(candidates)]
+    # tier -1: the per-layer rows alone; 0: with the P2P and sync floors; 1 and 2: on each
+    # placement order, then with the partition DP; then costed
+    heap = [(model.lower_bound_s(c, floors=False), -1, i) for i, c in enumerate(candidates)]
     heapq.heapify(heap)
     cutoff = float("inf") if cutoff_s is None else cutoff_s
     threshold, evaluated, settled, dominated = cutoff, 0, 0, 0
@@ -229,8 +232,11 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
             bar.update(1)
 
     while heap and heap[0][0] <= threshold * (1.0 + _TIE_SLACK):
-        _, tier, i = heapq.heappop(heap)
+        bound, tier, i = heapq.heappop(heap)
         c = candidates[i]
+        if tier < 0:
+            heapq.heappush(heap, (max(bound, model.lower_bound_s(c)), 0, i))
+            continue
         if tier == 0:
             if model.states_cannot_fit(c):
                 pruned[Reason.OUT_OF_MEMORY.value] += 1

@@ -525,7 +525,7 @@ class CostModel:
         return hit / c.pp > usable
 
     def lower_bound_s(self, c: Candidate, order: DeviceOrder | None = None, *,
-                      split: bool = False) -> float:
+                      split: bool = False, floors: bool = True) -> float:
         """A time `evaluate(c, order)` never beats. Without an order, a bound for every
         order from cached per-layer arrays alone (cost_models.pipeline.
         iteration_lower_bound_s on the device types' passes: as many stages on the faster
@@ -541,7 +541,9 @@ class CostModel:
         over the memory-feasible splits (or all, where none is: what `_partition` chooses
         among), which minimises a sum (eq. 5) that each split's closed-form time is at
         least: the tightest bound, at the price of one or two DP solves; with virtual
-        stages, the interleaved schedule's time on its fixed chunks without P2P."""
+        stages, the interleaved schedule's time on its fixed chunks without P2P.
+        `floors` False, without an order: the per-layer rows alone (no P2P or sync floors),
+        what the search orders every candidate by before it asks for more."""
         gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
         p = self.params
         common = dict(microbatch_overhead_s=p.microbatch_overhead_s,
@@ -561,6 +563,10 @@ class CostModel:
                 rows = np.maximum(rows, np.stack([self._host_row(i, c)
                                                   for i in range(len(self.gpus))]))
                 bound_rows = self._type_rows[key] = pipeline.lower_bound_rows(rows)
+            if not floors:          # the per-layer rows alone: the cheapest bound
+                return pipeline.bound_from_rows(
+                    bound_rows, gas, c.virtual_stages, type_devices=self.devices_per_type,
+                    devices_per_stage=self.spec.cluster.num_devices // c.pp, **common)
             p2p, least, most = self._p2p_floors(c)
             fixed = p2p + self.dp_sync_floor_s(c)
             b = (gas - 1) * self.p2p_blocking_share
