@@ -39,7 +39,8 @@ from ..search_space import Candidate
 from ..spec import Spec
 from .layer_times import LayerTimer, device_speed
 from .links import ClusterArrays, all_to_all_links, p2p_links, ring_links
-from .stage_memory import stage_memory, stages_fit
+from .stage_memory import (offloaded_layers, offloaded_saved_bytes, stage_memory,
+                           stages_fit)
 
 __all__ = ["CostModel", "PlacedLayout", "StageCosts", "measured_overheads"]
 
@@ -563,17 +564,15 @@ class CostModel:
                 rows = np.maximum(rows, np.stack([self._host_row(i, c)
                                                   for i in range(len(self.gpus))]))
                 bound_rows = self._type_rows[key] = pipeline.lower_bound_rows(rows)
-            if not floors:          # the per-layer rows alone: the cheapest bound
-                return pipeline.bound_from_rows(
-                    bound_rows, gas, c.virtual_stages, type_devices=self.devices_per_type,
-                    devices_per_stage=self.spec.cluster.num_devices // c.pp, **common)
-            p2p, least, most = self._p2p_floors(c)
-            fixed = p2p + self.dp_sync_floor_s(c)
-            b = (gas - 1) * self.p2p_blocking_share
-            return max(pipeline.bound_from_rows(
+            rows_bound = pipeline.bound_from_rows(
                 bound_rows, gas, c.virtual_stages, type_devices=self.devices_per_type,
                 devices_per_stage=self.spec.cluster.num_devices // c.pp, **common)
-                + fixed + b * least,
+            if not floors:          # the per-layer rows alone: the cheapest bound
+                return rows_bound
+            p2p, least, most = self.p2p_floors_s(c)
+            fixed = p2p + self.dp_sync_floor_s(c)
+            b = (gas - 1) * self.p2p_blocking_share
+            return max(rows_bound + fixed + b * least,
                 # or: the stage beside the dearest boundary waits for it every micro-batch
                 fixed + b * most + (gas - 1) * p.microbatch_overhead_s
                 + common["step_overhead_s"])
@@ -639,8 +638,8 @@ class CostModel:
         return max(best.objective_s + (gas - 1 + c.pp) * p.microbatch_overhead_s
                    + common["step_overhead_s"] + steady, alternative)
 
-    def p2p_floor_s(self, c: Candidate, least: bool = False, most: bool = False) -> float:
-        """What the pp - 1 stage boundaries' P2P adds at least to a 1F1B iteration (its fill
+    def p2p_floors_s(self, c: Candidate) -> tuple[float, float, float]:
+        """What the pp - 1 stage boundaries' P2P add at least to a 1F1B iteration (its fill
         and drain pay each boundary once; virtual stages: 0) on any order of whole nodes
         (`device_orders`; a stage is dp x cp x tmp consecutive devices of it): each boundary
         its cheapest layer's activation and gradient over the fastest link (no NIC shared)
@@ -654,14 +653,9 @@ class CostModel:
         2 stages, so at most 1 + (2 stage - 2) // (narrowest node) of them; with stages no
         wider than the narrowest node, the stage-width devices before a node change (all on
         one node) each send across it at once, at 1/stage of that node's network at most.
-        `least`: the least any one boundary pays (each stage has one at least: 1F1B's
-        steady state waits for it, pipeline.steady_state_period_s); `most`: the most, of
-        the kinds of boundary there certainly are."""
-        hit = self._p2p_floors(c)
-        return hit[1] if least else hit[2] if most else hit[0]
-
-    def _p2p_floors(self, c: Candidate) -> tuple[float, float, float]:
-        """`p2p_floor_s`: (all, least, most); cached."""
+        Returns (all boundaries, the least any one boundary pays (each stage has one at
+        least: 1F1B's steady state waits for it, pipeline.steady_state_period_s), the most,
+        of the kinds of boundary there certainly are); cached."""
         if c.pp == 1 or c.virtual_stages > 1:
             return (0.0, 0.0, 0.0)
         key = ("p2p-floor", c.pp, c.replicas, c.tmp, c.mbs, c.cp, c.sequence_parallel)
@@ -677,18 +671,13 @@ class CostModel:
         return hit
 
     def _p2p_floor_links(self, pp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`p2p_floor_s`'s boundaries of a pp-stage pipeline: (how many, bandwidth,
+        """`p2p_floors_s`' boundaries of a pp-stage pipeline: (how many, bandwidth,
         latency) of each kind; cached."""
         key = ("p2p-floor-links", pp)
         hit = self._fixed_cache.get(key)
         if hit is None:
             p, arr = self.params, self.cluster_for["p2p"]
-            inter = float(arr.inter_bytes_per_s.max()) * p.bandwidth("inter")
-            fastest = max(inter, float(arr.intra_bytes_per_s.max()) * p.bandwidth("intra"))
-            inter_latency = self.latency("p2p", "inter",
-                                         min(g.link_latency_inter_s for g in self.gpus))
-            least_latency = min(inter_latency, self.latency(
-                "p2p", "intra", min(g.link_latency_intra_s for g in self.gpus)))
+            inter, fastest, inter_latency, least_latency = self._best_links("p2p")
             stage = self.spec.cluster.num_devices // pp
             widths = self.node_widths
             shared, rates = 0, np.zeros(0)
@@ -717,6 +706,17 @@ class CostModel:
                                 [inter_latency, least_latency]]))
         return hit
 
+    def _best_links(self, collective: str) -> tuple[float, float, float, float]:
+        """The floors' links for `collective`: (the best network bandwidth, the best of any
+        link, the network's least latency, any link's least latency), no NIC shared."""
+        p, arr = self.params, self.cluster_for[collective]
+        inter = float(arr.inter_bytes_per_s.max()) * p.bandwidth("inter")
+        inter_latency = self.latency(collective, "inter",
+                                     min(g.link_latency_inter_s for g in self.gpus))
+        return (inter, max(inter, float(arr.intra_bytes_per_s.max()) * p.bandwidth("intra")),
+                inter_latency, min(inter_latency, self.latency(
+                    collective, "intra", min(g.link_latency_intra_s for g in self.gpus))))
+
     def dp_sync_floor_s(self, c: Candidate) -> float:
         """What the data-parallel sync adds at least to an iteration (eq. 4 waits for the
         stage that syncs last, which holds at least the mean of the synced parameters) on any
@@ -732,9 +732,7 @@ class CostModel:
         hit = self._fixed_cache.get(key)
         if hit is None:
             p, arr = self.params, self.cluster_for["all_reduce"]
-            inter = float(arr.inter_bytes_per_s.max()) * p.bandwidth("inter")
-            inter_latency = self.latency("all_reduce", "inter",
-                                         min(g.link_latency_inter_s for g in self.gpus))
+            inter, fastest, inter_latency, least_latency = self._best_links("all_reduce")
             widths = self.node_widths
             if (c.replicas - 1) * c.tmp >= widths.max():
                 # every ring crosses; a node's consecutive devices hold min(width, tmp) of
@@ -745,10 +743,7 @@ class CostModel:
                     self.spec.cluster.num_devices // c.pp, c.pp, ("all_reduce", c.tmp)))
                 lat = np.full(c.pp, inter_latency)
             else:
-                bw = np.array([max(inter, float(arr.intra_bytes_per_s.max())
-                                   * p.bandwidth("intra"))])
-                lat = np.array([min(inter_latency, self.latency(
-                    "all_reduce", "intra", min(g.link_latency_intra_s for g in self.gpus)))])
+                bw, lat = np.array([fastest]), np.array([least_latency])
             fixed, per_param = self._dp_sync_rates(c, bw, lat)
             # the split that evens out the stages' syncs: P / sum_j (1 / per-parameter_j)
             # (one rate for all: the mean stage's)
@@ -987,12 +982,10 @@ class CostModel:
                tuple(self._attention_scores(layout)))
         hit = self._fixed_cache.get(key)
         if hit is None:
-            from .stage_memory import offloaded_layers, offloaded_saved_bytes
-
-            strategy = self._strategy(c, (0, self.num_layers), (), "")
             per = np.zeros(self.num_layers)
             per[list(offloaded_layers(self.spec))] = np.array(offloaded_saved_bytes(
-                self.spec, strategy, self._attention_scores(layout)[0]), dtype=float) / c.cp
+                self.spec, mbs=c.mbs, tmp=c.tmp, sequence_parallel=c.sequence_parallel,
+                attention_scores=self._attention_scores(layout)[0]), dtype=float) / c.cp
             hit = self._fixed_cache[key] = per
         host = min(self.gpus[g].host_link_bytes_per_s for g in layout.stage_gpus[0])
         copy = hit[None, :] / host

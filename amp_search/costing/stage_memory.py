@@ -95,22 +95,24 @@ def offloaded_layers(spec: Spec) -> tuple[int, ...]:
     return tuple(blocks[:spec.training.cpu_offload_layers])
 
 
-def offloaded_saved_bytes(spec: Spec, s: Strategy, attention_scores: bool) -> list[int]:
+def offloaded_saved_bytes(spec: Spec, *, mbs: int, tmp: int, sequence_parallel: bool,
+                          attention_scores: bool) -> list[int]:
     """One micro-batch's saved activations of each offloaded block (`offloaded_layers`), on
     one device (before context parallelism's split)."""
     t = spec.training
     return [activations.layer_activation_bytes(
-        spec.model.layers[i], mbs=s.mbs, tmp=s.tmp,
+        spec.model.layers[i], mbs=mbs, tmp=tmp,
         bytes_per_element=memory_model.BYTES_PER_ELEMENT[t.precision], recompute=False,
-        attention_scores=attention_scores, sequence_parallel=s.sequence_parallel,
+        attention_scores=attention_scores, sequence_parallel=sequence_parallel,
         fp8=t.precision in ("fp8", "nvfp4")) for i in offloaded_layers(spec)]
 
 
 def offloaded_bytes(spec: Spec, s: Strategy, attention_scores: bool) -> int:
     """The activation bytes CPU offloading takes off the device
     (activations.offloaded_activation_bytes of `offloaded_saved_bytes`)."""
-    return activations.offloaded_activation_bytes(offloaded_saved_bytes(spec, s,
-                                                                        attention_scores))
+    return activations.offloaded_activation_bytes(offloaded_saved_bytes(
+        spec, mbs=s.mbs, tmp=s.tmp, sequence_parallel=s.sequence_parallel,
+        attention_scores=attention_scores))
 
 
 def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
