@@ -475,6 +475,14 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                      "all-gathers and reduce-scatters run beside the GEMMs in Transformer "
                      "Engine's userbuffers, so these arguments use --transformer-impl "
                      "transformer_engine; it needs CUDA")
+    if spec.training.moe_sync_free and spec.model.num_experts:
+        notes.append("training.moe_sync_free: the plan costs MoE layers that never wait for "
+                     "the host; these arguments run megatron-core's dropless dispatcher, "
+                     "which does. Megatron-LM runs them sync-free with a static expert "
+                     "capacity and full-iteration CUDA graphs (--moe-token-dispatcher-type "
+                     "flex --moe-flex-dispatcher-backend hybridep "
+                     "--moe-expert-rank-capacity-factor F --cuda-graph-impl full_iteration; "
+                     "its MoE documentation, on CUDA): add them by hand")
     if cfg.precision != spec.training.precision:
         notes.append(f"trains in {cfg.precision}, not the spec's {spec.training.precision}")
     return files, split, notes, run, ranks_md

@@ -101,6 +101,11 @@ class GPU:
     """Host time to issue one block pass of one micro-batch (framework, launches)."""
     host_tp_allreduce_per_rank_s: float = 0.0
     """Host time of one tensor-parallel all-reduce per extra rank."""
+    moe_expert_overhead_s: float = 0.0
+    """What one micro-batch of a mixture-of-experts block costs per local expert beyond its
+    kernels' device time, forward and backward, where Megatron-Core's dropless token
+    dispatcher synchronizes the host in every MoE layer (the catalog's
+    `moe_expert_overhead`; none with training.moe_sync_free)."""
     flash_attention: bool = True
     """Whether the usual training stacks run a fused attention kernel on it (training.attention:
     auto then costs flash attention, else the standard one that stores the scores)."""
@@ -316,6 +321,15 @@ class TrainingSpec:
     (sequence parallelism) runs in chunks beside the GEMM it feeds or follows (Transformer
     Engine's userbuffers); strategies without sequence parallelism, and DeepSpeed plans, keep
     them exposed."""
+
+    moe_sync_free: bool = False
+    """Whether Megatron-Core runs its mixture-of-experts layers without a host sync: a static
+    per-rank expert capacity (--moe-expert-rank-capacity-factor) lets the token dispatcher
+    size its all-to-alls without reading the routed counts back to the host, and the whole
+    iteration runs as one CUDA graph with the experts' MLP fused (Megatron-Bridge's MXFP8
+    recipes from NeMo 26.06). False (the default, Megatron-Core's dropless dispatchers): each
+    MoE layer reads the counts back, so the host cannot run ahead and what it spends per
+    local expert shows (the catalog's moe_expert_overhead). Megatron backend only."""
 
     cpu_offload_layers: int = 0
     """Megatron-LM's --cpu-offloading --cpu-offloading-num-layers N (Transformer Engine's
@@ -546,7 +560,8 @@ def read_percent(raw, path: str, example: str) -> float:
 
 
 GPU_MODEL_KEYS = ("gemm_efficiency", "kernel_floor", "host_time", "flash_attention",
-                  "link_latency", "intra_node_link", "prediction_error", "host_link")
+                  "link_latency", "intra_node_link", "prediction_error", "host_link",
+                  "moe_expert_overhead")
 """Keys of a catalog entry (or inline GPU) for the analytic model; missing ones come from the
 catalog's `defaults:`."""
 
@@ -625,6 +640,10 @@ def _gpu_model(r: "MappingReader", defaults: dict, links: dict[str, LinkKind]) -
     floor = get("kernel_floor")
     if floor is not None:
         out["kernel_floor_s"] = parse_duration(floor, r.at("kernel_floor"), FIXED_COST_TIME)
+    moe = get("moe_expert_overhead")
+    if moe is not None:
+        out["moe_expert_overhead_s"] = parse_duration(moe, r.at("moe_expert_overhead"),
+                                                      FIXED_COST_TIME)
     host = get("host_time")
     if host is not None:
         h = MappingReader(host, r.at("host_time"), ("block_pass", "tp_allreduce_per_rank"))
@@ -762,7 +781,8 @@ def _training(data) -> TrainingSpec:
                                    "virtual_pipeline_stages", "backend", "context_parallel",
                                    "expert_parallel", "objective", "pipeline_p2p",
                                    "finetune", "overlap_grad_reduce", "tp_comm_overlap",
-                                   "grad_reduce_in_fp32", "cpu_offload_layers"))
+                                   "grad_reduce_in_fp32", "cpu_offload_layers",
+                                   "moe_sync_free"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
     # virtual stages, as NeMo's auto-configurator does
     backend = r.choice("backend", BACKENDS, "deepspeed")
@@ -845,6 +865,7 @@ def _training(data) -> TrainingSpec:
         tp_comm_overlap=tp_overlap,
         grad_reduce_in_fp32=grad_fp32,
         cpu_offload_layers=r.int("cpu_offload_layers", default=0, lo=0, hi=MAX_OFFLOAD_LAYERS),
+        moe_sync_free=r.flag("moe_sync_free", False),
     )
 
 
@@ -1002,6 +1023,10 @@ def spec_fingerprint(spec: Spec) -> dict:
     another spec but not for the same spec written differently. `amp-search plan --json`
     writes it under FINGERPRINT_KEY; `launch --plan` checks it."""
     out = {"spec_sha256": spec.sha256}
+    # the catalog's moe_expert_overhead counts where a Megatron-LM plan has synced experts
+    synced_experts = spec.model.num_experts and any(
+        s.training.backend == "megatron" and not s.training.moe_sync_free
+        for s in spec.backends())
     for name in FINGERPRINT_SECTIONS:
         section = _as_dict(getattr(spec, name), {})
         if name == "model":
@@ -1035,6 +1060,8 @@ def spec_fingerprint(spec: Spec) -> dict:
                     item["gpu"].pop("host_link_source", None)
                     if not spec.training.cpu_offload_layers:   # only offloading uses it
                         item["gpu"].pop("host_link_bytes_per_s", None)
+                    if not synced_experts:     # only Megatron-LM's synced experts use it
+                        item["gpu"].pop("moe_expert_overhead_s", None)
             for item in section["node_groups"]:      # how the bandwidth was written neither,
                 item.pop("network_links", None)       # nor what a node costs
                 item.pop("price_per_hour", None)
@@ -1050,6 +1077,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             del section["grad_reduce_in_fp32"]   # as before the key existed
         if name == "training" and not section["cpu_offload_layers"]:
             del section["cpu_offload_layers"]    # as before the key existed
+        if name == "training" and not section["moe_sync_free"]:
+            del section["moe_sync_free"]         # as before the key existed
         if name == "training" and section["objective"] == "time":
             del section["objective"]             # as before the key existed
         if name == "training" and section["context_parallel"] == (1,):

@@ -21,8 +21,10 @@ GPUs).
    - training as Megatron-Bridge's performance recipes run it: backend megatron, the distributed
      optimizer (zero_stage 1; Megatron-FSDP, zero_stage 3, where the row names an FSDP size),
      sequence parallelism where tp > 1, no recomputation, the row's precision (FP8, FP8-CS,
-     MXFP8 and FP8-MX are all `fp8`: FP8 GEMMs, BF16 elsewhere), and the CPU activation
-     offloading of the Llama 3 70B FSDP recipes (CPU_OFFLOAD_LAYERS);
+     MXFP8 and FP8-MX are all `fp8`: FP8 GEMMs, BF16 elsewhere), the CPU activation
+     offloading of the Llama 3 70B FSDP recipes (CPU_OFFLOAD_LAYERS), and MoE layers
+     that sync the host except in the MXFP8 MoE recipes from NeMo 26.06 on
+     (training.moe_sync_free, SYNC_FREE_FROM);
    - full fine-tuning (`sft`) as pre-training: it runs the same passes over every weight
      (its packed sequences' shorter attention is not modelled); LoRA as
      `training.finetune: lora` (the weights frozen: input gradients only, no optimizer);
@@ -38,9 +40,12 @@ stages, micro-batch, recomputation and sequence parallelism searched (closed for
 where the published recipe ranks (or that it is predicted not to fit) and how the best plan's
 predicted time compares with the recipe's (minutes: some of these are 1,024-GPU searches).
 
-`--fit` fits the one free coefficient these rows need, the fraction of the FP8 dense peak that
-large FP8 GEMMs reach (`gemm_efficiency.fp8_max` in profiles/gpus.yaml), on the Hopper rows and
-scores it on the Blackwell rows, and the other way round (split by GPU type, never by row).
+`--fit` fits the free coefficients these rows need, each split by GPU type or model, never by
+row: the fraction of the FP8 dense peak that large FP8 GEMMs reach (`gemm_efficiency.fp8_max`
+in profiles/gpus.yaml) on the Hopper dense rows, scored on the Blackwell rows, and the other
+way round; the NVFP4 one on one Llama model's NVFP4 rows, scored on the other's; and the cost
+per local expert of a MoE layer that syncs the host (`moe_expert_overhead`) on one Qwen3
+model's rows, scored on the other MoE models'.
 
 The script exits 1 when the MAPE target is missed and 2 when a row cannot be costed.
 """
@@ -164,8 +169,28 @@ def spec_dict(row: dict) -> dict:
                      # set_gpt_oss_common_configs): bf16 gradient buffers and reductions
                      "grad_reduce_in_fp32": False,
                      "cpu_offload_layers": CPU_OFFLOAD_LAYERS.get(
-                         (row["model"], row["system"]), 0) if zero_of(row) == 3 else 0},
+                         (row["model"], row["system"]), 0) if zero_of(row) == 3 else 0,
+                     "moe_sync_free": sync_free(row)},
     }
+
+
+SYNC_FREE_FROM = (26, 6)
+"""The first NeMo release whose MXFP8 mixture-of-experts recipes run sync-free
+(training.moe_sync_free): Megatron-Bridge 0.5 (NeMo 26.06) sets moe_expert_rank_capacity_factor
+1.5, moe_paged_stash, the CuTeDSL fused grouped MLP and cuda_graph_impl full_iteration on its
+Qwen3 MXFP8 recipes for GB200 and GB300 (its PR #4211) and B200 and B300 (PR #4606; the v0.5.1
+release notes: "Qwen3 B300/B200 recipe improvement with CuTeDSL fused grouped GEMM, and full
+iteration CUDA graphs"), read through the search tool. The same notes name a "GPT-OSS
+GB200/GB300 MXFP8 regression due to regressed CuTeDSL fused kernels", so its MXFP8 recipes run
+those kernels too; that they are sync-free as well is assumed. Earlier releases, and the BF16
+and Hopper FP8 recipes, run the dropless dispatchers, which read the token counts back to the
+host in every MoE layer."""
+
+
+def sync_free(row: dict) -> bool:
+    """Whether the row's recipe runs its MoE layers sync-free (SYNC_FREE_FROM)."""
+    return (MODELS.get(row["model"]) in MOE_PRESETS and row["precision"] in ("MXFP8", "FP8-MX")
+            and release_key(row["release"])[:2] >= SYNC_FREE_FROM)
 
 
 def zero_of(row: dict) -> int:
@@ -208,15 +233,14 @@ class Scored:
 
 
 def cost_rows(rows: list[dict], fp8_max: float | None = None,
-              nvfp4_max: float | None = None) -> Scored:
+              nvfp4_max: float | None = None, moe_expert_s: float | None = None) -> Scored:
     out = Scored()
     catalog = None
-    if fp8_max is not None or nvfp4_max is not None:   # a fit: another GEMM efficiency
-        catalog = {name: replace(gpu, **({"gemm_fp8_max_efficiency": fp8_max}
-                                         if fp8_max is not None else {}),
-                                 **({"gemm_nvfp4_max_efficiency": nvfp4_max}
-                                    if nvfp4_max is not None else {}))
-                   for name, gpu in load_catalog().items()}
+    fitted = {k: v for k, v in (("gemm_fp8_max_efficiency", fp8_max),
+                                ("gemm_nvfp4_max_efficiency", nvfp4_max),
+                                ("moe_expert_overhead_s", moe_expert_s)) if v is not None}
+    if fitted:          # a fit: another value of a catalog coefficient
+        catalog = {name: replace(gpu, **fitted) for name, gpu in load_catalog().items()}
     for row in rows:
         why = unexpressed(row)
         if why:
@@ -336,8 +360,8 @@ def is_dense(r: Result) -> bool:
 def fit(rows: list[dict]) -> dict:
     """The FP8 GEMM efficiency that minimises MAPE on one GPU family's dense rows, scored on
     every row of the other. The mixture-of-experts rows are left out of the fit: their older
-    releases carry a fixed cost per local expert that the model does not have (README), which
-    a GEMM efficiency fitted on them would absorb."""
+    releases carry a fixed cost per local expert (fit_moe_expert), which a GEMM efficiency
+    fitted on them would absorb."""
     grid = [round(0.30 + 0.01 * i, 2) for i in range(61)]
     by_value = {v: cost_rows(rows, v).results for v in grid}
     out = {}
@@ -356,6 +380,32 @@ def fit(rows: list[dict]) -> dict:
     best_all = min(grid, key=lambda v: mape(by_value[v]))
     print(f"fit on all rows: fp8_max {best_all:.2f}, MAPE {mape(by_value[best_all]):.1%}")
     out["all"] = {"fp8_max": best_all, "mape": mape(by_value[best_all])}
+    return out
+
+
+def fit_moe_expert(rows: list[dict]) -> dict:
+    """The cost per local expert and micro-batch of a MoE layer whose dispatcher syncs the
+    host (moe_expert_overhead; cost_models: CostModel.moe_sync_s) that minimises MAPE on one
+    mixture-of-experts model's rows, scored on the other MoE models' rows (split by model)."""
+    rows = [r for r in rows if MODELS.get(r["model"]) in MOE_PRESETS]
+    grid = [10e-6 * i for i in range(51)]
+    by_value = {v: cost_rows(rows, moe_expert_s=v).results for v in grid}
+    out = {}
+    for train in ("Qwen3_30B_a3B", "Qwen3_235B_a22B"):
+        best = min(grid, key=lambda v: mape([r for r in by_value[v] if r.row["model"] == train]))
+        fitted = [r for r in by_value[best] if r.row["model"] == train]
+        held = [r for r in by_value[best] if r.row["model"] != train]
+        by_model = "; ".join(f"{m} {mape(rs):.1%}" for m, rs in groups(
+            held, lambda r: r.row["model"]).items())
+        print(f"MoE: fit on {train} ({len(fitted)} rows): moe_expert_overhead "
+              f"{best * 1e6:.0f} us, MAPE {mape(fitted):.1%}; held-out other MoE models "
+              f"({len(held)} rows): MAPE {mape(held):.1%} (signed {signed(held):+.1%}; "
+              f"{by_model})")
+        out[train] = {"moe_expert_overhead_s": best, "fit_mape": mape(fitted),
+                      "held_out_mape": mape(held), "held_out_signed": signed(held)}
+    zero = by_value[0.0]
+    print(f"MoE: without it (0 us): MAPE {mape(zero):.1%} over the {len(zero)} MoE rows")
+    out["none"] = {"mape": mape(zero)}
     return out
 
 
@@ -479,6 +529,7 @@ def main(argv=None) -> int:
     if a.fit:
         out["fit"] = fit(rows)
         out["fit_nvfp4"] = fit_nvfp4(rows)
+        out["fit_moe_expert"] = fit_moe_expert(rows)
     if a.ranks:
         out["ranks"] = recipe_ranks(rows)
         report_ranks(out["ranks"])

@@ -220,6 +220,13 @@ class CostModel:
         self.capacity_bytes = np.array([d.gpu.memory_bytes for d in spec.cluster.devices],
                                        dtype=float)
         self.num_experts = spec.model.num_experts
+        # routed experts per layer, where each MoE layer's dispatcher syncs the host
+        # (`moe_sync_s`): Megatron-LM without training.moe_sync_free
+        self._synced_experts = np.array(
+            [l.num_experts if l.is_moe else 0 for l in layers], dtype=float) \
+            if self.num_experts and spec.training.backend == "megatron" \
+            and not spec.training.moe_sync_free \
+            else None
         self.node_widths = np.array([len(n.devices) for n in spec.cluster.nodes])
         """Devices per node, by node id."""
         self.first_fixed = leading_layers(layers, "embedding")
@@ -1029,12 +1036,29 @@ class CostModel:
             lt = self.timer.times(gpu, c.tmp, c.mbs, c.cp, c.ep)
             floor = self._fixed_costs(gpu, c.tmp, ckpt)[0]
             per_pass = np.where(lt.analytic, floor / self._floor_passes[ckpt], 0.0)
-            fwd = lt.forward_s * scale + per_pass + framework_s
+            sync_fwd, sync_bwd = (np.where(lt.analytic, x, 0.0)
+                                  for x in self.moe_sync_s(gpu, c.ep))
+            fwd = lt.forward_s * scale + per_pass + framework_s + sync_fwd
             bwd = ((lt.backward_s + self._knob_time(gpu, c)) * scale + per_pass + framework_s
-                   + self._zero_time_s("zero_microbatch_s_per_param", c))
+                   + sync_bwd + self._zero_time_s("zero_microbatch_s_per_param", c))
             hit = self._type_rows[key] = np.stack([fwd, bwd, fwd if ckpt
                                                    else np.zeros_like(fwd)])
         return hit
+
+    def moe_sync_s(self, gpu, ep: int) -> tuple[np.ndarray | float, np.ndarray | float]:
+        """Per layer, (forward, backward): what one micro-batch of each mixture-of-experts
+        block costs beyond its kernels where Megatron-Core's dropless token dispatcher reads
+        the routed token counts back to the host in every MoE layer (to size its
+        all-to-alls; not with training.moe_sync_free, nor under DeepSpeed): the host, held
+        there, cannot run ahead, and what it then spends on each of the rank's E/ep local
+        experts (issuing their GEMMs, quantization and activation expert by expert) shows:
+        the catalog's moe_expert_overhead per local expert and micro-batch, a third in the
+        forward and two in the backward, as its work is split. 0 for the other layers (and,
+        as `device_pass_times_s` charges it, where a measured time holds it already)."""
+        if self._synced_experts is None or not gpu.moe_expert_overhead_s:
+            return 0.0, 0.0
+        per = self._synced_experts / ep * gpu.moe_expert_overhead_s
+        return per / 3.0, per * (2.0 / 3.0)
 
     def _zero_time_s(self, name: str, c: Candidate) -> np.ndarray | float:
         """Per layer: ZeRO stage c.zero_stage's own bookkeeping as the framework probe measured

@@ -1,0 +1,102 @@
+"""What a mixture-of-experts layer costs where Megatron-Core's dropless token dispatcher
+syncs the host (the catalog's moe_expert_overhead per local expert and micro-batch,
+CostModel.moe_sync_s), and training.moe_sync_free, which drops it."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from amp_search import estimate
+from amp_search.costing.cost_model import CostModel
+from amp_search.errors import SpecError
+from amp_search.spec import load_catalog, parse_spec, spec_fingerprint
+
+NODE = {"gpu": "H100-80GB", "count": 1, "gpus_per_node": 8, "intra_node_bandwidth": "450 GB/s",
+        "inter_node_bandwidth": "3200 Gbps"}
+MOE = {"preset": "qwen3-30b-a3b", "seq_length": 4096}
+DENSE = {"preset": "llama3-8b", "seq_length": 4096}
+
+
+def _spec(model=MOE, backend: str = "megatron", **training) -> dict:
+    t = {"global_batch_size": 16, "precision": "bf16", "backend": backend,
+         "activation_checkpointing": "none", "zero_stage": 1, "sequence_parallel": False,
+         **training}
+    return {"cluster": {"nodes": [dict(NODE)]}, "model": dict(model), "training": t}
+
+
+def _time(spec: dict, catalog=None, **kw) -> float:
+    s = parse_spec(spec, catalog=catalog)
+    kw = {**dict(pp=1, dp=8, tmp=1, mbs=1, zero_stage=1, activation_checkpointing="none"),
+          **({"ep": 8} if s.model.num_experts else {}), **kw}
+    return estimate(s, **kw).iteration_time_s
+
+
+def _catalog(overhead_s: float) -> dict:
+    return {n: replace(g, moe_expert_overhead_s=overhead_s) for n, g in load_catalog().items()}
+
+
+def test_each_local_expert_costs_the_overhead_per_micro_batch():
+    """Iteration time rises by micro-batches x MoE blocks x E/ep x the overhead, and by what
+    the catalog says: double it, double the rise; none with moe_sync_free."""
+    spec = parse_spec(_spec())
+    blocks = sum(1 for x in spec.model.layers if x.is_moe)
+    experts = spec.model.num_experts
+    free = _time(_spec(moe_sync_free=True))
+    overhead = load_catalog()["H100-80GB"].moe_expert_overhead_s
+    assert overhead > 0
+    micro_batches = 16 // 8
+    want = micro_batches * blocks * experts / 8 * overhead
+    assert _time(_spec()) - free == pytest.approx(want, rel=1e-6)
+    assert _time(_spec(), catalog=_catalog(2 * overhead)) - free \
+        == pytest.approx(2 * want, rel=1e-6)
+    assert _time(_spec(moe_sync_free=True), catalog=_catalog(2 * overhead)) \
+        == pytest.approx(free, rel=1e-12)
+
+
+def test_it_follows_the_local_experts_and_splits_over_the_passes():
+    spec = parse_spec(_spec())
+    model = CostModel(spec)
+    gpu = load_catalog()["H100-80GB"]
+    f8, b8 = model.moe_sync_s(gpu, 8)
+    f16, b16 = model.moe_sync_s(gpu, 16)
+    moe = [x.is_moe for x in spec.model.layers]
+    assert all((f > 0) == m for f, m in zip(f8, moe))
+    assert f16 * 2 == pytest.approx(f8) and b8 == pytest.approx(2 * f8)
+    block = next(i for i, m in enumerate(moe) if m)
+    assert f8[block] + b8[block] == pytest.approx(128 / 8 * gpu.moe_expert_overhead_s)
+
+
+@pytest.mark.parametrize("spec", [_spec(DENSE), _spec(backend="deepspeed", precision="fp32"),
+                                  _spec(moe_sync_free=True)])
+def test_none_for_dense_models_deepspeed_or_sync_free(spec):
+    model = CostModel(parse_spec(spec))
+    assert model.moe_sync_s(load_catalog()["H100-80GB"], 8) == (0.0, 0.0)
+
+
+def test_the_spec_key_and_the_fingerprint():
+    with pytest.raises(SpecError) as e:
+        parse_spec(_spec(moe_sync_free="yes"))
+    assert "training.moe_sync_free" in str(e.value) and "true, false" in str(e.value)
+    # false is the default, and a dense model's fingerprint ignores the catalog's overhead
+    def sections(spec, catalog=None):
+        out = spec_fingerprint(parse_spec(spec, catalog=catalog))
+        out.pop("spec_sha256")          # the file's text
+        return out
+
+    assert sections(_spec(moe_sync_free=False)) == sections(_spec())
+    assert sections(_spec(moe_sync_free=True)) != sections(_spec())
+    assert sections(_spec(), catalog=_catalog(1e-3)) != sections(_spec())
+    assert sections(_spec(DENSE), catalog=_catalog(1e-3)) == sections(_spec(DENSE))
+
+
+def test_an_inline_gpu_gives_its_own_overhead():
+    gpu = {"name": "X1", "memory": "80 GiB", "memory_bandwidth": "3350 GB/s",
+           "peak_tflops": {"bf16": 989, "fp16": 989, "fp32": 67}}
+    spec = _spec()
+    spec["cluster"]["nodes"][0]["gpu"] = dict(gpu, moe_expert_overhead="1 ms")
+    assert parse_spec(spec).cluster.devices[0].gpu.moe_expert_overhead_s == pytest.approx(1e-3)
+    spec["cluster"]["nodes"][0]["gpu"] = dict(gpu, moe_expert_overhead="slow")
+    with pytest.raises(SpecError) as e:
+        parse_spec(spec)
+    assert "moe_expert_overhead" in str(e.value)
