@@ -100,3 +100,21 @@ def test_an_inline_gpu_gives_its_own_overhead():
     with pytest.raises(SpecError) as e:
         parse_spec(spec)
     assert "moe_expert_overhead" in str(e.value)
+
+
+def test_export_says_the_arguments_run_the_synced_dispatcher():
+    """The plan costs sync-free MoE layers; the exported arguments run megatron-core's
+    dropless dispatcher, and the notes say which arguments run them sync-free."""
+    from amp_search import plan
+    from amp_search.export import export_strategy
+
+    tiny = {"preset": "gpt", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+            "ffn_hidden_size": 128, "seq_length": 32, "vocab_size": 512, "num_experts": 4,
+            "moe_router_topk": 2}
+    for free in (False, True):
+        spec = parse_spec(_spec(tiny, moe_sync_free=free, global_batch_size=8,
+                                expert_parallel=2))
+        best = plan(spec).best
+        notes = " ".join(export_strategy(spec, best.strategy, fmt="megatron",
+                                         estimate=best).notes)
+        assert ("--moe-expert-rank-capacity-factor" in notes) == free
