@@ -16,6 +16,9 @@ NODE = {"gpu": "H100-80GB", "count": 1, "gpus_per_node": 8, "intra_node_bandwidt
         "inter_node_bandwidth": "3200 Gbps"}
 MOE = {"preset": "qwen3-30b-a3b", "seq_length": 4096}
 DENSE = {"preset": "llama3-8b", "seq_length": 4096}
+TINY = {"preset": "gpt", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "ffn_hidden_size": 128, "seq_length": 32, "vocab_size": 512, "num_experts": 4,
+        "moe_router_topk": 2}
 
 
 def _spec(model=MOE, backend: str = "megatron", **training) -> dict:
@@ -108,13 +111,25 @@ def test_export_says_the_arguments_run_the_synced_dispatcher():
     from amp_search import plan
     from amp_search.export import export_strategy
 
-    tiny = {"preset": "gpt", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-            "ffn_hidden_size": 128, "seq_length": 32, "vocab_size": 512, "num_experts": 4,
-            "moe_router_topk": 2}
     for free in (False, True):
-        spec = parse_spec(_spec(tiny, moe_sync_free=free, global_batch_size=8,
+        spec = parse_spec(_spec(TINY, moe_sync_free=free, global_batch_size=8,
                                 expert_parallel=2))
         best = plan(spec).best
         notes = " ".join(export_strategy(spec, best.strategy, fmt="megatron",
                                          estimate=best).notes)
         assert ("--moe-expert-rank-capacity-factor" in notes) == free
+
+
+@pytest.mark.parametrize("free", [False, True])
+def test_the_plan_header_says_what_moe_layers_cost(free):
+    from amp_search import plan
+    from amp_search.cli.plan_header import header_lines
+
+    spec = parse_spec(_spec(TINY, moe_sync_free=free, expert_parallel=2, global_batch_size=8))
+    text = " ".join(" ".join(header_lines(spec, plan(spec), 200)).split())
+    if free:
+        assert "MoE layers sync-free (training.moe_sync_free)" in text
+    else:
+        assert "synced with the host" in text and "260 us per local expert" in text
+    dense = parse_spec(_spec(DENSE))
+    assert "MoE" not in " ".join(header_lines(dense, plan(dense), 200))

@@ -80,6 +80,14 @@ def _backend_line(spec: Spec, plan: Plan) -> str:
     if t.cpu_offload_layers:
         tail += (f", the first {t.cpu_offload_layers} blocks' activations offloaded to host "
                  f"memory (training.cpu_offload_layers)")
+    if spec.model.num_experts and "megatron" in (plan.backends or (t.backend,)):
+        gpus = {g.gpu.name: g.gpu for g in spec.cluster.node_groups}.values()
+        tail += (", MoE layers sync-free (training.moe_sync_free)"
+                 if spec.for_backend("megatron").training.moe_sync_free else
+                 ", MoE layers synced with the host by Megatron-LM's dropless dispatcher: "
+                 + "/".join(sorted({f"{g.moe_expert_overhead_s * 1e6:.0f} us" for g in gpus}))
+                 + " per local expert and micro-batch (the catalog's moe_expert_overhead; "
+                 "training.moe_sync_free: true where it runs them sync-free)")
     if t.overlap_grad_reduce is not None:
         tail += (", gradients reduced in buckets during the backward"
                  if t.overlap_grad_reduce else ", gradients reduced after the backward") \
