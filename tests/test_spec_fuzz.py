@@ -361,8 +361,8 @@ def mutate(draw, data, values=NASTY_VALUES):
     elif op == "retype":
         v = parent[last]
         options = [str(v), [v], {"value": v}]
-        if isinstance(v, int) and not isinstance(v, bool):
-            options.append(float(v))
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1e300:
+            options.append(float(v))        # (an int past a float's range has none)
         if isinstance(v, float) and math.isfinite(v):
             options.append(int(v))
         parent[last] = draw(st.sampled_from(options))
