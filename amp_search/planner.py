@@ -81,7 +81,7 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
          simulate_top: int | None = None, backend: str | None = None,
          keep: int | None = KEEP, keep_within: float = 1.0,
          cutoff_s: float | None = None, shared: SharedRows | None = None,
-         bound_above: int | None = None) -> Plan:
+         bound_above: int | None = None, baseline: bool = True) -> Plan:
     """Rank the feasible strategies for `spec` (AMP Algorithm 1, lines 1-7).
 
     `keep`: the plan holds the fastest `keep` layouts (at least `simulate_top`) and every
@@ -105,6 +105,8 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     Reason.DOMINATED. Raises Dominated when that leaves nothing. `shared`: per device type
     rows to take and keep (costing.SharedRows: the searches of several parts of a cluster).
     `bound_above`: placements above which the search bounds (default BOUND_ABOVE).
+    `baseline`: False leaves the Megatron baseline out (Plan.baseline None), for a caller
+    that uses the best plan alone.
 
     `measurements`: layer profiles, link fits and calibration to use (default: none, the
     analytic model on the packaged catalog). `max_search_s`: refuse (SearchTooLarge) a search
@@ -154,9 +156,10 @@ def plan(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
         raise NoFeasibleStrategy(
             f"no strategy is feasible ({detail}); try training.zero_stage: search, "
             f"training.activation_checkpointing: search, or a smaller global_batch_size")
-    ranked, baseline = simulate_ranking(model, ranked, megatron_baseline(spec, model, space),
-                                        simulate_top, orders)
-    return Plan(strategies=tuple(ranked), baseline=baseline,
+    ranked, proposal = simulate_ranking(
+        model, ranked, megatron_baseline(spec, model, space) if baseline else None,
+        simulate_top, orders)
+    return Plan(strategies=tuple(ranked), baseline=proposal,
                 search_time_s=time.perf_counter() - t0, candidates=looked_at,
                 evaluated=evaluated, pruned=dict(pruned))
 
@@ -361,7 +364,7 @@ def best_only(simulate_top: int | None) -> dict:
     machine, 2026-11-27)."""
     top = BEST_ONLY_SIMULATE_TOP if simulate_top is None else \
         min(simulate_top, BEST_ONLY_SIMULATE_TOP)
-    return dict(simulate_top=top, keep=max(1, top), bound_above=0)
+    return dict(simulate_top=top, keep=max(1, top), bound_above=0, baseline=False)
 
 
 def node_groups_alone(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
