@@ -381,7 +381,8 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                          overlap_grad_reduce=spec.training.overlaps_grad_reduce(s.zero_stage),
                          tp_comm_overlap=spec.training.tp_comm_overlap,
                          grad_reduce_in_fp32=spec.training.grad_reduce_in_fp32,
-                         cpu_offload_layers=spec.training.cpu_offload_layers)
+                         cpu_offload_layers=spec.training.cpu_offload_layers,
+                         moe_a2a_overlap=spec.training.moe_a2a_overlap)
     nodes = megatron_nodes(ranks)
     env = trial_env(cfg.device, "megatron")
     ctx = _context(spec, cfg.device, env, master_port)
@@ -475,6 +476,15 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                      "all-gathers and reduce-scatters run beside the GEMMs in Transformer "
                      "Engine's userbuffers, so these arguments use --transformer-impl "
                      "transformer_engine; it needs CUDA")
+    if "--overlap-moe-expert-parallel-comm" in args:
+        notes.append("--overlap-moe-expert-parallel-comm --delay-wgrad-compute "
+                     "(training.moe_a2a_overlap): each MoE layer's all-to-alls run beside "
+                     "another micro-batch's compute, on Transformer Engine's layers; it needs "
+                     "CUDA")
+    elif spec.training.moe_a2a_overlap and spec.model.num_experts:
+        notes.append("training.moe_a2a_overlap: megatron-core overlaps the all-to-alls with "
+                     "ep > 1 and pp 1 or virtual stages only; this plan has neither, and was "
+                     "costed without it")
     if spec.training.moe_sync_free and spec.model.num_experts:
         notes.append("training.moe_sync_free: the plan costs MoE layers that never wait for "
                      "the host; these arguments run megatron-core's dropless dispatcher, "

@@ -106,6 +106,10 @@ class GPU:
     kernels' device time, forward and backward, where Megatron-Core's dropless token
     dispatcher synchronizes the host in every MoE layer (the catalog's
     `moe_expert_overhead`; none with training.moe_sync_free)."""
+    moe_a2a_overlap_share: float = 0.0
+    """The share of a mixture-of-experts layer's expert-parallel all-to-alls that
+    Megatron-LM's --overlap-moe-expert-parallel-comm hides behind another micro-batch's
+    compute (training.moe_a2a_overlap; the catalog's `moe_a2a_overlap`)."""
     flash_attention: bool = True
     """Whether the usual training stacks run a fused attention kernel on it (training.attention:
     auto then costs flash attention, else the standard one that stores the scores)."""
@@ -330,6 +334,11 @@ class TrainingSpec:
     recipes from NeMo 26.06). False (the default, Megatron-Core's dropless dispatchers): each
     MoE layer reads the counts back, so the host cannot run ahead and what it spends per
     local expert shows (the catalog's moe_expert_overhead). Megatron backend only."""
+
+    moe_a2a_overlap: bool = False
+    """Megatron-LM's --overlap-moe-expert-parallel-comm: in the steady state each MoE layer's
+    dispatch and combine all-to-alls run beside another micro-batch's compute, hiding the
+    catalog's `moe_a2a_overlap` share of them. Megatron backend, a model with experts."""
 
     cpu_offload_layers: int = 0
     """Megatron-LM's --cpu-offloading --cpu-offloading-num-layers N (Transformer Engine's
@@ -561,7 +570,7 @@ def read_percent(raw, path: str, example: str) -> float:
 
 GPU_MODEL_KEYS = ("gemm_efficiency", "kernel_floor", "host_time", "flash_attention",
                   "link_latency", "intra_node_link", "prediction_error", "host_link",
-                  "moe_expert_overhead")
+                  "moe_expert_overhead", "moe_a2a_overlap")
 """Keys of a catalog entry (or inline GPU) for the analytic model; missing ones come from the
 catalog's `defaults:`."""
 
@@ -644,6 +653,9 @@ def _gpu_model(r: "MappingReader", defaults: dict, links: dict[str, LinkKind]) -
     if moe is not None:
         out["moe_expert_overhead_s"] = parse_duration(moe, r.at("moe_expert_overhead"),
                                                       FIXED_COST_TIME)
+    hidden = get("moe_a2a_overlap")
+    if hidden is not None:
+        out["moe_a2a_overlap_share"] = read_percent(hidden, r.at("moe_a2a_overlap"), "20%")
     host = get("host_time")
     if host is not None:
         h = MappingReader(host, r.at("host_time"), ("block_pass", "tp_allreduce_per_rank"))
@@ -782,7 +794,7 @@ def _training(data) -> TrainingSpec:
                                    "expert_parallel", "objective", "pipeline_p2p",
                                    "finetune", "overlap_grad_reduce", "tp_comm_overlap",
                                    "grad_reduce_in_fp32", "cpu_offload_layers",
-                                   "moe_sync_free"))
+                                   "moe_sync_free", "moe_a2a_overlap"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
     # virtual stages, as NeMo's auto-configurator does
     backend = r.choice("backend", BACKENDS, "deepspeed")
@@ -866,6 +878,7 @@ def _training(data) -> TrainingSpec:
         grad_reduce_in_fp32=grad_fp32,
         cpu_offload_layers=r.int("cpu_offload_layers", default=0, lo=0, hi=MAX_OFFLOAD_LAYERS),
         moe_sync_free=r.flag("moe_sync_free", False),
+        moe_a2a_overlap=r.flag("moe_a2a_overlap", False),
     )
 
 
@@ -1027,6 +1040,9 @@ def spec_fingerprint(spec: Spec) -> dict:
     synced_experts = spec.model.num_experts and any(
         s.training.backend == "megatron" and not s.training.moe_sync_free
         for s in spec.backends())
+    overlapped_experts = spec.model.num_experts and any(
+        s.training.backend == "megatron" and s.training.moe_a2a_overlap
+        for s in spec.backends())
     for name in FINGERPRINT_SECTIONS:
         section = _as_dict(getattr(spec, name), {})
         if name == "model":
@@ -1062,6 +1078,8 @@ def spec_fingerprint(spec: Spec) -> dict:
                         item["gpu"].pop("host_link_bytes_per_s", None)
                     if not synced_experts:     # only Megatron-LM's synced experts use it
                         item["gpu"].pop("moe_expert_overhead_s", None)
+                    if not overlapped_experts:     # only the EP overlap uses it
+                        item["gpu"].pop("moe_a2a_overlap_share", None)
             for item in section["node_groups"]:      # how the bandwidth was written neither,
                 item.pop("network_links", None)       # nor what a node costs
                 item.pop("price_per_hour", None)
@@ -1079,6 +1097,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             del section["cpu_offload_layers"]    # as before the key existed
         if name == "training" and not section["moe_sync_free"]:
             del section["moe_sync_free"]         # as before the key existed
+        if name == "training" and not section["moe_a2a_overlap"]:
+            del section["moe_a2a_overlap"]       # as before the key existed
         if name == "training" and section["objective"] == "time":
             del section["objective"]             # as before the key existed
         if name == "training" and section["context_parallel"] == (1,):

@@ -170,7 +170,8 @@ def spec_dict(row: dict) -> dict:
                      "grad_reduce_in_fp32": False,
                      "cpu_offload_layers": CPU_OFFLOAD_LAYERS.get(
                          (row["model"], row["system"]), 0) if zero_of(row) == 3 else 0,
-                     "moe_sync_free": sync_free(row)},
+                     "moe_sync_free": sync_free(row),
+                     "moe_a2a_overlap": a2a_overlap(row)},
     }
 
 
@@ -191,6 +192,19 @@ def sync_free(row: dict) -> bool:
     """Whether the row's recipe runs its MoE layers sync-free (SYNC_FREE_FROM)."""
     return (MODELS.get(row["model"]) in MOE_PRESETS and row["precision"] in ("MXFP8", "FP8-MX")
             and release_key(row["release"])[:2] >= SYNC_FREE_FROM)
+
+
+def a2a_overlap(row: dict) -> bool:
+    """Whether the row's recipe overlaps its MoE all-to-alls with another micro-batch's
+    compute (training.moe_a2a_overlap, --overlap-moe-expert-parallel-comm), as
+    Megatron-Bridge's performance configs set it (read through the search tool): the Qwen3
+    235B-A22B H100 recipes (tp2 pp8 vp4 ep32) in every release, its Qwen3 30B-A3B H100
+    recipes with a pipeline (pp2 with virtual stages, ep8), and the sync-free MXFP8 recipes
+    from NeMo 26.06 (`sync_free`: Qwen3's set moe_a2a_overlap, GPT-OSS 120B's
+    overlap_moe_expert_parallel_comm with delay_wgrad_compute)."""
+    model, h100 = MODELS.get(row["model"]), row["system"] == "DGX-H100"
+    return (model == "qwen3-235b-a22b" and h100) \
+        or (model == "qwen3-30b-a3b" and h100 and int(row["pp"]) > 1) or sync_free(row)
 
 
 def zero_of(row: dict) -> int:
@@ -233,12 +247,14 @@ class Scored:
 
 
 def cost_rows(rows: list[dict], fp8_max: float | None = None,
-              nvfp4_max: float | None = None, moe_expert_s: float | None = None) -> Scored:
+              nvfp4_max: float | None = None, moe_expert_s: float | None = None,
+              a2a_hidden: float | None = None) -> Scored:
     out = Scored()
     catalog = None
     fitted = {k: v for k, v in (("gemm_fp8_max_efficiency", fp8_max),
                                 ("gemm_nvfp4_max_efficiency", nvfp4_max),
-                                ("moe_expert_overhead_s", moe_expert_s)) if v is not None}
+                                ("moe_expert_overhead_s", moe_expert_s),
+                                ("moe_a2a_overlap_share", a2a_hidden)) if v is not None}
     if fitted:          # a fit: another value of a catalog coefficient
         catalog = {name: replace(gpu, **fitted) for name, gpu in load_catalog().items()}
     for row in rows:
@@ -409,6 +425,28 @@ def fit_moe_expert(rows: list[dict]) -> dict:
     return out
 
 
+def fit_a2a_overlap(rows: list[dict]) -> dict:
+    """The share of the MoE all-to-alls that --overlap-moe-expert-parallel-comm hides
+    (moe_a2a_overlap) that minimises MAPE on the Qwen3 235B-A22B rows whose recipes set it
+    (`a2a_overlap`), scored on the other models' rows that set it (split by model)."""
+    rows = [r for r in rows if a2a_overlap(r) and not unexpressed(r)]
+    grid = [round(0.05 * i, 2) for i in range(19)]
+    by_value = {v: cost_rows(rows, a2a_hidden=v).results for v in grid}
+    train = "Qwen3_235B_a22B"
+    best = min(grid, key=lambda v: mape([r for r in by_value[v] if r.row["model"] == train]))
+    fitted = [r for r in by_value[best] if r.row["model"] == train]
+    held = [r for r in by_value[best] if r.row["model"] != train]
+    zero = [r for r in by_value[0.0] if r.row["model"] != train]
+    by_model = "; ".join(f"{m} {mape(rs):.1%}" for m, rs in groups(
+        held, lambda r: r.row["model"]).items())
+    print(f"A2A overlap: fit on {train} ({len(fitted)} rows): moe_a2a_overlap {best:.0%}, MAPE "
+          f"{mape(fitted):.1%} (0%: {mape([r for r in by_value[0.0] if r.row['model'] == train]):.1%}); "
+          f"held-out other models ({len(held)} rows): MAPE {mape(held):.1%} (0%: "
+          f"{mape(zero):.1%}; {by_model})")
+    return {"moe_a2a_overlap": best, "fit_mape": mape(fitted), "held_out_mape": mape(held),
+            "held_out_mape_without": mape(zero)}
+
+
 def fit_nvfp4(rows: list[dict]) -> dict:
     """The NVFP4 GEMM efficiency (gemm_efficiency.nvfp4_max: the fraction of the NVFP4 dense
     peak large NVFP4 GEMMs reach) that minimises MAPE on one model's NVFP4 rows, scored on the
@@ -530,6 +568,7 @@ def main(argv=None) -> int:
         out["fit"] = fit(rows)
         out["fit_nvfp4"] = fit_nvfp4(rows)
         out["fit_moe_expert"] = fit_moe_expert(rows)
+        out["fit_a2a_overlap"] = fit_a2a_overlap(rows)
     if a.ranks:
         out["ranks"] = recipe_ranks(rows)
         report_ranks(out["ranks"])

@@ -1,6 +1,8 @@
 """What a mixture-of-experts layer costs where Megatron-Core's dropless token dispatcher
 syncs the host (the catalog's moe_expert_overhead per local expert and micro-batch,
-CostModel.moe_sync_s), and training.moe_sync_free, which drops it."""
+CostModel.moe_sync_s), and training.moe_sync_free, which drops it; and the share of the
+expert-parallel all-to-alls that training.moe_a2a_overlap (--overlap-moe-expert-parallel-comm)
+hides."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -133,3 +135,80 @@ def test_the_plan_header_says_what_moe_layers_cost(free):
         assert "synced with the host" in text and "260 us per local expert" in text
     dense = parse_spec(_spec(DENSE))
     assert "MoE" not in " ".join(header_lines(dense, plan(dense), 200))
+
+
+# ------------------------------------------------------- the all-to-alls beside compute
+
+def _hidden(share: float) -> dict:
+    return {n: replace(g, moe_a2a_overlap_share=share) for n, g in load_catalog().items()}
+
+
+def test_the_overlap_hides_the_catalogs_share_of_the_all_to_alls():
+    """training.moe_a2a_overlap (--overlap-moe-expert-parallel-comm) takes the catalog's
+    share off the expert-parallel all-to-alls, and nothing else: hiding all of them takes
+    off what they cost, hiding none changes nothing."""
+    kw = dict(dp=16, ep=16)             # the expert-parallel group spans both nodes
+    two = _spec()
+    two["cluster"]["nodes"][0]["count"] = 2
+    plain = _time(two, **kw)
+    share = load_catalog()["H100-80GB"].moe_a2a_overlap_share
+    assert 0 < share < 1
+    on = dict(two, training=dict(two["training"], moe_a2a_overlap=True))
+    a2a = plain - _time(on, catalog=_hidden(1.0), **kw)
+    assert a2a > 0
+    assert plain - _time(on, **kw) == pytest.approx(share * a2a, rel=1e-6)
+    assert _time(on, catalog=_hidden(0.0), **kw) == pytest.approx(plain, rel=1e-12)
+
+
+@pytest.mark.parametrize("spec", [_spec(DENSE, moe_a2a_overlap=True),
+                                  _spec(backend="deepspeed", precision="fp32",
+                                        moe_a2a_overlap=True), _spec()])
+def test_no_overlap_without_megatron_experts_or_the_key(spec):
+    assert CostModel(parse_spec(spec)).a2a_hidden_share == 0.0
+
+
+def test_the_overlap_key_and_the_fingerprint():
+    with pytest.raises(SpecError) as e:
+        parse_spec(_spec(moe_a2a_overlap=1))
+    assert "training.moe_a2a_overlap" in str(e.value)
+
+    def sections(spec, catalog=None):
+        out = spec_fingerprint(parse_spec(spec, catalog=catalog))
+        out.pop("spec_sha256")
+        return out
+
+    assert sections(_spec(moe_a2a_overlap=False)) == sections(_spec())
+    assert sections(_spec(), catalog=_hidden(0.9)) == sections(_spec())   # not used
+    on = _spec(moe_a2a_overlap=True)
+    assert sections(on, catalog=_hidden(0.9)) != sections(on)
+
+
+def test_the_overlap_arguments_and_where_megatron_core_runs_them():
+    from amp_search.launch.megatron import megatron_args
+    from amp_search.launch.orchestrator import preflight
+
+    spec = parse_spec(_spec(TINY, moe_a2a_overlap=True, expert_parallel=2, global_batch_size=8))
+    s = estimate(spec, pp=1, dp=8, tmp=1, mbs=1, ep=2, zero_stage=1,
+                 activation_checkpointing="none").strategy
+    args = megatron_args(spec.model.layers, s, precision="bf16", iters=2, moe_a2a_overlap=True)
+    assert "--overlap-moe-expert-parallel-comm" in args and "--delay-wgrad-compute" in args
+    assert args[args.index("--transformer-impl") + 1] == "transformer_engine"
+    piped = estimate(spec, pp=2, dp=4, tmp=1, mbs=1, ep=2, zero_stage=1,
+                     activation_checkpointing="none", virtual_stages=1).strategy
+    assert "--overlap-moe-expert-parallel-comm" not in megatron_args(
+        spec.model.layers, piped, precision="bf16", iters=2, moe_a2a_overlap=True)
+    # costed without it there: pp > 1 and no virtual stages
+    assert CostModel(spec).a2a_hidden_share > 0
+    off = parse_spec(_spec(TINY, expert_parallel=2, global_batch_size=8))
+    kw = dict(tmp=1, mbs=1, ep=2, zero_stage=1, activation_checkpointing="none")
+    assert estimate(spec, pp=2, dp=4, virtual_stages=1, **kw).iteration_time_s \
+        == pytest.approx(estimate(off, pp=2, dp=4, virtual_stages=1, **kw).iteration_time_s,
+                         rel=1e-12)
+    cpu = _spec(TINY, moe_a2a_overlap=True, expert_parallel=2, global_batch_size=8)
+    cpu["cluster"]["nodes"][0] = {"gpu": "CPU-local", "count": 1, "gpus_per_node": 4,
+                                  "intra_node_bandwidth": "10 GB/s",
+                                  "inter_node_bandwidth": "10 Gbps"}
+    cpu_spec = parse_spec(cpu)
+    on_cpu = estimate(cpu_spec, pp=1, dp=4, tmp=1, mbs=1, ep=2, zero_stage=1,
+                      activation_checkpointing="none").strategy
+    assert "needs CUDA" in preflight(cpu_spec, on_cpu, "megatron")

@@ -227,6 +227,12 @@ class CostModel:
             if self.num_experts and spec.training.backend == "megatron" \
             and not spec.training.moe_sync_free \
             else None
+        t = spec.training
+        self.a2a_hidden_share = min(g.moe_a2a_overlap_share for g in self.gpus) \
+            if self.num_experts and t.backend == "megatron" and t.moe_a2a_overlap else 0.0
+        """The share of the expert-parallel all-to-alls hidden behind another micro-batch's
+        compute (training.moe_a2a_overlap; the least of the cluster's device types' catalog
+        `moe_a2a_overlap`), 0 without it."""
         self.node_widths = np.array([len(n.devices) for n in spec.cluster.nodes])
         """Devices per node, by node id."""
         self.first_fixed = leading_layers(layers, "embedding")
@@ -382,10 +388,12 @@ class CostModel:
     def ep_time_s(self, c: Candidate, layout: PlacedLayout, part: int | None = None
                   ) -> np.ndarray:
         """[pp, L]: each mixture-of-experts layer's all-to-alls of one micro-batch (all
-        passes, or pass `part`) on each stage's slowest expert-parallel group, not overlapped
-        with compute (Megatron-LM's alltoall token dispatcher without its EP-overlap
-        options): the dispatch and the combine in the forward, their gradients in the
-        backward, again in a recomputed forward. A rank sends each of its mbs s / (tmp cp)
+        passes, or pass `part`) on each stage's slowest expert-parallel group: the dispatch
+        and the combine in the forward, their gradients in the backward, again in a
+        recomputed forward; exposed, but for the share `a2a_hidden_share` that
+        training.moe_a2a_overlap (--overlap-moe-expert-parallel-comm) hides behind another
+        micro-batch's compute, with pp 1 or virtual stages (what megatron-core runs it
+        with). A rank sends each of its mbs s / (tmp cp)
         tokens (sequence parallelism: s/t) to k experts (cost_models.comm)."""
         spb, crosses = self._ep_links(c, layout)
         lat = self.link_latencies_s("p2p", crosses, layout)
@@ -402,7 +410,10 @@ class CostModel:
         calls = float(sum(passes) if part is None else passes[part])   # of each
         out = sum(comm.all_to_all_time_s(m[None, :], spb[:, None], lat[:, None], calls)
                   for m in (dispatch, combine))
-        return np.where(dispatch[None, :] > 0, out, 0.0)
+        # megatron-core pairs one micro-batch's forward with another's backward layer by
+        # layer (combined 1F1B) with no pipeline or an interleaved one only
+        hidden = self.a2a_hidden_share if c.pp == 1 or c.virtual_stages > 1 else 0.0
+        return np.where(dispatch[None, :] > 0, out * (1.0 - hidden), 0.0)
 
     def _ep_links(self, c: Candidate, layout: PlacedLayout) -> tuple[np.ndarray, np.ndarray]:
         """Per stage: the seconds per byte of its slowest expert-parallel group's

@@ -205,7 +205,7 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
                   iters: int, seed: int = 1234, lr: float = 1e-4,
                   overlap_grad_reduce: bool = False, tp_comm_overlap: bool = False,
                   grad_reduce_in_fp32: bool | None = None,
-                  cpu_offload_layers: int = 0) -> list[str]:
+                  cpu_offload_layers: int = 0, moe_a2a_overlap: bool = False) -> list[str]:
     """The pretrain_gpt.py arguments for one strategy; `overlap_grad_reduce` (the spec's
     training.overlap_grad_reduce): --overlap-grad-reduce, the gradients reduced in buckets
     during the backward; `tp_comm_overlap` (training.tp_comm_overlap, with tmp > 1 and
@@ -214,7 +214,10 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
     --accumulate-allreduce-grads-in-fp32 (pretrain_gpt.py sets it itself for bf16; with bf16
     it cannot be turned off there, `megatron_unsupported_gradients`); `cpu_offload_layers`
     (training.cpu_offload_layers) > 0: --cpu-offloading --cpu-offloading-num-layers N on
-    Transformer Engine's layers (its offload handler; CUDA)."""
+    Transformer Engine's layers (its offload handler; CUDA); `moe_a2a_overlap`
+    (training.moe_a2a_overlap, a model with experts, ep > 1, pp 1 or virtual stages):
+    --overlap-moe-expert-parallel-comm --delay-wgrad-compute on Transformer Engine's layers,
+    as Megatron-LM's MoE performance guide runs them."""
     block = check_gpt_chain(layers)
     s = strategy
     vocab = layers[0].vocab_size
@@ -266,6 +269,10 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         i = args.index("--transformer-impl")
         args[i + 1] = "transformer_engine"
         args += ["--cpu-offloading", "--cpu-offloading-num-layers", str(cpu_offload_layers)]
+    if moe_a2a_overlap and block.is_moe and s.ep > 1 and (s.pp == 1 or s.virtual_stages > 1):
+        i = args.index("--transformer-impl")       # (delayed wgrad needs Transformer Engine)
+        args[i + 1] = "transformer_engine"
+        args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if s.zero_stage == 3:     # Megatron-FSDP (its README's required flags, and the overlaps
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",   # the plan
                  "optim_grads_params", "--use-distributed-optimizer",          # costs)

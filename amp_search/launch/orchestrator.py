@@ -296,6 +296,12 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
             any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
         return ("training.cpu_offload_layers (Transformer Engine's activation offloading) "
                 "needs CUDA: these devices are CPUs; set it to 0 here")
+    if backend == "megatron" and spec.training.moe_a2a_overlap and spec.model.num_experts \
+            and s.ep > 1 and (s.pp == 1 or s.virtual_stages > 1) \
+            and any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
+        return ("training.moe_a2a_overlap (--overlap-moe-expert-parallel-comm, delayed "
+                "weight gradients on Transformer Engine) needs CUDA: these devices are CPUs; "
+                "set it false here")
     if backend == "megatron" and s.zero_stage == 3 and \
             any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
         return ("zero_stage 3 (Megatron-FSDP) needs CUDA: these devices are CPUs; use "
@@ -397,7 +403,8 @@ def _prepare(spec: Spec, req: TrialRequest, index: int, ranks: tuple[RankAssignm
                              overlaps_grad_reduce(s.zero_stage),
                              tp_comm_overlap=spec.training.tp_comm_overlap,
                              grad_reduce_in_fp32=spec.training.grad_reduce_in_fp32,
-                             cpu_offload_layers=spec.training.cpu_offload_layers)
+                             cpu_offload_layers=spec.training.cpu_offload_layers,
+                             moe_a2a_overlap=spec.training.moe_a2a_overlap)
         program = megatron_program(options.megatron_path, args)
         launch = BUILDERS[options.launcher](megatron_nodes(ranks), ctx,
                                             rank0_host=ranks[0].host, program=program)
