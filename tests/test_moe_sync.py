@@ -135,6 +135,11 @@ def test_the_plan_header_says_what_moe_layers_cost(free):
         assert "synced with the host" in text and "260 us per local expert" in text
     dense = parse_spec(_spec(DENSE))
     assert "MoE" not in " ".join(header_lines(dense, plan(dense), 200))
+    assert "all-to-alls hidden" not in text
+    both = parse_spec(_spec(TINY, moe_sync_free=free, moe_a2a_overlap=True, expert_parallel=2,
+                            global_batch_size=8))
+    assert "25% of their all-to-alls hidden beside another micro-batch" in " ".join(
+        " ".join(header_lines(both, plan(both), 200)).split())
 
 
 # ------------------------------------------------------- the all-to-alls beside compute

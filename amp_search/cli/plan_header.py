@@ -88,6 +88,10 @@ def _backend_line(spec: Spec, plan: Plan) -> str:
                  + "/".join(sorted({f"{g.moe_expert_overhead_s * 1e6:.0f} us" for g in gpus}))
                  + " per local expert and micro-batch (the catalog's moe_expert_overhead; "
                  "training.moe_sync_free: true where it runs them sync-free)")
+        if spec.for_backend("megatron").training.moe_a2a_overlap:
+            hidden = min(g.moe_a2a_overlap_share for g in gpus)
+            tail += (f", {hidden:.0%} of their all-to-alls hidden beside another micro-batch "
+                     f"with pp 1 or virtual stages (training.moe_a2a_overlap)")
     if t.overlap_grad_reduce is not None:
         tail += (", gradients reduced in buckets during the backward"
                  if t.overlap_grad_reduce else ", gradients reduced after the backward") \
