@@ -917,6 +917,11 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
                             f"userbuffers); training.backend {training.backend} has none: "
                             f"accepted with backend megatron (or no backend: the DeepSpeed "
                             f"plans then keep their collectives exposed)")
+        for key in ("moe_sync_free", "moe_a2a_overlap"):
+            if getattr(training, key) and training.backend != "megatron":
+                raise SpecError(f"training.{key}", f"a Megatron-LM MoE option; training.backend "
+                                                   f"{training.backend} has none: accepted with "
+                                                   f"backend megatron (or no backend)")
     return Spec(cluster=cluster, model=model, training=training,
                 search=_search_limits(r.raw("search")), path=path,
                 sha256=_content_hash(data), backend_given=not isinstance(training_data, dict)
@@ -932,6 +937,10 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
         # CPUs have no fast half precision to train in (DeepSpeed's fp16 needs CUDA): the
         # default there is fp32, not the 0.001 TFLOP/s fp16 of the catalog's CPU entry
         training = replace(training, precision="fp32")
+    for key in ("moe_sync_free", "moe_a2a_overlap"):
+        if getattr(training, key) and not model.num_experts:
+            raise SpecError(f"training.{key}", "the model has no experts (model.num_experts); "
+                                               "accepted: false, or a model with experts")
     blocks = sum(x.kind == "transformer" for x in model.layers)
     if training.cpu_offload_layers >= max(blocks, 1):
         raise SpecError("training.cpu_offload_layers",

@@ -165,11 +165,22 @@ def test_the_overlap_hides_the_catalogs_share_of_the_all_to_alls():
     assert _time(on, catalog=_hidden(0.0), **kw) == pytest.approx(plain, rel=1e-12)
 
 
-@pytest.mark.parametrize("spec", [_spec(DENSE, moe_a2a_overlap=True),
-                                  _spec(backend="deepspeed", precision="fp32",
-                                        moe_a2a_overlap=True), _spec()])
-def test_no_overlap_without_megatron_experts_or_the_key(spec):
-    assert CostModel(parse_spec(spec)).a2a_hidden_share == 0.0
+def test_no_overlap_without_the_key():
+    assert CostModel(parse_spec(_spec())).a2a_hidden_share == 0.0
+
+
+@pytest.mark.parametrize("key", ["moe_sync_free", "moe_a2a_overlap"])
+def test_the_moe_keys_need_experts_and_megatron(key):
+    with pytest.raises(SpecError) as e:
+        parse_spec(_spec(DENSE, **{key: True}))
+    assert f"training.{key}" in str(e.value) and "no experts" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        parse_spec(_spec(backend="deepspeed", precision="fp32", **{key: True}))
+    assert f"training.{key}" in str(e.value) and "backend megatron" in str(e.value)
+    both = _spec(**{key: True})
+    del both["training"]["backend"]         # planned for both: the DeepSpeed plans ignore it
+    spec = parse_spec(both)
+    assert getattr(spec.for_backend("megatron").training, key)
 
 
 def test_the_overlap_key_and_the_fingerprint():
