@@ -220,14 +220,12 @@ class CostModel:
         self.capacity_bytes = np.array([d.gpu.memory_bytes for d in spec.cluster.devices],
                                        dtype=float)
         self.num_experts = spec.model.num_experts
+        t = spec.training
         # routed experts per layer, where each MoE layer's dispatcher syncs the host
         # (`moe_sync_s`): Megatron-LM without training.moe_sync_free
         self._synced_experts = np.array(
             [l.num_experts if l.is_moe else 0 for l in layers], dtype=float) \
-            if self.num_experts and spec.training.backend == "megatron" \
-            and not spec.training.moe_sync_free \
-            else None
-        t = spec.training
+            if self.num_experts and t.backend == "megatron" and not t.moe_sync_free else None
         self.a2a_hidden_share = min(g.moe_a2a_overlap_share for g in self.gpus) \
             if self.num_experts and t.backend == "megatron" and t.moe_a2a_overlap else 0.0
         """The share of the expert-parallel all-to-alls hidden behind another micro-batch's
