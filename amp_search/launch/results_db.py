@@ -210,11 +210,18 @@ class ResultsDB:
         with self._guard("open the results database"):
             with closing(self._connect()) as con:
                 self._quick_check(con)
-                if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                    con.execute("PRAGMA journal_mode=WAL")
-                with con:
-                    con.executescript(_SCHEMA)
+                self._use_wal(con)
+                # one process at a time creates or migrates the schema (two launches may
+                # open a new database at once): the script takes the write lock first, and
+                # the version check runs inside that transaction
+                con.isolation_level = None
+                con.executescript("BEGIN IMMEDIATE;\n" + _SCHEMA)
+                try:
                     self._check_version(con, readonly=False)
+                except BaseException:
+                    con.execute("ROLLBACK")
+                    raise
+                con.execute("COMMIT")
 
     # ------------------------------------------------------------------------ plumbing
 
@@ -254,6 +261,22 @@ class ResultsDB:
             con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S)
         con.row_factory = sqlite3.Row
         return con
+
+    @staticmethod
+    def _use_wal(con: sqlite3.Connection) -> None:
+        """Switch the database to write-ahead logging. SQLite answers "database is locked"
+        at once, without waiting, while another connection switches it too (two launches
+        opening a new database): try again until BUSY_TIMEOUT_S."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    con.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     def _quick_check(self, con: sqlite3.Connection) -> None:
         bad = [r[0] for r in con.execute("PRAGMA quick_check").fetchall()]
