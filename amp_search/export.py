@@ -482,9 +482,9 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                      "another micro-batch's compute, on Transformer Engine's layers; it needs "
                      "CUDA")
     elif spec.training.moe_a2a_overlap and spec.model.num_experts:
-        notes.append("training.moe_a2a_overlap: megatron-core overlaps the all-to-alls with "
-                     "ep > 1 and pp 1 or virtual stages only; this plan has neither, and was "
-                     "costed without it")
+        notes.append("training.moe_a2a_overlap: megatron-core overlaps the all-to-alls only "
+                     "with ep > 1, pp 1 or virtual stages, and no full recomputation; this "
+                     "plan is not such a one, and was costed without it")
     if spec.training.moe_sync_free and spec.model.num_experts:
         notes.append("training.moe_sync_free: the plan costs MoE layers that never wait for "
                      "the host; these arguments run megatron-core's dropless dispatcher, "

@@ -937,6 +937,10 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
         # CPUs have no fast half precision to train in (DeepSpeed's fp16 needs CUDA): the
         # default there is fp32, not the 0.001 TFLOP/s fp16 of the catalog's CPU entry
         training = replace(training, precision="fp32")
+    if training.moe_a2a_overlap and training.precision not in ("bf16", "fp16", "fp8", "nvfp4"):
+        raise SpecError("training.moe_a2a_overlap", f"megatron-core overlaps the all-to-alls in "
+                                                    f"bf16 or fp16 training only (got precision "
+                                                    f"{training.precision}); accepted: false")
     for key in ("moe_sync_free", "moe_a2a_overlap"):
         if getattr(training, key) and not model.num_experts:
             raise SpecError(f"training.{key}", "the model has no experts (model.num_experts); "

@@ -153,16 +153,24 @@ def test_the_overlap_hides_the_catalogs_share_of_the_all_to_alls():
     share off the expert-parallel all-to-alls, and nothing else: hiding all of them takes
     off what they cost, hiding none changes nothing."""
     kw = dict(dp=16, ep=16)             # the expert-parallel group spans both nodes
-    two = _spec()
+    two = _spec(global_batch_size=64)   # 4 micro-batches: 3 of 4 forwards have a partner
     two["cluster"]["nodes"][0]["count"] = 2
     plain = _time(two, **kw)
     share = load_catalog()["H100-80GB"].moe_a2a_overlap_share
     assert 0 < share < 1
     on = dict(two, training=dict(two["training"], moe_a2a_overlap=True))
-    a2a = plain - _time(on, catalog=_hidden(1.0), **kw)
-    assert a2a > 0
-    assert plain - _time(on, **kw) == pytest.approx(share * a2a, rel=1e-6)
+    paired = plain - _time(on, catalog=_hidden(1.0), **kw)      # 3/4 of the all-to-alls
+    assert paired > 0
+    assert plain - _time(on, **kw) == pytest.approx(share * paired, rel=1e-6)
     assert _time(on, catalog=_hidden(0.0), **kw) == pytest.approx(plain, rel=1e-12)
+    # one micro-batch has no partner; full recomputation is not overlapped (megatron-core
+    # asserts it), nor is pp > 1 without virtual stages (see below)
+    one = dict(on, training=dict(on["training"], global_batch_size=16))
+    assert _time(one, **kw) == pytest.approx(
+        _time(dict(two, training=dict(two["training"], global_batch_size=16)), **kw),
+        rel=1e-12)
+    full = dict(kw, activation_checkpointing="full")
+    assert _time(on, **full) == pytest.approx(_time(two, **full), rel=1e-12)
 
 
 def test_no_overlap_without_the_key():
@@ -176,7 +184,12 @@ def test_the_moe_keys_need_experts_and_megatron(key):
     assert f"training.{key}" in str(e.value) and "no experts" in str(e.value)
     with pytest.raises(SpecError) as e:
         parse_spec(_spec(backend="deepspeed", precision="fp32", **{key: True}))
-    assert f"training.{key}" in str(e.value) and "backend megatron" in str(e.value)
+    assert f"training.{key}" in str(e.value)
+    assert "backend megatron" in str(e.value) or "bf16 or fp16" in str(e.value)
+    if key == "moe_a2a_overlap":        # megatron-core asserts bf16 or fp16 for it
+        with pytest.raises(SpecError) as e:
+            parse_spec(_spec(precision="fp32", **{key: True}))
+        assert "training.moe_a2a_overlap" in str(e.value) and "fp32" in str(e.value)
     both = _spec(**{key: True})
     del both["training"]["backend"]         # planned for both: the DeepSpeed plans ignore it
     spec = parse_spec(both)
@@ -213,6 +226,10 @@ def test_the_overlap_arguments_and_where_megatron_core_runs_them():
                      activation_checkpointing="none", virtual_stages=1).strategy
     assert "--overlap-moe-expert-parallel-comm" not in megatron_args(
         spec.model.layers, piped, precision="bf16", iters=2, moe_a2a_overlap=True)
+    full = estimate(spec, pp=1, dp=8, tmp=1, mbs=1, ep=2, zero_stage=1,
+                    activation_checkpointing="full").strategy
+    assert "--overlap-moe-expert-parallel-comm" not in megatron_args(
+        spec.model.layers, full, precision="bf16", iters=2, moe_a2a_overlap=True)
     # costed without it there: pp > 1 and no virtual stages
     assert CostModel(spec).a2a_hidden_share > 0
     off = parse_spec(_spec(TINY, expert_parallel=2, global_batch_size=8))

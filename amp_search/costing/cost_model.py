@@ -390,8 +390,8 @@ class CostModel:
         and the combine in the forward, their gradients in the backward, again in a
         recomputed forward; exposed, but for the share `a2a_hidden_share` that
         training.moe_a2a_overlap (--overlap-moe-expert-parallel-comm) hides behind another
-        micro-batch's compute, with pp 1 or virtual stages (what megatron-core runs it
-        with). A rank sends each of its mbs s / (tmp cp)
+        micro-batch's compute, with pp 1 or virtual stages and no full recomputation (what
+        megatron-core runs it with), in all but the first forward and the last backward. A rank sends each of its mbs s / (tmp cp)
         tokens (sequence parallelism: s/t) to k experts (cost_models.comm)."""
         spb, crosses = self._ep_links(c, layout)
         lat = self.link_latencies_s("p2p", crosses, layout)
@@ -409,8 +409,13 @@ class CostModel:
         out = sum(comm.all_to_all_time_s(m[None, :], spb[:, None], lat[:, None], calls)
                   for m in (dispatch, combine))
         # megatron-core pairs one micro-batch's forward with another's backward layer by
-        # layer (combined 1F1B) with no pipeline or an interleaved one only
-        hidden = self.a2a_hidden_share if c.pp == 1 or c.virtual_stages > 1 else 0.0
+        # layer (combined 1F1B), with no pipeline or an interleaved one and without full
+        # recomputation only; the first forward and the last backward have no partner
+        hidden = 0.0
+        if self.a2a_hidden_share and (c.pp == 1 or c.virtual_stages > 1) \
+                and not c.activation_checkpointing:
+            gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
+            hidden = self.a2a_hidden_share * (gas - 1) / gas
         return np.where(dispatch[None, :] > 0, out * (1.0 - hidden), 0.0)
 
     def _ep_links(self, c: Candidate, layout: PlacedLayout) -> tuple[np.ndarray, np.ndarray]:

@@ -201,6 +201,14 @@ def virtual_stage_args(layers: tuple[Layer, ...], strategy: Strategy) -> list[st
                      f"blocks per chunk are {counts}")
 
 
+def overlaps_moe_a2a(s: Strategy, block: Layer) -> bool:
+    """Whether megatron-core runs --overlap-moe-expert-parallel-comm for this strategy: a
+    MoE block with ep > 1, no pipeline or an interleaved one, and no full recomputation
+    (its TransformerConfig asserts the last two)."""
+    return block.is_moe and s.ep > 1 and (s.pp == 1 or s.virtual_stages > 1) \
+        and not s.activation_checkpointing
+
+
 def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: str,
                   iters: int, seed: int = 1234, lr: float = 1e-4,
                   overlap_grad_reduce: bool = False, tp_comm_overlap: bool = False,
@@ -215,7 +223,7 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
     it cannot be turned off there, `megatron_unsupported_gradients`); `cpu_offload_layers`
     (training.cpu_offload_layers) > 0: --cpu-offloading --cpu-offloading-num-layers N on
     Transformer Engine's layers (its offload handler; CUDA); `moe_a2a_overlap`
-    (training.moe_a2a_overlap, a model with experts, ep > 1, pp 1 or virtual stages):
+    (training.moe_a2a_overlap, where `overlaps_moe_a2a`):
     --overlap-moe-expert-parallel-comm --delay-wgrad-compute on Transformer Engine's layers,
     as Megatron-LM's MoE performance guide runs them."""
     block = check_gpt_chain(layers)
@@ -269,7 +277,7 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         i = args.index("--transformer-impl")
         args[i + 1] = "transformer_engine"
         args += ["--cpu-offloading", "--cpu-offloading-num-layers", str(cpu_offload_layers)]
-    if moe_a2a_overlap and block.is_moe and s.ep > 1 and (s.pp == 1 or s.virtual_stages > 1):
+    if moe_a2a_overlap and overlaps_moe_a2a(s, block):
         i = args.index("--transformer-impl")       # (delayed wgrad needs Transformer Engine)
         args[i + 1] = "transformer_engine"
         args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]

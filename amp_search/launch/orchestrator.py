@@ -46,7 +46,7 @@ from .hostfile import HostSlots
 from .launchers import LAUNCHERS, BUILDERS, LaunchContext, TrialLaunch, build_launch
 from .megatron import (check_gpt_chain, megatron_args, megatron_nodes, megatron_program,
                        megatron_unsupported, megatron_unsupported_gradients,
-                       parse_megatron_log)
+                       overlaps_moe_a2a, parse_megatron_log)
 from .process import (TRIAL_DIR_VAR, classify_failure, failure_reason, log_tail,
                       oom_kill_count, out_of_memory_in, run_commands, stop_trial_processes)
 from .results_db import (FINISHED, ResultRow, ResultsDB, ResultsDBError, TrialLock,
@@ -297,7 +297,7 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
         return ("training.cpu_offload_layers (Transformer Engine's activation offloading) "
                 "needs CUDA: these devices are CPUs; set it to 0 here")
     if backend == "megatron" and spec.training.moe_a2a_overlap and spec.model.num_experts \
-            and s.ep > 1 and (s.pp == 1 or s.virtual_stages > 1) \
+            and overlaps_moe_a2a(s, next(x for x in spec.model.layers if x.is_moe)) \
             and any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
         return ("training.moe_a2a_overlap (--overlap-moe-expert-parallel-comm, delayed "
                 "weight gradients on Transformer Engine) needs CUDA: these devices are CPUs; "

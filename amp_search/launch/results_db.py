@@ -215,11 +215,14 @@ class ResultsDB:
                 # open a new database at once): the script takes the write lock first, and
                 # the version check runs inside that transaction
                 con.isolation_level = None
-                con.executescript("BEGIN IMMEDIATE;\n" + _SCHEMA)
                 try:
+                    con.executescript("BEGIN IMMEDIATE;\n" + _SCHEMA)
                     self._check_version(con, readonly=False)
                 except BaseException:
-                    con.execute("ROLLBACK")
+                    try:
+                        con.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass        # SQLite rolled it back itself (disk full, I/O error)
                     raise
                 con.execute("COMMIT")
 
