@@ -16,6 +16,14 @@ def micro_batches(global_batch_size: int, dp: int, mbs: int) -> int:
     return global_batch_size // (dp * mbs)
 
 
+def pairs_micro_batches(pp: int, virtual_stages: int, full_recompute: bool) -> bool:
+    """Whether megatron-core can pair one micro-batch's forward with another's backward
+    layer by layer (its combined 1F1B, which --overlap-moe-expert-parallel-comm runs on):
+    no pipeline or an interleaved one, and no full recomputation (its TransformerConfig
+    asserts both). The one rule the cost model and the launch arguments share."""
+    return (pp == 1 or virtual_stages > 1) and not full_recompute
+
+
 @dataclass(frozen=True, kw_only=True)
 class Strategy:
     """One 3D-parallel training configuration (AMP eq. 2, plus ZeRO and recomputation)."""

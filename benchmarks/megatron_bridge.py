@@ -399,6 +399,22 @@ def fit(rows: list[dict]) -> dict:
     return out
 
 
+def fit_on_model(by_value: dict, train: str) -> tuple:
+    """Of a grid fit's results per value (`cost_rows(...).results`), the value that
+    minimises MAPE on model `train`'s rows, its results on those rows and on the other
+    models' rows (held out)."""
+    best = min(by_value, key=lambda v: mape([r for r in by_value[v] if r.row["model"] == train]))
+    fitted = [r for r in by_value[best] if r.row["model"] == train]
+    held = [r for r in by_value[best] if r.row["model"] != train]
+    return best, fitted, held
+
+
+def by_model(results: list[Result]) -> str:
+    """Each model's MAPE over `results`, on one line."""
+    return "; ".join(f"{m} {mape(rs):.1%}" for m, rs in groups(
+        results, lambda r: r.row["model"]).items())
+
+
 def fit_moe_expert(rows: list[dict]) -> dict:
     """The cost per local expert and micro-batch of a MoE layer whose dispatcher syncs the
     host (moe_expert_overhead; cost_models: CostModel.moe_sync_s) that minimises MAPE on one
@@ -408,15 +424,11 @@ def fit_moe_expert(rows: list[dict]) -> dict:
     by_value = {v: cost_rows(rows, moe_expert_s=v).results for v in grid}
     out = {}
     for train in ("Qwen3_30B_a3B", "Qwen3_235B_a22B"):
-        best = min(grid, key=lambda v: mape([r for r in by_value[v] if r.row["model"] == train]))
-        fitted = [r for r in by_value[best] if r.row["model"] == train]
-        held = [r for r in by_value[best] if r.row["model"] != train]
-        by_model = "; ".join(f"{m} {mape(rs):.1%}" for m, rs in groups(
-            held, lambda r: r.row["model"]).items())
+        best, fitted, held = fit_on_model(by_value, train)
         print(f"MoE: fit on {train} ({len(fitted)} rows): moe_expert_overhead "
               f"{best * 1e6:.0f} us, MAPE {mape(fitted):.1%}; held-out other MoE models "
               f"({len(held)} rows): MAPE {mape(held):.1%} (signed {signed(held):+.1%}; "
-              f"{by_model})")
+              f"{by_model(held)})")
         out[train] = {"moe_expert_overhead_s": best, "fit_mape": mape(fitted),
                       "held_out_mape": mape(held), "held_out_signed": signed(held)}
     zero = by_value[0.0]
@@ -433,16 +445,12 @@ def fit_a2a_overlap(rows: list[dict]) -> dict:
     grid = [round(0.05 * i, 2) for i in range(19)]
     by_value = {v: cost_rows(rows, a2a_hidden=v).results for v in grid}
     train = "Qwen3_235B_a22B"
-    best = min(grid, key=lambda v: mape([r for r in by_value[v] if r.row["model"] == train]))
-    fitted = [r for r in by_value[best] if r.row["model"] == train]
-    held = [r for r in by_value[best] if r.row["model"] != train]
-    zero = [r for r in by_value[0.0] if r.row["model"] != train]
-    by_model = "; ".join(f"{m} {mape(rs):.1%}" for m, rs in groups(
-        held, lambda r: r.row["model"]).items())
+    best, fitted, held = fit_on_model(by_value, train)
+    _, fitted_zero, zero = fit_on_model({0.0: by_value[0.0]}, train)
     print(f"A2A overlap: fit on {train} ({len(fitted)} rows): moe_a2a_overlap {best:.0%}, MAPE "
-          f"{mape(fitted):.1%} (0%: {mape([r for r in by_value[0.0] if r.row['model'] == train]):.1%}); "
-          f"held-out other models ({len(held)} rows): MAPE {mape(held):.1%} (0%: "
-          f"{mape(zero):.1%}; {by_model})")
+          f"{mape(fitted):.1%} (0%: {mape(fitted_zero):.1%}); held-out other models "
+          f"({len(held)} rows): MAPE {mape(held):.1%} (0%: {mape(zero):.1%}; "
+          f"{by_model(held)})")
     return {"moe_a2a_overlap": best, "fit_mape": mape(fitted), "held_out_mape": mape(held),
             "held_out_mape_without": mape(zero)}
 
@@ -457,9 +465,7 @@ def fit_nvfp4(rows: list[dict]) -> dict:
     models = sorted({r.row["model"] for r in by_value[grid[0]]})
     out = {}
     for train in models:
-        best = min(grid, key=lambda v: mape([r for r in by_value[v] if r.row["model"] == train]))
-        fitted = [r for r in by_value[best] if r.row["model"] == train]
-        held = [r for r in by_value[best] if r.row["model"] != train]
+        best, fitted, held = fit_on_model(by_value, train)
         print(f"NVFP4: fit on {train} ({len(fitted)} rows): nvfp4_max {best:.2f}, MAPE "
               f"{mape(fitted):.1%}; held-out other models ({len(held)} rows): MAPE "
               f"{mape(held):.1%} (signed {signed(held):+.1%})")

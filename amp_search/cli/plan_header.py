@@ -82,13 +82,13 @@ def _backend_line(spec: Spec, plan: Plan) -> str:
                  f"memory (training.cpu_offload_layers)")
     if spec.model.num_experts and "megatron" in (plan.backends or (t.backend,)):
         gpus = {g.gpu.name: g.gpu for g in spec.cluster.node_groups}.values()
-        tail += (", MoE layers sync-free (training.moe_sync_free)"
-                 if spec.for_backend("megatron").training.moe_sync_free else
+        moe = spec.for_backend("megatron").training
+        tail += (", MoE layers sync-free (training.moe_sync_free)" if moe.moe_sync_free else
                  ", MoE layers synced with the host by Megatron-LM's dropless dispatcher: "
                  + "/".join(sorted({f"{g.moe_expert_overhead_s * 1e6:.0f} us" for g in gpus}))
                  + " per local expert and micro-batch (the catalog's moe_expert_overhead; "
                  "training.moe_sync_free: true where it runs them sync-free)")
-        if spec.for_backend("megatron").training.moe_a2a_overlap:
+        if moe.moe_a2a_overlap:
             hidden = min(g.moe_a2a_overlap_share for g in gpus)
             tail += (f", {hidden:.0%} of their all-to-alls hidden beside another micro-batch "
                      f"with pp 1 or virtual stages (training.moe_a2a_overlap)")

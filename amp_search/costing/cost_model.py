@@ -34,7 +34,7 @@ from ..errors import UsageError
 from ..measurements import NO_MEASUREMENTS, Measurements
 from ..partition import interleaved_partition, optimal_partition, uniform_partition
 from ..placement import DeviceOrder, as_tuple, megatron_placement
-from ..records import Breakdown, Estimate, Strategy, micro_batches
+from ..records import Breakdown, Estimate, Strategy, micro_batches, pairs_micro_batches
 from ..search_space import Candidate
 from ..spec import Spec
 from .layer_times import LayerTimer, device_speed
@@ -408,12 +408,10 @@ class CostModel:
         calls = float(sum(passes) if part is None else passes[part])   # of each
         out = sum(comm.all_to_all_time_s(m[None, :], spb[:, None], lat[:, None], calls)
                   for m in (dispatch, combine))
-        # megatron-core pairs one micro-batch's forward with another's backward layer by
-        # layer (combined 1F1B), with no pipeline or an interleaved one and without full
-        # recomputation only; the first forward and the last backward have no partner
+        # the first forward and the last backward have no partner
         hidden = 0.0
-        if self.a2a_hidden_share and (c.pp == 1 or c.virtual_stages > 1) \
-                and not c.activation_checkpointing:
+        if self.a2a_hidden_share and pairs_micro_batches(c.pp, c.virtual_stages,
+                                                         c.activation_checkpointing):
             gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
             hidden = self.a2a_hidden_share * (gas - 1) / gas
         return np.where(dispatch[None, :] > 0, out * (1.0 - hidden), 0.0)

@@ -67,7 +67,7 @@ from pathlib import Path
 from cost_models.layers import Layer
 
 from ..errors import UsageError
-from ..records import Strategy
+from ..records import Strategy, pairs_micro_batches
 from ..trial.ranks import RankAssignment
 from .launchers import NodeLaunch
 
@@ -203,10 +203,9 @@ def virtual_stage_args(layers: tuple[Layer, ...], strategy: Strategy) -> list[st
 
 def overlaps_moe_a2a(s: Strategy, block: Layer) -> bool:
     """Whether megatron-core runs --overlap-moe-expert-parallel-comm for this strategy: a
-    MoE block with ep > 1, no pipeline or an interleaved one, and no full recomputation
-    (its TransformerConfig asserts the last two)."""
-    return block.is_moe and s.ep > 1 and (s.pp == 1 or s.virtual_stages > 1) \
-        and not s.activation_checkpointing
+    MoE block with ep > 1 and micro-batches it can pair (`pairs_micro_batches`)."""
+    return block.is_moe and s.ep > 1 and pairs_micro_batches(s.pp, s.virtual_stages,
+                                                             s.activation_checkpointing)
 
 
 def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: str,
