@@ -267,12 +267,12 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     elif s.replicas > 1 and not model.spec.training.frozen_weights:
         # the gradients are reduced over dp x cp (LoRA's frozen weights have none)
         bw, crosses = layout.dp_links
-        grad, gather = _dp_sync_bytes(model, s, pipeline.stage_totals(
-            model.synced_params_per_layer(Candidate.of(s))[None, :].repeat(s.pp, axis=0),
-            bounds) * bpe)
+        synced, bw = _dp_sync_params(model, Candidate.of(s), layout, bw, (
+            lambda x: pipeline.stage_totals(x, bounds)))
+        grad, gather = _dp_sync_bytes(model, s, synced * bpe)
         kw.update(dp=s.replicas, gradient_bytes=grad,
                   dp_latency_s=model.link_latencies_s("all_reduce", crosses, layout),
-                  dp_bandwidth_bytes_per_s=np.asarray(bw, dtype=float),
+                  dp_bandwidth_bytes_per_s=bw,
                   bucket_bytes=float(bucket_elements) * (grad_element_bytes(model) if overlap
                                                          else bpe), overlap=overlap,
                   gradient_collective="all_reduce" if s.zero_stage == 0 else "reduce_scatter",
@@ -302,6 +302,21 @@ def grad_element_bytes(model: "CostModel") -> int:
     t = model.spec.training
     return comm.gradient_reduce_bytes_per_element(t.precision, framework=t.backend,
                                                   fp32_allreduce=t.grad_reduce_in_fp32)
+
+
+def _dp_sync_params(model: "CostModel", c: Candidate, layout: "PlacedLayout", bw,
+                    totals) -> tuple[np.ndarray, np.ndarray]:
+    """(parameters synced, dp bandwidth) per stage (or device, as `totals` sums [pp, L]): the
+    parameters of `CostModel.synced_params_per_layer`, at the dp ring's bandwidth slowed by
+    the share of the sync that `CostModel.synced_params` prices on the slower expert rings,
+    so that the buckets are cut from the gradients a rank holds (not from the priced
+    equivalent, which would pay more ring latencies) and take the time the closed form's
+    sync takes."""
+    pp = layout.placement.shape[0]
+    plain = totals(np.broadcast_to(model.synced_params_per_layer(c), (pp, model.num_layers)))
+    priced = totals(model.synced_params(c, layout))
+    scale = np.divide(plain, priced, out=np.ones_like(plain, dtype=float), where=priced > 0)
+    return plain, np.asarray(bw, dtype=float) * scale
 
 
 def _dp_sync_bytes(model: "CostModel", s: Strategy, weight_bytes: np.ndarray
@@ -356,11 +371,12 @@ def _interleaved_inputs(model: "CostModel", s: Strategy, layout: "PlacedLayout",
     if s.replicas > 1:
         bpe = model.spec.training.bytes_per_element
         dbw, dcross = layout.dp_links
-        grad, gather = _dp_sync_bytes(model, s, pipeline.chunk_device_totals(
-            model.synced_params_per_layer(c)[None, :].repeat(pp, axis=0), bounds, pp) * bpe)
+        synced, dbw = _dp_sync_params(model, c, layout, dbw, (
+            lambda x: pipeline.chunk_device_totals(x, bounds, pp)))
+        grad, gather = _dp_sync_bytes(model, s, synced * bpe)
         kw.update(dp=s.replicas, gradient_bytes=grad,
                   dp_latency_s=model.link_latencies_s("all_reduce", dcross, layout),
-                  dp_bandwidth_bytes_per_s=np.asarray(dbw, dtype=float),
+                  dp_bandwidth_bytes_per_s=dbw,
                   bucket_bytes=float(bucket_elements) * (grad_element_bytes(model) if overlap
                                                          else bpe),
                   gradient_collective="all_reduce" if s.zero_stage == 0 else "reduce_scatter",

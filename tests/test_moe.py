@@ -208,3 +208,41 @@ def test_the_simulator_syncs_the_experts_as_the_closed_form(virtual_stages):
     got = simulation_inputs(model, s)["gradient_bytes"]
     ratio = got / want              # the bytes per element each schedule's buckets carry
     np.testing.assert_allclose(ratio, ratio[0])
+
+
+@pytest.mark.parametrize("ep, crossing", [(8, 8), (2, 2), (16, None)])
+def test_expert_gradients_ride_their_own_rings(ep, crossing):
+    """Two nodes of 8, dp 16: the experts' gradients are reduced (and their weights gathered)
+    over the expert-data-parallel ranks, those at one place in each group of ep consecutive
+    ranks: with ep 8 eight rings {i, i+8} all leave each node at once, each on an eighth of
+    its network, where the dp ring's one crossing per node has all of it; with ep 2 two rings
+    of 8 (even and odd ranks) cross each node boundary; with ep 16 each expert has one
+    holder and nothing is synced. The priced parameters carry the slowdown, the simulator's
+    buckets the gradients as they are, on a dp bandwidth slowed to match."""
+    from amp_search.costing.cost_model import CostModel
+    from amp_search.placement import device_orders
+    from amp_search.simulate import simulation_inputs
+
+    spec = parse_spec(_spec(TINY_MOE, overlap_grad_reduce=False, grad_reduce_in_fp32=False))
+    model = CostModel(spec)
+    c = Candidate.make(pp=1, dp=16, tmp=1, mbs=1, zero_stage=1, recompute="none", ep=ep)
+    layout = model.layout(c, device_orders(spec.cluster, "bf16")[0])
+    arr = ClusterArrays.of(spec.cluster)
+    intra, inter = arr.intra_bytes_per_s[0], arr.inter_bytes_per_s[0]
+    experts = model.expert_params_per_layer(ep)
+    dense = model.params_per_layer(1, ep) - experts
+    if crossing is None:
+        np.testing.assert_allclose(model.synced_params(c, layout)[0], dense)
+        return
+    edp = 16 // ep
+    share = ((edp - 1) / edp) / (15 / 16)
+    slowdown = min(intra, inter) / (inter / crossing)
+    np.testing.assert_allclose(model.synced_params(c, layout)[0],
+                               dense + share * slowdown * experts)
+    e = estimate(spec, pp=1, dp=16, tmp=1, mbs=1, ep=ep, simulate=False)
+    got = simulation_inputs(model, e.strategy)
+    plain = model.synced_params_per_layer(c).sum()
+    assert got["gradient_bytes"][0] == pytest.approx(plain * 2)          # bf16 gradients
+    priced = model.synced_params(c, layout)[0].sum()
+    assert got["dp_bandwidth_bytes_per_s"][0] == pytest.approx(
+        layout.dp_links[0][0] * plain / priced)

@@ -1189,7 +1189,7 @@ class CostModel:
         grad = comm.gradient_reduce_bytes_per_element(t.precision, framework="megatron",
                                                       fp32_allreduce=t.grad_reduce_in_fp32)
         lat = self.link_latencies_s("all_gather", crosses, layout)
-        params = self.synced_params_per_layer(c)[None, :]
+        params = self.synced_params(c, layout)
         return comm.fsdp_unit_times_s(params * bpe, params * grad, c.replicas,
                                       np.asarray(bw, dtype=float)[:, None],
                                       np.asarray(lat, dtype=float)[:, None])
@@ -1208,7 +1208,7 @@ class CostModel:
         bw, crosses = layout.dp_links
         fixed, per_param = self._dp_sync_rates(c, bw, self.link_latencies_s(
             "all_reduce", crosses, layout), reduce_only)
-        return per_param[:, None] * self.synced_params_per_layer(c)[None, :], fixed
+        return per_param[:, None] * self.synced_params(c, layout), fixed
 
     def _dp_sync_rates(self, c: Candidate, bw, lat, reduce_only: bool = False
                        ) -> tuple[np.ndarray, np.ndarray]:
@@ -1276,10 +1276,11 @@ class CostModel:
 
     def synced_params_per_layer(self, c: Candidate) -> np.ndarray:
         """[L] the parameters whose gradients one rank reduces over the dp x cp ranks, as the
-        data-parallel sync prices them: a layer's parameters, its routed experts' counted at
-        the share of the bytes their own reduction moves, over the dp x cp x tmp / ep
-        expert-data-parallel ranks instead (the ring's bus factor (n-1)/n at either size,
-        on the same links; none where each expert has one holder)."""
+        data-parallel sync prices them on the dp ring's own links: a layer's parameters, its
+        routed experts' counted at the share of the bytes their own reduction moves, over
+        the dp x cp x tmp / ep expert-data-parallel ranks instead (the ring's bus factor
+        (n-1)/n at either size; none where each expert has one holder). Whatever the
+        placement, `synced_params` counts at least these (the floors use them)."""
         params = self.params_per_layer(c.tmp, c.ep)
         if not self.num_experts or c.replicas == 1:
             return params
@@ -1291,6 +1292,43 @@ class CostModel:
             share = ((edp - 1) / edp) / ((c.replicas - 1) / c.replicas)
             hit = self._fixed_cache[key] = params - experts + share * experts
         return hit
+
+    def synced_params(self, c: Candidate, layout: PlacedLayout) -> np.ndarray:
+        """[pp, L] `synced_params_per_layer` on each stage of `layout`, the routed experts'
+        share scaled by how much slower per byte their own rings are than the dp ring
+        (`_expert_ring_slowdown`): megatron-core reduces the experts' gradients (and gathers
+        their weights) over the expert-data-parallel group, the ranks at the same place in
+        each expert-parallel group, whose ring has more ranks per node leaving it at once
+        (ep x 8 ranks on nodes of 8, ep 8: every rank's ring leaves its node, each on its
+        eighth of the NIC, where the dp ring's one crossing per node has the whole NIC)."""
+        params = self.synced_params_per_layer(c)
+        if not self.num_experts or c.replicas == 1:
+            return np.broadcast_to(params, (c.pp, len(params)))
+        edp = memory_model.expert_data_parallel(c.replicas, c.tmp, c.ep)
+        if edp == 1:
+            return np.broadcast_to(params, (c.pp, len(params)))
+        experts = self.expert_params_per_layer(c.ep)
+        dense = self.params_per_layer(c.tmp, c.ep) - experts
+        return dense[None, :] + (params - dense)[None, :] \
+            * self._expert_ring_slowdown(c, layout)[:, None]
+
+    def _expert_ring_slowdown(self, c: Candidate, layout: PlacedLayout) -> np.ndarray:
+        """[pp] per stage: the dp ring's bandwidth over the slowest expert-data-parallel
+        ring's (a stage's ranks in groups of ep consecutive ones, `_ep_links`; each ring the
+        ranks at one place in every group, all rings at once), at least 1: where the
+        expert rings are no slower, they are priced as the dp ring (a floor, so that
+        `synced_params_per_layer` stays a lower bound)."""
+        key = ("edp", id(layout), c.ep)
+        hit = self._fixed_cache.get(key)
+        if hit is None or hit[0] is not layout:
+            p = self.params
+            rings = layout.placement.reshape(c.pp, -1, c.ep).transpose(0, 2, 1)
+            r = ring_links(self.cluster_for["all_reduce"], rings,
+                           intra_scale=p.bandwidth("intra"), inter_scale=p.bandwidth("inter"))
+            dp_bw = np.asarray(layout.dp_links[0], dtype=float)
+            slowdown = np.maximum(dp_bw / r.bandwidth_bytes_per_s.min(axis=1), 1.0)
+            hit = self._fixed_cache[key] = (layout, slowdown)
+        return hit[1]
 
     def uniform_split(self, pp: int) -> tuple[int, ...]:
         """Megatron-LM's uniform split of the blocks over pp stages, the embedding on the
