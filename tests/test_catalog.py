@@ -7,13 +7,14 @@ import pytest
 
 from amp_search.spec import parse_spec
 
-# name: (memory GB, HBM GB/s, dense BF16 TFLOP/s, GPUs per NVLink domain)
+# name: (memory GB, HBM GB/s, dense BF16 TFLOP/s, GPUs per NVLink domain); memory as nvidia-smi
+# totals it where the sheet rounds GiB to "GB" (H200, B200, GB200, GB300)
 SHEETS = {"H100-80GB": (80 * 2**30 / 1e9, 3350, 989.4, 8),
-          "H200-141GB": (141, 4800, 989.4, 8),
-          "B200-180GB": (180, 8000, 2250.0, 8),
+          "H200-141GB": (143771 * 2**20 / 1e9, 4800, 989.4, 8),
+          "B200-180GB": (183359 * 2**20 / 1e9, 8000, 2250.0, 8),
           "B300-288GB": (288, 8000, 2250.0, 8),
-          "GB200-186GB": (186, 8000, 2500.0, 72),
-          "GB300-288GB": (288, 8000, 2500.0, 72)}
+          "GB200-186GB": (189471 * 2**20 / 1e9, 8000, 2500.0, 72),
+          "GB300-288GB": (284208 * 2**20 / 1e9, 8000, 2500.0, 72)}
 
 
 def _spec(gpu: str, per_node: int, nodes: int = 1):
