@@ -281,12 +281,15 @@ def experts(row: dict) -> int:
 def estimate_recipe(spec, row: dict):
     """The recipe as published: its layout, the distributed optimizer (Megatron-FSDP where
     it names an FSDP size), sequence parallelism where tp > 1, no recomputation, its expert
-    parallelism."""
+    parallelism, and Megatron-LM's uniform split of the blocks over the stages (the
+    embedding on the first, the head on the last), the split it ran: the planner's own
+    split, which evens out the stages within the memory the model predicts, is not the
+    recipe's (GPT-OSS's 201k-token head makes Megatron's last stage the slowest)."""
     pp, dp, tp, cp, mbs, vp = layout_of(row)
     return estimate(spec, pp=pp, dp=dp, tmp=tp, mbs=mbs, cp=cp, virtual_stages=vp,
                     zero_stage=zero_of(row), activation_checkpointing="none",
                     sequence_parallel=tp > 1,
-                    ep=experts(row) if spec.model.num_experts else 1)
+                    ep=experts(row) if spec.model.num_experts else 1, partition="uniform")
 
 
 def mape(results: list[Result]) -> float:
