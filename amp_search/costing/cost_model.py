@@ -1182,7 +1182,7 @@ class CostModel:
         and backward (cost_models.comm.fsdp_unit_times_s) on its stage's slowest dp ring: its
         weights in the training precision, its gradients in Megatron's gradient dtype, over
         the dp x cp ranks (routed experts at their share, as the data-parallel sync counts
-        them: `synced_params_per_layer`)."""
+        them: `synced_params`)."""
         bw, crosses = layout.dp_links
         t = self.spec.training
         bpe = t.bytes_per_element
