@@ -183,15 +183,28 @@ Qwen3 MXFP8 recipes for GB200 and GB300 (its PR #4211) and B200 and B300 (PR #46
 release notes: "Qwen3 B300/B200 recipe improvement with CuTeDSL fused grouped GEMM, and full
 iteration CUDA graphs"), read through the search tool. The same notes name a "GPT-OSS
 GB200/GB300 MXFP8 regression due to regressed CuTeDSL fused kernels", so its MXFP8 recipes run
-those kernels too; that they are sync-free as well is assumed. Earlier releases, and the BF16
-and Hopper FP8 recipes, run the dropless dispatchers, which read the token counts back to the
-host in every MoE layer."""
+those kernels too; their GB200 and GB300 configs capture the full iteration in a CUDA graph
+(scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py), which no host sync
+survives, so they are sync-free; the B300 one leaves that graph commented out and sets no expert
+capacity (SYNCED_RECIPES). Earlier releases, and the BF16 and Hopper FP8 recipes, run the
+dropless dispatchers, which read the token counts back to the host in every MoE layer."""
+
+SYNCED_RECIPES = {("GPT OSS 120B", "DGX-B300")}
+"""(model, system) of the MXFP8 recipes from SYNC_FREE_FROM on that still sync the host
+(GPT_OSS_120B_PRETRAIN_CONFIG_B300_FP8_MX_V2: "# cuda_graph_impl=\"full_iteration\"",
+no moe_expert_rank_capacity_factor)."""
+
+
+def moe_mxfp8_recipe(row: dict) -> bool:
+    """A mixture-of-experts MXFP8 recipe from SYNC_FREE_FROM on (Megatron-Bridge 0.5's)."""
+    return (MODELS.get(row["model"]) in MOE_PRESETS and row["precision"] in ("MXFP8", "FP8-MX")
+            and release_key(row["release"])[:2] >= SYNC_FREE_FROM)
 
 
 def sync_free(row: dict) -> bool:
-    """Whether the row's recipe runs its MoE layers sync-free (SYNC_FREE_FROM)."""
-    return (MODELS.get(row["model"]) in MOE_PRESETS and row["precision"] in ("MXFP8", "FP8-MX")
-            and release_key(row["release"])[:2] >= SYNC_FREE_FROM)
+    """Whether the row's recipe runs its MoE layers sync-free (SYNC_FREE_FROM, less
+    SYNCED_RECIPES)."""
+    return moe_mxfp8_recipe(row) and (row["model"], row["system"]) not in SYNCED_RECIPES
 
 
 def a2a_overlap(row: dict) -> bool:
@@ -199,12 +212,12 @@ def a2a_overlap(row: dict) -> bool:
     compute (training.moe_a2a_overlap, --overlap-moe-expert-parallel-comm), as
     Megatron-Bridge's performance configs set it (read through the search tool): the Qwen3
     235B-A22B H100 recipes (tp2 pp8 vp4 ep32) in every release, its Qwen3 30B-A3B H100
-    recipes with a pipeline (pp2 with virtual stages, ep8), and the sync-free MXFP8 recipes
-    from NeMo 26.06 (`sync_free`: Qwen3's set moe_a2a_overlap, GPT-OSS 120B's
-    overlap_moe_expert_parallel_comm with delay_wgrad_compute)."""
+    recipes with a pipeline (pp2 with virtual stages, ep8), and the MXFP8 recipes from NeMo
+    26.06 (`moe_mxfp8_recipe`: Qwen3's set moe_a2a_overlap, GPT-OSS 120B's moe_a2a_overlap
+    too, its B300 one without the full-iteration graph as well)."""
     model, h100 = MODELS.get(row["model"]), row["system"] == "DGX-H100"
     return (model == "qwen3-235b-a22b" and h100) \
-        or (model == "qwen3-30b-a3b" and h100 and int(row["pp"]) > 1) or sync_free(row)
+        or (model == "qwen3-30b-a3b" and h100 and int(row["pp"]) > 1) or moe_mxfp8_recipe(row)
 
 
 def zero_of(row: dict) -> int:
