@@ -534,6 +534,7 @@ def recipe_ranks(rows: list[dict]) -> list[dict]:
                             if (e.strategy.pp, e.strategy.dp, e.strategy.tmp, e.strategy.cp,
                                 e.strategy.mbs) == layout[:5]), None)
         best = ranked[0] if ranked else None
+        error = spec.cluster.devices[0].gpu.prediction_error
         out.append({"recipe": f"{row['model']} {row['system']} {row['precision']} "
                               f"{row['gpus']} GPUs gbs {row['gbs']}: tp{tp} pp{pp} cp{cp} "
                               f"vp{virtual(row)} ep{experts(row)} mbs{row['mbs']}",
@@ -542,7 +543,13 @@ def recipe_ranks(rows: list[dict]) -> list[dict]:
                     "recipe_predicted_s": recipe.iteration_time_s,
                     "measured_s": measured_s(row),
                     "best_predicted_s": best.iteration_time_s if best else None,
-                    "best": best.strategy.label() if best else None})
+                    "best": best.strategy.label() if best else None,
+                    # the second test: nothing above the recipe is predicted faster
+                    # than it by more than the model's own error on that GPU (the catalog's
+                    # prediction_error, its dense MAPE here)
+                    "prediction_error": error,
+                    "best_within_error": best is not None and best.iteration_time_s
+                    >= recipe.iteration_time_s * (1.0 - error)})
     return out
 
 
@@ -564,6 +571,12 @@ def report_ranks(ranks: list[dict]) -> None:
     layout10 = sum(r["layout_rank"] is not None and r["layout_rank"] <= 10 for r in ranks)
     print(f"in the top 10: {top10} of {len(ranks)}; its layout (pp, dp, tmp, cp, mbs, with "
           f"whatever virtual stages and recomputation the plan keeps for it): {layout10}")
+    close = sum(r["best_within_error"] for r in ranks)
+    both = sum(r["best_within_error"] and r["rank"] is not None and r["rank"] <= 10
+               for r in ranks)
+    print(f"the plan's best predicted no faster than the recipe by more than the model's error "
+          f"on its GPU (catalog prediction_error): {close} of {len(ranks)}; that and in the top "
+          f"10: {both}")
 
 
 def main(argv=None) -> int:
