@@ -808,7 +808,10 @@ def simulate_ranking(model: CostModel, ranked: list[Estimate], baseline: Estimat
 def megatron_baseline(spec: Spec, model: CostModel, space: SearchSpace) -> Estimate | None:
     """AMP section 4.1: for each mbs, tmp at most the smallest node, the smallest tmp*pp
     that fits, tensor groups inside nodes (listed order), uniform layer split; the fastest
-    of those proposals by the cost model. ZeRO: the spec's first stage."""
+    of those proposals by the cost model. ZeRO: the spec's first stage. A model with
+    experts proposes each searched ep with its expert groups inside a node (ep x tmp at
+    most the smallest node; `_baseline_eps`), as Megatron-Bridge's MoE recipes keep their
+    all-to-alls on NVLink, ep 1 included."""
     n = space.num_devices
     order = device_orders(spec.cluster, spec.training.precision)[0]
     blocks = space.num_layers - model.first_fixed - model.last_fixed
@@ -823,19 +826,30 @@ def megatron_baseline(spec: Spec, model: CostModel, space: SearchSpace) -> Estim
                         space.global_batch_size % dp:
                     continue
                 for mbs in divisors(space.global_batch_size // dp):
-                    c = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero,
-                                     recompute=ckpt, sequence_parallel=sp)
-                    # the split is fixed: memory first, the time of those that fit
-                    if first_violation(space, c) is None and model.split_fits(
-                            c, order, model.uniform_split(pp)):
-                        e = model.evaluate(c, order, partition="uniform")
-                        if e.fits:
-                            proposals.append(e)
+                    for c in _baseline_eps(spec, space, Candidate.make(
+                            pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero, recompute=ckpt,
+                            sequence_parallel=sp)):
+                        # the split is fixed: memory first, the time of those that fit
+                        if first_violation(space, c) is None and model.split_fits(
+                                c, order, model.uniform_split(pp)):
+                            e = model.evaluate(c, order, partition="uniform")
+                            if e.fits:
+                                proposals.append(e)
             if proposals:
                 break
         if proposals:
             return min(proposals, key=lambda e: e.iteration_time_s)
     return None
+
+
+def _baseline_eps(spec: Spec, space: SearchSpace, c: Candidate) -> list[Candidate]:
+    """The Megatron baseline's proposals of `c` (ep 1): for a model with experts, also each
+    searched ep > 1 whose expert groups stay inside a node (ep x tmp at most the smallest
+    node's GPUs); the rules are checked by the caller."""
+    if not spec.model.num_experts:
+        return [c]
+    return [c] + [replace(c, ep=ep) for ep in space.expert_parallel
+                  if ep > 1 and ep * c.tmp <= spec.cluster.min_gpus_per_node]
 
 
 def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,

@@ -138,6 +138,26 @@ def test_plan_searches_ep_and_shows_it(capsys):
     assert spec_dense.training.expert_parallel == (1,)
 
 
+def test_the_megatron_baseline_spreads_the_experts_inside_a_node():
+    """Megatron-LM's usual layout for a model with experts may spread them over a node
+    (ep x tmp within its GPUs), as the MoE recipes do, rather than keep every expert on
+    every rank: the baseline is the fastest of those proposals, so never slower than its
+    ep-1 proposal, and its ep stays inside a node."""
+    spec = parse_spec(_spec({**TINY_MOE, "hidden_size": 1024, "moe_ffn_hidden_size": 1024,
+                             "num_experts": 64}))
+    base = plan(spec, simulate_top=0).baseline
+    assert base.strategy.ep > 1 and base.strategy.ep * base.strategy.tmp <= 8
+    only_one = plan(parse_spec(_spec({**TINY_MOE, "hidden_size": 1024,
+                                      "moe_ffn_hidden_size": 1024, "num_experts": 64},
+                                     expert_parallel=[1])), simulate_top=0).baseline
+    assert only_one.strategy.ep == 1
+    assert base.iteration_time_s <= only_one.iteration_time_s
+    dense = plan(parse_spec(_spec({k: v for k, v in TINY_MOE.items()
+                                   if not k.startswith(("num_experts", "moe_"))})),
+                 simulate_top=0)
+    assert dense.baseline.strategy.ep == 1
+
+
 def test_cli_table_has_an_ep_column(tmp_path, capsys):
     path = tmp_path / "moe.yaml"
     path.write_text(json.dumps(_spec(TINY_MOE)))

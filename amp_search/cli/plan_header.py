@@ -142,7 +142,10 @@ def header_lines(spec: Spec, plan: Plan, width: int = 100) -> list[str]:
     lines.append("baseline ('megatron' row, 'vs Megatron' column): Megatron-LM's usual layout, "
                  "as AMP's paper proposes it: tensor parallelism inside a node, the smallest "
                  "tmp x pp whose uniform layer split fits, the nodes as listed, the spec's "
-                 "first value of each knob; the fastest such proposal"
+                 "first value of each knob"
+                 + ("; with experts, each searched ep whose groups stay inside a node (ep 1 "
+                    "too)" if spec.model.num_experts else "")
+                 + "; the fastest such proposal"
                  + ("" if plan.baseline is not None else " (none fits)")
                  + (f", costed as {BACKEND_NAMES.get(plan.baseline.backend)}"
                     if plan.baseline is not None and len(plan.backends) > 1 else ""))
