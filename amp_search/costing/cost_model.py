@@ -1295,29 +1295,21 @@ class CostModel:
 
     def synced_params(self, c: Candidate, layout: PlacedLayout) -> np.ndarray:
         """[pp, L] `synced_params_per_layer` on each stage of `layout`, the routed experts'
-        share scaled by how much slower per byte their own rings are than the dp ring
-        (`_expert_ring_slowdown`): megatron-core reduces the experts' gradients (and gathers
-        their weights) over the expert-data-parallel group, the ranks at the same place in
-        each expert-parallel group, whose ring has more ranks per node leaving it at once
-        (ep x 8 ranks on nodes of 8, ep 8: every rank's ring leaves its node, each on its
-        eighth of the NIC, where the dp ring's one crossing per node has the whole NIC)."""
+        share scaled by how much slower per byte their own rings are than the dp ring:
+        megatron-core reduces the experts' gradients (and gathers their weights) over the
+        expert-data-parallel group, the ranks at the same place in each expert-parallel
+        group, whose ring has more ranks per node leaving it at once (ep 8 on nodes of 8:
+        every rank's ring leaves its node, each on its eighth of the NIC, where the dp ring's
+        one crossing per node has the whole NIC). The slowdown is per stage: the dp ring's
+        bandwidth over the slowest expert ring's (a stage's ranks in groups of ep consecutive
+        ones, `_ep_links`; each ring the ranks at one place in every group, all rings at
+        once), at least 1: where the expert rings are no slower, they are priced as the dp
+        ring (a floor, so that `synced_params_per_layer` stays a lower bound). Cached per
+        layout, which fixes tmp and the replicas."""
         params = self.synced_params_per_layer(c)
-        if not self.num_experts or c.replicas == 1:
+        if not self.num_experts or c.replicas == 1 or \
+                memory_model.expert_data_parallel(c.replicas, c.tmp, c.ep) == 1:
             return np.broadcast_to(params, (c.pp, len(params)))
-        edp = memory_model.expert_data_parallel(c.replicas, c.tmp, c.ep)
-        if edp == 1:
-            return np.broadcast_to(params, (c.pp, len(params)))
-        experts = self.expert_params_per_layer(c.ep)
-        dense = self.params_per_layer(c.tmp, c.ep) - experts
-        return dense[None, :] + (params - dense)[None, :] \
-            * self._expert_ring_slowdown(c, layout)[:, None]
-
-    def _expert_ring_slowdown(self, c: Candidate, layout: PlacedLayout) -> np.ndarray:
-        """[pp] per stage: the dp ring's bandwidth over the slowest expert-data-parallel
-        ring's (a stage's ranks in groups of ep consecutive ones, `_ep_links`; each ring the
-        ranks at one place in every group, all rings at once), at least 1: where the
-        expert rings are no slower, they are priced as the dp ring (a floor, so that
-        `synced_params_per_layer` stays a lower bound)."""
         key = ("edp", id(layout), c.ep)
         hit = self._fixed_cache.get(key)
         if hit is None or hit[0] is not layout:
@@ -1327,7 +1319,10 @@ class CostModel:
                            intra_scale=p.bandwidth("intra"), inter_scale=p.bandwidth("inter"))
             dp_bw = np.asarray(layout.dp_links[0], dtype=float)
             slowdown = np.maximum(dp_bw / r.bandwidth_bytes_per_s.min(axis=1), 1.0)
-            hit = self._fixed_cache[key] = (layout, slowdown)
+            dense = self.params_per_layer(c.tmp, c.ep) - self.expert_params_per_layer(c.ep)
+            priced = dense[None, :] + (params - dense)[None, :] * slowdown[:, None]
+            priced.setflags(write=False)            # shared by every caller, as the cache's
+            hit = self._fixed_cache[key] = (layout, priced)
         return hit[1]
 
     def uniform_split(self, pp: int) -> tuple[int, ...]:
