@@ -169,8 +169,12 @@ class StageMemory:
     activation_bytes: int
     overhead_bytes: int
     peak_bytes: int
+    """The weights, gradients, optimizer states and overhead, plus the larger of the
+    activations and `step_bytes` (never held at once)."""
     capacity_bytes: int
     """Usable capacity (device memory minus headroom) of the smallest device in the stage."""
+    step_bytes: int = 0
+    """Held during the optimizer step only (Megatron-LM's fp32 copies of 16-bit gradients)."""
 
     @property
     def fits(self) -> bool:

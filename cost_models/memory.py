@@ -111,6 +111,9 @@ class ModelStates:
     """fp32 master weights + Adam moments."""
     buffer_bytes: int
     """DeepSpeed's gradient-reduction bucket."""
+    step_bytes: int = 0
+    """Held during the optimizer step only, when no activations are: Megatron-LM's fp32
+    copies of 16-bit gradients (`megatron_step_bytes_per_param`)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -125,6 +128,8 @@ class StageBytes:
     optimizer_bytes: int
     buffer_bytes: int
     activation_bytes: int
+    step_bytes: int = 0
+    """ModelStates.step_bytes: the device peaks at the larger of it and the activations."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -358,7 +363,7 @@ MEMORY_FRAMEWORKS = ("deepspeed", "megatron")
 def frozen_states(states):
     """The model states (ModelStates, or a stage's StageBytes) of frozen weights (LoRA's base
     model): the weights only, with no gradients, optimizer state or gradient bucket."""
-    return replace(states, gradient_bytes=0, optimizer_bytes=0, buffer_bytes=0)
+    return replace(states, gradient_bytes=0, optimizer_bytes=0, buffer_bytes=0, step_bytes=0)
 
 
 def megatron_grad_bytes(precision: str, grad_fp32: bool | None = None) -> int:
@@ -375,14 +380,22 @@ def megatron_grad_bytes(precision: str, grad_fp32: bool | None = None) -> int:
 
 
 def megatron_optimizer_bytes_per_param(precision: str, grad_fp32: bool | None = None) -> int:
-    """What Megatron-LM's optimizer holds per parameter besides the model's weights and
-    gradient buffer: Adam's two fp32 moments (8), an fp32 master copy of low-precision
-    weights (4), and an fp32 copy of 16-bit gradients (4): fp16 16, bf16 12 (16 with bf16
-    gradients), fp32 8 -- the parts the distributed optimizer divides by d (Megatron Core's
-    distrib_optimizer.md)."""
+    """What Megatron-LM's optimizer holds per parameter through the whole iteration besides
+    the model's weights and gradient buffer: Adam's two fp32 moments (8) and an fp32 master
+    copy of low-precision weights (4): fp16 and bf16 12, fp32 8 (`grad_fp32` does not change
+    it; the fp32 copy of 16-bit gradients is `megatron_step_bytes_per_param`)."""
     g = BYTES_PER_ELEMENT[precision]
-    return (ADAM_STATE_BYTES + (FP32_BYTES if g != FP32_BYTES else 0)
-            + (FP32_BYTES if megatron_grad_bytes(precision, grad_fp32) != FP32_BYTES else 0))
+    return ADAM_STATE_BYTES + (FP32_BYTES if g != FP32_BYTES else 0)
+
+
+def megatron_step_bytes_per_param(precision: str, grad_fp32: bool | None = None) -> int:
+    """The fp32 copy of a 16-bit gradient buffer (4 per parameter, else 0) that Megatron-LM's
+    mixed-precision optimizers make for the step: `_copy_model_grads_to_main_grads` sets
+    `shard_main_param.grad = shard_model_grad.float()` (distrib_optimizer.py; optimizer.py
+    for the non-distributed one; `.float()` of an fp32 buffer is the buffer itself), and the
+    next iteration's `zero_grad` (set_to_none) frees it before the first forward. It is
+    part of the documented 4 + 16/d (fp16) but is never held with the activations."""
+    return FP32_BYTES if megatron_grad_bytes(precision, grad_fp32) != FP32_BYTES else 0
 
 
 def megatron_model_state_bytes(params: int, *, precision: str, zero_stage: int,
@@ -406,20 +419,24 @@ def megatron_model_state_bytes(params: int, *, precision: str, zero_stage: int,
     each whole: the FSDP units (one layer each) all-gathered for the layer computing and the
     one prefetched, and their gradients before the reduce-scatter (2 x the largest layer).
     No ZeRO 2 (amp_search.search_space prunes it under the megatron backend); no DeepSpeed
-    bucket."""
+    bucket. With 16-bit gradients the table's fp32 gradient copy (4/d of the 16/d) is
+    `step_bytes`, held at the optimizer step only (`megatron_step_bytes_per_param`)."""
     if zero_stage not in (0, 1, 3):
         raise ValueError(f"Megatron-LM has no ZeRO stage {zero_stage}; accepted: 0, 1 "
                          f"(1 = --use-distributed-optimizer), 3 (Megatron-FSDP)")
     per_param = megatron_optimizer_bytes_per_param(precision, grad_fp32)
+    step = megatron_step_bytes_per_param(precision, grad_fp32)
     held = -(-params // dp) if zero_stage in (1, 3) else params
     if zero_stage == 3:
         whole = held + gathered_numel
         return ModelStates(parameter_bytes=BYTES_PER_ELEMENT[precision] * whole,
                            gradient_bytes=megatron_grad_bytes(precision, grad_fp32) * whole,
-                           optimizer_bytes=per_param * held, buffer_bytes=0)
+                           optimizer_bytes=per_param * held, buffer_bytes=0,
+                           step_bytes=step * held)
     return ModelStates(parameter_bytes=BYTES_PER_ELEMENT[precision] * params,
                        gradient_bytes=megatron_grad_bytes(precision, grad_fp32) * params,
-                       optimizer_bytes=per_param * held, buffer_bytes=0)
+                       optimizer_bytes=per_param * held, buffer_bytes=0,
+                       step_bytes=step * held)
 
 
 def model_state_bytes(tensor_numels: tuple[int, ...], *, precision: str, zero_stage: int,
@@ -524,7 +541,8 @@ def stage_bytes_of(states: ModelStates, terms: ActivationTerms, *, stage: int, p
     return StageBytes(parameter_bytes=states.parameter_bytes,
                       gradient_bytes=states.gradient_bytes,
                       optimizer_bytes=states.optimizer_bytes,
-                      buffer_bytes=states.buffer_bytes, activation_bytes=int(act))
+                      buffer_bytes=states.buffer_bytes, activation_bytes=int(act),
+                      step_bytes=states.step_bytes)
 
 
 # ----------------------------------------------------------------------------- for the DP
@@ -542,8 +560,10 @@ class LinearMemory:
     pipeline buffers (sized by the largest output any layer could hand on; the last stage's by
     the model's last layer, the head's logits). It linearises `stage_bytes` (ZeRO padding and
     the largest straddling gradient are averaged in; the recomputation working set is not
-    reduced by the head's freed activations: an upper bound), which then checks the chosen
-    split exactly. Nothing here depends on pp, so one record serves every pipeline depth."""
+    reduced by the head's freed activations, and the optimizer step's transient bytes,
+    `ModelStates.step_bytes`, are added to the activations where the exact check takes the
+    larger of the two: upper bounds), which then checks the chosen split exactly. Nothing
+    here depends on pp, so one record serves every pipeline depth."""
 
     state_bytes: np.ndarray
     """[L] model-state bytes of each layer."""
@@ -608,7 +628,8 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
                                expert_dp=expert_data_parallel(dp, tmp, ep), grad_fp32=grad_fp32)
     if frozen:
         states = frozen_states(states)
-    total = (states.parameter_bytes + states.gradient_bytes + states.optimizer_bytes)
+    total = (states.parameter_bytes + states.gradient_bytes + states.optimizer_bytes
+             + states.step_bytes)
     per_param = total / max(sum(flat), 1)
     per_expert_param = per_param
     if experts.any():               # the experts' and the rest's bytes per parameter
@@ -619,7 +640,7 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
                                grad_fp32=grad_fp32)
         if frozen:
             ex = frozen_states(ex)
-        ex_total = ex.parameter_bytes + ex.gradient_bytes + ex.optimizer_bytes
+        ex_total = ex.parameter_bytes + ex.gradient_bytes + ex.optimizer_bytes + ex.step_bytes
         per_expert_param = ex_total / experts.sum()
         per_param = (total - ex_total) / max(sum(flat) - experts.sum(), 1)
     kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=g, attention_scores=attention_scores,

@@ -47,15 +47,18 @@ def test_megatron_bytes_per_parameter_are_the_documented_table(precision, plain,
     P, d = 1000, 4
     zero0 = memory_model.megatron_model_state_bytes(P, precision=precision, zero_stage=0, dp=d)
     zero1 = memory_model.megatron_model_state_bytes(P, precision=precision, zero_stage=1, dp=d)
-    total = lambda s: s.parameter_bytes + s.gradient_bytes + s.optimizer_bytes  # noqa: E731
+    # the table counts the fp32 copy of fp16 gradients, which exists at the step only
+    total = lambda s: (s.parameter_bytes + s.gradient_bytes + s.optimizer_bytes  # noqa: E731
+                       + s.step_bytes)
     assert total(zero0) == plain * P
     assert total(zero1) == weights_and_grads * P + sharded * P // d   # 4 + 16/4 = 8 B (fp16)
     assert zero1.parameter_bytes == zero0.parameter_bytes               # weights not sharded
     assert zero1.gradient_bytes == zero0.gradient_bytes                 # nor the grad buffer
     assert zero0.buffer_bytes == zero1.buffer_bytes == 0                # no DeepSpeed bucket
     # a partition is ceil(P / d): 1001 parameters over 4 ranks hold 251 each
-    assert memory_model.megatron_model_state_bytes(1001, precision=precision, zero_stage=1,
-                                        dp=4).optimizer_bytes == sharded * 251
+    one = memory_model.megatron_model_state_bytes(1001, precision=precision, zero_stage=1, dp=4)
+    assert one.optimizer_bytes + one.step_bytes == sharded * 251
+    assert one.step_bytes == (4 * 251 if precision == "fp16" else 0)
     with pytest.raises(ValueError, match="no ZeRO stage 2"):
         memory_model.megatron_model_state_bytes(P, precision=precision, zero_stage=2, dp=d)
 

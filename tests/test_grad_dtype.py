@@ -37,13 +37,16 @@ def test_the_key():
 
 def test_megatron_states_follow_the_distributed_optimizer_table():
     """Megatron Core's distrib_optimizer.md: bf16 weights with fp32 gradients 6 + 12/d bytes a
-    parameter, 16-bit gradients 4 + 16/d."""
+    parameter, 16-bit gradients 4 + 16/d, of which the fp32 gradient copy (4/d) exists at the
+    optimizer step only."""
     P, d = 1_000_000, 8
     fp32 = memory_model.megatron_model_state_bytes(P, precision="bf16", zero_stage=1, dp=d)
     bf16 = memory_model.megatron_model_state_bytes(P, precision="bf16", zero_stage=1, dp=d,
                                                    grad_fp32=False)
     assert fp32.parameter_bytes + fp32.gradient_bytes + fp32.optimizer_bytes == (6 + 12 / d) * P
-    assert bf16.parameter_bytes + bf16.gradient_bytes + bf16.optimizer_bytes == (4 + 16 / d) * P
+    assert fp32.step_bytes == 0             # .float() of an fp32 buffer is the buffer
+    assert bf16.parameter_bytes + bf16.gradient_bytes + bf16.optimizer_bytes == (4 + 12 / d) * P
+    assert bf16.step_bytes == 4 / d * P
     assert comm.gradient_reduce_bytes_per_element("bf16", framework="megatron") == 4
     assert comm.gradient_reduce_bytes_per_element("bf16", framework="megatron",
                                                   fp32_allreduce=False) == 2
@@ -58,6 +61,11 @@ def test_a_plan_with_16_bit_gradients_holds_and_moves_less():
     assert bf16.simulation.iteration_time_s < fp32.simulation.iteration_time_s
     for a, b in zip(fp32.memory, bf16.memory):
         assert b.gradient_bytes * 2 == a.gradient_bytes
+        # the step's fp32 copies are never held with the activations
+        assert 0 < b.step_bytes < b.activation_bytes
+        assert b.peak_bytes == (b.parameter_bytes + b.gradient_bytes + b.optimizer_bytes
+                                + b.activation_bytes + b.overhead_bytes)
+        assert a.step_bytes == 0
         assert b.peak_bytes < a.peak_bytes
 
 
@@ -87,3 +95,18 @@ def test_the_simulator_and_the_launch_follow_it():
         spec.model.layers, s, precision="fp16", iters=2, grad_reduce_in_fp32=True)
     assert "pretrain_gpt.py accumulates" in megatron_unsupported_gradients("bf16", False)
     assert megatron_unsupported_gradients("bf16", None) == ""
+
+
+def test_the_peak_is_the_step_where_the_gradient_copies_outweigh_the_activations():
+    """Without the distributed optimizer every rank copies all its 16-bit gradients to fp32
+    for the step (4 bytes a parameter); with short sequences that is more than one
+    micro-batch's activations, and the peak is then the step's."""
+    d = _spec(False)
+    d["model"]["seq_length"] = 128
+    d["training"]["zero_stage"] = 0
+    e = estimate(parse_spec(d), pp=2, dp=8, tmp=1, mbs=1)
+    for m in e.memory:
+        params = m.parameter_bytes // 2                 # bf16 weights
+        assert m.step_bytes == 4 * params > m.activation_bytes
+        assert m.peak_bytes == (m.parameter_bytes + m.gradient_bytes + m.optimizer_bytes
+                                + m.step_bytes + m.overhead_bytes)

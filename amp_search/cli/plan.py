@@ -682,7 +682,9 @@ def run_estimate(args) -> int:
             print(f"stage {m.stage}: {held}peak {_gib(m.peak_bytes)} GiB of "
                   f"{_gib(m.capacity_bytes)} GiB (params {_gib(m.parameter_bytes)}, grads {_gib(m.gradient_bytes)}, "
                   f"optimizer {_gib(m.optimizer_bytes)}, activations "
-                  f"{_gib(m.activation_bytes)}, overhead {_gib(m.overhead_bytes)})"
+                  f"{_gib(m.activation_bytes)}, overhead {_gib(m.overhead_bytes)}"
+                  + (f"; the optimizer step's fp32 gradient copies {_gib(m.step_bytes)}, "
+                     f"held without the activations" if m.step_bytes else "") + ")"
                   + ("" if m.fits else "  DOES NOT FIT"))
     if args.json is not None:
         write_json(args.json, e.to_dict())

@@ -14,7 +14,10 @@ memory x (1 - training.memory_headroom).
 
 Under `training.backend: megatron` the model states are Megatron-LM's (its documented bytes
 per parameter; zero_stage 1 the distributed optimizer: cost_models.memory.
-megatron_model_state_bytes) and there is no DeepSpeed bucket.
+megatron_model_state_bytes) and there is no DeepSpeed bucket. With 16-bit gradients its
+optimizer copies them to fp32 for the step (step_bytes, 4 bytes per parameter it updates) and
+frees the copies before the next forward: the peak takes the larger of them and the
+activations, which are freed by then.
 
 Each part is at its own largest, so the sum bounds the real peak from above. DeepSpeed's bucket
 sizes are its defaults (cost_models.memory.DEEPSPEED_DEFAULT_BUCKETS), which is what the trial
@@ -79,12 +82,13 @@ def _one_stage(spec: Spec, s: Strategy, j: int, capacity, attention_scores) -> S
     if t.frozen_weights:                # no gradients or optimizer state
         st = memory_model.frozen_states(st)
     overhead = t.framework_overhead_bytes + st.buffer_bytes
+    # the optimizer step's transient copies exist while no activations do
     peak = (st.parameter_bytes + st.gradient_bytes + st.optimizer_bytes
-            + st.activation_bytes + overhead)
+            + max(st.activation_bytes, st.step_bytes) + overhead)
     return StageMemory(stage=j, parameter_bytes=st.parameter_bytes,
                        gradient_bytes=st.gradient_bytes, optimizer_bytes=st.optimizer_bytes,
                        activation_bytes=st.activation_bytes, overhead_bytes=overhead,
-                       peak_bytes=peak,
+                       step_bytes=st.step_bytes, peak_bytes=peak,
                        capacity_bytes=int(capacity * (1.0 - t.memory_headroom)))
 
 
@@ -139,7 +143,8 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
     return memory_model.StageBytes(parameter_bytes=st.parameter_bytes,
                                    gradient_bytes=st.gradient_bytes,
                                    optimizer_bytes=st.optimizer_bytes,
-                                   buffer_bytes=st.buffer_bytes, activation_bytes=int(act))
+                                   buffer_bytes=st.buffer_bytes, activation_bytes=int(act),
+                                   step_bytes=st.step_bytes)
 
 
 _MODEL_CACHES: dict[int, tuple[tuple, dict]] = {}
