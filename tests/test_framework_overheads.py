@@ -128,20 +128,25 @@ def test_profile_cli_says_why_it_skips_the_probe(tmp_path, capsys):
 
 
 def test_real_probe_trials_on_cpu(tmp_path):
-    """Two real DeepSpeed trials (gas 1 and 8) of a tiny model over gloo: the residuals are
-    what the fit is made of, whatever their size on this machine."""
+    """The probe trials of a spec that searches ZeRO 1, really run (DeepSpeed over gloo, a
+    tiny model): stage 0's at gas 1 and 8, whose residuals are what the fit is made of,
+    whatever their size on this machine; ZeRO 1's, whose cost is the difference of their
+    residuals, per parameter; and the pipeline engine's (one set of real trials serves all
+    three: each trial starts DeepSpeed in two processes)."""
     pytest.importorskip("deepspeed")
     import os
 
     from amp_search.profiling.framework import measure_framework_overheads
 
-    spec = _spec(tmp_path)
+    spec = _spec(tmp_path, TINY.replace("zero_stage: 0", "zero_stage: 1"))
     seen = []
     fw = measure_framework_overheads(spec, _profile(spec), measurements=Measurements(),
                                      runs_dir=tmp_path / "runs", iters=3, warmup=1,
                                      base_env=dict(os.environ), on_probe=seen.append)
+    (z1,) = fw.zero
+    assert [p.label for p in seen] == \
+        [p.label for p in fw.probes + z1.probes + fw.pipeline_probes]
     assert [p.gas for p in fw.probes] == list(PROBE_GAS)
-    assert list(fw.probes + fw.pipeline_probes) == seen
     assert all(p.measured_s > 0 and p.predicted_s > 0 for p in fw.probes)
     # the probe trials really ran with those micro-batch counts
     assert fw.probes[1].predicted_s > fw.probes[0].predicted_s
@@ -156,10 +161,16 @@ def test_real_probe_trials_on_cpu(tmp_path):
     assert [p.microbatches_on_path for p in fw.pipeline_probes] == pytest.approx([1.5, 8.5])
     assert (fw.pipeline_microbatch_overhead_s, fw.pipeline_step_overhead_s) == \
         overheads_from_residuals([1.5, 8.5], [p.residual_s for p in fw.pipeline_probes])
+    # ZeRO 1's probes: the same layout at stage 1, its cost per parameter
+    assert [p.label for p in z1.probes] == ["pp1-dp2-tmp1-mbs1-z1"] * len(PROBE_GAS)
+    assert z1.params_per_device == sum(CostModel(spec).params_per_layer(1))
+    assert z1.microbatch_s_per_param >= 0 and z1.step_s_per_param >= 0
+    assert all(p.measured_s > 0 and p.predicted_s > 0 for p in z1.probes)
     configs = [json.loads(p.read_text())["strategy"]
                for p in (tmp_path / "runs").glob("*/trial.json")]
-    assert sorted((c["pp"], c["dp"], c["global_batch_size"]) for c in configs) == \
-        [(1, 2, 2), (1, 2, 16), (2, 1, 2), (2, 1, 16)]
+    assert sorted((c["pp"], c["dp"], c["global_batch_size"], c["zero_stage"])
+                  for c in configs) == \
+        [(1, 2, 2, 0), (1, 2, 2, 1), (1, 2, 16, 0), (1, 2, 16, 1), (2, 1, 2, 0), (2, 1, 16, 0)]
 
 
 # ----------------------------------------------------------------- ZeRO stages' own costs
@@ -261,30 +272,6 @@ def test_probe_zero_stages_follow_the_spec(tmp_path):
     for stage in (1, 2):
         for _, s in probe_strategies(_spec(tmp_path, searched), stage):
             assert (s.pp, s.dp, s.tmp, s.mbs, s.zero_stage) == (1, 2, 1, 1, stage)
-
-
-def test_real_zero_probe_trials_on_cpu(tmp_path):
-    """Stage 0's and ZeRO 1's probe trials, really run: ZeRO 1's cost is the difference of
-    their residuals, per parameter."""
-    pytest.importorskip("deepspeed")
-    import os
-
-    from amp_search.profiling.framework import measure_framework_overheads
-
-    spec = _spec(tmp_path, TINY.replace("zero_stage: 0", "zero_stage: 1"))
-    seen = []
-    fw = measure_framework_overheads(spec, _profile(spec), measurements=Measurements(),
-                                     runs_dir=tmp_path / "runs", iters=3, warmup=1,
-                                     base_env=dict(os.environ), on_probe=seen.append)
-    (z1,) = fw.zero
-    assert [p.label for p in seen] == \
-        [p.label for p in fw.probes + z1.probes + fw.pipeline_probes]
-    assert [p.label for p in z1.probes] == ["pp1-dp2-tmp1-mbs1-z1"] * len(PROBE_GAS)
-    assert z1.params_per_device == sum(CostModel(spec).params_per_layer(1))
-    assert z1.microbatch_s_per_param >= 0 and z1.step_s_per_param >= 0
-    assert all(p.measured_s > 0 and p.predicted_s > 0 for p in z1.probes)
-    configs = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs").glob("*/trial.json"))]
-    assert sorted(c["strategy"]["zero_stage"] for c in configs) == [0, 0, 0, 0, 1, 1]
 
 
 def test_a_failed_or_interrupted_zero_probe_keeps_what_was_measured(tmp_path, monkeypatch):

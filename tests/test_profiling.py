@@ -439,9 +439,11 @@ def test_cli_profile_writes_and_prints(tmp_path, capsys):
     spec_path = tmp_path / "s.yaml"
     spec_path.write_text(yaml.safe_dump(tiny_spec_data()))
     out = tmp_path / "p.json"
-    # the default on a node of 2 CPU devices: 2 processes at once
+    # the default on a node of 2 CPU devices: 2 processes at once (the framework probe's
+    # real trials run in the next call only: each set takes a minute or two here)
     assert _cli(["profile", str(spec_path), "--device", "cpu", "--tmp", "1", "--mbs", "1",
-                 "--warmup", "0", "--repeats", "1", "--out", str(out), "--no-progress"]) == 0
+                 "--warmup", "0", "--repeats", "1", "--out", str(out), "--no-progress",
+                 "--no-framework"]) == 0
     text = capsys.readouterr().out
     assert str(out) in text and "transformer:s16:h32:a2:f128" in text
     assert "2 processes at once" in text
@@ -452,8 +454,12 @@ def test_cli_profile_writes_and_prints(tmp_path, capsys):
     assert _cli(["profile", str(spec_path), "--device", "cpu", "--tmp", "1", "--mbs", "1",
                  "--warmup", "0", "--repeats", "1", "--concurrent", "1", "--out",
                  str(tmp_path / "c.json"), "--no-progress"]) == 0
-    assert "one process" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "one process" in text
     assert LayerProfile.load(tmp_path / "c.json").settings["concurrent"] == 1
+    # the framework probe ran, was printed and was stored with the profile
+    assert "framework overheads:" in text and "ms per micro-batch" in text
+    assert LayerProfile.load(tmp_path / "c.json").framework_overheads is not None
     assert _cli(["profile", str(spec_path), "--device", "cpu", "--tmp", "1", "--mbs", "1",
                  "--warmup", "0", "--repeats", "1", "--concurrent", "1", "--out",
                  str(tmp_path / "d.json"), "--no-progress", "--no-speed-probe",
