@@ -132,11 +132,18 @@ def gemm_time_s(flops, device: DeviceSpeed):
 def attention_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
                      bytes_per_element: int, attention: str, cp: int = 1) -> float:
     """The attention core of one forward pass (see the module docstring); one context-parallel
-    rank's share, 1/cp of it, with cp > 1."""
+    rank's share, 1/cp of it, with cp > 1: Megatron-LM's ring attention (Transformer
+    Engine's AttnFuncWithCPAndKVP2P) runs it as cp kernel calls, one per ring step on the
+    K/V chunk the rank holds then, each 1/cp of the rank's share (with the causal mask
+    balanced over the steps by the 2 cp chunks), so each call pays the fixed cost of a
+    small one (`gemm_time_s`: cp x F_half more than one call of the whole share)."""
     if attention not in ATTENTION_KINDS:
         raise ValueError(f"attention {attention!r}; accepted: {', '.join(ATTENTION_KINDS)}")
     if attention == "flash":
-        return gemm_time_s(attention_core_flops(layer, tmp) * mbs / cp, device)
+        flops = attention_core_flops(layer, tmp) * mbs
+        if cp > 1:
+            return cp * gemm_time_s(flops / (cp * cp), device)
+        return gemm_time_s(flops, device)
     return standard_attention_times_s(layer, tmp=tmp, mbs=mbs, device=device,
                                       bytes_per_element=bytes_per_element, cp=cp)[0]
 

@@ -18,8 +18,9 @@ from amp_search.search_space import Candidate, Reason, SearchSpace, first_violat
 from amp_search.spec import CONTEXT_PARALLEL_SEARCH, parse_spec
 from amp_search.trial.ranks import assign_ranks
 from cost_models import comm
-from cost_models.compute import DeviceSpeed, analytic_layer_time, attention_time_s
-from cost_models.layers import kv_elements_per_token
+from cost_models.compute import (DeviceSpeed, analytic_layer_time, attention_time_s,
+                                  gemm_time_s)
+from cost_models.layers import attention_core_flops, kv_elements_per_token
 
 
 def _spec(cp=1, backend="megatron", seq=8192, count=2, gbs=64, attention="auto", **training):
@@ -78,8 +79,13 @@ def test_cp_splits_the_work_of_a_layer():
     # half the tokens; GEMMs half the size run a little less efficiently
     assert 0.5 * one.forward_s < two.forward_s < 0.52 * one.forward_s
     kw = dict(tmp=1, mbs=1, device=dev, bytes_per_element=2, attention="flash")
+    # the ring's cp steps each run the core on one K/V chunk: cp calls of 1/cp^2 each, a
+    # little slower than half the whole core, as each small call pays its fixed cost
+    whole = attention_time_s(layer, **kw)
     assert attention_time_s(layer, **kw, cp=2) == pytest.approx(
-        attention_time_s(layer, **kw) / 2, rel=3e-3)
+        2 * gemm_time_s(attention_core_flops(layer, 1) / 4, dev))
+    assert whole / 2 < attention_time_s(layer, **kw, cp=2) < 1.01 * whole / 2
+    assert attention_time_s(layer, **kw, cp=8) > attention_time_s(layer, **kw, cp=2) / 4
     # Llama 3 8B: 8 key/value heads of 128, split over tmp, one per rank at least
     assert kv_elements_per_token(layer, 1) == 2 * 8 * 128
     assert kv_elements_per_token(layer, 4) == 2 * 2 * 128
