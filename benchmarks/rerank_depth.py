@@ -11,6 +11,11 @@ reports, for the simulated best 1, 3 and 10: the deepest closed-form rank they c
 default N at or above those depths re-ranks as well as simulating everything would (within
 the limit). Also the mean time per simulation.
 
+`--parts`: also every part of each mixed cluster that `plan --subsets` searches
+(`amp_search.planner.cluster_subsets`, each planned as `plan_on_subset` does), whose best
+plan alone is used: the depth of their simulated best against
+`amp_search.planner.BEST_ONLY_SIMULATE_TOP`, the re-rank depth of those searches.
+
 A benchmark: it reads the command line; the library code it calls does not.
 """
 from __future__ import annotations
@@ -28,7 +33,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from amp_search.measurements import load_measurements  # noqa: E402
 from amp_search.placement import device_orders  # noqa: E402
 from amp_search.costing import CostModel  # noqa: E402
-from amp_search.planner import plan, ranking_key  # noqa: E402
+from amp_search.planner import (BEST_ONLY_SIMULATE_TOP, NoFeasibleStrategy,  # noqa: E402
+                                cluster_subsets, plan, ranking_key, subset_spec)
 from amp_search.resources import profiles_dir  # noqa: E402
 from amp_search.simulate import DEFAULT_SIMULATE_TOP, with_simulation  # noqa: E402
 from amp_search.spec import load_spec, parse_spec  # noqa: E402
@@ -63,15 +69,25 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=400,
                     help="simulate at most this many strategies per spec (default 400)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--parts", action="store_true",
+                    help="also each part of the mixed clusters that plan --subsets searches")
     args = ap.parse_args(argv)
     specs = [(p.name, load_spec(p)) for p in sorted((ROOT / "configs").glob("*.yaml"))]
     specs += [("gpt2 16x16 (search_time)", parse_spec(gpt2_mixed(16, 16))),
               ("2048 H100+A100 (search_time)", parse_spec(big_mixed()))]
+    if args.parts:
+        specs += [(f"{name} part {uses}", subset_spec(spec, uses)[0])
+                  for name, spec in list(specs) if len(spec.cluster.node_groups) > 1
+                  for uses in cluster_subsets(spec.cluster)]
     rows = []
     print(f"{'spec':32} {'feasible':>8} {'simulated':>9} {'ms/sim':>7} {'top1 from':>9} "
           f"{'top3 from':>9} {'top10 from':>10}  best (simulated; closed form)")
     for name, spec in specs:
-        r = dict(depth(spec, args.limit), spec=name)
+        try:
+            r = dict(depth(spec, args.limit), spec=name)
+        except NoFeasibleStrategy:
+            print(f"{name:32} no strategy fits", flush=True)
+            continue
         rows.append(r)
         print(f"{name:32} {r['feasible']:>8} {r['simulated']:>9} "
               f"{r['mean_simulation_ms']:>7.2f} "
@@ -80,7 +96,8 @@ def main(argv=None) -> int:
               f"{r.get('deepest_closed_rank_of_sim_top10', '-'):>10}  "
               f"{r['simulated_best']}; {r['closed_form_best']}", flush=True)
     print(f"'topK from': the deepest closed-form rank among the K best by simulation; the "
-          f"default --simulate-top is {DEFAULT_SIMULATE_TOP}.")
+          f"default --simulate-top is {DEFAULT_SIMULATE_TOP}, a part's "
+          f"{BEST_ONLY_SIMULATE_TOP}.")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
