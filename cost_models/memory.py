@@ -379,11 +379,11 @@ def megatron_grad_bytes(precision: str, grad_fp32: bool | None = None) -> int:
     return FP32_BYTES if grad_fp32 or precision == "fp32" else 2
 
 
-def megatron_optimizer_bytes_per_param(precision: str, grad_fp32: bool | None = None) -> int:
+def megatron_optimizer_bytes_per_param(precision: str) -> int:
     """What Megatron-LM's optimizer holds per parameter through the whole iteration besides
     the model's weights and gradient buffer: Adam's two fp32 moments (8) and an fp32 master
-    copy of low-precision weights (4): fp16 and bf16 12, fp32 8 (`grad_fp32` does not change
-    it; the fp32 copy of 16-bit gradients is `megatron_step_bytes_per_param`)."""
+    copy of low-precision weights (4): fp16 and bf16 12, fp32 8, whatever the gradients'
+    dtype (the fp32 copy of 16-bit gradients is `megatron_step_bytes_per_param`)."""
     g = BYTES_PER_ELEMENT[precision]
     return ADAM_STATE_BYTES + (FP32_BYTES if g != FP32_BYTES else 0)
 
@@ -424,7 +424,7 @@ def megatron_model_state_bytes(params: int, *, precision: str, zero_stage: int,
     if zero_stage not in (0, 1, 3):
         raise ValueError(f"Megatron-LM has no ZeRO stage {zero_stage}; accepted: 0, 1 "
                          f"(1 = --use-distributed-optimizer), 3 (Megatron-FSDP)")
-    per_param = megatron_optimizer_bytes_per_param(precision, grad_fp32)
+    per_param = megatron_optimizer_bytes_per_param(precision)
     step = megatron_step_bytes_per_param(precision, grad_fp32)
     held = -(-params // dp) if zero_stage in (1, 3) else params
     if zero_stage == 3:
