@@ -261,7 +261,9 @@ class Scored:
 
 def cost_rows(rows: list[dict], fp8_max: float | None = None,
               nvfp4_max: float | None = None, moe_expert_s: float | None = None,
-              a2a_hidden: float | None = None) -> Scored:
+              a2a_hidden: float | None = None, gpu: str | None = None) -> Scored:
+    """Each row costed (`estimate_recipe`), unexpressible ones counted; a coefficient given
+    replaces the catalog's for every GPU, or for `gpu` (a catalog name) alone."""
     out = Scored()
     catalog = None
     fitted = {k: v for k, v in (("gemm_fp8_max_efficiency", fp8_max),
@@ -269,7 +271,8 @@ def cost_rows(rows: list[dict], fp8_max: float | None = None,
                                 ("moe_expert_overhead_s", moe_expert_s),
                                 ("moe_a2a_overlap_share", a2a_hidden)) if v is not None}
     if fitted:          # a fit: another value of a catalog coefficient
-        catalog = {name: replace(gpu, **fitted) for name, gpu in load_catalog().items()}
+        catalog = {name: replace(entry, **fitted) if gpu in (None, name) else entry
+                   for name, entry in load_catalog().items()}
     for row in rows:
         why = unexpressed(row)
         if why:
@@ -412,6 +415,39 @@ def fit(rows: list[dict]) -> dict:
     best_all = min(grid, key=lambda v: mape(by_value[v]))
     print(f"fit on all rows: fp8_max {best_all:.2f}, MAPE {mape(by_value[best_all]):.1%}")
     out["all"] = {"fp8_max": best_all, "mape": mape(by_value[best_all])}
+    return out
+
+
+FP8_FIT_MODEL = "LLAMA3_70B"
+"""The model whose dense FP8-family rows (FP8, FP8-CS, MXFP8) fit each NVL72 GPU's FP8 GEMM
+efficiency (`fit_fp8_per_gpu`): the most such rows on both racks (13 each)."""
+
+
+def fit_fp8_per_gpu(rows: list[dict]) -> dict:
+    """The FP8 GEMM efficiency of each NVL72 rack's GPU (GB200, GB300) alone: the value that
+    minimises MAPE on its FP8_FIT_MODEL dense FP8-family rows, scored on its FP8-family rows
+    of every other model (split by model), beside the score at the catalog's value. GB200
+    and GB300 have the same data-sheet FP8 peak (5,000 TF dense) but not the same power
+    (1,200 and 1,400 W), so their sustained FP8 GEMM rates differ."""
+    out = {}
+    for system in ("DGX-GB200", "DGX-GB300"):
+        gpu = SYSTEMS[system].gpu
+        mine = [r for r in rows if r["system"] == system and PRECISIONS.get(r["precision"]) == "fp8"]
+        grid = [round(0.40 + 0.01 * i, 2) for i in range(41)]
+        by_value = {v: cost_rows(mine, fp8_max=v, gpu=gpu).results for v in grid}
+        fitted_of = lambda v: [r for r in by_value[v]  # noqa: E731
+                               if r.row["model"] == FP8_FIT_MODEL and is_dense(r)]
+        best = min(grid, key=lambda v: mape(fitted_of(v)))
+        held = [r for r in by_value[best] if r.row["model"] != FP8_FIT_MODEL]
+        now = cost_rows(mine).results
+        held_now = [r for r in now if r.row["model"] != FP8_FIT_MODEL]
+        print(f"FP8 on {gpu}: fit on {FP8_FIT_MODEL}'s {len(fitted_of(best))} dense rows: "
+              f"fp8_max {best:.2f}, MAPE {mape(fitted_of(best)):.1%}; held-out other models "
+              f"({len(held)} rows): MAPE {mape(held):.1%} (signed {signed(held):+.1%}; "
+              f"{by_model(held)}); the catalog's value: {mape(held_now):.1%}")
+        out[gpu] = {"fp8_max": best, "fit_mape": mape(fitted_of(best)),
+                    "held_out_mape": mape(held), "held_out_signed": signed(held),
+                    "held_out_mape_catalog": mape(held_now)}
     return out
 
 
@@ -601,6 +637,7 @@ def main(argv=None) -> int:
     out = report(scored, a.rows)
     if a.fit:
         out["fit"] = fit(rows)
+        out["fit_fp8_per_gpu"] = fit_fp8_per_gpu(rows)
         out["fit_nvfp4"] = fit_nvfp4(rows)
         out["fit_moe_expert"] = fit_moe_expert(rows)
         out["fit_a2a_overlap"] = fit_a2a_overlap(rows)

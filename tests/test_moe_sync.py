@@ -132,7 +132,9 @@ def test_the_plan_header_says_what_moe_layers_cost(free):
     if free:
         assert "MoE layers sync-free (training.moe_sync_free)" in text
     else:
-        assert "synced with the host" in text and "260 us per local expert" in text
+        overhead_us = spec.cluster.devices[0].gpu.moe_expert_overhead_s * 1e6
+        assert "synced with the host" in text
+        assert f"{overhead_us:.0f} us per local expert" in text
     dense = parse_spec(_spec(DENSE))
     assert "MoE" not in " ".join(header_lines(dense, plan(dense), 200))
     assert "all-to-alls hidden" not in text

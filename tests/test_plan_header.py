@@ -103,7 +103,9 @@ def test_ties_within_the_models_measured_error_are_marked_and_counted(write_spec
     cat = load_catalog()
     assert cat["A100-80GB"].prediction_error == __import__("pytest").approx(0.064)
     assert "gpu_accuracy.py" in cat["A100-80GB"].prediction_error_source
-    assert cat["V100-16GB"].prediction_error == __import__("pytest").approx(0.103)  # the largest
+    # the largest measured on dense runs (DGX B200's)
+    assert cat["V100-16GB"].prediction_error == __import__("pytest").approx(0.075)
+    assert cat["V100-16GB"].prediction_error == cat["B200-180GB"].prediction_error
     assert "not measured" in cat["V100-16GB"].prediction_error_source
     spec = load_spec(_spec(write_spec))
     error, gpu = model_error(spec)
