@@ -14,7 +14,7 @@ from amp_search.partition import interleaved_partition
 from amp_search.planner import estimate
 from amp_search.spec import load_catalog, parse_spec
 from amp_search.costing.layer_times import device_speed
-from cost_models.compute import analytic_layer_time, attention_time_s
+from cost_models.compute import analytic_layer_time, attention_time_s, gemm_forward_time_s
 
 
 def _spec(precision="fp8", gpu="H100-80GB", backend="megatron", layers=8, count=1):
@@ -47,6 +47,26 @@ def test_catalog_fp8_rates_are_twice_bf16_on_hopper_and_blackwell():
         assert peak["fp8"] == pytest.approx(2 * peak["bf16"], rel=3e-3), name
     for name in ("A100-80GB", "V100-16GB", "T4-16GB"):
         assert cat[name].peak_flops_per_s["fp8"] is None
+
+
+def test_the_nvl72_gpus_sustain_their_own_fp8_rates():
+    """GB200 and GB300 print the same FP8 peak but draw 1,200 and 1,400 W: each has its own
+    fitted fp8_max (megatron_bridge.py fit_fp8_per_gpu), the GB300's sustained FP8 rate above
+    the GB200's, both beside the H100's; the GPUs not fitted keep the default."""
+    cat = load_catalog()
+    gb200, gb300, h100 = (cat[n] for n in ("GB200-186GB", "GB300-288GB", "H100-80GB"))
+    assert gb200.peak_flops_per_s["fp8"] == gb300.peak_flops_per_s["fp8"]
+    assert gb200.gemm_fp8_max_efficiency < h100.gemm_fp8_max_efficiency \
+        < gb300.gemm_fp8_max_efficiency
+    for name in ("B200-180GB", "B300-288GB", "H200-141GB"):
+        assert cat[name].gemm_fp8_max_efficiency == h100.gemm_fp8_max_efficiency, name
+    for gpu in (gb200, gb300):
+        assert "Llama 3 70B" in gpu.gemm_efficiency_source
+    # the rates reach the linear GEMMs: the GB300's FP8 linear layers run faster
+    layer = _spec().model.layers[1]
+    fast, slow = (gemm_forward_time_s(layer, tmp=1, mbs=1, device=device_speed(g, "fp8"))
+                  for g in (gb300, gb200))
+    assert fast < slow
 
 
 def test_fp8_speeds_up_the_linear_gemms_only():
