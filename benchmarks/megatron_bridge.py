@@ -430,22 +430,19 @@ def fit_fp8_per_gpu(rows: list[dict]) -> dict:
     and GB300 have the same data-sheet FP8 peak (5,000 TF dense) but not the same power
     (1,200 and 1,400 W), so their sustained FP8 GEMM rates differ."""
     out = {}
+    grid = [round(0.40 + 0.01 * i, 2) for i in range(41)]
     for system in ("DGX-GB200", "DGX-GB300"):
         gpu = SYSTEMS[system].gpu
-        mine = [r for r in rows if r["system"] == system and PRECISIONS.get(r["precision"]) == "fp8"]
-        grid = [round(0.40 + 0.01 * i, 2) for i in range(41)]
+        mine = [r for r in rows
+                if r["system"] == system and PRECISIONS.get(r["precision"]) == "fp8"]
         by_value = {v: cost_rows(mine, fp8_max=v, gpu=gpu).results for v in grid}
-        fitted_of = lambda v: [r for r in by_value[v]  # noqa: E731
-                               if r.row["model"] == FP8_FIT_MODEL and is_dense(r)]
-        best = min(grid, key=lambda v: mape(fitted_of(v)))
-        held = [r for r in by_value[best] if r.row["model"] != FP8_FIT_MODEL]
-        now = cost_rows(mine).results
-        held_now = [r for r in now if r.row["model"] != FP8_FIT_MODEL]
-        print(f"FP8 on {gpu}: fit on {FP8_FIT_MODEL}'s {len(fitted_of(best))} dense rows: "
-              f"fp8_max {best:.2f}, MAPE {mape(fitted_of(best)):.1%}; held-out other models "
+        best, fitted, held = fit_on_model(by_value, FP8_FIT_MODEL)     # a dense model
+        held_now = [r for r in cost_rows(mine).results if r.row["model"] != FP8_FIT_MODEL]
+        print(f"FP8 on {gpu}: fit on {FP8_FIT_MODEL}'s {len(fitted)} dense rows: "
+              f"fp8_max {best:.2f}, MAPE {mape(fitted):.1%}; held-out other models "
               f"({len(held)} rows): MAPE {mape(held):.1%} (signed {signed(held):+.1%}; "
               f"{by_model(held)}); the catalog's value: {mape(held_now):.1%}")
-        out[gpu] = {"fp8_max": best, "fit_mape": mape(fitted_of(best)),
+        out[gpu] = {"fp8_max": best, "fit_mape": mape(fitted),
                     "held_out_mape": mape(held), "held_out_signed": signed(held),
                     "held_out_mape_catalog": mape(held_now)}
     return out
