@@ -144,8 +144,7 @@ def test_real_probe_trials_on_cpu(tmp_path):
                                      runs_dir=tmp_path / "runs", iters=3, warmup=1,
                                      base_env=dict(os.environ), on_probe=seen.append)
     (z1,) = fw.zero
-    assert [p.label for p in seen] == \
-        [p.label for p in fw.probes + z1.probes + fw.pipeline_probes]
+    assert list(fw.probes + z1.probes + fw.pipeline_probes) == seen
     assert [p.gas for p in fw.probes] == list(PROBE_GAS)
     assert all(p.measured_s > 0 and p.predicted_s > 0 for p in fw.probes)
     # the probe trials really ran with those micro-batch counts
