@@ -140,11 +140,7 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
     act = activations.interleaved_saved_activation_bytes(per_chunk, stage=j, pp=s.pp,
                                                           gas=s.gas) + one - sum(per_chunk)
     act = act // s.cp if s.cp > 1 else act      # a context-parallel rank's s/cp tokens
-    return memory_model.StageBytes(parameter_bytes=st.parameter_bytes,
-                                   gradient_bytes=st.gradient_bytes,
-                                   optimizer_bytes=st.optimizer_bytes,
-                                   buffer_bytes=st.buffer_bytes, activation_bytes=int(act),
-                                   step_bytes=st.step_bytes)
+    return replace(st, activation_bytes=int(act))
 
 
 _MODEL_CACHES: dict[int, tuple[tuple, dict]] = {}
