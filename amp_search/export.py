@@ -437,10 +437,6 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                      "(--rotary-base 10000), which costs the same as any other: for real "
                      "training add the model's own (e.g. 500000 for Llama 3, 1000000 for "
                      "Qwen3) and its rope scaling")
-    if spec.model.preset.startswith("qwen3"):
-        notes.append("Qwen3 normalises queries and keys per head (--qk-layernorm), which "
-                     "the plan does not cost (2 x head_dim weights per block); add it for "
-                     "real training")
     if not cfg.causal:
         notes.append("pretrain_gpt.py trains a causal GPT: this spec's BERT blocks run with "
                      "a causal attention mask there (same sizes and cost, other masking)")

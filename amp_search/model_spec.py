@@ -71,10 +71,10 @@ class ModelSpec:
 
 
 ARCH_KEYS = ("num_query_groups", "head_dim", "mlp", "norm", "bias", "position_embedding",
-              "tie_embeddings")
+              "qk_norm", "tie_embeddings")
 """The Llama-family keys (cost_models.layers.Layer's fields of the same names); absent, a
 model is the GPT block of before: MHA, head_dim h/a, GELU, LayerNorm, biases, learned
-positions, untied head."""
+positions, no query and key norms, untied head."""
 MOE_KEYS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
             "moe_shared_expert_intermediate_size")
 """The mixture-of-experts keys, Megatron-LM's argument names (--num-experts, ...): every
@@ -101,7 +101,7 @@ LAYER_KEYS = ("kind", "count", "hidden_size", "num_attention_heads", "ffn_hidden
                "vocab_size", "forward_flops", "params", "output_elements", "name") + ARCH_KEYS
 _LAYER_ARCH = {"embedding": ("position_embedding", "tie_embeddings"),
                "transformer": ("num_query_groups", "head_dim", "mlp", "norm", "bias",
-                               "position_embedding"),
+                               "position_embedding", "qk_norm"),
                "mlp": ("mlp", "norm", "bias"),
                "head": ("norm", "bias", "tie_embeddings"),
                "custom": ()}
@@ -230,13 +230,14 @@ def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None)
     norm = r.choice("norm", NORM_KINDS, "layernorm")
     bias = r.flag("bias", True)
     pos = r.choice("position_embedding", POSITION_EMBEDDINGS, "learned")
+    qk_norm = r.flag("qk_norm", False)
     tied = r.flag("tie_embeddings", False)
     experts = _experts(r, f)
     window, every = _window(r)
     dropout = _hidden_dropout(r)
     block = Layer(kind="transformer", seq_length=seq, hidden_size=h, num_attention_heads=a,
                   ffn_hidden_size=f, **attention, mlp=mlp, norm=norm, bias=bias,
-                  position_embedding=pos, **experts, hidden_dropout=dropout)
+                  position_embedding=pos, qk_norm=qk_norm, **experts, hidden_dropout=dropout)
     layers = ((Layer(kind="embedding", seq_length=seq, hidden_size=h, vocab_size=v,
                      position_embedding=pos, tie_embeddings=tied, name="embedding",
                      hidden_dropout=dropout),)
@@ -330,6 +331,8 @@ def parse_model(data) -> ModelSpec:
                                                        POSITION_EMBEDDINGS, pos_default)
                 if kind == "embedding":
                     pos_default = arch["position_embedding"]
+            if kind == "transformer":
+                arch["qk_norm"] = lr.flag("qk_norm", False)
             if kind in ("embedding", "head"):
                 arch["tie_embeddings"] = lr.flag("tie_embeddings", False)
             f = _ffn(lr, h, arch["mlp"]) if kind in ("transformer", "mlp") else 0

@@ -29,13 +29,17 @@ Llama-family layers (cost_models.layers.Layer.is_gpt_block false; g K/V groups, 
 d, F = 3f for SwiGLU and 2f for GELU, n = 1 statistic per RMSNorm, 2 per LayerNorm), as
 megatron-core saves them:
 
-  transformer: g (4h + 2n + ((a + 2g)d + [(a + g)d] + a d + F) / t) + 4a/t
+  transformer: g (4h + 2n + ((a + 2g)d + [(a + g)(d + n)] + a d + F) / t) + 4a/t
       2 norm inputs and outputs (the second's input is the residual)            4h
       norm statistics (RMSNorm: rstd; LayerNorm: mean and rstd), two norms      2n
-      QKV output (a + 2g)d/t: q, k and v are views of it (v, saved by the
-        attention, keeps the buffer alive)                                      (a + 2g)d/t
-      RoPE only: the rotated q and k, new tensors the attention saves (fused
-        RoPE itself saves only its s x d frequencies, shared, not counted)      (a + g)d/t
+      q, k and v as the attention saves them (a + 2g)d/t: Transformer Engine's
+        attention takes views of the QKV output where their layout allows and
+        copies them contiguous where it does not (get_qkv_layout: v beside a
+        rotated k); RoPE's rotated q and k are new tensors that replace the
+        views (fused RoPE saves only its s x d frequencies, shared, not
+        counted); either way the QKV output itself is freed                    (a + 2g)d/t
+      qk_norm only: the query and key norms' inputs, and their statistics
+        (per head)                                                  ((a + g)d + (a + g)n)/t
       attention output (proj input)                                             a d/t
       fc1 output (the fused bias-SwiGLU's input, 2f/t) and the SwiGLU output
         (fc2 input, f/t): 3f/t; GELU as above 2f/t                              F/t
@@ -58,8 +62,8 @@ as above (megatron-core's unfused attention also keeps K and V repeated to a hea
 GQA, not counted). In Korthikanti et al.'s notation (2-byte elements, t = 1, b samples,
 leaving out the per-token statistics and the 4 sba log-sum-exp bytes): the GPT block with
 f = 4h keeps 2sb(4h + 3h + h + 8h) = 32 sbh (their 34 sbh less the 2 sbh of dropout masks);
-a Llama block with RoPE, g = a and f = 8h/3 2sb(4h + 3h + 2h + h + 8h) = 36 sbh; Llama 3 8B
-(a = 32, g = 8, d = 128, f = 3.5h) 2sb(4h + 1.5h + 1.25h + h + 10.5h) = 36.5 sbh.
+a Llama block with RoPE, g = a and f = 8h/3 2sb(4h + 3h + h + 8h) = 32 sbh; Llama 3 8B
+(a = 32, g = 8, d = 128, f = 3.5h) 2sb(4h + 1.5h + h + 10.5h) = 34 sbh.
 Sequence parallelism divides the 4h + 2n part by t.
 
 The flash-attention kernel behind scaled_dot_product_attention saves no attention scores;
@@ -214,8 +218,8 @@ def _llama_saved_per_token(layer: Layer, *, tmp: int, bytes_per_element: int,
         return g * (2 * h + stats), g * (mlp // t)
     d, kv = layer.kv_channels, layer.query_groups
     attention = layer.qkv_width + layer.attention_width
-    if layer.position_embedding == "rope":
-        attention += (a + kv) * d
+    if layer.qk_norm:
+        attention += (a + kv) * (d + stats)
     if layer.is_moe:
         mlp = _moe_saved_elements(layer)
     split = g * ((attention + mlp) // t)

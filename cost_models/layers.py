@@ -82,6 +82,10 @@ class Layer:
     position_embedding: str = "learned"
     """embedding: 'learned' (s*h position parameters) | 'rope' (rotary, applied to q and k
     inside each block, no parameters; --position-embedding-type rope)."""
+    qk_norm: bool = False
+    """transformer: a norm (the layer's `norm`, over one head's d) on each query and key head
+    after the QKV projection, before RoPE (Megatron-LM's --qk-layernorm; Qwen3's q_norm and
+    k_norm): 2d parameters, and its inputs kept for the backward."""
     tie_embeddings: bool = False
     """embedding and head: the head's projection is the embedding's matrix. The model holds it
     once; a pipeline keeps a copy on the last stage too, as Megatron-LM does (its default;
@@ -161,6 +165,8 @@ class Layer:
                                        (self.position_embedding, "learned")) if x != default]
         if not self.bias:
             parts += ["nobias"]
+        if self.qk_norm and self.kind == "transformer":
+            parts += ["qknorm"]
         if self.tie_embeddings:
             parts += ["tied"]
         if self.is_moe:
@@ -231,7 +237,7 @@ class Layer:
         return (not self.num_experts and (self.num_query_groups in (0, a))
                 and (not self.head_dim or self.head_dim * a == self.hidden_size)
                 and self.mlp == "gelu" and self.norm == "layernorm" and self.bias
-                and self.position_embedding == "learned")
+                and self.position_embedding == "learned" and not self.qk_norm)
 
     @property
     def attention_width(self) -> int:
@@ -247,6 +253,14 @@ class Layer:
     def norm_params(self) -> int:
         """Parameters of one norm of width h: LayerNorm 2h (weight, bias), RMSNorm h."""
         return (2 if self.norm == "layernorm" else 1) * self.hidden_size
+
+    @property
+    def qk_norm_params(self) -> int:
+        """Parameters of the query and key norms (`qk_norm`): one norm of width d each
+        (LayerNorm 2d, RMSNorm d), replicated on every tensor rank; 0 without them."""
+        if not self.qk_norm or self.kind != "transformer":
+            return 0
+        return 2 * (2 if self.norm == "layernorm" else 1) * self.kv_channels
 
     @property
     def norm_stats(self) -> int:
@@ -288,7 +302,8 @@ def block_tensor_numels(layer: Layer, tmp: int = 1, vocab: int | None = None, ep
 
     embedding:   word V h/t, positions s h (learned only)
     transformer: [input projection h_in h, h], input norm (LayerNorm h, h | RMSNorm h),
-                 linear_qkv h (a + 2g) d / t [+ bias (a + 2g) d / t], linear_proj a d h / t
+                 linear_qkv h (a + 2g) d / t [+ bias (a + 2g) d / t], [q and k norms of
+                 width d each, replicated, with qk_norm], linear_proj a d h / t
                  [+ bias h], pre-MLP norm, linear_fc1 h F / t [+ F / t] with F = f (GELU) or
                  2f (SwiGLU: gate and up fused), linear_fc2 f h / t [+ h]
     mlp:         [input projection], norm, fc1, fc2 as above
@@ -318,7 +333,9 @@ def block_tensor_numels(layer: Layer, tmp: int = 1, vocab: int | None = None, ep
         return (v * h // t,) + ((s * h,) if layer.position_embedding == "learned" else ())
     if k == "transformer":
         qkv, ad = layer.qkv_width, layer.attention_width
+        qk = layer.qk_norm_params // 2
         attention = (proj + norm + (h * qkv // t,) + ((qkv // t,) if b else ())
+                     + ((qk, qk) if qk else ())
                      + (ad * h // t,) + ((h,) if b else ()) + norm)
         if not layer.is_moe:
             return attention + mlp
@@ -555,6 +572,7 @@ def _elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
     + the bias add on the 2f/t output 4 s f/t with biases;
     RoPE (a transformer with position_embedding 'rope'), applied to q and k: read and write
     s (a + g) d / t elements, 2 s (a + g) d / t (the cos/sin table, s d, is not counted);
+    the query and key norms (qk_norm) as much again;
     embedding with RoPE: no positions to add, 2 s h (the gathered rows read and written).
     """
     h, f, s = layer.hidden_size, layer.ffn_hidden_size, layer.seq_length
@@ -652,11 +670,12 @@ FP32_ROUTER_BYTES = 4
 
 
 def _rope_elements(layer: Layer) -> float:
-    """Elements per sample times t that RoPE reads and writes on q and k in one pass:
-    2 s (a + g) d (0 without RoPE)."""
-    if layer.kind != "transformer" or layer.position_embedding != "rope":
+    """Elements per sample times t that RoPE and the query and key norms (`Layer.qk_norm`)
+    read and write on q and k in one pass: 2 s (a + g) d each (0 without either)."""
+    if layer.kind != "transformer":
         return 0.0
-    return 2.0 * layer.seq_length * (layer.num_attention_heads + layer.query_groups) \
+    ops = (layer.position_embedding == "rope") + bool(layer.qk_norm)
+    return 2.0 * ops * layer.seq_length * (layer.num_attention_heads + layer.query_groups) \
         * layer.kv_channels
 
 
@@ -671,14 +690,16 @@ def _megatron_llama_elementwise_bytes(layer: Layer, tmp: int, bytes_per_element:
     context's permute (2g a d), 2 bias-dropout-adds ((3g + 1) h each; without biases the same,
     the bias is h wide), the MLP activation (fused bias-GeLU or plain GeLU 2g f/t; fused
     bias-SwiGLU, megatron-core's bias_swiglu_impl, reads the 2f/t fc1 output and writes
-    f/t: 3g f/t), fused RoPE on q and k (read and write (a + g) d / t: 2g (a + g) d / t):
+    f/t: 3g f/t), fused RoPE on q and k (read and write (a + g) d / t: 2g (a + g) d / t),
+    and as much for the query and key norms (qk_norm):
     (10g + 2) h + 2g a d + act + rope;
     backward: 2 norm backwards (3g h each), 2 bias-dropout-add backwards (read dy and the
     mask, write dx: (2g + 1) h each, + g h each for the bias gradient with biases), the 2
     residual sums (3g h each), the permute's (2g a d), the activation backward (GeLU: read
     dy and x, write dx, 3g f/t, + g f/t for the bias gradient; SwiGLU: read dy f/t and the
     saved 2f/t input, write the 2f/t gradient, 5g f/t, + 2g f/t for the bias gradient) and
-    RoPE's (the inverse rotation of dq', dk': 2g (a + g) d / t):
+    RoPE's (the inverse rotation of dq', dk': 2g (a + g) d / t; the query and key norms'
+    backward counted the same):
     (16g + 2) h [+ 2g h] + 2g a d + act + rope.
     The mlp layer: one norm, one bias-dropout-add, one residual sum and the activation. With
     the GPT values these are the GPT formulas ((12g + 2) h + 2g f/t, (20g + 2) h + 4g f/t).

@@ -196,13 +196,16 @@ def test_llama_block_saved_activations_by_hand():
               num_query_groups=g, ffn_hidden_size=f, **LLAMA)
     for t in (1, 2):
         per_token = (bpe * (4 * h + 2)                       # 2 RMSNorm inputs + outputs, rstd
-                     + bpe * ((a + 2 * g) * d                # QKV output (v keeps it alive)
-                              + (a + g) * d                  # rotated q and k
+                     + bpe * ((a + 2 * g) * d                # rotated q and k, contiguous v
                               + a * d                        # attention output (proj input)
                               + 3 * f) // t                  # fc1 output 2f, SwiGLU output f
                      + 4 * a // t)                           # flash log-sum-exp (fp32)
         assert activations.layer_saved_bytes(x, mbs=mbs, tmp=t, bytes_per_element=bpe) == \
             per_token * s * mbs
+        # the query and key norms keep their inputs and one statistic per head
+        qk = dataclasses.replace(x, qk_norm=True)
+        assert activations.layer_saved_bytes(qk, mbs=mbs, tmp=t, bytes_per_element=bpe) \
+            - per_token * s * mbs == bpe * (a + g) * (d + 1) // t * s * mbs
     t = 2
     sp = activations.layer_saved_bytes(x, mbs=mbs, tmp=t, bytes_per_element=bpe, sequence_parallel=True)
     full = activations.layer_saved_bytes(x, mbs=mbs, tmp=t, bytes_per_element=bpe)

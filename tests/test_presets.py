@@ -41,7 +41,7 @@ PUBLISHED = {                      # (published total, exact count where known)
     "llama3-8b": (8.03e9, 8_030_261_248),
     "llama3-70b": (70.6e9, 70_553_706_496),
     "llama3.1-405b": (405.9e9, 405_853_388_800),
-    "qwen3-8b": (8.19e9, None),     # qk-layernorm (36 x 256 weights) not modelled
+    "qwen3-8b": (8.19e9, 8_190_735_360),     # Hugging Face safetensors total
     "qwen3-32b": (32.8e9, None),
     "qwen3-30b-a3b": (30.5e9, None),      # the mixture-of-experts presets (tests/test_moe.py)
     "qwen3-235b-a22b": (235e9, None),
@@ -272,11 +272,13 @@ def test_megatron_args_of_llama3_8b():
                 "--seq-length": "8192"}
     assert {k: args.get(k) for k in expected} == expected
     assert "--kv-channels" not in args                    # 128 = 4096 / 32
+    assert "--qk-layernorm" not in args
 
 
 def test_megatron_args_of_qwen3_and_tied_models():
     args = _pairs(_args(_model(preset="qwen3-32b")))
     assert args["--kv-channels"] == "128" and args["--num-query-groups"] == "8"
+    assert args["--qk-layernorm"] is True
     tied = _args(_model(**GPT, tie_embeddings=True))
     assert "--untie-embeddings-and-output-weights" not in tied
     assert "--position-embedding-type" in tied and \
@@ -286,7 +288,7 @@ def test_megatron_args_of_qwen3_and_tied_models():
 def test_megatron_args_of_the_gpt_block_are_unchanged():
     args = _args(_model(**GPT))
     for flag in ("--group-query-attention", "--num-query-groups", "--kv-channels", "--swiglu",
-                 "--normalization", "--disable-bias-linear"):
+                 "--normalization", "--disable-bias-linear", "--qk-layernorm"):
         assert flag not in args
     i = args.index("--ffn-hidden-size")
     assert args[i:i + 4] == ["--ffn-hidden-size", "256", "--seq-length", "32"]

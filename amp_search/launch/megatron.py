@@ -14,6 +14,7 @@ layer, GELU MLP, LayerNorm, biases, multi-head attention):
     position_embedding            --position-embedding-type learned_absolute | rope (rotary
                                   base: Megatron's default 10000; the base does not change
                                   the cost, set --rotary-base for real training)
+    qk_norm: true                 --qk-layernorm
     tie_embeddings: false         --untie-embeddings-and-output-weights (tied: Megatron's
                                   default, no flag)
     num_experts E, topk k, ...    --num-experts E --moe-router-topk k --moe-ffn-hidden-size
@@ -88,12 +89,12 @@ def check_gpt_chain(layers: tuple[Layer, ...]) -> Layer:
     if len(shapes) != 1:
         raise UsageError("the megatron backend needs all transformer blocks of one size")
     kinds = {(b.num_query_groups, b.head_dim, b.mlp, b.norm, b.bias, b.position_embedding,
-              b.num_experts, b.moe_router_topk, b.moe_ffn_hidden_size,
+              b.qk_norm, b.num_experts, b.moe_router_topk, b.moe_ffn_hidden_size,
               b.moe_shared_expert_size) for b in blocks}
     if len(kinds) != 1:
         raise UsageError("the megatron backend needs all transformer blocks of one kind "
                          "(num_query_groups, head_dim, mlp, norm, bias, position_embedding, "
-                         "experts)")
+                         "qk_norm, experts)")
     if layers[0].position_embedding != blocks[0].position_embedding:
         raise UsageError(f"the megatron backend needs the embedding's position_embedding "
                          f"({layers[0].position_embedding}) to be the blocks' "
@@ -137,6 +138,8 @@ def architecture_args(layers: tuple[Layer, ...]) -> list[str]:
         args += ["--normalization", "RMSNorm"]
     if not block.bias:
         args += ["--disable-bias-linear"]
+    if block.qk_norm:
+        args += ["--qk-layernorm"]
     if block.is_moe:
         args += ["--num-experts", str(block.num_experts),
                  "--moe-router-topk", str(block.moe_router_topk),

@@ -96,6 +96,12 @@ The Llama family (the Layer fields beside the GPT defaults), as megatron-core ru
   projection);
 - position_embedding 'rope': the embedding holds no positions; each block applies rotary
   embeddings (rotate-half form, base ROPE_THETA = 10000) to q and k;
+- qk_norm: the layer's norm over one head's d on each query and key head, before RoPE
+  (megatron-core's q_layernorm and k_layernorm);
+- the attention core gets q, k and v as contiguous tensors, as Transformer Engine's attention
+  copies them where their layout is not one it takes (get_qkv_layout), so the QKV output is
+  freed and the core saves q, k, v and its output, with grouped-query attention served by
+  the kernel itself (enable_gqa) rather than by k and v repeated to every query head;
 - tie_embeddings: rejected (`UnsupportedLayer`): trials run untied embeddings (see
   `check_layer`).
 
@@ -290,12 +296,13 @@ NORM_EPS = 1e-5
 """Epsilon of LayerNorm and RMSNorm (Megatron-LM's --norm-epsilon default)."""
 
 
-def _norm(layer: Layer, dtype: torch.dtype) -> nn.Module:
-    """The layer's normalization over hidden_size: LayerNorm (weight and bias) or RMSNorm
-    (weight only), replicated on every tensor rank."""
+def _norm(layer: Layer, dtype: torch.dtype, width: int = 0) -> nn.Module:
+    """The layer's normalization over hidden_size (or `width`): LayerNorm (weight and bias)
+    or RMSNorm (weight only), replicated on every tensor rank."""
+    width = width or layer.hidden_size
     if layer.norm == "rmsnorm":
-        return _FusedRMSNorm(layer.hidden_size, eps=NORM_EPS, dtype=dtype)
-    return nn.LayerNorm(layer.hidden_size, eps=NORM_EPS, dtype=dtype)
+        return _FusedRMSNorm(width, eps=NORM_EPS, dtype=dtype)
+    return nn.LayerNorm(width, eps=NORM_EPS, dtype=dtype)
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -761,6 +768,12 @@ class TransformerLayer(nn.Module):
         # layout: each group's query heads, then its key, then its value), so each tensor
         # rank owns g/t whole groups and their a/t query heads; MHA: [heads, 3, head_dim]
         self.qkv = lin.column(h, (a + 2 * g) * d, bias=layer.bias)
+        self.q_norm = self.k_norm = None
+        if layer.qk_norm:
+            self.q_norm, self.k_norm = _norm(layer, lin.dtype, d), _norm(layer, lin.dtype, d)
+        # each tensor rank normalises its own heads: the norms' gradients are summed over
+        # the tensor group (real tensor parallelism), as for a norm on a sequence shard
+        self.head_group = lin.group if lin.tp > 1 and not lin.simulate else None
         self.proj = lin.row(a * d, h, bias=layer.bias)
         self.ln2 = _norm(layer, lin.dtype)
         self.mlp = _MoE(layer, lin, expert_group, simulate_ep) if layer.is_moe \
@@ -771,24 +784,30 @@ class TransformerLayer(nn.Module):
 
     def _split_qkv(self, qkv, lead: tuple, perm: tuple):
         """qkv [lead..., groups_local * (per + 2) * d] -> q [b, a/t, s, d], k and v
-        [b, g/t, s, d], rotary embeddings applied to q and k; `perm` takes the layout
-        [lead..., heads, d] to [b, heads, s, d]."""
+        [b, g/t, s, d], contiguous, the query and key norms and rotary embeddings applied to
+        q and k; `perm` takes the layout [lead..., heads, d] to [b, heads, s, d]."""
         per = self.heads_per_group
         qkv = qkv.view(*lead, self.groups_local, per + 2, self.head_dim)
         if per == 1:
-            q, k, v = (qkv[..., i, :].permute(*perm) for i in range(3))
+            q, k, v = (qkv[..., i, :] for i in range(3))
         else:
-            q = qkv[..., :per, :].reshape(*lead, self.heads_local, self.head_dim).permute(*perm)
-            k, v = (qkv[..., per + i, :].permute(*perm) for i in range(2))
+            q = qkv[..., :per, :].reshape(*lead, self.heads_local, self.head_dim)
+            k, v = (qkv[..., per + i, :] for i in range(2))
+        # copies in the [lead..., heads, d] layout (the kernel's as before), so that none of
+        # them keeps the QKV output alive
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        if self.q_norm is not None:
+            q = _layer_norm(self.q_norm, q, self.head_group)
+            k = _layer_norm(self.k_norm, k, self.head_group)
+        q, k, v = q.permute(*perm), k.permute(*perm), v.permute(*perm)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         return q, k, v
 
     def _core(self, q, k, v):
-        if self.heads_per_group > 1:    # grouped-query: each k/v group serves its query heads
-            k = k.repeat_interleave(self.heads_per_group, dim=1)
-            v = v.repeat_interleave(self.heads_per_group, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        # grouped-query: each k/v group serves its query heads inside the kernel
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                              enable_gqa=self.heads_per_group > 1)
 
     def attention(self, q, k, v):
         """The attention core, checkpointed under selective recomputation (reentrant, so
