@@ -41,7 +41,7 @@ from .hosts import is_loopback_host
 from .launch.hostfile import HostSlots, format_hostfile
 from .launch.launchers import (LaunchContext, build_launch, torchrun_node, trial_nodes,
                                trial_program)
-from .launch.megatron import (check_gpt_chain, megatron_args, megatron_nodes,
+from .launch.megatron import (check_gpt_chain, megatron_args, megatron_nodes, training_kwargs,
                               megatron_program, split_args, stage_layer_counts,
                               virtual_stage_args)
 from .launch.orchestrator import LaunchOptions, check_options, node_hosts, preflight
@@ -378,11 +378,7 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                        output="result.json")   # device and precision, as the launcher
     block = check_gpt_chain(spec.model.layers)
     args = megatron_args(spec.model.layers, s, precision=cfg.precision, iters=iters, seed=seed,
-                         overlap_grad_reduce=spec.training.overlaps_grad_reduce(s.zero_stage),
-                         tp_comm_overlap=spec.training.tp_comm_overlap,
-                         grad_reduce_in_fp32=spec.training.grad_reduce_in_fp32,
-                         cpu_offload_layers=spec.training.cpu_offload_layers,
-                         moe_a2a_overlap=spec.training.moe_a2a_overlap)
+                         **training_kwargs(spec.training, s))
     nodes = megatron_nodes(ranks)
     env = trial_env(cfg.device, "megatron")
     ctx = _context(spec, cfg.device, env, master_port)

@@ -270,6 +270,8 @@ class SearchSpace:
     caller names another (`launch --backend`)."""
     cpu_offload_layers: int = 0
     """training.cpu_offload_layers (0: no activation offloading)."""
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """What selective recomputation recomputes (training.recompute_modules)."""
 
     @classmethod
     def of(cls, spec: Spec, backend: str | None = None) -> "SearchSpace":
@@ -289,7 +291,8 @@ class SearchSpace:
                    sequence_parallel=t.sequence_parallel,
                    seq_lengths=tuple(sorted({x.seq_length for x in spec.model.layers})),
                    attention_scores=any(spec.attention_for(g) == "standard" for g in gpus),
-                   backend=backend or t.backend, cpu_offload_layers=t.cpu_offload_layers)
+                   backend=backend or t.backend, cpu_offload_layers=t.cpu_offload_layers,
+                   recompute_modules=t.recompute_modules)
 
 
 Rule = Callable[[SearchSpace, Candidate], "Violation | None"]
@@ -369,7 +372,10 @@ def sequence_divides_tmp(s: SearchSpace, c: Candidate) -> Violation | None:
 
 
 def selective_needs_scores(s: SearchSpace, c: Candidate) -> Violation | None:
-    if c.selective_recompute and not c.activation_checkpointing and not s.attention_scores:
+    """Selective recomputation of the attention core alone under flash attention drops
+    nothing but the log-sum-exp; other modules (training.recompute_modules) free more."""
+    if c.selective_recompute and not c.activation_checkpointing and not s.attention_scores \
+            and s.recompute_modules == ("core_attn",):
         return Violation(Reason.SELECTIVE_WITH_FLASH,
                          "selective recomputation under flash attention: there are no stored "
                          "attention scores to drop, so it saves next to no memory and re-runs "

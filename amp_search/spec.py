@@ -236,6 +236,11 @@ class Cluster:
 
 
 PIPELINE_P2P = ("whole", "split")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act")
+"""What selective recomputation may recompute (Megatron-LM's --recompute-modules, with
+--recompute-granularity selective): the attention core; the norms that are modules of their
+own (under Transformer Engine, a mixture-of-experts block's pre-MLP norm: the other norms are
+fused into the linear layer after them); the experts' activation function."""
 """training.pipeline_p2p values (TrainingSpec.pipeline_p2p)."""
 FINETUNE = ("none", "lora")
 """training.pipeline_p2p values (TrainingSpec.pipeline_p2p)."""
@@ -340,6 +345,11 @@ class TrainingSpec:
     dispatch and combine all-to-alls run beside another micro-batch's compute, hiding the
     catalog's `moe_a2a_overlap` share of them. Megatron backend, a model with experts."""
 
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """What `selective` recomputation recomputes (RECOMPUTE_MODULES, Megatron-LM's
+    --recompute-modules, whose default is core_attn alone). The deepspeed trials recompute the
+    attention core only."""
+
     cpu_offload_layers: int = 0
     """Megatron-LM's --cpu-offloading --cpu-offloading-num-layers N (Transformer Engine's
     activation offloading): the saved activations of the first N transformer blocks go to
@@ -361,6 +371,14 @@ class TrainingSpec:
 
         return gradient_reduce_overlaps_backward(framework=self.backend, zero_stage=zero_stage,
                                                  overlap_comm=self.overlap_grad_reduce)
+
+    def selective(self, selective_recompute: bool) -> bool | tuple[str, ...]:
+        """What cost_models.activations' `selective` argument is for a strategy with
+        selective recomputation on or off: False, True (the attention core alone, the
+        default recompute_modules) or the modules named."""
+        if not selective_recompute:
+            return False
+        return True if self.recompute_modules == ("core_attn",) else self.recompute_modules
 
     @property
     def bytes_per_element(self) -> int:
@@ -794,7 +812,7 @@ def _training(data) -> TrainingSpec:
                                    "expert_parallel", "objective", "pipeline_p2p",
                                    "finetune", "overlap_grad_reduce", "tp_comm_overlap",
                                    "grad_reduce_in_fp32", "cpu_offload_layers",
-                                   "moe_sync_free", "moe_a2a_overlap"))
+                                   "moe_sync_free", "moe_a2a_overlap", "recompute_modules"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
     # virtual stages, as NeMo's auto-configurator does
     backend = r.choice("backend", BACKENDS, "deepspeed")
@@ -879,7 +897,23 @@ def _training(data) -> TrainingSpec:
         cpu_offload_layers=r.int("cpu_offload_layers", default=0, lo=0, hi=MAX_OFFLOAD_LAYERS),
         moe_sync_free=r.flag("moe_sync_free", False),
         moe_a2a_overlap=r.flag("moe_a2a_overlap", False),
+        recompute_modules=_recompute_modules(r),
     )
+
+
+def _recompute_modules(r: MappingReader) -> tuple[str, ...]:
+    """training.recompute_modules: a non-empty list of RECOMPUTE_MODULES without repeats (in
+    their canonical order); default core_attn."""
+    given = r.raw("recompute_modules", ["core_attn"])
+    if isinstance(given, str):
+        given = [given]
+    if not (isinstance(given, list) and given and len(set(map(str, given))) == len(given)
+            and all(isinstance(m, str) and m in RECOMPUTE_MODULES for m in given)):
+        raise SpecError(r.at("recompute_modules"),
+                        f"got {show_value(given)}; accepted: a list of some of "
+                        f"{', '.join(RECOMPUTE_MODULES)} (what selective recomputation "
+                        f"recomputes, e.g. [layernorm, moe_act])")
+    return tuple(m for m in RECOMPUTE_MODULES if m in given)
 
 
 def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None = None) -> Spec:
@@ -945,6 +979,21 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
         if getattr(training, key) and not model.num_experts:
             raise SpecError(f"training.{key}", "the model has no experts (model.num_experts); "
                                                "accepted: false, or a model with experts")
+    if training.recompute_modules != ("core_attn",):
+        if "selective" not in training.activation_checkpointing:
+            raise SpecError("training.recompute_modules",
+                            f"what selective recomputation recomputes; activation_checkpointing "
+                            f"is {'/'.join(training.activation_checkpointing)}: accepted with "
+                            f"activation_checkpointing selective (or search, or a list with it)")
+        if training.backend != "megatron":
+            raise SpecError("training.recompute_modules",
+                            f"{', '.join(training.recompute_modules)}: the {training.backend} "
+                            f"trials recompute the attention core only; accepted: [core_attn], "
+                            f"or training.backend: megatron")
+        if "moe_act" in training.recompute_modules and not model.num_experts:
+            raise SpecError("training.recompute_modules",
+                            "moe_act recomputes the experts' activation: the model has no "
+                            "experts (model.num_experts); accepted: core_attn, layernorm")
     blocks = sum(x.kind == "transformer" for x in model.layers)
     if training.cpu_offload_layers >= max(blocks, 1):
         raise SpecError("training.cpu_offload_layers",
@@ -1112,6 +1161,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             del section["moe_sync_free"]         # as before the key existed
         if name == "training" and not section["moe_a2a_overlap"]:
             del section["moe_a2a_overlap"]       # as before the key existed
+        if name == "training" and tuple(section["recompute_modules"]) == ("core_attn",):
+            del section["recompute_modules"]     # as before the key existed
         if name == "training" and section["objective"] == "time":
             del section["objective"]             # as before the key existed
         if name == "training" and section["context_parallel"] == (1,):

@@ -142,6 +142,23 @@ which the open file does not hold), read through the search tool; the MXFP8 and 
 recipes run pipeline parallelism instead, without it."""
 
 
+RECOMPUTED = {("GPT OSS 120B", "DGX-GB200"): ("layernorm", "moe_act"),
+              ("GPT OSS 120B", "DGX-B200"): ("layernorm", "moe_act"),
+              ("GPT OSS 120B", "DGX-H100"): ("layernorm", "moe_act")}
+"""The recipes' selective recomputation (training.recompute_modules) where they name one:
+Megatron-Bridge's scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py sets
+recompute_modules ["layernorm", "moe_act"] on its GPT-OSS 120B BF16 recipes for GB200, B200
+and H100 (the GB300 and B300 ones capture CUDA graphs instead), read through the search tool;
+applied to the BF16 rows (the MXFP8 recipes are later configs of their own)."""
+
+
+def recompute_modules(row: dict) -> tuple[str, ...]:
+    """The row's recipe's recomputed modules (RECOMPUTED; () for none)."""
+    if row["precision"] != "BF16":
+        return ()
+    return RECOMPUTED.get((row["model"], row["system"]), ())
+
+
 def spec_dict(row: dict) -> dict:
     """The spec a user would write for the row's run."""
     sysm = SYSTEMS[row["system"]]
@@ -157,7 +174,11 @@ def spec_dict(row: dict) -> dict:
         "model": {"preset": MODELS[row["model"]], "seq_length": int(row["seq"])},
         "training": {"global_batch_size": int(row["gbs"]),
                      "precision": PRECISIONS[row["precision"]], "backend": "megatron",
-                     "zero_stage": zero_of(row), "activation_checkpointing": "none",
+                     "zero_stage": zero_of(row),
+                     "activation_checkpointing": "selective" if recompute_modules(row)
+                     else "none",
+                     **({"recompute_modules": list(recompute_modules(row))}
+                        if recompute_modules(row) else {}),
                      "sequence_parallel": int(row["tp"]) > 1, "framework_overhead": "2 GiB",
                      "finetune": "lora" if row["workload"] == "lora" else "none",
                      # the recipes' DistributedDataParallelConfig: overlap_grad_reduce=True
@@ -296,14 +317,16 @@ def experts(row: dict) -> int:
 
 def estimate_recipe(spec, row: dict):
     """The recipe as published: its layout, the distributed optimizer (Megatron-FSDP where
-    it names an FSDP size), sequence parallelism where tp > 1, no recomputation, its expert
+    it names an FSDP size), sequence parallelism where tp > 1, no recomputation (or the
+    selective recomputation of RECOMPUTED), its expert
     parallelism, and Megatron-LM's uniform split of the blocks over the stages (the
     embedding on the first, the head on the last), the split it ran: the planner's own
     split, which evens out the stages within the memory the model predicts, is not the
     recipe's (GPT-OSS's 201k-token head makes Megatron's last stage the slowest)."""
     pp, dp, tp, cp, mbs, vp = layout_of(row)
     return estimate(spec, pp=pp, dp=dp, tmp=tp, mbs=mbs, cp=cp, virtual_stages=vp,
-                    zero_stage=zero_of(row), activation_checkpointing="none",
+                    zero_stage=zero_of(row),
+                    activation_checkpointing="selective" if recompute_modules(row) else "none",
                     sequence_parallel=tp > 1,
                     ep=experts(row) if spec.model.num_experts else 1, partition="uniform")
 

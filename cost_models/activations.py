@@ -91,7 +91,13 @@ checkpoints the attention core only: the transformer no longer keeps the core's 
 core's output and those terms exist again (`selective_working_set_bytes`). With flash
 attention selective recomputation therefore saves only the 4a/t log-sum-exp bytes per token
 (there is no s^2 term to drop) while still re-running the core: the paper's saving is the
-standard-attention one (cost_models.recompute).
+standard-attention one (cost_models.recompute). Megatron-LM's --recompute-modules name
+more than the core (`recomputed_modules`): layernorm frees the output of each norm that is a
+module of its own, under Transformer Engine a mixture-of-experts block's pre-MLP norm (the
+router's input, g h per token; the other norms are fused into the linear layer after them,
+which keeps its input either way); moe_act frees the experts' activation output (fc2's
+input, g k f_e/t per token) in 16-bit training (under FP8 fc2 keeps its FP8 copy of it
+anyway). Each is recomputed in the backward and exists again for one layer meanwhile.
 
 With full recomputation (DeepSpeed activation checkpointing of each transformer/mlp block) a
 block keeps only its input, g s h_in per sample; the embedding and head keep everything.
@@ -128,10 +134,28 @@ def sequence_shards(tmp: int, sequence_parallel: bool) -> int:
     return tmp if sequence_parallel and tmp > 1 else 1
 
 
+RECOMPUTABLE = ("core_attn", "layernorm", "moe_act")
+"""What selective recomputation may recompute (Megatron-LM's --recompute-modules)."""
+
+
+def recomputed_modules(selective) -> frozenset:
+    """The modules a `selective` argument recomputes: False (or empty) none, True the
+    attention core (core_attn, what selective recomputation means without a list), or the
+    names of RECOMPUTABLE themselves."""
+    if selective is True:
+        return frozenset(("core_attn",))
+    if not selective:
+        return frozenset()
+    unknown = set(selective) - set(RECOMPUTABLE)
+    if unknown:
+        raise ValueError(f"recompute modules {sorted(unknown)}; known: {', '.join(RECOMPUTABLE)}")
+    return frozenset(selective)
+
+
 @lru_cache(maxsize=65536)      # a pure function; the search asks for the same layer often
 def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
                       attention_scores: bool = False, sequence_parallel: bool = False,
-                      selective: bool = False, fp8: bool = False) -> int:
+                      selective: bool | tuple = False, fp8: bool = False) -> int:
     """Bytes autograd saves for backward in one forward of the trial layer (no full
     recomputation), per micro-batch; the per-token terms are in the module docstring.
 
@@ -140,9 +164,12 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
     gather it again in backward), their mean and rstd, the input projection's input; the
     sharded terms (QKV, attention output, fc1, GELU, log-sum-exp, scores) stay as they are
     (Korthikanti et al. 2022, Table 2: sbh(10 + 24/t) -> sbh 34/t).
-    `selective` checkpoints the attention core: its log-sum-exp (flash) or its scores,
-    dropout mask and dropout output (standard) are not kept; its inputs q, k, v are the QKV
-    output and its output the projection's input, both kept anyway."""
+    `selective` checkpoints the attention core (True, or core_attn among the names of
+    `recomputed_modules`): its log-sum-exp (flash) or its scores, dropout mask and dropout
+    output (standard) are not kept; its inputs q, k, v are the QKV output and its output the
+    projection's input, both kept anyway. layernorm and moe_act: see the module docstring."""
+    modules = recomputed_modules(selective)
+    core = "core_attn" in modules
     g, t = bytes_per_element, tmp
     h, f, a = layer.hidden_size, layer.ffn_hidden_size, layer.num_attention_heads
     v = padded_vocab_size(layer.vocab_size, tmp)
@@ -157,14 +184,18 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
     if k in ("transformer", "mlp", "head") and not layer.is_gpt_block:
         replicated, split = _llama_saved_per_token(layer, tmp=t, bytes_per_element=g,
                                                    attention_scores=attention_scores,
-                                                   selective=selective)
+                                                   selective=core)
         if fp8:
             replicated, split = _fp8_saved_per_token(layer, replicated, split, t, g)
+        if layer.is_moe and "layernorm" in modules:     # the pre-MLP norm's output
+            replicated -= g * h
+        if layer.is_moe and "moe_act" in modules and not fp8:     # fc2's 16-bit input
+            split -= g * (layer.moe_router_topk * layer.expert_ffn // t)
         return ((replicated + masks + proj_in * (k != "head")) * s // q + split * s) * mbs
     if k == "transformer":
         replicated = g * (4 * h + 4) + proj_in
         split = g * (4 * h // t + 2 * f // t)
-        if not selective:
+        if not core:
             split += FP32_BYTES * a // t
             if attention_scores:
                 split += (2 * g + 1) * a * s // t
@@ -264,7 +295,7 @@ def checkpoint_input_bytes(layer: Layer, *, mbs: int, bytes_per_element: int,
 
 def layer_activation_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
                            recompute: bool, attention_scores: bool = False,
-                           sequence_parallel: bool = False, selective: bool = False,
+                           sequence_parallel: bool = False, selective: bool | tuple = False,
                            fp8: bool = False) -> int:
     """Bytes the layer keeps for backward per micro-batch: everything it saves, or with full
     recomputation only a block's input (embedding and head are not recomputed)."""
@@ -277,19 +308,28 @@ def layer_activation_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_elemen
 
 
 def selective_working_set_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: int,
-                                attention_scores: bool = False) -> int:
+                                attention_scores: bool = False,
+                                selective: bool | tuple = True) -> int:
     """Extra bytes while a selectively recomputed attention core runs its backward: what the
     re-run core saves (its output g h/t and log-sum-exp 4a/t per token, plus the scores of
-    standard attention), one transformer layer, one micro-batch."""
+    standard attention), one transformer layer, one micro-batch; with `selective` naming
+    more modules (`recomputed_modules`), a mixture-of-experts block's recomputed pre-MLP norm
+    output (g h, on the rank's tokens) and experts' activation output (g k f_e/t) too."""
     if layer.kind != "transformer":
         return 0
+    modules = recomputed_modules(selective)
     g, t, s = bytes_per_element, tmp, layer.seq_length
     a, h = layer.num_attention_heads, layer.hidden_size
-    if not layer.is_gpt_block:
-        h = layer.attention_width      # the core's output is a d wide
-    per_token = g * h // t + FP32_BYTES * a // t
-    if attention_scores:
-        per_token += (2 * g + 1) * a * s // t
+    per_token = 0
+    if "core_attn" in modules:
+        width = h if layer.is_gpt_block else layer.attention_width    # the core's output
+        per_token = g * width // t + FP32_BYTES * a // t
+        if attention_scores:
+            per_token += (2 * g + 1) * a * s // t
+    if layer.is_moe and "layernorm" in modules:
+        per_token += g * h // t         # on the rank's s/t tokens (MoE with tmp > 1: SP)
+    if layer.is_moe and "moe_act" in modules:
+        per_token += g * (layer.moe_router_topk * layer.expert_ffn // t)
     return per_token * s * mbs
 
 
@@ -347,7 +387,7 @@ def _held_chunk_counts(pp: int, virtual_stages: int, gas: int, stage: int) -> np
 
 def recompute_working_set_bytes(layers, *, mbs: int, tmp: int, bytes_per_element: int,
                                 attention_scores: bool = False, sequence_parallel: bool = False,
-                                selective: bool = False, fp8: bool = False) -> int:
+                                selective: bool | tuple = False, fp8: bool = False) -> int:
     """Extra bytes while a recomputed block runs its backward: its full saved set minus the
     input it already kept (the recomputation saves the same input storage), largest block;
     with `selective`, the largest `selective_working_set_bytes`."""
@@ -356,7 +396,7 @@ def recompute_working_set_bytes(layers, *, mbs: int, tmp: int, bytes_per_element
         if selective:
             best = max(best, selective_working_set_bytes(
                 x, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
-                attention_scores=attention_scores))
+                attention_scores=attention_scores, selective=selective))
         elif x.kind in CHECKPOINTED_KINDS:
             full = layer_saved_bytes(x, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
                                      attention_scores=attention_scores,
@@ -385,7 +425,7 @@ class ActivationTerms:
 
 def activation_terms(layers, *, mbs: int, tmp: int, bytes_per_element: int,
                      recompute: bool, attention_scores: bool = False,
-                     sequence_parallel: bool = False, selective: bool = False,
+                     sequence_parallel: bool = False, selective: bool | tuple = False,
                      fp8: bool = False) -> ActivationTerms:
     """The stage-independent terms of `stage_saved_activation_bytes` (its per-micro-batch
     bytes and recomputation working set, which starts after the head's backward has freed
@@ -393,7 +433,7 @@ def activation_terms(layers, *, mbs: int, tmp: int, bytes_per_element: int,
     `pipeline_buffer_bytes` (one buffer's bytes, and the head's aliased buffers)."""
     kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
               attention_scores=attention_scores, sequence_parallel=sequence_parallel, fp8=fp8)
-    selective = selective and not recompute
+    selective = False if recompute else selective
     per_mb = sum(layer_activation_bytes(x, recompute=recompute, selective=selective, **kw)
                  for x in layers)
     working = 0
@@ -429,7 +469,7 @@ def _buffers_bytes(stage: int, pp: int, gas: int, buffer_bytes: float, aliased: 
 def stage_saved_activation_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tmp: int,
                                  bytes_per_element: int, recompute: bool,
                                  attention_scores: bool = False, sequence_parallel: bool = False,
-                                 selective: bool = False, fp8: bool = False) -> int:
+                                 selective: bool | tuple = False, fp8: bool = False) -> int:
     """The most bytes saved for backward that stage j holds at once:
     n = in_flight_microbatches micro-batches of its layers' saved activations; with
     recomputation (full or selective), plus one block's (one attention core's) working set

@@ -493,7 +493,7 @@ def stage_bytes(layers, *, stage: int, pp: int, dp: int, tmp: int, mbs: int, gas
                 zero_stage: int, recompute: bool, precision: str,
                 buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
                 attention_scores: bool = False, sequence_parallel: bool = False,
-                selective: bool = False, framework: str = "deepspeed",
+                selective: bool | tuple = False, framework: str = "deepspeed",
                 cp: int = 1, ep: int = 1, grad_fp32: bool | None = None) -> StageBytes:
     """All parts for the device of one stage (every tensor rank holds the same shapes). With
     context parallelism (cp > 1; dp is then the dp x cp ranks the optimizer states are sharded
@@ -614,7 +614,7 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
                         recompute: bool, precision: str, framework_overhead_bytes: int,
                         buckets: ZeroBuckets = DEEPSPEED_DEFAULT_BUCKETS,
                         attention_scores: bool = False, sequence_parallel: bool = False,
-                        selective: bool = False, framework: str = "deepspeed",
+                        selective: bool | tuple = False, framework: str = "deepspeed",
                         cp: int = 1, ep: int = 1, frozen: bool = False,
                         grad_fp32: bool | None = None) -> LinearMemory:
     """`LinearMemory` of a pipelined strategy (see there); the same terms as `stage_bytes`
@@ -645,7 +645,7 @@ def linear_stage_memory(layers, *, dp: int, tmp: int, mbs: int, gas: int, zero_s
         per_param = (total - ex_total) / max(sum(flat) - experts.sum(), 1)
     kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=g, attention_scores=attention_scores,
               sequence_parallel=sequence_parallel, fp8=precision in ("fp8", "nvfp4"))
-    selective = selective and not recompute
+    selective = False if recompute else selective
     fixed = float(framework_overhead_bytes + states.buffer_bytes)
     if recompute or selective:
         # the largest block's: one layer of each signature is enough

@@ -82,16 +82,32 @@ class KnobTime:
 
 
 def selective_recompute_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed,
-                               bytes_per_element: int, attention: str) -> KnobTime:
+                               bytes_per_element: int, attention: str,
+                               modules: tuple[str, ...] = ("core_attn",)) -> KnobTime:
     """Selective recomputation re-runs the attention core's forward (QK^T, softmax, dropout,
     attention x V: `cost_models.compute.attention_time_s`, flash or standard) once inside the
     backward pass (Korthikanti et al. 2022, section 4.3). In FLOPs: 4 b s^2 h / t more per
     layer against forward + backward's 72 b s h^2 (1 + s / (6h)) / t, e.g. 0.9 % for GPT-3
-    175B (s = 2048, h = 12288). Transformer layers only."""
+    175B (s = 2048, h = 12288). Transformer layers only.
+
+    `modules` (Megatron-LM's --recompute-modules, cost_models.activations.RECOMPUTABLE): the
+    attention core as above where core_attn is named; in a mixture-of-experts block,
+    layernorm re-runs the pre-MLP norm's forward (read h, write h: 2g h per token) and
+    moe_act the experts' activation's (SwiGLU reads 2 f_e and writes f_e, GELU reads and
+    writes f_e, for each of the token's k experts), memory-bound, on the rank's s/t tokens."""
     if layer.kind != "transformer":
         return KnobTime(forward_s=0.0, backward_s=0.0)
     core = attention_time_s(layer, tmp=tmp, mbs=mbs, device=device,
-                            bytes_per_element=bytes_per_element, attention=attention)
+                            bytes_per_element=bytes_per_element, attention=attention) \
+        if "core_attn" in modules else 0.0
+    if layer.is_moe:
+        g, per = float(bytes_per_element), 0.0
+        if "layernorm" in modules:
+            per += 2.0 * g * layer.hidden_size
+        if "moe_act" in modules:
+            per += (3.0 if layer.mlp == "swiglu" else 2.0) * g * layer.moe_router_topk \
+                * layer.expert_ffn
+        core += per * layer.seq_length * mbs / tmp / device.memory_bandwidth_bytes_per_s
     return KnobTime(forward_s=0.0, backward_s=float(core))
 
 

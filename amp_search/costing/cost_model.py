@@ -1103,7 +1103,8 @@ class CostModel:
                 x = 0.0
                 if sel:
                     x += selective_recompute_time_s(
-                        layer, attention=self.spec.attention_for(gpu), **kw).total_s
+                        layer, attention=self.spec.attention_for(gpu),
+                        modules=t.recompute_modules, **kw).total_s
                 if sp:
                     x += sequence_parallel_time_s(
                         layer, recompute=c.activation_checkpointing, framework=t.backend,
@@ -1398,7 +1399,7 @@ class CostModel:
                 zero_stage=c.zero_stage, recompute=c.activation_checkpointing,
                 precision=t.precision, framework_overhead_bytes=t.framework_overhead_bytes,
                 attention_scores=scores, sequence_parallel=c.sequence_parallel,
-                selective=c.selective_recompute, framework=t.backend,
+                selective=t.selective(c.selective_recompute), framework=t.backend,
                 frozen=t.frozen_weights, grad_fp32=t.grad_reduce_in_fp32)
             self._type_rows[key] = lin
         layer_bytes, reserved = lin.stage_arrays(c.pp, gas)

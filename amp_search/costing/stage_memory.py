@@ -74,7 +74,7 @@ def _one_stage(spec: Spec, s: Strategy, j: int, capacity, attention_scores) -> S
                           s.pp, s.replicas, s.tmp, s.mbs, s.gas, s.zero_stage,
                           s.activation_checkpointing, t.precision,
                           bool(attention_scores), s.sequence_parallel,
-                          s.selective_recompute, t.backend, s.cp, s.ep,
+                          t.selective(s.selective_recompute), t.backend, s.cp, s.ep,
                           grad_fp32=t.grad_reduce_in_fp32)
     if t.cpu_offload_layers and s.pp == 1:     # the offloaded blocks' activations on the host
         st = replace(st, activation_bytes=st.activation_bytes - offloaded_bytes(
@@ -131,12 +131,12 @@ def _interleaved_stage_bytes(spec: Spec, s: Strategy, j: int,
     ranges = s.stage_layer_ranges(j)
     st = _stage_bytes(layers, ranges, s.pp - 1, s.pp, s.replicas, s.tmp, s.mbs, s.gas,
                       s.zero_stage, s.activation_checkpointing, t.precision, attention_scores,
-                      s.sequence_parallel, s.selective_recompute, t.backend, ep=s.ep,
-                      grad_fp32=t.grad_reduce_in_fp32)
+                      s.sequence_parallel, t.selective(s.selective_recompute), t.backend,
+                      ep=s.ep, grad_fp32=t.grad_reduce_in_fp32)
     per_chunk, one = _chunk_activations(
         layers, ranges, s.mbs, s.tmp, t.bytes_per_element, attention_scores,
         s.sequence_parallel, t.precision in ("fp8", "nvfp4"), s.activation_checkpointing,
-        s.selective_recompute)
+        t.selective(s.selective_recompute))
     act = activations.interleaved_saved_activation_bytes(per_chunk, stage=j, pp=s.pp,
                                                           gas=s.gas) + one - sum(per_chunk)
     act = act // s.cp if s.cp > 1 else act      # a context-parallel rank's s/cp tokens
@@ -203,7 +203,7 @@ def _runs(layers: tuple[Layer, ...]) -> tuple[tuple[int, int, int], ...]:
 def _chunk_activations(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...],
                        mbs: int, tmp: int, g: int, attention_scores: bool,
                        sequence_parallel: bool, fp8: bool, recompute: bool,
-                       selective_recompute: bool) -> tuple[tuple[int, ...], int]:
+                       selective_recompute: bool | tuple) -> tuple[tuple[int, ...], int]:
     """One device's chunks (layer `ranges`) under the interleaved schedule: each chunk's saved
     activations of one micro-batch, and one micro-batch of all of them with the
     recomputation working set (the last stage's count, one in flight); cached, as every
@@ -218,7 +218,7 @@ def _chunk_activation_terms(layers, ranges, mbs, tmp, g, attention_scores, seque
     chunks = [layers[a:z] for a, z in ranges]
     kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=g, attention_scores=attention_scores,
               sequence_parallel=sequence_parallel, fp8=fp8)
-    selective = selective_recompute and not recompute
+    selective = False if recompute else selective_recompute
     per_chunk = tuple(sum(activations.layer_activation_bytes(x, recompute=recompute,
                                                              selective=selective, **kw)
                           for x in c) for c in chunks)
@@ -232,7 +232,7 @@ def _chunk_activation_terms(layers, ranges, mbs, tmp, g, attention_scores, seque
 def _stage_bytes(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...], stage: int,
                  pp: int, dp: int, tmp: int, mbs: int, gas: int, zero_stage: int,
                  recompute: bool, precision: str, attention_scores: bool,
-                 sequence_parallel: bool = False, selective: bool = False,
+                 sequence_parallel: bool = False, selective: bool | tuple = False,
                  backend: str = "deepspeed", cp: int = 1,
                  ep: int = 1, grad_fp32: bool | None = None) -> memory_model.StageBytes:
     """The parts of one device holding the model's layers in `ranges` (dp: the ranks the

@@ -31,7 +31,8 @@ The strategy maps to its arguments:
                              stage per '|' (E embedding, t block, L loss/head), e.g. Et*3|t*2|tL
     activation_checkpointing --recompute-granularity full --recompute-method uniform
                              --recompute-num-layers 1
-    selective_recompute      --recompute-granularity selective (the attention core only)
+    selective_recompute      --recompute-granularity selective (the attention core, or
+                             training.recompute_modules: --recompute-modules ...)
     sequence_parallel        --sequence-parallel
     cp > 1                   --context-parallel-size (ring attention; Megatron's rank order
                              tp-cp-dp-pp, the placement's replicas d * cp + c)
@@ -211,11 +212,23 @@ def overlaps_moe_a2a(s: Strategy, block: Layer) -> bool:
                                                              s.activation_checkpointing)
 
 
+def training_kwargs(training, strategy: Strategy) -> dict:
+    """`megatron_args`' keywords from the spec's training section (amp_search.spec.
+    TrainingSpec) for `strategy`: what the launcher and the export pass alike."""
+    return dict(overlap_grad_reduce=training.overlaps_grad_reduce(strategy.zero_stage),
+                tp_comm_overlap=training.tp_comm_overlap,
+                grad_reduce_in_fp32=training.grad_reduce_in_fp32,
+                cpu_offload_layers=training.cpu_offload_layers,
+                moe_a2a_overlap=training.moe_a2a_overlap,
+                recompute_modules=training.recompute_modules)
+
+
 def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: str,
                   iters: int, seed: int = 1234, lr: float = 1e-4,
                   overlap_grad_reduce: bool = False, tp_comm_overlap: bool = False,
                   grad_reduce_in_fp32: bool | None = None,
-                  cpu_offload_layers: int = 0, moe_a2a_overlap: bool = False) -> list[str]:
+                  cpu_offload_layers: int = 0, moe_a2a_overlap: bool = False,
+                  recompute_modules: tuple[str, ...] = ("core_attn",)) -> list[str]:
     """The pretrain_gpt.py arguments for one strategy; `overlap_grad_reduce` (the spec's
     training.overlap_grad_reduce): --overlap-grad-reduce, the gradients reduced in buckets
     during the backward; `tp_comm_overlap` (training.tp_comm_overlap, with tmp > 1 and
@@ -227,7 +240,9 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
     Transformer Engine's layers (its offload handler; CUDA); `moe_a2a_overlap`
     (training.moe_a2a_overlap, where `overlaps_moe_a2a`):
     --overlap-moe-expert-parallel-comm --delay-wgrad-compute on Transformer Engine's layers,
-    as Megatron-LM's MoE performance guide runs them."""
+    as Megatron-LM's MoE performance guide runs them; `recompute_modules`
+    (training.recompute_modules) other than the attention core alone: --recompute-modules
+    with selective recomputation."""
     block = check_gpt_chain(layers)
     s = strategy
     vocab = layers[0].vocab_size
@@ -258,6 +273,8 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
                  "--recompute-num-layers", "1"]
     elif s.selective_recompute:
         args += ["--recompute-granularity", "selective"]
+        if tuple(recompute_modules) != ("core_attn",):
+            args += ["--recompute-modules", *recompute_modules]
     if s.sequence_parallel:
         args += ["--sequence-parallel"]
     if s.cp > 1:

@@ -45,6 +45,7 @@ from ..trial.ranks import RankAssignment, assign_ranks
 from .hostfile import HostSlots
 from .launchers import LAUNCHERS, BUILDERS, LaunchContext, TrialLaunch, build_launch
 from .megatron import (check_gpt_chain, megatron_args, megatron_nodes, megatron_program,
+                       training_kwargs,
                        megatron_unsupported, megatron_unsupported_gradients,
                        overlaps_moe_a2a, parse_megatron_log)
 from .process import (TRIAL_DIR_VAR, classify_failure, failure_reason, log_tail,
@@ -399,12 +400,7 @@ def _prepare(spec: Spec, req: TrialRequest, index: int, ranks: tuple[RankAssignm
                         node_slots={n.id: len(n.devices) for n in spec.cluster.nodes})
     if options.backend == "megatron":
         args = megatron_args(spec.model.layers, s, precision=precision, iters=options.iters,
-                             seed=options.seed, overlap_grad_reduce=spec.training.
-                             overlaps_grad_reduce(s.zero_stage),
-                             tp_comm_overlap=spec.training.tp_comm_overlap,
-                             grad_reduce_in_fp32=spec.training.grad_reduce_in_fp32,
-                             cpu_offload_layers=spec.training.cpu_offload_layers,
-                             moe_a2a_overlap=spec.training.moe_a2a_overlap)
+                             seed=options.seed, **training_kwargs(spec.training, s))
         program = megatron_program(options.megatron_path, args)
         launch = BUILDERS[options.launcher](megatron_nodes(ranks), ctx,
                                             rank0_host=ranks[0].host, program=program)
