@@ -39,6 +39,10 @@ GPUs).
 stages, micro-batch, recomputation and sequence parallelism searched (closed form), and reports
 where the published recipe ranks (or that it is predicted not to fit) and how the best plan's
 predicted time compares with the recipe's (minutes: some of these are 1,024-GPU searches).
+The plan keeps one row per layout (pp, dp, tmp, cp, mbs) with its fastest virtual stages and
+recomputation, so a recipe whose knobs are not its layout's fastest has no row of its own: the
+report gives its rank where it has one, its layout's rank, and its place by predicted time
+among the plan's rows (1 + the rows predicted faster than the recipe as published).
 
 `--fit` fits the free coefficients these rows need, each split by GPU type or model, never by
 row: the fraction of the FP8 dense peak that large FP8 GEMMs reach (`gemm_efficiency.fp8_max`
@@ -591,10 +595,15 @@ def recipe_ranks(rows: list[dict]) -> list[dict]:
                                 e.strategy.mbs) == layout[:5]), None)
         best = ranked[0] if ranked else None
         error = spec.cluster.devices[0].gpu.prediction_error
+        # where the recipe's own prediction would sit among the plan's rows (one per layout,
+        # each with its fastest knobs): 1 + the rows predicted faster than it
+        place = 1 + sum(e.iteration_time_s < recipe.iteration_time_s for e in ranked) \
+            if recipe.fits else None
         out.append({"recipe": f"{row['model']} {row['system']} {row['precision']} "
                               f"{row['gpus']} GPUs gbs {row['gbs']}: tp{tp} pp{pp} cp{cp} "
                               f"vp{virtual(row)} ep{experts(row)} mbs{row['mbs']}",
-                    "rank": rank, "layout_rank": layout_rank, "ranked": len(ranked),
+                    "rank": rank, "layout_rank": layout_rank, "place": place,
+                    "ranked": len(ranked),
                     "recipe_fits": recipe.fits,
                     "recipe_predicted_s": recipe.iteration_time_s,
                     "measured_s": measured_s(row),
@@ -622,11 +631,15 @@ def report_ranks(ranks: list[dict]) -> None:
                 f"{r['best_predicted_s'] / r['recipe_predicted_s'] - 1:+.1%} against the "
                 f"recipe's predicted {r['recipe_predicted_s']:.4g} s"
                 if r["best"] else "no plan fits")
-        print(f"  {r['recipe']}: {where}; {best}; measured {r['measured_s']:.4g} s")
+        place = "" if r["place"] is None or r["place"] == r["rank"] else \
+            f" (its predicted time at place {r['place']})"
+        print(f"  {r['recipe']}: {where}{place}; {best}; measured {r['measured_s']:.4g} s")
     top10 = sum(r["rank"] is not None and r["rank"] <= 10 for r in ranks)
     layout10 = sum(r["layout_rank"] is not None and r["layout_rank"] <= 10 for r in ranks)
+    place10 = sum(r["place"] is not None and r["place"] <= 10 for r in ranks)
     print(f"in the top 10: {top10} of {len(ranks)}; its layout (pp, dp, tmp, cp, mbs, with "
-          f"whatever virtual stages and recomputation the plan keeps for it): {layout10}")
+          f"whatever virtual stages and recomputation the plan keeps for it): {layout10}; its "
+          f"predicted time among the plan's rows (1 + the rows predicted faster): {place10}")
     close = sum(r["best_within_error"] for r in ranks)
     both = sum(r["best_within_error"] and r["rank"] is not None and r["rank"] <= 10
                for r in ranks)
