@@ -156,3 +156,14 @@ def test_the_estimate_and_the_arguments_follow_the_modules():
     args = megatron_args(plain.model.layers, p.strategy, precision="bf16", iters=2,
                          **training_kwargs(plain.training, p.strategy))
     assert "--recompute-granularity" in args and "--recompute-modules" not in args
+
+
+def test_the_plan_legend_names_the_modules(tmp_path, capsys):
+    import yaml
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(_spec(activation_checkpointing=["none", "selective"],
+                                         recompute_modules=["layernorm", "moe_act"])))
+    assert main(["plan", str(path), "--top-k", "2", "--no-progress"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "sel: layernorm, moe_act, training.recompute_modules" in out

@@ -241,7 +241,10 @@ def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
                   f"{_placement_example(spec, rows)} (dp x tmp devices per stage). "
                   if "placement" not in dropped else "")
                  + "mem GiB: peak / usable memory of the fullest device. ckpt: activation "
-                   "recomputation (full: each block, sel: the attention core only)"
+                   "recomputation (full: each block, sel: "
+                 + ("the attention core only)" if spec.training.recompute_modules ==
+                    ("core_attn",) else
+                    f"{', '.join(spec.training.recompute_modules)}, training.recompute_modules)")
                  + ("; sp: sequence parallelism." if "sp" not in dropped else "."))
     lines.append("TFLOP/s/GPU: the model's FLOPs per second per GPU (3x the forward's GEMMs "
                  "and attention, recomputed work not counted); over the GPU's dense peak it is "
