@@ -237,7 +237,8 @@ class Cluster:
 
 PIPELINE_P2P = ("whole", "split")
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act")
-"""What selective recomputation may recompute (Megatron-LM's --recompute-modules, with
+"""(cost_models.activations.RECOMPUTABLE, which imports numpy.) What selective recomputation
+may recompute (Megatron-LM's --recompute-modules, with
 --recompute-granularity selective): the attention core; the norms that are modules of their
 own (under Transformer Engine, a mixture-of-experts block's pre-MLP norm: the other norms are
 fused into the linear layer after them); the experts' activation function."""

@@ -89,6 +89,10 @@ def test_each_module_costs_its_forward_again():
 
 
 def test_the_spec_reads_and_checks_recompute_modules():
+    from amp_search.spec import RECOMPUTE_MODULES
+
+    # the spec's names are the cost model's (two tuples: the spec does not import numpy)
+    assert RECOMPUTE_MODULES == activations.RECOMPUTABLE
     spec = parse_spec(_spec(activation_checkpointing="selective",
                             recompute_modules=["moe_act", "layernorm"]))
     assert spec.training.recompute_modules == ("layernorm", "moe_act")   # canonical order
