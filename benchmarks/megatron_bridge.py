@@ -41,8 +41,9 @@ where the published recipe ranks (or that it is predicted not to fit) and how th
 predicted time compares with the recipe's (minutes: some of these are 1,024-GPU searches).
 The plan keeps one row per layout (pp, dp, tmp, cp, mbs) with its fastest virtual stages and
 recomputation, so a recipe whose knobs are not its layout's fastest has no row of its own: the
-report gives its rank where it has one, its layout's rank, and its place by predicted time
-among the plan's rows (1 + the rows predicted faster than the recipe as published).
+report gives its rank where it has one (its layout, virtual stages and expert parallelism),
+its layout's rank, and its place by predicted time among the plan's rows (1 + the rows
+predicted faster than the recipe as published).
 
 `--fit` fits the free coefficients these rows need, each split by GPU type or model, never by
 row: the fraction of the FP8 dense peak that large FP8 GEMMs reach (`gemm_efficiency.fp8_max`
@@ -585,9 +586,11 @@ def recipe_ranks(rows: list[dict]) -> list[dict]:
             result = None
         ranked = result.strategies if result is not None else ()
         layout = layout_of(row)
+        ep = experts(row) if spec.model.num_experts else 1
         rank = next((i for i, e in enumerate(ranked, 1)
                      if (e.strategy.pp, e.strategy.dp, e.strategy.tmp, e.strategy.cp,
-                         e.strategy.mbs, e.strategy.virtual_stages) == layout), None)
+                         e.strategy.mbs, e.strategy.virtual_stages) == layout
+                     and e.strategy.ep == ep), None)
         # the recipe's (pp, dp, tmp, cp, mbs) whatever its virtual stages and recomputation:
         # the ranking keeps each layout once, with its fastest knobs
         layout_rank = next((i for i, e in enumerate(ranked, 1)
