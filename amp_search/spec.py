@@ -236,15 +236,15 @@ class Cluster:
 
 
 PIPELINE_P2P = ("whole", "split")
+"""training.pipeline_p2p values (TrainingSpec.pipeline_p2p)."""
+FINETUNE = ("none", "lora")
+"""training.finetune values (TrainingSpec.finetune)."""
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act")
 """(cost_models.activations.RECOMPUTABLE, which imports numpy.) What selective recomputation
 may recompute (Megatron-LM's --recompute-modules, with
 --recompute-granularity selective): the attention core; the norms that are modules of their
 own (under Transformer Engine, a mixture-of-experts block's pre-MLP norm: the other norms are
 fused into the linear layer after them); the experts' activation function."""
-"""training.pipeline_p2p values (TrainingSpec.pipeline_p2p)."""
-FINETUNE = ("none", "lora")
-"""training.pipeline_p2p values (TrainingSpec.pipeline_p2p)."""
 
 DEFAULT_INTER_NODE_LINK = "infiniband"
 """The network's link kind where a node group names none (what GPU clusters for training

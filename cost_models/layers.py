@@ -584,7 +584,7 @@ def _elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
         else:
             n = (16.0 if k == "transformer" else 8.0) * s * h \
                 + _activation_elements(layer) * s * _mlp_inner(layer) / tmp \
-                + (_rope_elements(layer) / tmp if k == "transformer" else 0.0)
+                + (_q_k_elements(layer) / tmp if k == "transformer" else 0.0)
             return n * bytes_per_element + _moe_routing_bytes(layer, tmp, bytes_per_element)
         return n * bytes_per_element
     if k == "embedding":
@@ -669,7 +669,7 @@ FP32_ROUTER_BYTES = 4
 """Megatron-LM's router computes its logits and probabilities in fp32."""
 
 
-def _rope_elements(layer: Layer) -> float:
+def _q_k_elements(layer: Layer) -> float:
     """Elements per sample times t that RoPE and the query and key norms (`Layer.qk_norm`)
     read and write on q and k in one pass: 2 s (a + g) d each (0 without either)."""
     if layer.kind != "transformer":
@@ -716,9 +716,10 @@ def _megatron_llama_elementwise_bytes(layer: Layer, tmp: int, bytes_per_element:
     if layer.kind == "mlp":
         return s * (norms_f + act_f), s * (norms_b + act_b)
     ad = float(layer.attention_width)
-    rope = g * _rope_elements(layer) / tmp + _moe_routing_bytes(layer, tmp, bytes_per_element)
-    return (s * (norms_f + 2 * g * ad + act_f) + rope,
-            s * (norms_b + 2 * g * ad + act_b) + rope)
+    q_k_routing = g * _q_k_elements(layer) / tmp \
+        + _moe_routing_bytes(layer, tmp, bytes_per_element)
+    return (s * (norms_f + 2 * g * ad + act_f) + q_k_routing,
+            s * (norms_b + 2 * g * ad + act_b) + q_k_routing)
 
 
 def megatron_norm_residual_bytes(layer: Layer, bytes_per_element: int) -> tuple[float, float]:
