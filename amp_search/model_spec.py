@@ -97,6 +97,8 @@ DROPOUT_KINDS = ("embedding", "transformer", "mlp")
 """The layers `hidden_dropout` applies to (cost_models.layers.Layer.dropout_masks)."""
 DROPOUT_LAYER_FIELDS = ("hidden_dropout",)
 """The cost_models.layers.Layer field model.hidden_dropout fills."""
+LOSS_LAYER_FIELDS = ("cross_entropy",)
+"""The cost_models.layers.Layer field training.cross_entropy fills (on the head)."""
 LAYER_KEYS = ("kind", "count", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                "vocab_size", "forward_flops", "params", "output_elements", "name") + ARCH_KEYS
 _LAYER_ARCH = {"embedding": ("position_embedding", "tie_embeddings"),

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-from cost_models.layers import Layer
+from cost_models.layers import CROSS_ENTROPY_KINDS, Layer
 
 from .errors import SpecError, UsageError
 from .hosts import validate_hostname
-from .model_spec import (ARCH_KEYS, DROPOUT_LAYER_FIELDS, MOE_LAYER_FIELDS, WINDOW_LAYER_FIELDS,
-                         ModelSpec, parse_model)
+from .model_spec import (ARCH_KEYS, DROPOUT_LAYER_FIELDS, LOSS_LAYER_FIELDS, MOE_LAYER_FIELDS,
+                         WINDOW_LAYER_FIELDS, ModelSpec, parse_model)
 from .resources import catalog_path
 from .spec_reader import MappingReader, key_text, read_name, read_number, show_value
 from .units import (DEVICE_MEMORY, FIXED_COST_TIME, GEMM_SIZE, MEMORY_BANDWIDTH,
@@ -350,6 +350,14 @@ class TrainingSpec:
     """What `selective` recomputation recomputes (RECOMPUTE_MODULES, Megatron-LM's
     --recompute-modules, whose default is core_attn alone). The deepspeed trials recompute the
     attention core only."""
+
+    cross_entropy: str = "native"
+    """The loss kernel (cost_models.layers.CROSS_ENTROPY_KINDS): 'native', Megatron-LM's
+    vocab-parallel cross-entropy (and DeepSpeed's trials'), which keeps an fp32 softmax of the
+    logits; 'te', Transformer Engine's fused one (--cross-entropy-loss-fusion
+    --cross-entropy-fusion-impl te, what Megatron-Bridge's recipes run), which keeps the
+    logits' gradient in their own dtype. Megatron backend, bf16 / fp8 / nvfp4 / fp32 logits;
+    the model's head carries it (Layer.cross_entropy)."""
 
     cpu_offload_layers: int = 0
     """Megatron-LM's --cpu-offloading --cpu-offloading-num-layers N (Transformer Engine's
@@ -813,7 +821,8 @@ def _training(data) -> TrainingSpec:
                                    "expert_parallel", "objective", "pipeline_p2p",
                                    "finetune", "overlap_grad_reduce", "tp_comm_overlap",
                                    "grad_reduce_in_fp32", "cpu_offload_layers",
-                                   "moe_sync_free", "moe_a2a_overlap", "recompute_modules"))
+                                   "moe_sync_free", "moe_a2a_overlap", "recompute_modules",
+                                   "cross_entropy"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
     # virtual stages, as NeMo's auto-configurator does
     backend = r.choice("backend", BACKENDS, "deepspeed")
@@ -899,6 +908,7 @@ def _training(data) -> TrainingSpec:
         moe_sync_free=r.flag("moe_sync_free", False),
         moe_a2a_overlap=r.flag("moe_a2a_overlap", False),
         recompute_modules=_recompute_modules(r),
+        cross_entropy=r.choice("cross_entropy", CROSS_ENTROPY_KINDS, "native"),
     )
 
 
@@ -957,6 +967,10 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
                 raise SpecError(f"training.{key}", f"a Megatron-LM MoE option; training.backend "
                                                    f"{training.backend} has none: accepted with "
                                                    f"backend megatron (or no backend)")
+    if training.cross_entropy != "native":      # the head's loss kernel (Layer.cross_entropy)
+        model = replace(model, layers=tuple(
+            replace(x, cross_entropy=training.cross_entropy) if x.kind == "head" else x
+            for x in model.layers))
     return Spec(cluster=cluster, model=model, training=training,
                 search=_search_limits(r.raw("search")), path=path,
                 sha256=_content_hash(data), backend_given=not isinstance(training_data, dict)
@@ -995,6 +1009,18 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
             raise SpecError("training.recompute_modules",
                             "moe_act recomputes the experts' activation: the model has no "
                             "experts (model.num_experts); accepted: core_attn, layernorm")
+    if training.cross_entropy == "te":
+        if training.backend != "megatron":
+            raise SpecError("training.cross_entropy",
+                            f"te is Transformer Engine's fused cross-entropy, which Megatron-LM "
+                            f"runs (--cross-entropy-fusion-impl te); training.backend "
+                            f"{training.backend} has none: accepted: native, or "
+                            f"training.backend: megatron")
+        if training.precision == "fp16":
+            raise SpecError("training.cross_entropy",
+                            "Transformer Engine's fused cross-entropy takes bf16 or fp32 "
+                            "logits (precision fp16 makes fp16 ones): accepted: native, or "
+                            "precision bf16, fp8, nvfp4 or fp32")
     blocks = sum(x.kind == "transformer" for x in model.layers)
     if training.cpu_offload_layers >= max(blocks, 1):
         raise SpecError("training.cpu_offload_layers",
@@ -1113,7 +1139,7 @@ def spec_fingerprint(spec: Spec) -> dict:
             # so a GPT model hashes as it did before they existed (its plans stay valid)
             for layer in {id(x): x for x in section["layers"]}.values():
                 for k in ARCH_KEYS + MOE_LAYER_FIELDS + WINDOW_LAYER_FIELDS \
-                        + DROPOUT_LAYER_FIELDS:
+                        + DROPOUT_LAYER_FIELDS + LOSS_LAYER_FIELDS:
                     default = Layer.__dataclass_fields__[k].default
                     if k in layer and type(layer[k]) is type(default) and layer[k] == default:
                         del layer[k]
@@ -1164,6 +1190,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             del section["moe_a2a_overlap"]       # as before the key existed
         if name == "training" and tuple(section["recompute_modules"]) == ("core_attn",):
             del section["recompute_modules"]     # as before the key existed
+        if name == "training" and section["cross_entropy"] == "native":
+            del section["cross_entropy"]         # as before the key existed
         if name == "training" and section["objective"] == "time":
             del section["objective"]             # as before the key existed
         if name == "training" and section["context_parallel"] == (1,):

@@ -197,8 +197,23 @@ def spec_dict(row: dict) -> dict:
                      "cpu_offload_layers": CPU_OFFLOAD_LAYERS.get(
                          (row["model"], row["system"]), 0) if zero_of(row) == 3 else 0,
                      "moe_sync_free": sync_free(row),
-                     "moe_a2a_overlap": a2a_overlap(row)},
+                     "moe_a2a_overlap": a2a_overlap(row),
+                     "cross_entropy": cross_entropy(row)},
     }
+
+
+NATIVE_CROSS_ENTROPY = {"GPT OSS 120B"}
+"""Models whose Megatron-Bridge recipes keep Megatron-LM's own cross-entropy: the GPT-OSS
+pre-training recipes set cross_entropy_fusion_impl "native" ("GPT-OSS uses native",
+recipes/gpt_oss/gpt_oss.py); the Llama 3 and 3.1 (recipes/llama/llama3.py) and Qwen3
+(recipes/qwen/h100/qwen3_moe.py) ones set cross_entropy_loss_fusion with
+cross_entropy_fusion_impl "te", Transformer Engine's fused kernel (training.cross_entropy: te);
+read through the search tool."""
+
+
+def cross_entropy(row: dict) -> str:
+    """The recipe's loss kernel (training.cross_entropy)."""
+    return "native" if row["model"] in NATIVE_CROSS_ENTROPY else "te"
 
 
 SYNC_FREE_FROM = (26, 6)

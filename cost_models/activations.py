@@ -22,6 +22,8 @@ megatron-core linears and vocab-parallel cross-entropy), per token:
   head:        g (2h + 2) + 4V/t + 9                 fp32 softmax of the logits (megatron saves
                                                      exp_logits in fp32), target mask (1 B) and
                                                      masked target (8 B)
+               (Transformer Engine's fused cross-entropy, Layer.cross_entropy 'te': g V/t + 16,
+               the logits' gradient in their dtype, two fp32 statistics and the target)
   embedding:   8 (t = 1) or 9 (t > 1)                the token ids (int64) [+ the vocab mask]
   custom:      g x output elements                   (a guess: one saved tensor per layer)
 
@@ -202,7 +204,7 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
     elif k == "mlp":
         replicated, split = g * (2 * h + 2) + proj_in, g * 2 * f // t
     elif k == "head":
-        replicated, split = g * (2 * h + 2), FP32_BYTES * v // t + 1 + INDEX_BYTES
+        replicated, split = g * (2 * h + 2), _loss_saved_per_token(layer, v, t, g)
     elif k == "custom":
         return g * layer.custom_output_elements * mbs
     else:
@@ -210,6 +212,17 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
     if fp8:
         replicated, split = _fp8_saved_per_token(layer, replicated, split, t, g)
     return ((replicated + masks) * s // q + split * s) * mbs
+
+
+def _loss_saved_per_token(layer: Layer, v: int, t: int, g: int) -> int:
+    """Bytes per token the head's loss keeps for the backward (V: the padded vocabulary):
+    Megatron-LM's vocab-parallel cross-entropy its fp32 softmax (4V/t), the target mask (1 B)
+    and the masked target (8 B); Transformer Engine's fused one (Layer.cross_entropy 'te') the
+    logits' gradient in their own dtype (g V/t), two fp32 softmax statistics and the target
+    (transformer_engine.pytorch.cross_entropy.CrossEntropyFunction: 16 B)."""
+    if layer.cross_entropy == "te":
+        return g * v // t + 2 * FP32_BYTES + INDEX_BYTES
+    return FP32_BYTES * v // t + 1 + INDEX_BYTES
 
 
 def _fp8_saved_per_token(layer: Layer, replicated: int, split: int, tmp: int,
@@ -244,7 +257,7 @@ def _llama_saved_per_token(layer: Layer, *, tmp: int, bytes_per_element: int,
     k = layer.kind
     if k == "head":
         v = padded_vocab_size(layer.vocab_size, tmp)
-        return g * (2 * h + stats), FP32_BYTES * v // t + 1 + INDEX_BYTES
+        return g * (2 * h + stats), _loss_saved_per_token(layer, v, t, g)
     if k == "mlp":
         return g * (2 * h + stats), g * (mlp // t)
     d, kv = layer.kv_channels, layer.query_groups

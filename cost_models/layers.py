@@ -35,6 +35,8 @@ LAYER_KINDS = ("embedding", "transformer", "mlp", "head", "custom")
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_EMBEDDINGS = ("learned", "rope")
+CROSS_ENTROPY_KINDS = ("native", "te")
+"""Layer.cross_entropy: the loss kernel after the head."""
 VOCAB_PAD_MULTIPLE = 128
 """Megatron-LM pads the vocabulary to a multiple of 128 x tmp (--make-vocab-size-divisible-by),
 so that every tensor rank holds an equal, aligned shard; the trials do the same."""
@@ -115,6 +117,13 @@ class Layer:
     """custom only: parameter count."""
     custom_output_elements: int = 0
     """custom only: output activation elements per sample."""
+    cross_entropy: str = "native"
+    """head: the loss kernel. 'native': Megatron-LM's vocab-parallel cross-entropy, which
+    computes in an fp32 copy of the logits and keeps the fp32 softmax for the backward;
+    'te': Transformer Engine's fused one (--cross-entropy-loss-fusion
+    --cross-entropy-fusion-impl te, transformer_engine.pytorch.cross_entropy), which writes
+    the logits' gradient into a tensor of the logits' own dtype in the forward and keeps that
+    (with two fp32 softmax statistics and the target per token)."""
     name: str = field(default="")
     """A label for tables, e.g. 'block3'."""
 
@@ -178,6 +187,8 @@ class Layer:
             parts += [f"w{self.attention_window}"]
         if self.dropout_masks:
             parts += ["dropout"]
+        if self.kind == "head" and self.cross_entropy != "native":
+            parts += [f"ce-{self.cross_entropy}"]
         return ":".join(parts)
 
     @property
@@ -287,7 +298,8 @@ def _projection_params(layer: Layer) -> int:
 def _check_options(layer: Layer) -> None:
     for value, known, what in ((layer.mlp, MLP_KINDS, "mlp"), (layer.norm, NORM_KINDS, "norm"),
                                (layer.position_embedding, POSITION_EMBEDDINGS,
-                                "position_embedding")):
+                                "position_embedding"),
+                               (layer.cross_entropy, CROSS_ENTROPY_KINDS, "cross_entropy")):
         if value not in known:
             raise ValueError(f"{what} {value!r}; known: {', '.join(known)}")
 
@@ -560,7 +572,8 @@ def _elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
     transformer: 2 LayerNorms and 2 residual adds on s*h (~4 tensors each), bias+GELU on s*f/t
     (the attention scores are `attention_score_elements`, costed by the attention kernel);
     head: LayerNorm on s*h, and the cross-entropy over s*V/t logits at a third of
-    CROSS_ENTROPY_BYTES_PER_LOGIT (the backward pass, 2x the forward, takes the rest);
+    CROSS_ENTROPY_BYTES_PER_LOGIT (the backward pass, 2x the forward, takes the rest), or of
+    TE_CROSS_ENTROPY_ELEMENTS_PER_LOGIT elements with Transformer Engine's fused one;
     embedding: the gathered rows s*h plus the positions.
 
     With the Llama-family options (not `Layer.is_gpt_block`), counted the same way:
@@ -594,7 +607,9 @@ def _elementwise_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
     elif k == "mlp":
         n = 8.0 * s * h + 4.0 * s * f / tmp
     elif k == "head":
-        return 4.0 * s * h * bytes_per_element + CROSS_ENTROPY_BYTES_PER_LOGIT / 3 * s * v / tmp
+        per_logit = TE_CROSS_ENTROPY_ELEMENTS_PER_LOGIT * bytes_per_element \
+            if layer.cross_entropy == "te" else CROSS_ENTROPY_BYTES_PER_LOGIT
+        return 4.0 * s * h * bytes_per_element + per_logit / 3 * s * v / tmp
     else:
         n = 2.0 * output_elements(layer)
     return n * bytes_per_element
@@ -744,6 +759,12 @@ with fp16/bf16 logits: the fp32 copy (read 2, write 4), max, subtract, exp and s
 write 4 x 2), the softmax kept for backward, and the gradient (read 4 x 2, write 4, cast to the
 training precision 4 + 2) ~ 60 B. Counted, not fitted; it matches the head's share of the
 vTrain A100 measurements at tp >= 2 (benchmarks/gpu_accuracy.py)."""
+
+TE_CROSS_ENTROPY_ELEMENTS_PER_LOGIT = 5.0
+"""Memory traffic per logit, in elements of the logits' dtype, of Transformer Engine's fused
+cross-entropy (Layer.cross_entropy 'te'), forward and backward: its Triton kernels read the
+logits for the row's max and sum of exponentials, read them again and write the gradient in
+place (3), and the backward scales that gradient by the loss's (read, write: 2). Counted."""
 
 
 def output_elements(layer: Layer) -> int:

@@ -301,14 +301,15 @@ def test_fingerprint_of_a_gpt_model_ignores_the_new_fields():
     import hashlib
     import json
 
-    from amp_search.model_spec import (ARCH_KEYS, DROPOUT_LAYER_FIELDS, MOE_LAYER_FIELDS,
-                                       WINDOW_LAYER_FIELDS)
+    from amp_search.model_spec import (ARCH_KEYS, DROPOUT_LAYER_FIELDS, LOSS_LAYER_FIELDS,
+                                       MOE_LAYER_FIELDS, WINDOW_LAYER_FIELDS)
     from amp_search.spec import spec_fingerprint
 
     spec = parse_spec(_raw(GPT))
     old = dataclasses.asdict(spec.model)
     for layer in old["layers"]:
-        for k in ARCH_KEYS + MOE_LAYER_FIELDS + WINDOW_LAYER_FIELDS + DROPOUT_LAYER_FIELDS:
+        for k in ARCH_KEYS + MOE_LAYER_FIELDS + WINDOW_LAYER_FIELDS + DROPOUT_LAYER_FIELDS \
+                + LOSS_LAYER_FIELDS:
             del layer[k]
     text = json.dumps(old, sort_keys=True, default=str)
     assert spec_fingerprint(spec)["model"] == hashlib.sha256(text.encode()).hexdigest()

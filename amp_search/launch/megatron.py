@@ -15,6 +15,8 @@ layer, GELU MLP, LayerNorm, biases, multi-head attention):
                                   base: Megatron's default 10000; the base does not change
                                   the cost, set --rotary-base for real training)
     qk_norm: true                 --qk-layernorm
+    head cross_entropy: te        --cross-entropy-loss-fusion --cross-entropy-fusion-impl te
+                                  (training.cross_entropy; Transformer Engine's kernel: CUDA)
     tie_embeddings: false         --untie-embeddings-and-output-weights (tied: Megatron's
                                   default, no flag)
     num_experts E, topk k, ...    --num-experts E --moe-router-topk k --moe-ffn-hidden-size
@@ -141,6 +143,8 @@ def architecture_args(layers: tuple[Layer, ...]) -> list[str]:
         args += ["--disable-bias-linear"]
     if block.qk_norm:
         args += ["--qk-layernorm"]
+    if layers[-1].kind == "head" and layers[-1].cross_entropy == "te":
+        args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
     if block.is_moe:
         args += ["--num-experts", str(block.num_experts),
                  "--moe-router-topk", str(block.moe_router_topk),
