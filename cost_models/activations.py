@@ -189,10 +189,10 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
                                                    selective=core)
         if fp8:
             replicated, split = _fp8_saved_per_token(layer, replicated, split, t, g)
-        if layer.is_moe and "layernorm" in modules:     # the pre-MLP norm's output
-            replicated -= g * h
-        if layer.is_moe and "moe_act" in modules and not fp8:     # fc2's 16-bit input
-            split -= g * (layer.moe_router_topk * layer.expert_ffn // t)
+        norm_out, act_out = recomputed_module_bytes(layer, modules, g, t)
+        replicated -= norm_out                  # the pre-MLP norm's output
+        if not fp8:                             # fc2's 16-bit input (FP8 keeps its copy)
+            split -= act_out
         return ((replicated + masks + proj_in * (k != "head")) * s // q + split * s) * mbs
     if k == "transformer":
         replicated = g * (4 * h + 4) + proj_in
@@ -339,11 +339,22 @@ def selective_working_set_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_e
         per_token = g * width // t + FP32_BYTES * a // t
         if attention_scores:
             per_token += (2 * g + 1) * a * s // t
-    if layer.is_moe and "layernorm" in modules:
-        per_token += g * h // t         # on the rank's s/t tokens (MoE with tmp > 1: SP)
-    if layer.is_moe and "moe_act" in modules:
-        per_token += g * (layer.moe_router_topk * layer.expert_ffn // t)
+    norm_out, act_out = recomputed_module_bytes(layer, modules, g, t)
+    per_token += norm_out // t + act_out    # the norm's on the rank's s/t tokens (MoE: SP)
     return per_token * s * mbs
+
+
+def recomputed_module_bytes(layer: Layer, modules, g: int, t: int) -> tuple[int, int]:
+    """Bytes per token of what the recomputed modules beyond the attention core re-create, a
+    mixture-of-experts block's: layernorm its pre-MLP norm's output (g h, on every token the
+    rank holds: divided by t only under sequence parallelism) and moe_act its experts'
+    activation output (g k f_e / t, fc2's 16-bit input); (0, 0) for other layers. What
+    `layer_saved_bytes` does not keep and `selective_working_set_bytes` holds again."""
+    if not layer.is_moe:
+        return 0, 0
+    norm_out = g * layer.hidden_size if "layernorm" in modules else 0
+    act_out = g * (layer.moe_router_topk * layer.expert_ffn // t) if "moe_act" in modules else 0
+    return norm_out, act_out
 
 
 def in_flight_microbatches(stage: int, pp: int, gas: int) -> int:
