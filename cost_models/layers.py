@@ -723,10 +723,8 @@ def _megatron_llama_elementwise_bytes(layer: Layer, tmp: int, bytes_per_element:
     g = float(bytes_per_element)
     s, f = layer.seq_length, float(_mlp_inner(layer))
     bias = 1.0 if layer.bias else 0.0
-    if layer.mlp == "swiglu":
-        act_f, act_b = 3 * g * f / tmp, (5 + 2 * bias) * g * f / tmp
-    else:
-        act_f, act_b = 2 * g * f / tmp, (3 + bias) * g * f / tmp
+    act_f = megatron_activation_bytes(layer, bytes_per_element) * f / tmp
+    act_b = (5 + 2 * bias if layer.mlp == "swiglu" else 3 + bias) * g * f / tmp
     norms_f, norms_b = megatron_norm_residual_bytes(layer, bytes_per_element)
     if layer.kind == "mlp":
         return s * (norms_f + act_f), s * (norms_b + act_b)
@@ -735,6 +733,13 @@ def _megatron_llama_elementwise_bytes(layer: Layer, tmp: int, bytes_per_element:
         + _moe_routing_bytes(layer, tmp, bytes_per_element)
     return (s * (norms_f + 2 * g * ad + act_f) + q_k_routing,
             s * (norms_b + 2 * g * ad + act_b) + q_k_routing)
+
+
+def megatron_activation_bytes(layer: Layer, bytes_per_element: int) -> float:
+    """Bytes per element of the MLP's inner width that megatron-core's fused activation moves
+    in one forward: bias-SwiGLU reads the 2 halves of the fc1 output and writes one (3g),
+    bias-GeLU reads and writes (2g)."""
+    return (3.0 if layer.mlp == "swiglu" else 2.0) * bytes_per_element
 
 
 def megatron_norm_residual_bytes(layer: Layer, bytes_per_element: int) -> tuple[float, float]:

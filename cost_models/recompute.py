@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .compute import DeviceSpeed, attention_time_s
-from .layers import Layer, dropout_bytes, megatron_norm_residual_bytes
+from .layers import Layer, dropout_bytes, megatron_activation_bytes, megatron_norm_residual_bytes
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 """training.activation_checkpointing values: nothing, the attention core, each whole block."""
@@ -105,8 +105,8 @@ def selective_recompute_time_s(layer: Layer, *, tmp: int, mbs: int, device: Devi
         if "layernorm" in modules:
             per += 2.0 * g * layer.hidden_size
         if "moe_act" in modules:
-            per += (3.0 if layer.mlp == "swiglu" else 2.0) * g * layer.moe_router_topk \
-                * layer.expert_ffn
+            per += megatron_activation_bytes(layer, bytes_per_element) \
+                * layer.moe_router_topk * layer.expert_ffn
         core += per * layer.seq_length * mbs / tmp / device.memory_bandwidth_bytes_per_s
     return KnobTime(forward_s=0.0, backward_s=float(core))
 
