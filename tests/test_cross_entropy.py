@@ -94,6 +94,15 @@ def test_what_the_spec_refuses(training, words):
     assert all(w in str(exc.value) for w in words)
 
 
+def test_the_plan_header_says_it(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(_spec(cross_entropy="te")))
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["plan", str(path), "--top-k", "2", "--no-progress", "--no-simulate"]) == 0
+    assert "Transformer Engine's fused cross-entropy (training.cross_entropy)" \
+        in capsys.readouterr().out
+
+
 def test_the_cli_says_it_in_one_line(tmp_path, capsys):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(_spec(cross_entropy="te", backend="deepspeed")))

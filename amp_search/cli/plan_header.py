@@ -93,6 +93,8 @@ def _backend_line(spec: Spec, plan: Plan) -> str:
             tail += (f", {hidden:.0%} of their all-to-alls hidden beside another micro-batch "
                      f"with pp 1 or virtual stages and no full recomputation "
                      f"(training.moe_a2a_overlap)")
+    if t.cross_entropy == "te":
+        tail += ", Transformer Engine's fused cross-entropy (training.cross_entropy)"
     if t.overlap_grad_reduce is not None:
         tail += (", gradients reduced in buckets during the backward"
                  if t.overlap_grad_reduce else ", gradients reduced after the backward") \
