@@ -411,8 +411,13 @@ def cluster_subsets(cluster: Cluster, limit: int = MAX_SUBSETS
     subsets = [u for u in itertools.product(*options) if any(n for n, _ in u) and u != whole]
     alone = groups_alone_uses(cluster)
     subsets.sort(key=lambda u: (alone.index(u) if u in alone else len(alone),
-                                -sum(n * k for n, k in u), u))
+                                -_part_gpus(u), u))
     return tuple(subsets[:limit])
+
+
+def _part_gpus(uses) -> int:
+    """The devices a part in `cluster_subsets`' form uses: nodes x GPUs per node, summed."""
+    return sum(n * k for n, k in uses)
 
 
 def subset_spec(spec: Spec, uses: tuple[tuple[int, int], ...]) -> tuple[Spec, tuple[int, ...]]:
@@ -529,7 +534,7 @@ def _subset_waves(cluster: Cluster, parts) -> list[list[int]]:
     alone = set(groups_alone_uses(cluster))
     first = [i for i, u in enumerate(parts) if u in alone]
     rest = sorted((i for i, u in enumerate(parts) if u not in alone),
-                  key=lambda i: (sum(n * k for n, k in parts[i]), i))
+                  key=lambda i: (_part_gpus(parts[i]), i))
     return ([first] if first else []) + [rest[k:k + SUBSET_WAVE]
                                          for k in range(0, len(rest), SUBSET_WAVE)]
 
@@ -539,14 +544,14 @@ def _wave_cutoffs(spec: Spec, parts, wave, basis) -> list[float | None]:
     group alone: searched in full)."""
     alone = set(groups_alone_uses(spec.cluster))
     return [None if parts[i] in alone else dominance_cutoff_s(
-        basis, sum(n * k for n, k in parts[i]), _price_per_hour(spec, parts[i]))
+        basis, _part_gpus(parts[i]), _price_per_hour(spec, parts[i]))
         for i in wave]
 
 
 def _subset_plan(spec: Spec, uses, found, cutoff_s: float | None) -> "SubsetPlan":
     """The SubsetPlan of a part from `_best_on_forked_job`'s (best, reason, dominated)."""
     best, reason, dominated = found
-    return SubsetPlan(uses=uses, gpus=sum(n * k for n, k in uses),
+    return SubsetPlan(uses=uses, gpus=_part_gpus(uses),
                       price_per_hour=_price_per_hour(spec, uses), best=best, reason=reason,
                       dominated=dominated, cutoff_s=cutoff_s if dominated else None)
 

@@ -39,6 +39,17 @@ training:
 """A 2-block GPT on one node of 2 CPU-local devices."""
 
 
+def h100_megatron_spec(model: dict, **training) -> dict:
+    """A spec dict of one node of 8 H100 training `model` with Megatron-LM: global batch 64,
+    bf16, the distributed optimizer; `training`: further or other training keys."""
+    return {"cluster": {"nodes": [{"gpu": "H100-80GB", "count": 1, "gpus_per_node": 8,
+                                   "intra_node_bandwidth": "450 GB/s",
+                                   "inter_node_bandwidth": "400 Gbps"}]},
+            "model": model,
+            "training": {"global_batch_size": 64, "precision": "bf16", "backend": "megatron",
+                         "zero_stage": 1, **training}}
+
+
 def tiny_cpu_spec(tmp_path, text: str = TINY_CPU_SPEC):
     """`text` (default TINY_CPU_SPEC) written to tmp_path/spec.yaml and loaded."""
     from amp_search.spec import load_spec

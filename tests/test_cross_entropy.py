@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import yaml
+from conftest import h100_megatron_spec
 
 from amp_search.cli import main
 from amp_search.errors import SpecError
@@ -25,12 +26,7 @@ MODEL = {"preset": "gpt", "num_layers": 4, "hidden_size": H, "num_attention_head
 
 
 def _spec(**training) -> dict:
-    return {"cluster": {"nodes": [{"gpu": "H100-80GB", "count": 1, "gpus_per_node": 8,
-                                   "intra_node_bandwidth": "450 GB/s",
-                                   "inter_node_bandwidth": "400 Gbps"}]},
-            "model": MODEL,
-            "training": {"global_batch_size": 64, "precision": "bf16", "backend": "megatron",
-                         "zero_stage": 1, **training}}
+    return h100_megatron_spec(MODEL, **training)
 
 
 @pytest.mark.parametrize("tmp", [1, 2])

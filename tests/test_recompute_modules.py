@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from conftest import h100_megatron_spec
 
 from amp_search.cli import main
 from amp_search.errors import SpecError
@@ -31,12 +32,7 @@ MODEL = {"preset": "gpt", "num_layers": 4, "hidden_size": 256, "num_attention_he
 
 
 def _spec(model=MODEL, **training) -> dict:
-    return {"cluster": {"nodes": [{"gpu": "H100-80GB", "count": 1, "gpus_per_node": 8,
-                                   "intra_node_bandwidth": "450 GB/s",
-                                   "inter_node_bandwidth": "400 Gbps"}]},
-            "model": model,
-            "training": {"global_batch_size": 64, "precision": "bf16", "backend": "megatron",
-                         "zero_stage": 1, **training}}
+    return h100_megatron_spec(model, **training)
 
 
 def _saved(layer, selective, fp8=False, tmp=1):
