@@ -433,6 +433,13 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
                      "(--rotary-base 10000), which costs the same as any other: for real "
                      "training add the model's own (e.g. 500000 for Llama 3, 1000000 for "
                      "Qwen3) and its rope scaling")
+    if block.rope_scaling == "yarn":
+        notes.append("model.rope_scaling yarn: the plan costs megatron-core's YaRN rotation, "
+                     "which runs unfused (its attention scale is not 1); these arguments train "
+                     "plain RoPE, which Megatron-LM fuses (a little faster than planned): for "
+                     "real training add your Megatron-LM's "
+                     "YaRN arguments and the model's scaling (GPT-OSS: factor 32, original "
+                     "length 4096, base 150000)")
     if not cfg.causal:
         notes.append("pretrain_gpt.py trains a causal GPT: this spec's BERT blocks run with "
                      "a causal attention mask there (same sizes and cost, other masking)")

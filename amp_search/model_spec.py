@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from cost_models.layers import MLP_KINDS, NORM_KINDS, POSITION_EMBEDDINGS, Layer
+from cost_models.layers import MLP_KINDS, NORM_KINDS, POSITION_EMBEDDINGS, ROPE_SCALINGS, Layer
 
 from .errors import SpecError, UsageError
 from .resources import models_path
@@ -71,7 +71,7 @@ class ModelSpec:
 
 
 ARCH_KEYS = ("num_query_groups", "head_dim", "mlp", "norm", "bias", "position_embedding",
-              "qk_norm", "tie_embeddings")
+              "rope_scaling", "qk_norm", "tie_embeddings")
 """The Llama-family keys (cost_models.layers.Layer's fields of the same names); absent, a
 model is the GPT block of before: MHA, head_dim h/a, GELU, LayerNorm, biases, learned
 positions, no query and key norms, untied head."""
@@ -97,13 +97,15 @@ DROPOUT_KINDS = ("embedding", "transformer", "mlp")
 """The layers `hidden_dropout` applies to (cost_models.layers.Layer.dropout_masks)."""
 DROPOUT_LAYER_FIELDS = ("hidden_dropout",)
 """The cost_models.layers.Layer field model.hidden_dropout fills."""
-LOSS_LAYER_FIELDS = ("cross_entropy",)
-"""The cost_models.layers.Layer field training.cross_entropy fills (on the head)."""
+TRAINING_LAYER_FIELDS = ("cross_entropy", "fused_experts")
+"""The cost_models.layers.Layer fields the training section fills: the head's cross_entropy
+(training.cross_entropy) and the mixture-of-experts blocks' fused_experts
+(training.moe_sync_free: the sync-free recipes' fused expert MLP)."""
 LAYER_KEYS = ("kind", "count", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                "vocab_size", "forward_flops", "params", "output_elements", "name") + ARCH_KEYS
 _LAYER_ARCH = {"embedding": ("position_embedding", "tie_embeddings"),
                "transformer": ("num_query_groups", "head_dim", "mlp", "norm", "bias",
-                               "position_embedding", "qk_norm"),
+                               "position_embedding", "rope_scaling", "qk_norm"),
                "mlp": ("mlp", "norm", "bias"),
                "head": ("norm", "bias", "tie_embeddings"),
                "custom": ()}
@@ -151,10 +153,11 @@ def swiglu_ffn_hidden_size(hidden: int) -> int:
 
 
 def _ffn(r: MappingReader, h: int, mlp: str, note: str = "") -> int:
-    """ffn_hidden_size: given, else 4h (gelu) or Megatron-LM's swiglu default."""
+    """ffn_hidden_size: given, else 4h (gelu) or Megatron-LM's swiglu default (for either
+    gated MLP: three matrices of about a 4h GELU MLP's parameters)."""
     default = 4 * h if mlp == "gelu" else swiglu_ffn_hidden_size(h)
     if not default and not r.has("ffn_hidden_size"):
-        raise SpecError(r.at("ffn_hidden_size"), f"required key is missing: mlp: swiglu with "
+        raise SpecError(r.at("ffn_hidden_size"), f"required key is missing: mlp: {mlp} with "
                                                  f"hidden_size {h} has no default (Megatron-"
                                                  f"LM's int(8h/3 / 64) * 64 is 0){note}")
     return r.int("ffn_hidden_size", default, hi=4 * MAX_WIDTH)
@@ -207,6 +210,16 @@ def _window(r: MappingReader) -> tuple[int, int]:
             r.int("window_attn_skip_freq", 0, lo=0, hi=MAX_LAYERS))
 
 
+def _rope_scaling(r: MappingReader, position_embedding: str) -> str:
+    """model.rope_scaling (ROPE_SCALINGS, default none): yarn only with RoPE."""
+    scaling = r.choice("rope_scaling", ROPE_SCALINGS, "none")
+    if scaling != "none" and position_embedding != "rope":
+        raise SpecError(r.at("rope_scaling"), f"scales rotary embeddings: only with "
+                                              f"position_embedding: rope (got "
+                                              f"{position_embedding})")
+    return scaling
+
+
 def _hidden_dropout(r: MappingReader) -> float:
     """model.hidden_dropout: Megatron-LM's --hidden-dropout (0 here, as the Llama recipes
     train; Megatron-LM's own default is 0.1)."""
@@ -232,6 +245,7 @@ def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None)
     norm = r.choice("norm", NORM_KINDS, "layernorm")
     bias = r.flag("bias", True)
     pos = r.choice("position_embedding", POSITION_EMBEDDINGS, "learned")
+    scaling = _rope_scaling(r, pos)
     qk_norm = r.flag("qk_norm", False)
     tied = r.flag("tie_embeddings", False)
     experts = _experts(r, f)
@@ -239,7 +253,8 @@ def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None)
     dropout = _hidden_dropout(r)
     block = Layer(kind="transformer", seq_length=seq, hidden_size=h, num_attention_heads=a,
                   ffn_hidden_size=f, **attention, mlp=mlp, norm=norm, bias=bias,
-                  position_embedding=pos, qk_norm=qk_norm, **experts, hidden_dropout=dropout)
+                  position_embedding=pos, rope_scaling=scaling, qk_norm=qk_norm, **experts,
+                  hidden_dropout=dropout)
     layers = ((Layer(kind="embedding", seq_length=seq, hidden_size=h, vocab_size=v,
                      position_embedding=pos, tie_embeddings=tied, name="embedding",
                      hidden_dropout=dropout),)
@@ -334,6 +349,7 @@ def parse_model(data) -> ModelSpec:
                 if kind == "embedding":
                     pos_default = arch["position_embedding"]
             if kind == "transformer":
+                arch["rope_scaling"] = _rope_scaling(lr, arch["position_embedding"])
                 arch["qk_norm"] = lr.flag("qk_norm", False)
             if kind in ("embedding", "head"):
                 arch["tie_embeddings"] = lr.flag("tie_embeddings", False)

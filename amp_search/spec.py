@@ -36,7 +36,7 @@ from cost_models.layers import CROSS_ENTROPY_KINDS, Layer
 
 from .errors import SpecError, UsageError
 from .hosts import validate_hostname
-from .model_spec import (ARCH_KEYS, DROPOUT_LAYER_FIELDS, LOSS_LAYER_FIELDS, MOE_LAYER_FIELDS,
+from .model_spec import (ARCH_KEYS, DROPOUT_LAYER_FIELDS, MOE_LAYER_FIELDS, TRAINING_LAYER_FIELDS,
                          WINDOW_LAYER_FIELDS, ModelSpec, parse_model)
 from .resources import catalog_path
 from .spec_reader import MappingReader, key_text, read_name, read_number, show_value
@@ -339,7 +339,10 @@ class TrainingSpec:
     iteration runs as one CUDA graph with the experts' MLP fused (Megatron-Bridge's MXFP8
     recipes from NeMo 26.06). False (the default, Megatron-Core's dropless dispatchers): each
     MoE layer reads the counts back, so the host cannot run ahead and what it spends per
-    local expert shows (the catalog's moe_expert_overhead). Megatron backend only."""
+    local expert shows (the catalog's moe_expert_overhead), and its grouped experts run part
+    of their elementwise work as separate PyTorch ops (cost_models.layers
+    .unfused_expert_bytes_by_pass; true sets Layer.fused_experts on the MoE blocks). Megatron
+    backend only."""
 
     moe_a2a_overlap: bool = False
     """Megatron-LM's --overlap-moe-expert-parallel-comm: in the steady state each MoE layer's
@@ -971,6 +974,9 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
         model = replace(model, layers=tuple(
             replace(x, cross_entropy=training.cross_entropy) if x.kind == "head" else x
             for x in model.layers))
+    if training.moe_sync_free:      # the sync-free recipes' fused expert MLP
+        model = replace(model, layers=tuple(
+            replace(x, fused_experts=True) if x.is_moe else x for x in model.layers))
     return Spec(cluster=cluster, model=model, training=training,
                 search=_search_limits(r.raw("search")), path=path,
                 sha256=_content_hash(data), backend_given=not isinstance(training_data, dict)
@@ -1139,7 +1145,7 @@ def spec_fingerprint(spec: Spec) -> dict:
             # so a GPT model hashes as it did before they existed (its plans stay valid)
             for layer in {id(x): x for x in section["layers"]}.values():
                 for k in ARCH_KEYS + MOE_LAYER_FIELDS + WINDOW_LAYER_FIELDS \
-                        + DROPOUT_LAYER_FIELDS + LOSS_LAYER_FIELDS:
+                        + DROPOUT_LAYER_FIELDS + TRAINING_LAYER_FIELDS:
                     default = Layer.__dataclass_fields__[k].default
                     if k in layer and type(layer[k]) is type(default) and layer[k] == default:
                         del layer[k]

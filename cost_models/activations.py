@@ -253,7 +253,7 @@ def _llama_saved_per_token(layer: Layer, *, tmp: int, bytes_per_element: int,
     g, t = bytes_per_element, tmp
     h, f, a = layer.hidden_size, layer.ffn_hidden_size, layer.num_attention_heads
     stats = layer.norm_stats
-    mlp = (3 if layer.mlp == "swiglu" else 2) * f
+    mlp = (3 if layer.gated_mlp else 2) * f
     k = layer.kind
     if k == "head":
         v = padded_vocab_size(layer.vocab_size, tmp)

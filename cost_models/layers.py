@@ -32,9 +32,32 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 LAYER_KINDS = ("embedding", "transformer", "mlp", "head", "custom")
-MLP_KINDS = ("gelu", "swiglu")
+MLP_KINDS = ("gelu", "swiglu", "quick_geglu")
+GATED_MLP_KINDS = ("swiglu", "quick_geglu")
+"""The gated MLPs: fc1 writes a gate and a linear half (h -> 2f), fc2 reads f. swiglu:
+silu(gate) * linear (Megatron-LM's --swiglu); quick_geglu: GPT-OSS's clamped quick-GELU GLU,
+quick_gelu(min(gate, c)) * (clamp(linear, -c, c) + 1) with c = QUICK_GEGLU_CLAMP and
+quick_gelu(x) = x sigmoid(1.702 x) (--quick-geglu --glu-linear-offset 1.0
+--activation-func-clamp-value 7.0). Both cost the same FLOPs and parameters."""
+QUICK_GEGLU_CLAMP = 7.0
+"""GPT-OSS's activation clamp (its config's swiglu_limit; Megatron-Bridge's
+activation_func_clamp_value)."""
+QUICK_GEGLU_OFFSET = 1.0
+"""GPT-OSS's GLU linear offset (Megatron-Bridge's glu_linear_offset)."""
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_EMBEDDINGS = ("learned", "rope")
+ROPE_SCALINGS = ("none", "yarn")
+"""Layer.rope_scaling: how the rotary frequencies are scaled. yarn: YaRN (GPT-OSS, DeepSeek
+V3), whose attention scale (mscale) is not 1, which megatron-core's fused RoPE kernel does not
+take: it runs the rotation as separate PyTorch ops (`UNFUSED_ROPE_BYTES_PER_ELEMENT`)."""
+UNFUSED_ROPE_BYTES_PER_ELEMENT = (12, 10)
+"""(forward, backward) bytes per element of q and k, in units of g, that megatron-core's
+unfused RoPE (rope_utils._apply_rotary_pos_emb_bshd: t cos + rotate_half(t) sin, then the
+concatenation with the unrotated part) moves: forward rotate_half's negation of one half
+(read and write 1/2 each) and concatenation (1, 1), the two products (1, 1 each), their sum
+(2, 1) and the final concatenation (1, 1): 12; backward the two products' gradients (1, 1
+each), the negation's (1/2, 1/2), the halves' concatenation (1, 1) and the sum of the two
+paths' gradients (2, 1): 10. The fused kernel reads and writes each element once: 2 and 2."""
 CROSS_ENTROPY_KINDS = ("native", "te")
 """Layer.cross_entropy: the loss kernel after the head."""
 VOCAB_PAD_MULTIPLE = 128
@@ -84,6 +107,9 @@ class Layer:
     position_embedding: str = "learned"
     """embedding: 'learned' (s*h position parameters) | 'rope' (rotary, applied to q and k
     inside each block, no parameters; --position-embedding-type rope)."""
+    rope_scaling: str = "none"
+    """transformer with RoPE: one of ROPE_SCALINGS (yarn: megatron-core rotates q and k
+    unfused)."""
     qk_norm: bool = False
     """transformer: a norm (the layer's `norm`, over one head's d) on each query and key head
     after the QKV projection, before RoPE (Megatron-LM's --qk-layernorm; Qwen3's q_norm and
@@ -117,6 +143,11 @@ class Layer:
     """custom only: parameter count."""
     custom_output_elements: int = 0
     """custom only: output activation elements per sample."""
+    fused_experts: bool = False
+    """transformer with experts: the experts' fc1, activation and fc2 run as one fused kernel
+    (megatron-core's fused grouped MLP, which the sync-free MoE recipes run:
+    training.moe_sync_free). False: megatron-core's TEGroupedMLP, which runs some of the
+    experts' elementwise work as separate PyTorch ops (`unfused_expert_bytes_by_pass`)."""
     cross_entropy: str = "native"
     """head: the loss kernel. 'native': Megatron-LM's vocab-parallel cross-entropy, which
     computes in an fp32 copy of the logits and keeps the fp32 softmax for the backward;
@@ -171,7 +202,8 @@ class Layer:
                 self.head_dim * self.num_attention_heads != self.hidden_size:
             parts += [f"d{self.head_dim}"]
         parts += [x for x, default in ((self.mlp, "gelu"), (self.norm, "layernorm"),
-                                       (self.position_embedding, "learned")) if x != default]
+                                       (self.position_embedding, "learned"),
+                                       (self.rope_scaling, "none")) if x != default]
         if not self.bias:
             parts += ["nobias"]
         if self.qk_norm and self.kind == "transformer":
@@ -183,6 +215,8 @@ class Layer:
                       f"fe{self.expert_ffn}"]
             if self.moe_shared_expert_size:
                 parts += [f"fs{self.moe_shared_expert_size}"]
+            if self.fused_experts:
+                parts += ["fusedmlp"]
         if self.kind == "transformer" and 0 < self.attention_window < self.seq_length:
             parts += [f"w{self.attention_window}"]
         if self.dropout_masks:
@@ -211,14 +245,19 @@ class Layer:
         return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
     @property
+    def gated_mlp(self) -> bool:
+        """A gated MLP (GATED_MLP_KINDS): fc1 h -> 2f (gate and linear half fused)."""
+        return self.mlp in GATED_MLP_KINDS
+
+    @property
     def expert_fc1_width(self) -> int:
-        """One expert's fc1 output width: f_e (GELU) or 2 f_e (SwiGLU, gate and up fused)."""
-        return (2 if self.mlp == "swiglu" else 1) * self.expert_ffn
+        """One expert's fc1 output width: f_e (GELU) or 2 f_e (gated, gate and up fused)."""
+        return (2 if self.gated_mlp else 1) * self.expert_ffn
 
     @property
     def shared_fc1_width(self) -> int:
         """The shared experts' fc1 output width (0 without them)."""
-        return (2 if self.mlp == "swiglu" else 1) * self.moe_shared_expert_size
+        return (2 if self.gated_mlp else 1) * self.moe_shared_expert_size
 
     @property
     def in_hidden(self) -> int:
@@ -282,8 +321,8 @@ class Layer:
     @property
     def fc1_width(self) -> int:
         """Output width of the MLP's first (column-parallel) linear, whole: f for GELU, 2f
-        for SwiGLU (megatron-core fuses gate and up into one linear_fc1 of h x 2f)."""
-        return (2 if self.mlp == "swiglu" else 1) * self.ffn_hidden_size
+        for a gated MLP (megatron-core fuses gate and up into one linear_fc1 of h x 2f)."""
+        return (2 if self.gated_mlp else 1) * self.ffn_hidden_size
 
 
 def _projection_params(layer: Layer) -> int:
@@ -299,6 +338,7 @@ def _check_options(layer: Layer) -> None:
     for value, known, what in ((layer.mlp, MLP_KINDS, "mlp"), (layer.norm, NORM_KINDS, "norm"),
                                (layer.position_embedding, POSITION_EMBEDDINGS,
                                 "position_embedding"),
+                               (layer.rope_scaling, ROPE_SCALINGS, "rope_scaling"),
                                (layer.cross_entropy, CROSS_ENTROPY_KINDS, "cross_entropy")):
         if value not in known:
             raise ValueError(f"{what} {value!r}; known: {', '.join(known)}")
@@ -653,9 +693,13 @@ def elementwise_bytes_by_pass(layer: Layer, tmp: int, bytes_per_element: int,
 
 def _activation_elements(layer: Layer) -> float:
     """Elements per token, in units of f/t, moved by the MLP activation in the trial-style
-    (eager) count of one forward: GELU 2 (+2 bias add), SwiGLU 5 (+4 bias add on 2f/t)."""
+    (eager) count of one forward: GELU 2 (+2 bias add), SwiGLU 5 (+4 bias add on 2f/t);
+    quick-GEGLU 16 (+4): its two clamps (4), the gate's 1.702 x and sigmoid (4), their product
+    with the gate (3), the linear half's + 1 (2) and the product of the two (3)."""
     if layer.mlp == "swiglu":
         return 5.0 + (4.0 if layer.bias else 0.0)
+    if layer.mlp == "quick_geglu":
+        return 16.0 + (4.0 if layer.bias else 0.0)
     return 2.0 + (2.0 if layer.bias else 0.0)
 
 
@@ -724,22 +768,86 @@ def _megatron_llama_elementwise_bytes(layer: Layer, tmp: int, bytes_per_element:
     s, f = layer.seq_length, float(_mlp_inner(layer))
     bias = 1.0 if layer.bias else 0.0
     act_f = megatron_activation_bytes(layer, bytes_per_element) * f / tmp
-    act_b = (5 + 2 * bias if layer.mlp == "swiglu" else 3 + bias) * g * f / tmp
+    act_b = (5 + 2 * bias if layer.gated_mlp else 3 + bias) * g * f / tmp
     norms_f, norms_b = megatron_norm_residual_bytes(layer, bytes_per_element)
     if layer.kind == "mlp":
         return s * (norms_f + act_f), s * (norms_b + act_b)
     ad = float(layer.attention_width)
     q_k_routing = g * _q_k_elements(layer) / tmp \
         + _moe_routing_bytes(layer, tmp, bytes_per_element)
-    return (s * (norms_f + 2 * g * ad + act_f) + q_k_routing,
-            s * (norms_b + 2 * g * ad + act_b) + q_k_routing)
+    experts_f, experts_b = unfused_expert_bytes_by_pass(layer, tmp, bytes_per_element)
+    rope_f, rope_b = unfused_rope_bytes_by_pass(layer, tmp, bytes_per_element)
+    return (s * (norms_f + 2 * g * ad + act_f) + q_k_routing + experts_f + rope_f,
+            s * (norms_b + 2 * g * ad + act_b) + q_k_routing + experts_b + rope_b)
+
+
+def unfused_rope_bytes_by_pass(layer: Layer, tmp: int, bytes_per_element: int
+                               ) -> tuple[float, float]:
+    """(forward, backward) bytes per sample that megatron-core's unfused RoPE (YaRN,
+    `Layer.rope_scaling`) moves beyond the fused kernel's read and write of each element of q
+    and k on the rank (s (a + g) d / t of them): (12 - 2) g and (10 - 2) g each
+    (UNFUSED_ROPE_BYTES_PER_ELEMENT); (0, 0) for other layers."""
+    if layer.kind != "transformer" or layer.position_embedding != "rope" \
+            or layer.rope_scaling != "yarn":
+        return 0.0, 0.0
+    elements = layer.seq_length * (layer.num_attention_heads + layer.query_groups) \
+        * layer.kv_channels / tmp
+    g = float(bytes_per_element)
+    forward, backward = UNFUSED_ROPE_BYTES_PER_ELEMENT
+    return (forward - 2) * g * elements, (backward - 2) * g * elements
+
+
+def unfused_expert_bytes_by_pass(layer: Layer, tmp: int, bytes_per_element: int
+                                 ) -> tuple[float, float]:
+    """(forward, backward) bytes per sample that megatron-core's grouped experts
+    (TEGroupedMLP, megatron/core/transformer/moe/experts.py) move in separate PyTorch ops
+    beside their GEMMs and fused activation, on the rank's s/t tokens (k routed copies each);
+    (0, 0) for other layers and with `Layer.fused_experts`. Counted as each op's reads and
+    writes (g bytes per element; the router's probabilities are fp32, FP32_ROUTER_BYTES = P):
+
+    quick-GEGLU (weighted_bias_quick_geglu_impl, megatron/core/fusions/fused_bias_geglu.py)
+    clamps the gate and the linear half of fc1's 2 f_e output and concatenates them again
+    before its fused kernel: two clamps (read and write f_e each) and the cat (read and write
+    2 f_e), 8g per element of f_e forward; backward the clamps' (read the gradient and the
+    input, write: 6g f_e for both) and the chunk's, a cat of the two gradients (4g f_e): 10g
+    (`clamp_bytes_per_element`);
+
+    biases: fc2's bias is not added in the grouped GEMM but expert by expert afterwards,
+    t + b p with each row's router probability p (TEGroupedMLP._apply_bias), in fp32 as p is:
+    b p (write P h), the add (read g h and P h, write P h), the cat of the experts' pieces
+    (2P h) and the cast back (read P h, write g h): (6P + 2g) h per routed token forward;
+    backward the casts of the gradient to fp32 and of t's gradient back (2 (P + g) h), b's
+    gradient sum(grad x p) and p's sum(grad x b) (read, write, read: 3P h each):
+    (8P + 2g) h."""
+    if not layer.is_moe or layer.fused_experts:
+        return 0.0, 0.0
+    g = float(bytes_per_element)
+    k, h = layer.moe_router_topk, float(layer.hidden_size)
+    clamp_f, clamp_b = clamp_bytes_per_element(layer, bytes_per_element)
+    fe = float(layer.expert_ffn)
+    p = float(FP32_ROUTER_BYTES)
+    bias_f, bias_b = ((6 * p + 2 * g) * h, (8 * p + 2 * g) * h) if layer.bias else (0.0, 0.0)
+    per_sample = layer.seq_length * k / tmp
+    return (per_sample * (clamp_f * fe + bias_f), per_sample * (clamp_b * fe + bias_b))
+
+
+def clamp_bytes_per_element(layer: Layer, bytes_per_element: int) -> tuple[float, float]:
+    """(forward, backward) bytes per element of an expert's inner width f_e that the
+    quick-GEGLU's separate clamps and concatenation move under megatron-core's unfused
+    grouped experts (`unfused_expert_bytes_by_pass`): 8g and 10g; (0, 0) for another
+    activation, a layer without experts, or fused experts. A recomputed activation
+    (recompute_modules moe_act) runs the forward ones again."""
+    if layer.mlp != "quick_geglu" or not layer.is_moe or layer.fused_experts:
+        return 0.0, 0.0
+    g = float(bytes_per_element)
+    return 8.0 * g, 10.0 * g
 
 
 def megatron_activation_bytes(layer: Layer, bytes_per_element: int) -> float:
     """Bytes per element of the MLP's inner width that megatron-core's fused activation moves
-    in one forward: bias-SwiGLU reads the 2 halves of the fc1 output and writes one (3g),
-    bias-GeLU reads and writes (2g)."""
-    return (3.0 if layer.mlp == "swiglu" else 2.0) * bytes_per_element
+    in one forward: bias-SwiGLU and the quick-GEGLU read the 2 halves of the fc1 output and
+    write one (3g), bias-GeLU reads and writes (2g)."""
+    return (3.0 if layer.gated_mlp else 2.0) * bytes_per_element
 
 
 def megatron_norm_residual_bytes(layer: Layer, bytes_per_element: int) -> tuple[float, float]:

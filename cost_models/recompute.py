@@ -37,7 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .compute import DeviceSpeed, attention_time_s
-from .layers import Layer, dropout_bytes, megatron_activation_bytes, megatron_norm_residual_bytes
+from .layers import (Layer, clamp_bytes_per_element, dropout_bytes, megatron_activation_bytes,
+                     megatron_norm_residual_bytes)
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 """training.activation_checkpointing values: nothing, the attention core, each whole block."""
@@ -94,7 +95,9 @@ def selective_recompute_time_s(layer: Layer, *, tmp: int, mbs: int, device: Devi
     attention core as above where core_attn is named; in a mixture-of-experts block,
     layernorm re-runs the pre-MLP norm's forward (read h, write h: 2g h per token) and
     moe_act the experts' activation's (SwiGLU reads 2 f_e and writes f_e, GELU reads and
-    writes f_e, for each of the token's k experts), memory-bound, on the rank's s/t tokens."""
+    writes f_e, for each of the token's k experts; the quick-GEGLU's separate clamps and
+    concatenation again where the experts are not fused, `clamp_bytes_per_element`),
+    memory-bound, on the rank's s/t tokens."""
     if layer.kind != "transformer":
         return KnobTime(forward_s=0.0, backward_s=0.0)
     core = attention_time_s(layer, tmp=tmp, mbs=mbs, device=device,
@@ -104,8 +107,9 @@ def selective_recompute_time_s(layer: Layer, *, tmp: int, mbs: int, device: Devi
         g, per = float(bytes_per_element), 0.0
         if "layernorm" in modules:
             per += 2.0 * g * layer.hidden_size
-        if "moe_act" in modules:
-            per += megatron_activation_bytes(layer, bytes_per_element) \
+        if "moe_act" in modules:      # with the quick-GEGLU's unfused clamps, those too
+            per += (megatron_activation_bytes(layer, bytes_per_element)
+                    + clamp_bytes_per_element(layer, bytes_per_element)[0]) \
                 * layer.moe_router_topk * layer.expert_ffn
         core += per * layer.seq_length * mbs / tmp / device.memory_bandwidth_bytes_per_s
     return KnobTime(forward_s=0.0, backward_s=float(core))

@@ -67,8 +67,9 @@ def test_every_preset_parses_to_its_published_size(name):
     assert m.preset == name and [x.kind for x in m.layers][::len(m.layers) - 1] == \
         ["embedding", "head"]
     block = m.layers[1]
+    gpt_oss = name.startswith("gpt-oss")      # GPT-OSS: biases and its clamped quick-GEGLU
     assert (block.mlp, block.norm, block.bias, block.position_embedding) == \
-        ("swiglu", "rmsnorm", name.startswith("gpt-oss"), "rope")   # GPT-OSS has biases
+        ("quick_geglu" if gpt_oss else "swiglu", "rmsnorm", gpt_oss, "rope")
     assert 0 < block.num_query_groups < block.num_attention_heads
     assert block.num_query_groups in m.tp_divisors
     total = model_param_count(m.layers)
@@ -301,15 +302,15 @@ def test_fingerprint_of_a_gpt_model_ignores_the_new_fields():
     import hashlib
     import json
 
-    from amp_search.model_spec import (ARCH_KEYS, DROPOUT_LAYER_FIELDS, LOSS_LAYER_FIELDS,
-                                       MOE_LAYER_FIELDS, WINDOW_LAYER_FIELDS)
+    from amp_search.model_spec import (ARCH_KEYS, DROPOUT_LAYER_FIELDS, MOE_LAYER_FIELDS,
+                                       TRAINING_LAYER_FIELDS, WINDOW_LAYER_FIELDS)
     from amp_search.spec import spec_fingerprint
 
     spec = parse_spec(_raw(GPT))
     old = dataclasses.asdict(spec.model)
     for layer in old["layers"]:
         for k in ARCH_KEYS + MOE_LAYER_FIELDS + WINDOW_LAYER_FIELDS + DROPOUT_LAYER_FIELDS \
-                + LOSS_LAYER_FIELDS:
+                + TRAINING_LAYER_FIELDS:
             del layer[k]
     text = json.dumps(old, sort_keys=True, default=str)
     assert spec_fingerprint(spec)["model"] == hashlib.sha256(text.encode()).hexdigest()

@@ -281,7 +281,7 @@ def test_swiglu_and_rmsnorm_keep_what_the_fused_kernels_keep():
     assert torch.allclose(x.grad, x2.grad, atol=1e-5) and torch.allclose(w.grad, w2.grad,
                                                                           atol=1e-5)
     y = torch.randn(5, 2 * F_, requires_grad=True)
-    out = trial_model._WeightedActivation.apply(y, None, True)
+    out = trial_model._WeightedActivation.apply(y, None, "swiglu")
     y2 = y.detach().clone().requires_grad_(True)
     gate, up = y2.chunk(2, dim=-1)
     ref = F.silu(gate) * up

@@ -17,6 +17,8 @@ MOE = dict(kind="transformer", seq_length=16, hidden_size=32, num_attention_head
            ffn_hidden_size=64, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=24)
 LLAMA_MOE = dict(MOE, mlp="swiglu", norm="rmsnorm", bias=False, position_embedding="rope",
                  num_query_groups=2, moe_shared_expert_size=16)
+GPT_OSS_MOE = dict(MOE, mlp="quick_geglu", norm="rmsnorm", bias=True, position_embedding="rope",
+                   num_query_groups=2)
 
 
 def _ep2_against_one_rank(rank: int, fields: dict | None = None) -> dict:
@@ -181,7 +183,24 @@ def test_experts_under_deepspeed_need_zero0_and_fp32():
         parse_spec(raw)
 
 
-@pytest.mark.parametrize("fields", [MOE, LLAMA_MOE], ids=["gelu", "swiglu"])
+def _reference_activation(a, mlp: str):
+    """The activations written out independently of the trial's code: GELU, SwiGLU, and
+    GPT-OSS's clamped quick-GEGLU (its reference implementation's swiglu with alpha 1.702,
+    limit 7: the gate clamped above, the linear half to [-7, 7], (linear + 1) as the factor)."""
+    import torch
+
+    if mlp == "gelu":
+        return torch.nn.functional.gelu(a)
+    gate, up = a.chunk(2, dim=-1)
+    if mlp == "swiglu":
+        return torch.nn.functional.silu(gate) * up
+    gate = torch.clamp(gate, max=7.0)
+    up = torch.clamp(up, min=-7.0, max=7.0)
+    return gate * torch.sigmoid(1.702 * gate) * (up + 1.0)
+
+
+@pytest.mark.parametrize("fields", [MOE, LLAMA_MOE, GPT_OSS_MOE],
+                         ids=["gelu", "swiglu", "quick-geglu"])
 def test_an_expert_keeps_its_input_fc1_output_and_fc2_input_only(fields):
     """The router's weight is applied in the expert's activation (as megatron-core's grouped
     experts do), which keeps only its input and the weights: an expert saves for backward
@@ -194,6 +213,8 @@ def test_an_expert_keeps_its_input_fc1_output_and_fc2_input_only(fields):
 
     layer = Layer(**fields)
     expert = _Expert(layer, torch.float32)
+    with torch.no_grad():       # outputs past the quick-GEGLU's clamp at 7, to check it
+        expert.fc1.weight.mul_(400.0)
     rows, h = 10, layer.hidden_size
     x = torch.randn(rows, h, requires_grad=True)
     w = torch.rand(rows, 1, requires_grad=True)
@@ -214,11 +235,9 @@ def test_an_expert_keeps_its_input_fc1_output_and_fc2_input_only(fields):
     y.sum().backward()
     x2, w2 = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
     a = expert.fc1(x2)
-    if expert.gated:
-        gate, up = a.chunk(2, dim=-1)
-        a = torch.nn.functional.silu(gate) * up
-    else:
-        a = torch.nn.functional.gelu(a)
+    if layer.mlp == "quick_geglu":
+        assert (a.abs() > 7.0).any()            # the clamp is reached
+    a = _reference_activation(a, layer.mlp)
     ref = torch.nn.functional.linear(a * w2, expert.fc2.weight)
     if expert.fc2.bias is not None:
         ref = ref + w2 * expert.fc2.bias

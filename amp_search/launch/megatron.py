@@ -9,6 +9,8 @@ layer, GELU MLP, LayerNorm, biases, multi-head attention):
     num_query_groups g < heads    --group-query-attention --num-query-groups g
     head_dim d != h / heads       --kv-channels d
     mlp: swiglu                   --swiglu (--ffn-hidden-size is always given)
+    mlp: quick_geglu              --quick-geglu --glu-linear-offset 1 --activation-func-clamp-
+                                  value 7 (GPT-OSS's clamped quick-GELU GLU)
     norm: rmsnorm                 --normalization RMSNorm
     bias: false                   --disable-bias-linear
     position_embedding            --position-embedding-type learned_absolute | rope (rotary
@@ -68,7 +70,7 @@ import re
 import statistics
 from pathlib import Path
 
-from cost_models.layers import Layer
+from cost_models.layers import QUICK_GEGLU_CLAMP, QUICK_GEGLU_OFFSET, Layer
 
 from ..errors import UsageError
 from ..records import Strategy, pairs_micro_batches
@@ -92,12 +94,12 @@ def check_gpt_chain(layers: tuple[Layer, ...]) -> Layer:
     if len(shapes) != 1:
         raise UsageError("the megatron backend needs all transformer blocks of one size")
     kinds = {(b.num_query_groups, b.head_dim, b.mlp, b.norm, b.bias, b.position_embedding,
-              b.qk_norm, b.num_experts, b.moe_router_topk, b.moe_ffn_hidden_size,
-              b.moe_shared_expert_size) for b in blocks}
+              b.rope_scaling, b.qk_norm, b.num_experts, b.moe_router_topk,
+              b.moe_ffn_hidden_size, b.moe_shared_expert_size) for b in blocks}
     if len(kinds) != 1:
         raise UsageError("the megatron backend needs all transformer blocks of one kind "
                          "(num_query_groups, head_dim, mlp, norm, bias, position_embedding, "
-                         "qk_norm, experts)")
+                         "rope_scaling, qk_norm, experts)")
     if layers[0].position_embedding != blocks[0].position_embedding:
         raise UsageError(f"the megatron backend needs the embedding's position_embedding "
                          f"({layers[0].position_embedding}) to be the blocks' "
@@ -137,6 +139,9 @@ def architecture_args(layers: tuple[Layer, ...]) -> list[str]:
         args += ["--kv-channels", str(block.head_dim)]
     if block.mlp == "swiglu":
         args += ["--swiglu"]
+    if block.mlp == "quick_geglu":      # GPT-OSS's activation (cost_models.layers)
+        args += ["--quick-geglu", "--glu-linear-offset", f"{QUICK_GEGLU_OFFSET:g}",
+                 "--activation-func-clamp-value", f"{QUICK_GEGLU_CLAMP:g}"]
     if block.norm == "rmsnorm":
         args += ["--normalization", "RMSNorm"]
     if not block.bias:

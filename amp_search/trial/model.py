@@ -90,12 +90,15 @@ The Llama family (the Layer fields beside the GPT defaults), as megatron-core ru
   heads for the attention; proj is RowParallelLinear a d -> h;
 - mlp 'swiglu': fc1 one ColumnParallelLinear h -> 2f (stride 2: each rank holds its f/t of
   gate, then its f/t of up, so tmp=1 and tmp=2 hold the same weights), silu(gate) * up, fc2
-  RowParallelLinear f -> h;
+  RowParallelLinear f -> h; mlp 'quick_geglu' (GPT-OSS) the same linears with its clamped
+  quick-GELU GLU (`_activation`);
 - norm 'rmsnorm': torch.nn.RMSNorm (weight only) wherever LayerNorm stands (eps 1e-5);
 - bias False: no bias on any linear (QKV, proj, fc1, fc2, the head's projection, an input
   projection);
 - position_embedding 'rope': the embedding holds no positions; each block applies rotary
-  embeddings (rotate-half form, base ROPE_THETA = 10000) to q and k;
+  embeddings (rotate-half form, base ROPE_THETA = 10000) to q and k; rope_scaling 'yarn'
+  (GPT-OSS) runs the same eager rotation, with these frequencies and no attention scale (the
+  frequencies change no time: the eager rotation is what megatron-core runs for YaRN);
 - qk_norm: the layer's norm over one head's d on each query and key head, before RoPE
   (megatron-core's q_layernorm and k_layernorm);
 - the attention core gets q, k and v as contiguous tensors, as Transformer Engine's attention
@@ -127,7 +130,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from cost_models.layers import Layer, padded_vocab_size
+from cost_models.layers import (GATED_MLP_KINDS, MLP_KINDS, QUICK_GEGLU_CLAMP,
+                                 QUICK_GEGLU_OFFSET, Layer, padded_vocab_size)
 
 __all__ = ["UnsupportedLayer", "build_layer", "check_layer", "lm_loss", "example_inputs", "forward_backward",
            "init_single_process_parallel", "parameter_count", "TRIAL_PRECISIONS", "CHECKPOINTABLE_LAYERS",
@@ -480,8 +484,8 @@ class _MLP(nn.Module):
     def __init__(self, layer: Layer, lin: _Linears):
         super().__init__()
         h, f = layer.hidden_size, layer.ffn_hidden_size
-        self.gated = layer.mlp == "swiglu"
-        if self.gated:
+        self.mlp = layer.mlp
+        if layer.gated_mlp:
             self.fc1 = lin.column(h, 2 * f, bias=layer.bias, stride=2)
         else:
             self.fc1 = lin.column(h, f, bias=layer.bias)
@@ -490,8 +494,9 @@ class _MLP(nn.Module):
 
     def forward(self, x):
         y, _ = self.fc1(x)
-        # SwiGLU as Megatron-LM's fused bias_swiglu runs it (saving its input only)
-        y = _WeightedActivation.apply(y, None, True) if self.gated else F.gelu(y)
+        # a gated MLP as Megatron-LM's fused bias_swiglu runs it (saving its input only)
+        y = _WeightedActivation.apply(y, None, self.mlp) if self.mlp in GATED_MLP_KINDS \
+            else F.gelu(y)
         y, _ = self.fc2(y)
         return y
 
@@ -540,12 +545,12 @@ def _all_to_all(x, out_splits, in_splits, group):
 
 class _Expert(nn.Module):
     """One routed expert, whole (expert tensor parallelism 1): fc2(act(fc1(x))) of width
-    f_e, GELU or SwiGLU (gate and up fused in fc1)."""
+    f_e, GELU or a gated activation (gate and up fused in fc1)."""
 
     def __init__(self, layer: Layer, dtype: torch.dtype):
         super().__init__()
         h = layer.hidden_size
-        self.gated = layer.mlp == "swiglu"
+        self.mlp = layer.mlp
         self.fc1 = nn.Linear(h, layer.expert_fc1_width, bias=layer.bias, dtype=dtype)
         self.fc2 = nn.Linear(layer.expert_ffn, h, bias=layer.bias, dtype=dtype)
         for lin in (self.fc1, self.fc2):
@@ -557,15 +562,24 @@ class _Expert(nn.Module):
         """fc2(act(fc1(x)) x weight): each row's router weight applied in the activation,
         as megatron-core's grouped experts do (the fc2 bias weighted too), so the layer's
         sum over a token's experts keeps none of their outputs."""
-        a = _WeightedActivation.apply(self.fc1(x), weight, self.gated)
+        a = _WeightedActivation.apply(self.fc1(x), weight, self.mlp)
         y = F.linear(a, self.fc2.weight)
         return y if self.fc2.bias is None else y + weight * self.fc2.bias
 
 
-def _activation(y, gated: bool):
-    if gated:
+def _activation(y, mlp: str):
+    """The MLP's activation on fc1's output `y` (cost_models.layers.MLP_KINDS): GELU; SwiGLU
+    silu(gate) * up; GPT-OSS's quick-GEGLU, its halves clamped (the gate above at c, the
+    linear half to [-c, c]), quick_gelu(gate) * (linear + 1) with quick_gelu(x) =
+    x sigmoid(1.702 x), as megatron-core's weighted_bias_quick_geglu_impl computes it."""
+    if mlp == "swiglu":
         gate, up = y.chunk(2, dim=-1)
         return F.silu(gate) * up
+    if mlp == "quick_geglu":
+        gate, up = y.chunk(2, dim=-1)
+        gate = gate.clamp(max=QUICK_GEGLU_CLAMP)
+        up = up.clamp(min=-QUICK_GEGLU_CLAMP, max=QUICK_GEGLU_CLAMP)
+        return gate * torch.sigmoid(1.702 * gate) * (up + QUICK_GEGLU_OFFSET)
     return F.gelu(y)
 
 
@@ -575,11 +589,11 @@ class _WeightedActivation(torch.autograd.Function):
     activation_func_with_probs under its fuser) do; the backward recomputes act(y)."""
 
     @staticmethod
-    def forward(ctx, y, weight, gated):
-        ctx.gated, ctx.weighted = gated, weight is not None
+    def forward(ctx, y, weight, mlp):
+        ctx.mlp, ctx.weighted = mlp, weight is not None
         ctx.save_for_backward(y, weight)
         with torch.no_grad():
-            out = _activation(y, gated)
+            out = _activation(y, mlp)
             return out * weight if weight is not None else out
 
     @staticmethod
@@ -588,9 +602,9 @@ class _WeightedActivation(torch.autograd.Function):
         with torch.enable_grad():
             y_ = y.detach().requires_grad_()
             if not ctx.weighted:
-                return torch.autograd.grad(_activation(y_, ctx.gated), y_, grad)[0], None, None
+                return torch.autograd.grad(_activation(y_, ctx.mlp), y_, grad)[0], None, None
             w_ = weight.detach().requires_grad_()
-            out = _activation(y_, ctx.gated) * w_
+            out = _activation(y_, ctx.mlp) * w_
         grad_y, grad_w = torch.autograd.grad(out, (y_, w_), grad)
         return grad_y, grad_w, None
 
@@ -854,7 +868,7 @@ class TransformerLayer(nn.Module):
 
 
 class MLPLayer(nn.Module):
-    """Pre-norm MLP (GELU or SwiGLU) with a residual: [b, s, h_in] -> [b, s, h]."""
+    """Pre-norm MLP (GELU or gated) with a residual: [b, s, h_in] -> [b, s, h]."""
 
     def __init__(self, layer: Layer, lin: _Linears):
         super().__init__()
@@ -955,7 +969,7 @@ def check_layer(layer: Layer) -> None:
                                f"matrix between the first and last pipeline stage needs "
                                f"DeepSpeed's TiedLayerSpec and its gradient all-reduce, which "
                                f"the trial pipeline does not build): set tie_embeddings false")
-    for field, value, accepted in (("mlp", layer.mlp, ("gelu", "swiglu")),
+    for field, value, accepted in (("mlp", layer.mlp, MLP_KINDS),
                                    ("norm", layer.norm, ("layernorm", "rmsnorm")),
                                    ("position_embedding", layer.position_embedding,
                                     ("learned", "rope"))):
