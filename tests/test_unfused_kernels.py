@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import yaml
 
 from amp_search.spec import parse_spec
 from cost_models.compute import DeviceSpeed, analytic_layer_time
@@ -107,17 +106,12 @@ def test_gpt_oss_exports_its_activation(tmp_path):
     assert args[i + 1:i + 5] == ["--glu-linear-offset", "1", "--activation-func-clamp-value", "7"]
 
 
-def test_spec_accepts_quick_geglu_with_the_gated_default_width(tmp_path):
-    path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump({
-        "cluster": {"nodes": [{"gpu": "H100-80GB", "count": 1, "gpus_per_node": 8,
-                               "intra_node_bandwidth": "450 GB/s",
-                               "inter_node_bandwidth": "400 Gbps"}]},
-        "model": {"preset": "gpt", "num_layers": 2, "hidden_size": 768,
-                  "num_attention_heads": 12, "vocab_size": 1000, "seq_length": 256,
-                  "mlp": "quick_geglu"},
-        "training": {"global_batch_size": 8}}))
-    block = parse_spec(yaml.safe_load(path.read_text())).model.layers[1]
+def test_spec_accepts_quick_geglu_with_the_gated_default_width():
+    raw = _gpt_oss_spec()
+    raw["model"] = {"preset": "gpt", "num_layers": 2, "hidden_size": 768,
+                    "num_attention_heads": 12, "vocab_size": 1000, "seq_length": 256,
+                    "mlp": "quick_geglu"}
+    block = parse_spec(raw).model.layers[1]
     assert block.mlp == "quick_geglu" and block.gated_mlp
     assert block.ffn_hidden_size == 2048 and block.fc1_width == 4096
 
