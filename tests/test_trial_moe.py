@@ -67,9 +67,14 @@ def _llama_ep2(rank: int) -> dict:
     return _ep2_against_one_rank(rank, LLAMA_MOE)
 
 
+def _gpt_oss_ep2(rank: int) -> dict:
+    return _ep2_against_one_rank(rank, GPT_OSS_MOE)
+
+
 @pytest.mark.parametrize("body, fields", [(_ep2_against_one_rank, MOE),
-                                          (_llama_ep2, LLAMA_MOE)],
-                         ids=["gelu", "swiglu-shared-expert"])
+                                          (_llama_ep2, LLAMA_MOE),
+                                          (_gpt_oss_ep2, GPT_OSS_MOE)],
+                         ids=["gelu", "swiglu-shared-expert", "quick-geglu-biases"])
 def test_two_expert_parallel_ranks_compute_what_one_rank_does(body, fields):
     from two_ranks import on_two_ranks
 
