@@ -210,13 +210,14 @@ def _window(r: MappingReader) -> tuple[int, int]:
             r.int("window_attn_skip_freq", 0, lo=0, hi=MAX_LAYERS))
 
 
-def _rope_scaling(r: MappingReader, position_embedding: str) -> str:
+def _rope_scaling(r: MappingReader, position_embedding: str, note: str = "") -> str:
     """model.rope_scaling (ROPE_SCALINGS, default none): yarn only with RoPE."""
     scaling = r.choice("rope_scaling", ROPE_SCALINGS, "none")
     if scaling != "none" and position_embedding != "rope":
-        raise SpecError(r.at("rope_scaling"), f"scales rotary embeddings: only with "
+        raise SpecError(r.at("rope_scaling"), f"{scaling} scales rotary embeddings: it needs "
                                               f"position_embedding: rope (got "
-                                              f"{position_embedding})")
+                                              f"{position_embedding}); accepted with it: "
+                                              f"none{note}")
     return scaling
 
 
@@ -245,7 +246,7 @@ def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None)
     norm = r.choice("norm", NORM_KINDS, "layernorm")
     bias = r.flag("bias", True)
     pos = r.choice("position_embedding", POSITION_EMBEDDINGS, "learned")
-    scaling = _rope_scaling(r, pos)
+    scaling = _rope_scaling(r, pos, note("rope_scaling"))
     qk_norm = r.flag("qk_norm", False)
     tied = r.flag("tie_embeddings", False)
     experts = _experts(r, f)

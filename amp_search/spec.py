@@ -996,6 +996,12 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
         raise SpecError("training.moe_a2a_overlap", f"megatron-core overlaps the all-to-alls in "
                                                     f"bf16 or fp16 training only (got precision "
                                                     f"{training.precision}); accepted: false")
+    if training.backend == "megatron" and any(
+            x.mlp == "quick_geglu" and not x.is_moe for x in model.layers):
+        raise SpecError("model.mlp", "quick_geglu without experts: megatron-core runs GPT-OSS's "
+                                     "clamped quick-GEGLU in its experts only (its dense MLP "
+                                     "refuses to fuse the quick-GELU); accepted with "
+                                     "num_experts, or training.backend: deepspeed")
     for key in ("moe_sync_free", "moe_a2a_overlap"):
         if getattr(training, key) and not model.num_experts:
             raise SpecError(f"training.{key}", "the model has no experts (model.num_experts); "

@@ -284,7 +284,7 @@ def _moe_saved_elements(layer: Layer) -> int:
     outputs are summed as they are (the router's weights applied in the activation, as
     megatron-core does), so none is kept; the shared experts as a dense MLP of width f_s."""
     k, h = layer.moe_router_topk, layer.hidden_size
-    act = 3 if layer.mlp == "swiglu" else 2
+    act = 3 if layer.gated_mlp else 2
     return k * (h + act * layer.expert_ffn) + act * layer.moe_shared_expert_size
 
 

@@ -99,7 +99,8 @@ class Layer:
     num_attention_heads."""
     mlp: str = "gelu"
     """The MLP (transformer and mlp): 'gelu', h -> f -> h; 'swiglu', gate and up h -> f each,
-    SiLU(gate) * up, down f -> h (three matrices, Megatron-LM's --swiglu)."""
+    SiLU(gate) * up, down f -> h (three matrices, Megatron-LM's --swiglu); 'quick_geglu',
+    the same matrices with GPT-OSS's clamped quick-GELU GLU (GATED_MLP_KINDS)."""
     norm: str = "layernorm"
     """'layernorm' (weight and bias) | 'rmsnorm' (weight only; --normalization RMSNorm)."""
     bias: bool = True
@@ -417,7 +418,7 @@ def param_count(layer: Layer, tmp: int = 1, ep: int = 1) -> int:
     A layer with Llama-family options (not `Layer.is_gpt_block`): the sum of
     `block_tensor_numels`, i.e. per transformer block
     norm + h (a + 2g) d / t [+ (a + 2g) d / t] + a d h / t [+ h] + norm + h F / t [+ F / t]
-    + f h / t [+ h], norm = 2h (LayerNorm) or h (RMSNorm), F = f (GELU) or 2f (SwiGLU),
+    + f h / t [+ h], norm = 2h (LayerNorm) or h (RMSNorm), F = f (GELU) or 2f (gated),
     [...] only with biases; embedding V h / t (+ s h with learned positions); head norm +
     V h / t (+ V / t with biases). Tied embeddings change nothing here: every stage holding
     the embedding or the head holds the matrix (Megatron-LM keeps a copy on the last

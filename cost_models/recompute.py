@@ -94,7 +94,7 @@ def selective_recompute_time_s(layer: Layer, *, tmp: int, mbs: int, device: Devi
     `modules` (Megatron-LM's --recompute-modules, cost_models.activations.RECOMPUTABLE): the
     attention core as above where core_attn is named; in a mixture-of-experts block,
     layernorm re-runs the pre-MLP norm's forward (read h, write h: 2g h per token) and
-    moe_act the experts' activation's (SwiGLU reads 2 f_e and writes f_e, GELU reads and
+    moe_act the experts' activation's (a gated one reads 2 f_e and writes f_e, GELU reads and
     writes f_e, for each of the token's k experts; the quick-GEGLU's separate clamps and
     concatenation again where the experts are not fused, `clamp_bytes_per_element`),
     memory-bound, on the rank's s/t tokens."""

@@ -107,11 +107,21 @@ def test_gpt_oss_exports_its_activation(tmp_path):
 
 
 def test_spec_accepts_quick_geglu_with_the_gated_default_width():
+    """A dense quick-GEGLU model: the trial layers run it; Megatron-LM cannot (megatron-core
+    has the clamped quick-GEGLU in its experts only), so that backend refuses it in one line
+    and, with no backend named, plans for DeepSpeed with a note."""
     raw = _gpt_oss_spec()
     raw["model"] = {"preset": "gpt", "num_layers": 2, "hidden_size": 768,
                     "num_attention_heads": 12, "vocab_size": 1000, "seq_length": 256,
                     "mlp": "quick_geglu"}
-    block = parse_spec(raw).model.layers[1]
+    with pytest.raises(SpecError, match="model.mlp: quick_geglu without experts.*accepted with "
+                                        "num_experts, or training.backend: deepspeed"):
+        parse_spec(raw)
+    del raw["training"]["backend"]
+    spec = parse_spec(raw)
+    assert spec.training.backend == "deepspeed"
+    assert any("megatron: model.mlp" in n for n in spec.backend_notes)
+    block = spec.model.layers[1]
     assert block.mlp == "quick_geglu" and block.gated_mlp
     assert block.ffn_hidden_size == 2048 and block.fc1_width == 4096
 
@@ -140,6 +150,25 @@ def test_gpt_oss_preset_and_rope_scaling_in_the_spec():
                     "rope_scaling": "yarn"}
     with pytest.raises(SpecError, match="model.rope_scaling.*position_embedding: rope"):
         parse_spec(raw)
+    # from a preset, the error says so
+    raw["model"] = {"preset": "gpt-oss-20b", "position_embedding": "learned"}
+    with pytest.raises(SpecError, match="rope_scaling from preset gpt-oss-20b"):
+        parse_spec(raw)
+    raw["model"] = {"preset": "gpt", "num_layers": 2, "hidden_size": 256,
+                    "num_attention_heads": 4, "vocab_size": 1000, "seq_length": 128}
     raw["model"]["rope_scaling"] = "linear"
     with pytest.raises(SpecError, match="model.rope_scaling.*none, yarn"):
         parse_spec(raw)
+
+
+def test_quick_geglu_experts_keep_what_swiglu_ones_keep():
+    """Both gated activations save fc1's 2 f_e output and fc2's f_e input per routed copy
+    (what megatron-core's fused kernels keep; the unfused path's concatenation is not
+    counted), so GPT-OSS's memory is what it was as a SwiGLU model."""
+    from cost_models.activations import layer_saved_bytes
+
+    kw = dict(mbs=1, tmp=1, bytes_per_element=2)
+    swiglu = replace(GPT_OSS_BLOCK, mlp="swiglu")
+    assert layer_saved_bytes(GPT_OSS_BLOCK, **kw) == layer_saved_bytes(swiglu, **kw)
+    assert layer_saved_bytes(GPT_OSS_BLOCK, **kw, selective=("moe_act",)) \
+        == layer_saved_bytes(swiglu, **kw, selective=("moe_act",))
