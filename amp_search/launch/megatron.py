@@ -16,6 +16,9 @@ layer, GELU MLP, LayerNorm, biases, multi-head attention):
     position_embedding            --position-embedding-type learned_absolute | rope (rotary
                                   base: Megatron's default 10000; the base does not change
                                   the cost, set --rotary-base for real training)
+    rope_scaling: yarn            nothing (Megatron-LM's YaRN arguments vary by version): the
+                                  run rotates with plain RoPE, which Megatron-LM may fuse, so
+                                  it measures a little less than the plan's unfused YaRN
     qk_norm: true                 --qk-layernorm
     head cross_entropy: te        --cross-entropy-loss-fusion --cross-entropy-fusion-impl te
                                   (training.cross_entropy; Transformer Engine's kernel: CUDA)
