@@ -54,7 +54,10 @@ megatron-core saves them:
   probabilities (`_moe_saved_elements`). megatron-core's grouped experts apply the router's
   probabilities inside the activation (GroupedMLP / TEGroupedMLP: activation_func_with_probs,
   weighted_bias_swiglu_impl, which saves its input and the probabilities), so the combine
-  is a plain sum that keeps none of the experts' outputs.
+  is a plain sum that keeps none of the experts' outputs. GPT-OSS's quick-GEGLU in unfused
+  grouped experts (`Layer.fused_experts` false) keeps one more 2 f_e per routed copy: its
+  clamps keep fc1's output and its fused kernel the clamped concatenation
+  (weighted_bias_quick_geglu_impl); recomputing moe_act frees that too.
 Biases save nothing. Hidden dropout (`Layer.hidden_dropout` > 0, Megatron-LM's
 --hidden-dropout, 0.1 by default there) keeps a 1-byte mask per element of each dropout's
 output: 2h per token in a transformer block (after the attention and after the MLP), h in
@@ -285,7 +288,15 @@ def _moe_saved_elements(layer: Layer) -> int:
     megatron-core does), so none is kept; the shared experts as a dense MLP of width f_s."""
     k, h = layer.moe_router_topk, layer.hidden_size
     act = 3 if layer.gated_mlp else 2
-    return k * (h + act * layer.expert_ffn) + act * layer.moe_shared_expert_size
+    return k * (h + (act + _clamped_copy(layer)) * layer.expert_ffn) \
+        + act * layer.moe_shared_expert_size
+
+
+def _clamped_copy(layer: Layer) -> int:
+    """Elements per routed copy, in units of f_e, that the quick-GEGLU of unfused grouped
+    experts keeps beyond a SwiGLU's: the clamped concatenation of fc1's two halves (2; its
+    clamps keep fc1's output, counted already); 0 otherwise."""
+    return 2 if layer.mlp == "quick_geglu" and layer.is_moe and not layer.fused_experts else 0
 
 
 def offloaded_activation_bytes(per_layer_bytes) -> int:
@@ -353,7 +364,8 @@ def recomputed_module_bytes(layer: Layer, modules, g: int, t: int) -> tuple[int,
     if not layer.is_moe:
         return 0, 0
     norm_out = g * layer.hidden_size if "layernorm" in modules else 0
-    act_out = g * (layer.moe_router_topk * layer.expert_ffn // t) if "moe_act" in modules else 0
+    act_out = g * ((1 + _clamped_copy(layer)) * layer.moe_router_topk * layer.expert_ffn // t) \
+        if "moe_act" in modules else 0
     return norm_out, act_out
 
 

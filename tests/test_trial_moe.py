@@ -234,7 +234,9 @@ def test_an_expert_keeps_its_input_fc1_output_and_fc2_input_only(fields):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = expert(x, w)
     saved = sum(storages.values())
-    per_row = h + layer.expert_fc1_width + layer.expert_ffn + 1
+    # GPT-OSS's quick-GEGLU keeps its clamped concatenation of fc1's output too
+    clamped = layer.expert_fc1_width if layer.mlp == "quick_geglu" else 0
+    per_row = h + layer.expert_fc1_width + clamped + layer.expert_ffn + 1
     assert saved == rows * per_row * 4
     # the weighted activation's gradients are those of act(fc1(x)) * w
     y.sum().backward()

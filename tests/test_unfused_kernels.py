@@ -161,14 +161,20 @@ def test_gpt_oss_preset_and_rope_scaling_in_the_spec():
         parse_spec(raw)
 
 
-def test_quick_geglu_experts_keep_what_swiglu_ones_keep():
-    """Both gated activations save fc1's 2 f_e output and fc2's f_e input per routed copy
-    (what megatron-core's fused kernels keep; the unfused path's concatenation is not
-    counted), so GPT-OSS's memory is what it was as a SwiGLU model."""
-    from cost_models.activations import layer_saved_bytes
+def test_quick_geglu_experts_keep_their_clamped_copy():
+    """Both gated activations save fc1's 2 f_e output and fc2's f_e input per routed copy;
+    the quick-GEGLU of unfused experts its clamped 2 f_e concatenation too (g 2 k f_e per
+    token more), which recomputing moe_act frees with the activation's output, and which
+    fused experts do not make."""
+    from cost_models.activations import layer_saved_bytes, selective_working_set_bytes
 
     kw = dict(mbs=1, tmp=1, bytes_per_element=2)
     swiglu = replace(GPT_OSS_BLOCK, mlp="swiglu")
-    assert layer_saved_bytes(GPT_OSS_BLOCK, **kw) == layer_saved_bytes(swiglu, **kw)
-    assert layer_saved_bytes(GPT_OSS_BLOCK, **kw, selective=("moe_act",)) \
-        == layer_saved_bytes(swiglu, **kw, selective=("moe_act",))
+    copy = 2 * 4096 * 4 * 2 * 2880
+    assert layer_saved_bytes(GPT_OSS_BLOCK, **kw) == layer_saved_bytes(swiglu, **kw) + copy
+    fused = replace(GPT_OSS_BLOCK, fused_experts=True)
+    assert layer_saved_bytes(fused, **kw) == layer_saved_bytes(swiglu, **kw)
+    moe_act = dict(kw, selective=("moe_act",))
+    assert layer_saved_bytes(GPT_OSS_BLOCK, **moe_act) == layer_saved_bytes(swiglu, **moe_act)
+    assert selective_working_set_bytes(GPT_OSS_BLOCK, **moe_act) \
+        == selective_working_set_bytes(swiglu, **moe_act) + copy

@@ -561,8 +561,15 @@ class _Expert(nn.Module):
     def forward(self, x, weight):
         """fc2(act(fc1(x)) x weight): each row's router weight applied in the activation,
         as megatron-core's grouped experts do (the fc2 bias weighted too), so the layer's
-        sum over a token's experts keeps none of their outputs."""
-        a = _WeightedActivation.apply(self.fc1(x), weight, self.mlp)
+        sum over a token's experts keeps none of their outputs. The quick-GEGLU clamps
+        fc1's halves and concatenates them before its kernel, as megatron-core's unfused
+        experts do (weighted_bias_quick_geglu_impl), keeping that copy too."""
+        y = self.fc1(x)
+        if self.mlp == "quick_geglu":
+            gate, up = y.chunk(2, dim=-1)
+            y = torch.cat((gate.clamp(max=QUICK_GEGLU_CLAMP),
+                           up.clamp(min=-QUICK_GEGLU_CLAMP, max=QUICK_GEGLU_CLAMP)), dim=-1)
+        a = _WeightedActivation.apply(y, weight, self.mlp)
         y = F.linear(a, self.fc2.weight)
         return y if self.fc2.bias is None else y + weight * self.fc2.bias
 
