@@ -296,7 +296,7 @@ def _clamped_copy(layer: Layer) -> int:
     """Elements per routed copy, in units of f_e, that the quick-GEGLU of unfused grouped
     experts keeps beyond a SwiGLU's: the clamped concatenation of fc1's two halves (2; its
     clamps keep fc1's output, counted already); 0 otherwise."""
-    return 2 if layer.mlp == "quick_geglu" and layer.is_moe and not layer.fused_experts else 0
+    return 2 if layer.unfused_clamps else 0
 
 
 def offloaded_activation_bytes(per_layer_bytes) -> int:

@@ -251,6 +251,14 @@ class Layer:
         return self.mlp in GATED_MLP_KINDS
 
     @property
+    def unfused_clamps(self) -> bool:
+        """Experts whose quick-GEGLU clamps and concatenates fc1's halves in separate ops
+        before its fused kernel (megatron-core's unfused grouped experts): the time
+        (`clamp_bytes_per_element`) and the clamped copy they keep
+        (cost_models.activations) follow from it."""
+        return self.mlp == "quick_geglu" and self.is_moe and not self.fused_experts
+
+    @property
     def expert_fc1_width(self) -> int:
         """One expert's fc1 output width: f_e (GELU) or 2 f_e (gated, gate and up fused)."""
         return (2 if self.gated_mlp else 1) * self.expert_ffn
@@ -735,7 +743,12 @@ def _q_k_elements(layer: Layer) -> float:
     if layer.kind != "transformer":
         return 0.0
     ops = (layer.position_embedding == "rope") + bool(layer.qk_norm)
-    return 2.0 * ops * layer.seq_length * (layer.num_attention_heads + layer.query_groups) \
+    return 2.0 * ops * _q_k_per_sample(layer)
+
+
+def _q_k_per_sample(layer: Layer) -> float:
+    """Elements of q and k per sample, all heads: s (a + g) d."""
+    return layer.seq_length * (layer.num_attention_heads + layer.query_groups) \
         * layer.kv_channels
 
 
@@ -791,8 +804,7 @@ def unfused_rope_bytes_by_pass(layer: Layer, tmp: int, bytes_per_element: int
     if layer.kind != "transformer" or layer.position_embedding != "rope" \
             or layer.rope_scaling != "yarn":
         return 0.0, 0.0
-    elements = layer.seq_length * (layer.num_attention_heads + layer.query_groups) \
-        * layer.kv_channels / tmp
+    elements = _q_k_per_sample(layer) / tmp
     g = float(bytes_per_element)
     forward, backward = UNFUSED_ROPE_BYTES_PER_ELEMENT
     return (forward - 2) * g * elements, (backward - 2) * g * elements
@@ -838,7 +850,7 @@ def clamp_bytes_per_element(layer: Layer, bytes_per_element: int) -> tuple[float
     grouped experts (`unfused_expert_bytes_by_pass`): 8g and 10g; (0, 0) for another
     activation, a layer without experts, or fused experts. A recomputed activation
     (recompute_modules moe_act) runs the forward ones again."""
-    if layer.mlp != "quick_geglu" or not layer.is_moe or layer.fused_experts:
+    if not layer.unfused_clamps:
         return 0.0, 0.0
     g = float(bytes_per_element)
     return 8.0 * g, 10.0 * g

@@ -566,9 +566,7 @@ class _Expert(nn.Module):
         experts do (weighted_bias_quick_geglu_impl), keeping that copy too."""
         y = self.fc1(x)
         if self.mlp == "quick_geglu":
-            gate, up = y.chunk(2, dim=-1)
-            y = torch.cat((gate.clamp(max=QUICK_GEGLU_CLAMP),
-                           up.clamp(min=-QUICK_GEGLU_CLAMP, max=QUICK_GEGLU_CLAMP)), dim=-1)
+            y = torch.cat(_clamped_halves(y), dim=-1)
         a = _WeightedActivation.apply(y, weight, self.mlp)
         y = F.linear(a, self.fc2.weight)
         return y if self.fc2.bias is None else y + weight * self.fc2.bias
@@ -583,11 +581,18 @@ def _activation(y, mlp: str):
         gate, up = y.chunk(2, dim=-1)
         return F.silu(gate) * up
     if mlp == "quick_geglu":
-        gate, up = y.chunk(2, dim=-1)
-        gate = gate.clamp(max=QUICK_GEGLU_CLAMP)
-        up = up.clamp(min=-QUICK_GEGLU_CLAMP, max=QUICK_GEGLU_CLAMP)
+        gate, up = _clamped_halves(y)
         return gate * torch.sigmoid(1.702 * gate) * (up + QUICK_GEGLU_OFFSET)
     return F.gelu(y)
+
+
+def _clamped_halves(y):
+    """The quick-GEGLU's clamp of fc1's output: the gate above at QUICK_GEGLU_CLAMP, the
+    linear half to [-QUICK_GEGLU_CLAMP, QUICK_GEGLU_CLAMP] (a no-op on halves already
+    clamped)."""
+    gate, up = y.chunk(2, dim=-1)
+    return gate.clamp(max=QUICK_GEGLU_CLAMP), up.clamp(min=-QUICK_GEGLU_CLAMP,
+                                                         max=QUICK_GEGLU_CLAMP)
 
 
 class _WeightedActivation(torch.autograd.Function):
