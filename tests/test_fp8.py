@@ -89,6 +89,24 @@ def test_fp8_speeds_up_the_linear_gemms_only():
     assert 0.5 * t16.forward_s < t8.forward_s < t16.forward_s
 
 
+def test_fp8_leaves_the_head_projection_in_bf16():
+    """megatron-core's output layer is a plain ColumnParallelLinear outside Transformer
+    Engine's FP8 region: under fp8 and nvfp4 its GEMM runs at the BF16 rate, the blocks' at
+    the narrower one."""
+    spec = _spec()
+    head = spec.model.layers[-1]
+    block = spec.model.layers[1]
+    assert head.kind == "head" and block.kind == "transformer"
+    for gpu, precision in ((load_catalog()["H100-80GB"], "fp8"),
+                           (load_catalog()["B200-180GB"], "nvfp4")):
+        bf16, narrow = device_speed(gpu, "bf16"), device_speed(gpu, precision)
+        kw = dict(tmp=1, mbs=2)
+        assert gemm_forward_time_s(head, device=narrow, **kw) == \
+            gemm_forward_time_s(head, device=bf16, **kw) > 0
+        assert gemm_forward_time_s(block, device=narrow, **kw) < \
+            0.7 * gemm_forward_time_s(block, device=bf16, **kw)
+
+
 def test_fp8_saved_linear_inputs_by_hand():
     from cost_models.activations import layer_saved_bytes
 
