@@ -484,6 +484,11 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
         notes.append("training.moe_a2a_overlap: megatron-core overlaps the all-to-alls only "
                      "with ep > 1, pp 1 or virtual stages, and no full recomputation; this "
                      "plan is not such a one, and was costed without it")
+    if "--moe-flex-dispatcher-backend" in args:
+        notes.append(f"--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend "
+                     f"{spec.training.moe_dispatcher} (training.moe_dispatcher): the "
+                     f"{'DeepEP' if spec.training.moe_dispatcher == 'deepep' else 'Hybrid-EP'} "
+                     f"library must be installed beside Megatron-LM; it needs CUDA")
     if spec.training.moe_sync_free and spec.model.num_experts:
         notes.append("training.moe_sync_free: the plan costs MoE layers that never wait for "
                      "the host; these arguments run megatron-core's dropless dispatcher, "

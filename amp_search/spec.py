@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
+from cost_models.comm import MOE_DISPATCHERS
 from cost_models.layers import CROSS_ENTROPY_KINDS, Layer
 
 from .errors import SpecError, UsageError
@@ -348,6 +349,14 @@ class TrainingSpec:
     """Megatron-LM's --overlap-moe-expert-parallel-comm: in the steady state each MoE layer's
     dispatch and combine all-to-alls run beside another micro-batch's compute, hiding the
     catalog's `moe_a2a_overlap` share of them. Megatron backend, a model with experts."""
+
+    moe_dispatcher: str = "alltoall"
+    """Megatron-core's token dispatcher (cost_models.comm.MOE_DISPATCHERS): 'alltoall' (its
+    default) sends each of a token's k copies to its expert's rank; 'deepep' and 'hybridep'
+    (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend X) send a token once over
+    the network to each other node its experts are on and forward it there over NVLink
+    (cost_models.comm.hierarchical_shares): the same inside a node, up to k times fewer
+    network bytes across nodes. Megatron backend, a model with experts."""
 
     recompute_modules: tuple[str, ...] = ("core_attn",)
     """What `selective` recomputation recomputes (RECOMPUTE_MODULES, Megatron-LM's
@@ -825,7 +834,7 @@ def _training(data) -> TrainingSpec:
                                    "finetune", "overlap_grad_reduce", "tp_comm_overlap",
                                    "grad_reduce_in_fp32", "cpu_offload_layers",
                                    "moe_sync_free", "moe_a2a_overlap", "recompute_modules",
-                                   "cross_entropy"))
+                                   "cross_entropy", "moe_dispatcher"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
     # virtual stages, as NeMo's auto-configurator does
     backend = r.choice("backend", BACKENDS, "deepspeed")
@@ -910,6 +919,7 @@ def _training(data) -> TrainingSpec:
         cpu_offload_layers=r.int("cpu_offload_layers", default=0, lo=0, hi=MAX_OFFLOAD_LAYERS),
         moe_sync_free=r.flag("moe_sync_free", False),
         moe_a2a_overlap=r.flag("moe_a2a_overlap", False),
+        moe_dispatcher=r.choice("moe_dispatcher", MOE_DISPATCHERS, "alltoall"),
         recompute_modules=_recompute_modules(r),
         cross_entropy=r.choice("cross_entropy", CROSS_ENTROPY_KINDS, "native"),
     )
@@ -965,8 +975,8 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
                             f"userbuffers); training.backend {training.backend} has none: "
                             f"accepted with backend megatron (or no backend: the DeepSpeed "
                             f"plans then keep their collectives exposed)")
-        for key in ("moe_sync_free", "moe_a2a_overlap"):
-            if getattr(training, key) and training.backend != "megatron":
+        for key in ("moe_sync_free", "moe_a2a_overlap", "moe_dispatcher"):
+            if _moe_option_set(training, key) and training.backend != "megatron":
                 raise SpecError(f"training.{key}", f"a Megatron-LM MoE option; training.backend "
                                                    f"{training.backend} has none: accepted with "
                                                    f"backend megatron (or no backend)")
@@ -982,6 +992,16 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
                 sha256=_content_hash(data), backend_given=not isinstance(training_data, dict)
                 or "backend" in training_data, other_backends=others,
                 backend_notes=tuple(notes))
+
+
+_MOE_OPTION_OFF = {"moe_sync_free": "false", "moe_a2a_overlap": "false",
+                   "moe_dispatcher": "alltoall"}
+"""The Megatron-LM MoE options of the training section, and the value that leaves each off."""
+
+
+def _moe_option_set(training: "TrainingSpec", key: str) -> bool:
+    """Whether the training section asks for Megatron-LM MoE option `key` (_MOE_OPTION_OFF)."""
+    return str(getattr(training, key)).lower() != _MOE_OPTION_OFF[key]
 
 
 def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> TrainingSpec:
@@ -1002,10 +1022,11 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
                                      "clamped quick-GEGLU in its experts only (its dense MLP "
                                      "refuses to fuse the quick-GELU); accepted with "
                                      "num_experts, or training.backend: deepspeed")
-    for key in ("moe_sync_free", "moe_a2a_overlap"):
-        if getattr(training, key) and not model.num_experts:
-            raise SpecError(f"training.{key}", "the model has no experts (model.num_experts); "
-                                               "accepted: false, or a model with experts")
+    for key in ("moe_sync_free", "moe_a2a_overlap", "moe_dispatcher"):
+        if _moe_option_set(training, key) and not model.num_experts:
+            raise SpecError(f"training.{key}", f"the model has no experts (model.num_experts); "
+                                               f"accepted: {_MOE_OPTION_OFF[key]}, or a model "
+                                               f"with experts")
     if training.recompute_modules != ("core_attn",):
         if "selective" not in training.activation_checkpointing:
             raise SpecError("training.recompute_modules",
@@ -1200,6 +1221,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             del section["moe_sync_free"]         # as before the key existed
         if name == "training" and not section["moe_a2a_overlap"]:
             del section["moe_a2a_overlap"]       # as before the key existed
+        if name == "training" and section["moe_dispatcher"] == "alltoall":
+            del section["moe_dispatcher"]        # as before the key existed
         if name == "training" and tuple(section["recompute_modules"]) == ("core_attn",):
             del section["recompute_modules"]     # as before the key existed
         if name == "training" and section["cross_entropy"] == "native":

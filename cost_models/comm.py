@@ -149,6 +149,49 @@ def all_to_all_time_s(message_bytes, seconds_per_byte, latency_s=0.0, messages=1
     return messages * (latency_s + message_bytes * seconds_per_byte)
 
 
+MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+"""Megatron-core's token dispatchers for expert parallelism (training.moe_dispatcher):
+'alltoall' (--moe-token-dispatcher-type alltoall, its default) sends each of a token's k
+copies straight to its expert's rank, an NCCL all-to-all; 'deepep' and 'hybridep'
+(--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep | hybridep, DeepSeek's
+DeepEP and NVIDIA's Hybrid-EP, "an optimized branch of DeepEP-V1") send it hierarchically:
+once over the network to each other node that holds one of its experts, whence NVLink
+forwards it to those experts' ranks (`hierarchical_shares`); the combine reduces a node's
+copies over NVLink first and returns one vector per node."""
+
+
+def node_hit_probability(experts: int, topk: int, experts_on_node):
+    """The chance that a token routed to `topk` distinct experts of `experts`, uniformly (the
+    force-balanced routing the benchmarks run), picks at least one of the `experts_on_node`
+    a node holds: 1 - C(E - e, k) / C(E, k), as the product over the k draws of
+    (E - e - i) / (E - i). `experts_on_node` may be an array (and fractional: E m / n for a
+    node holding m of the group's n ranks)."""
+    e = np.asarray(experts_on_node, dtype=float)
+    miss = np.ones_like(e)
+    for i in range(int(topk)):
+        miss = miss * np.clip((experts - e - i) / (experts - i), 0.0, 1.0)
+    return 1.0 - miss
+
+
+def hierarchical_shares(same_node, experts: int, topk: int):
+    """(NVLink, network) share of each rank's dispatch message (its tokens' k copies, h each)
+    that a hierarchical dispatcher (DeepEP, Hybrid-EP) moves, for groups whose ranks sit on
+    nodes as `same_node` says ([..., n, n] booleans: ranks i and j share a node). Over the
+    network, one copy per token for each other node that one of its experts is on
+    (`node_hit_probability`, the node holding E m / n experts for its m ranks): 1 / k of the
+    message each, not one copy per expert there. Over NVLink, every copy that is not for
+    itself, once: its own node's directly and, for the nodes whose tokens it receives, their
+    copies for its node's other ranks, forwarded: (m - 1) / m of the message for a rank with m
+    group members on its node (an all-to-all moves (m - 1) / n). [..., n] each."""
+    same = np.asarray(same_node, dtype=bool)
+    n = same.shape[-1]
+    local = same.sum(axis=-1).astype(float)                            # m of each rank
+    # each remote node j contributes P(hit j) once: 1/m_j from each of its m_j ranks
+    per_member = node_hit_probability(experts, topk, experts * local / n) / local
+    remote_hits = ((~same) * per_member[..., None, :]).sum(axis=-1)
+    return (local - 1.0) / local, remote_hits / topk
+
+
 def expert_dispatch_bytes(tokens, topk: int, hidden: int, bytes_per_element: float):
     """One rank's message in one dispatch all-to-all of a mixture-of-experts layer: each of
     its tokens goes to k experts, h elements each (BF16 even under FP8, which Megatron-LM

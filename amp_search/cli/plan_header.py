@@ -93,6 +93,10 @@ def _backend_line(spec: Spec, plan: Plan) -> str:
             tail += (f", {hidden:.0%} of their all-to-alls hidden beside another micro-batch "
                      f"with pp 1 or virtual stages and no full recomputation "
                      f"(training.moe_a2a_overlap)")
+        if moe.moe_dispatcher != "alltoall":
+            tail += (f", tokens dispatched hierarchically by {moe.moe_dispatcher}: once over the "
+                     f"network to each node their experts are on, then over NVLink "
+                     f"(training.moe_dispatcher)")
     if t.cross_entropy == "te":
         tail += ", Transformer Engine's fused cross-entropy (training.cross_entropy)"
     if t.overlap_grad_reduce is not None:

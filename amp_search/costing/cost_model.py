@@ -231,6 +231,13 @@ class CostModel:
         """The share of the expert-parallel all-to-alls hidden behind another micro-batch's
         compute (training.moe_a2a_overlap; the least of the cluster's device types' catalog
         `moe_a2a_overlap`), 0 without it."""
+        moe = next((x for x in layers if x.is_moe), None)
+        self.hierarchical_dispatch = (moe.num_experts, moe.moe_router_topk) \
+            if moe is not None and t.backend == "megatron" and t.moe_dispatcher != "alltoall" \
+            else None
+        """(experts, top-k) where the MoE layers' token dispatcher is hierarchical
+        (training.moe_dispatcher deepep or hybridep: links.all_to_all_links), None for
+        Megatron-core's all-to-all and under DeepSpeed."""
         self.node_widths = np.array([len(n.devices) for n in spec.cluster.nodes])
         """Devices per node, by node id."""
         self.first_fixed = leading_layers(layers, "embedding")
@@ -428,7 +435,8 @@ class CostModel:
             groups = layout.placement.reshape(c.pp, -1, c.ep)
             links = all_to_all_links(self.cluster_for["p2p"], groups,
                                      intra_scale=p.bandwidth("intra"),
-                                     inter_scale=p.bandwidth("inter"))
+                                     inter_scale=p.bandwidth("inter"),
+                                     hierarchical=self.hierarchical_dispatch)
             hit = self._fixed_cache[key] = (layout, links.seconds_per_byte.max(axis=1),
                                             links.crosses_nodes.any(axis=1))
         return hit[1], hit[2]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.comm import shared_bandwidth
+from cost_models.comm import hierarchical_shares, shared_bandwidth
 
 from ..spec import Cluster
 
@@ -118,23 +118,32 @@ class AllToAllLinks:
 
 
 def all_to_all_links(arr: ClusterArrays, groups: np.ndarray, *, intra_scale: float = 1.0,
-                     inter_scale: float = 1.0) -> AllToAllLinks:
+                     inter_scale: float = 1.0,
+                     hierarchical: tuple[int, int] | None = None) -> AllToAllLinks:
     """All-to-alls over the last axis of `groups` ([g, n] device ids), all groups at once.
     A rank sends 1/n of its message to each other member: the share for members on its node
     over the node's intra-node bandwidth, the share for the others over the network, where
     every rank of the node that sends off the node at that moment shares the node's
     bandwidth (cost_models.comm.shared_bandwidth); the two run side by side, so a rank takes
-    the longer, and the group its slowest rank's time."""
+    the longer, and the group its slowest rank's time. `hierarchical` (experts, top-k): a
+    dispatcher that sends each token once over the network to each other node its experts
+    are on and forwards it there over NVLink (DeepEP, Hybrid-EP;
+    cost_models.comm.hierarchical_shares) moves those shares instead; inside one node the
+    two are the same."""
     n = groups.shape[-1]
     if n == 1:
         shape = groups.shape[:-1]
         return AllToAllLinks(np.zeros(shape), np.zeros(shape, dtype=bool))
     node = arr.node_of[groups]                                        # [g, n]
-    local = (node[..., :, None] == node[..., None, :]).sum(axis=-1)   # members on my node
+    same = node[..., :, None] == node[..., None, :]
+    local = same.sum(axis=-1)                                         # members on my node
     off = local < n
     senders = np.bincount(node[off], minlength=arr.num_nodes)
     share = shared_bandwidth(arr.inter_bytes_per_s[node], np.maximum(senders[node], 1))
-    intra = (local - 1) / n / (arr.intra_bytes_per_s[node] * intra_scale)
-    inter = np.where(off, (n - local) / n / (share * inter_scale), 0.0)
+    intra_share, inter_share = (local - 1) / n, (n - local) / n
+    if hierarchical is not None and off.any():
+        intra_share, inter_share = hierarchical_shares(same, *hierarchical)
+    intra = intra_share / (arr.intra_bytes_per_s[node] * intra_scale)
+    inter = np.where(off, inter_share / (share * inter_scale), 0.0)
     per_rank = np.maximum(intra, inter)
     return AllToAllLinks(per_rank.max(axis=-1), off.any(axis=-1))

@@ -232,6 +232,7 @@ def training_kwargs(training, strategy: Strategy) -> dict:
                 grad_reduce_in_fp32=training.grad_reduce_in_fp32,
                 cpu_offload_layers=training.cpu_offload_layers,
                 moe_a2a_overlap=training.moe_a2a_overlap,
+                moe_dispatcher=training.moe_dispatcher,
                 recompute_modules=training.recompute_modules)
 
 
@@ -240,6 +241,7 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
                   overlap_grad_reduce: bool = False, tp_comm_overlap: bool = False,
                   grad_reduce_in_fp32: bool | None = None,
                   cpu_offload_layers: int = 0, moe_a2a_overlap: bool = False,
+                  moe_dispatcher: str = "alltoall",
                   recompute_modules: tuple[str, ...] = ("core_attn",)) -> list[str]:
     """The pretrain_gpt.py arguments for one strategy; `overlap_grad_reduce` (the spec's
     training.overlap_grad_reduce): --overlap-grad-reduce, the gradients reduced in buckets
@@ -252,7 +254,9 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
     Transformer Engine's layers (its offload handler; CUDA); `moe_a2a_overlap`
     (training.moe_a2a_overlap, where `overlaps_moe_a2a`):
     --overlap-moe-expert-parallel-comm --delay-wgrad-compute on Transformer Engine's layers,
-    as Megatron-LM's MoE performance guide runs them; `recompute_modules`
+    as Megatron-LM's MoE performance guide runs them; `moe_dispatcher`
+    (training.moe_dispatcher) deepep or hybridep: --moe-token-dispatcher-type flex
+    --moe-flex-dispatcher-backend X (its library, on CUDA); `recompute_modules`
     (training.recompute_modules) other than the attention core alone: --recompute-modules
     with selective recomputation."""
     block = check_gpt_chain(layers)
@@ -308,6 +312,9 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         i = args.index("--transformer-impl")
         args[i + 1] = "transformer_engine"
         args += ["--cpu-offloading", "--cpu-offloading-num-layers", str(cpu_offload_layers)]
+    if block.is_moe and moe_dispatcher != "alltoall":
+        args[args.index("--moe-token-dispatcher-type") + 1] = "flex"
+        args += ["--moe-flex-dispatcher-backend", moe_dispatcher]
     if moe_a2a_overlap and overlaps_moe_a2a(s, block):
         i = args.index("--transformer-impl")       # (delayed wgrad needs Transformer Engine)
         args[i + 1] = "transformer_engine"
