@@ -32,8 +32,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-from cost_models.comm import MOE_DISPATCHERS
-from cost_models.layers import CROSS_ENTROPY_KINDS, Layer
+from cost_models.layers import CROSS_ENTROPY_KINDS, MOE_DISPATCHERS, Layer
 
 from .errors import SpecError, UsageError
 from .hosts import validate_hostname
@@ -351,7 +350,7 @@ class TrainingSpec:
     catalog's `moe_a2a_overlap` share of them. Megatron backend, a model with experts."""
 
     moe_dispatcher: str = "alltoall"
-    """Megatron-core's token dispatcher (cost_models.comm.MOE_DISPATCHERS): 'alltoall' (its
+    """Megatron-core's token dispatcher (cost_models.layers.MOE_DISPATCHERS): 'alltoall' (its
     default) sends each of a token's k copies to its expert's rank; 'deepep' and 'hybridep'
     (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend X) send a token once over
     the network to each other node its experts are on and forward it there over NVLink

@@ -149,17 +149,6 @@ def all_to_all_time_s(message_bytes, seconds_per_byte, latency_s=0.0, messages=1
     return messages * (latency_s + message_bytes * seconds_per_byte)
 
 
-MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
-"""Megatron-core's token dispatchers for expert parallelism (training.moe_dispatcher):
-'alltoall' (--moe-token-dispatcher-type alltoall, its default) sends each of a token's k
-copies straight to its expert's rank, an NCCL all-to-all; 'deepep' and 'hybridep'
-(--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep | hybridep, DeepSeek's
-DeepEP and NVIDIA's Hybrid-EP, "an optimized branch of DeepEP-V1") send it hierarchically:
-once over the network to each other node that holds one of its experts, whence NVLink
-forwards it to those experts' ranks (`hierarchical_shares`); the combine reduces a node's
-copies over NVLink first and returns one vector per node."""
-
-
 def node_hit_probability(experts: int, topk: int, experts_on_node):
     """The chance that a token routed to `topk` distinct experts of `experts`, uniformly (the
     force-balanced routing the benchmarks run), picks at least one of the `experts_on_node`

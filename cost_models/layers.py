@@ -60,6 +60,15 @@ each), the negation's (1/2, 1/2), the halves' concatenation (1, 1) and the sum o
 paths' gradients (2, 1): 10. The fused kernel reads and writes each element once: 2 and 2."""
 CROSS_ENTROPY_KINDS = ("native", "te")
 """Layer.cross_entropy: the loss kernel after the head."""
+MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+"""Megatron-core's token dispatchers for expert parallelism (training.moe_dispatcher):
+'alltoall' (--moe-token-dispatcher-type alltoall, its default) sends each of a token's k
+copies straight to its expert's rank, an NCCL all-to-all; 'deepep' and 'hybridep'
+(--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep | hybridep, DeepSeek's
+DeepEP and NVIDIA's Hybrid-EP, "an optimized branch of DeepEP-V1") send it hierarchically:
+once over the network to each other node that holds one of its experts, whence NVLink
+forwards it to those experts' ranks (cost_models.comm.hierarchical_shares); the combine
+reduces a node's copies over NVLink first and returns one vector per node."""
 VOCAB_PAD_MULTIPLE = 128
 """Megatron-LM pads the vocabulary to a multiple of 128 x tmp (--make-vocab-size-divisible-by),
 so that every tensor rank holds an equal, aligned shard; the trials do the same."""
