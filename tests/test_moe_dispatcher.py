@@ -136,3 +136,33 @@ def test_the_arguments_the_export_note_and_no_cpu_trial():
                  activation_checkpointing="none").strategy
     why = preflight(cpu, s, "megatron")
     assert "training.moe_dispatcher" in why and "CUDA" in why
+
+
+def test_plan_says_what_the_dispatcher_would_save(tmp_path, capsys):
+    """Where the best plan's expert-parallel groups cross nodes under the all-to-all, `plan`
+    prices the same plan with the hierarchical dispatcher, in a line and in the JSON; not
+    where they stay inside a node, nor where the spec names the dispatcher already."""
+    import json
+
+    import yaml
+
+    from amp_search.cli import main
+
+    def run(nodes: int, **training) -> tuple[str, dict]:
+        spec = _spec(nodes=nodes, precision="fp8", global_batch_size=1024, **training)
+        path = tmp_path / f"s{nodes}{len(training)}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        out = tmp_path / "plan.json"
+        assert main(["plan", str(path), "--top-k", "3", "--no-progress", "--json",
+                     str(out)]) == 0
+        return capsys.readouterr().out, json.loads(out.read_text())
+
+    text, data = run(4, expert_parallel=32)
+    hint = data["moe_dispatcher_hint"]
+    assert hint["moe_dispatcher"] == "hybridep"
+    assert hint["iteration_time_s"] < 0.99 * hint["as_planned_s"]
+    assert "training.moe_dispatcher: hybridep" in " ".join(text.split())
+    text, data = run(2, expert_parallel=8)         # ep 8 groups stay inside a node
+    assert "moe_dispatcher_hint" not in data and "moe_dispatcher:" not in text
+    text, data = run(4, expert_parallel=32, moe_dispatcher="hybridep")
+    assert "moe_dispatcher_hint" not in data

@@ -491,6 +491,51 @@ def tie_note(spec: Spec, tied: int, error: float, gpu, result: Plan | None = Non
             f"`amp-search launch {path} --top-k {tied}` measures them and keeps the fastest.")
 
 
+def dispatcher_gain(spec: Spec, best: Estimate, measurements=None
+                    ) -> tuple[float, float, str] | None:
+    """(the best plan's predicted time as planned, with a hierarchical token dispatcher, its
+    name) where the best plan is a Megatron-LM one with experts, megatron-core's default
+    all-to-all dispatcher and expert-parallel groups that cross nodes, and where the
+    dispatcher makes it faster by more than 1% (training.moe_dispatcher;
+    links.all_to_all_links): the same strategy, placement order and split costed both ways
+    (simulated where the plan simulated it). None otherwise."""
+    s = best.strategy
+    if not spec.model.num_experts or best.backend != "megatron" or s.ep < 2:
+        return None
+    megatron = spec.for_backend("megatron")
+    if megatron.training.moe_dispatcher != "alltoall":
+        return None
+    from dataclasses import replace
+
+    from ..measurements import NO_MEASUREMENTS
+    from ..planner import estimate
+
+    ckpt = "full" if s.activation_checkpointing else \
+        "selective" if s.selective_recompute else "none"
+    kw = dict(pp=s.pp, dp=s.dp, tmp=s.tmp, mbs=s.mbs, partition=s.partition,
+              zero_stage=s.zero_stage, activation_checkpointing=ckpt,
+              placement_order=s.placement_order, sequence_parallel=s.sequence_parallel,
+              virtual_stages=s.virtual_stages, cp=s.cp, ep=s.ep, simulate=best.simulated,
+              measurements=measurements or NO_MEASUREMENTS)
+    flex = replace(megatron, training=replace(megatron.training, moe_dispatcher="hybridep"))
+    now, then = (estimate(x, **kw).iteration_time_s for x in (megatron, flex))
+    if then >= now * 0.99:
+        return None
+    return now, then, "hybridep"
+
+
+def dispatcher_note(gain: tuple[float, float, str] | None) -> str | None:
+    """The line `plan` prints where `dispatcher_gain` found one."""
+    if gain is None:
+        return None
+    now, then, name = gain
+    return (f"The best plan's expert-parallel groups cross nodes: with training.moe_dispatcher: "
+            f"{name} (or deepep), which sends a token once over the network to each other node "
+            f"its experts are on rather than once per expert there, it is predicted {then:.4g} s "
+            f"against {now:.4g} s ({(1 - then / now) * 100:.0f}% faster); set it to let the "
+            f"search weigh it (it needs that library, on CUDA).")
+
+
 def backends_note(result: Plan, error: float) -> str | None:
     """Where the plan holds several backends: each one's best plan, and which is faster."""
     if len(result.backends) < 2:
@@ -563,6 +608,7 @@ def run_plan(args) -> int:
     if result.baseline is not None:
         rows.append(("megatron", result.baseline, 1.0))
     to_stdout = args.json is not None and str(args.json) == "-"
+    gain = dispatcher_gain(spec, result.best, measurements)
     width = LEGEND_WIDTH
     if not to_stdout:
         import shutil
@@ -587,7 +633,8 @@ def run_plan(args) -> int:
                   f"{result.search_time_s:.2f} s. Layer times: {sources}.")
         note = vocab_note(spec, sorted({e.strategy.tmp for _, e, _ in rows}))
         versus = backends_note(result, error)
-        extra = ([versus] if versus else []) + \
+        dispatch = dispatcher_note(gain)
+        extra = ([versus] if versus else []) + ([dispatch] if dispatch else []) + \
             ([groups_alone_note(spec, result, alone, error)] if alone else []) + \
             ([note] if note else [])
         for line in [tie_note(spec, tied, error, gpu, result), footer] + extra:
@@ -601,6 +648,10 @@ def run_plan(args) -> int:
         extra = {"node_groups_alone": [a.to_dict(spec.training.global_batch_size)
                                        for a in alone]} if alone else {}
         extra.update(subset_json)
+        if gain is not None:
+            extra["moe_dispatcher_hint"] = {"moe_dispatcher": gain[2],
+                                            "iteration_time_s": gain[1],
+                                            "as_planned_s": gain[0]}
         write_json(args.json, {**result.to_dict(top_k=args.top_k), **extra,
                                FINGERPRINT_KEY: spec_fingerprint(spec)})
     return 0
