@@ -226,11 +226,12 @@ def gemm_forward_time_s(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed
     """The forward GEMMs of one micro-batch through one tensor rank's shard of `layer` (one
     context-parallel rank's tokens), each call at its size's efficiency in the training
     precision's GEMM rate (`DeviceSpeed.linear`); the backward runs them twice (input and
-    weight gradients). The head's projection is not a linear layer of that precision: both
-    frameworks run it as a plain PyTorch GEMM outside Transformer Engine's FP8 region
-    (megatron-core's GPTModel.output_layer is a tensor_parallel.ColumnParallelLinear, which
-    never quantizes; TE's fp8_autocast wraps the transformer block only), so under FP8 and
-    NVFP4 it runs at the storage precision's (BF16) rate, as the attention core does."""
+    weight gradients). The head's projection is not a linear layer of that precision:
+    Megatron-LM (the one backend that trains in FP8 here) runs it as a plain PyTorch GEMM
+    outside Transformer Engine's FP8 region (megatron-core's GPTModel.output_layer is a
+    tensor_parallel.ColumnParallelLinear, which never quantizes; TE's fp8_autocast wraps the
+    transformer block only), so under FP8 and NVFP4 it runs at the storage precision's (BF16)
+    rate, as the attention core does."""
     linear = device if layer.kind == "head" else device.linear()
     return sum(gemm_time_s(f * mbs / cp, linear) for f in gemm_flops(layer, tmp, ep))
 

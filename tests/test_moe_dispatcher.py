@@ -121,6 +121,13 @@ def test_the_arguments_the_export_note_and_no_cpu_trial():
     i = args.index("--moe-token-dispatcher-type")
     assert args[i + 1] == "flex"
     assert args[args.index("--moe-flex-dispatcher-backend") + 1] == "hybridep"
+    # megatron-core's flex dispatcher needs expert parallelism: ep 1 keeps the all-to-all
+    one = estimate(spec, pp=1, dp=8, tmp=1, mbs=1, ep=1, zero_stage=1,
+                   activation_checkpointing="none").strategy
+    solo = megatron_args(spec.model.layers, one, precision="bf16", iters=2,
+                         **training_kwargs(spec.training, one))
+    assert solo[solo.index("--moe-token-dispatcher-type") + 1] == "alltoall"
+    assert "--moe-flex-dispatcher-backend" not in solo
     plain = megatron_args(spec.model.layers, e.strategy, precision="bf16", iters=2)
     assert plain[plain.index("--moe-token-dispatcher-type") + 1] == "alltoall"
     assert "--moe-flex-dispatcher-backend" not in plain
@@ -136,6 +143,9 @@ def test_the_arguments_the_export_note_and_no_cpu_trial():
                  activation_checkpointing="none").strategy
     why = preflight(cpu, s, "megatron")
     assert "training.moe_dispatcher" in why and "CUDA" in why
+    s1 = estimate(cpu, pp=1, dp=2, tmp=1, mbs=1, ep=1, zero_stage=0,
+                  activation_checkpointing="none").strategy
+    assert "moe_dispatcher" not in (preflight(cpu, s1, "megatron") or "")
 
 
 def test_plan_says_what_the_dispatcher_would_save(tmp_path, capsys):
@@ -166,3 +176,24 @@ def test_plan_says_what_the_dispatcher_would_save(tmp_path, capsys):
     assert "moe_dispatcher_hint" not in data and "moe_dispatcher:" not in text
     text, data = run(4, expert_parallel=32, moe_dispatcher="hybridep")
     assert "moe_dispatcher_hint" not in data
+
+
+def test_the_header_and_a_spec_without_a_backend():
+    from amp_search import plan
+    from amp_search.cli.plan import dispatcher_gain
+    from amp_search.cli.plan_header import header_lines
+
+    spec = parse_spec(_spec(TINY, nodes=1, moe_dispatcher="deepep", global_batch_size=8,
+                            expert_parallel=2))
+    text = " ".join(" ".join(header_lines(spec, plan(spec), 200)).split())
+    assert "tokens dispatched hierarchically by deepep" in text
+    plain = parse_spec(_spec(TINY, nodes=1, global_batch_size=8, expert_parallel=2))
+    assert "hierarchically" not in " ".join(header_lines(plain, plan(plain), 200))
+    # planned for both backends: the hint looks at a Megatron-LM best plan only
+    both = _spec(TINY, nodes=2, global_batch_size=16, expert_parallel=4)
+    del both["training"]["backend"]
+    both = parse_spec(both)
+    result = plan(both)
+    for e in result.strategies[:5]:
+        gain = dispatcher_gain(both, e)
+        assert gain is None or (e.backend == "megatron" and gain[1] < gain[0])

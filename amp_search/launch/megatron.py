@@ -312,7 +312,8 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         i = args.index("--transformer-impl")
         args[i + 1] = "transformer_engine"
         args += ["--cpu-offloading", "--cpu-offloading-num-layers", str(cpu_offload_layers)]
-    if block.is_moe and moe_dispatcher != "alltoall":
+    if block.is_moe and moe_dispatcher != "alltoall" and s.ep > 1:
+        # (megatron-core's flex dispatcher asserts expert parallelism: ep 1 keeps alltoall)
         args[args.index("--moe-token-dispatcher-type") + 1] = "flex"
         args += ["--moe-flex-dispatcher-backend", moe_dispatcher]
     if moe_a2a_overlap and overlaps_moe_a2a(s, block):

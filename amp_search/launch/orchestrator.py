@@ -303,7 +303,7 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
         return ("training.moe_a2a_overlap (--overlap-moe-expert-parallel-comm, delayed "
                 "weight gradients on Transformer Engine) needs CUDA: these devices are CPUs; "
                 "set it false here")
-    if backend == "megatron" and spec.training.moe_dispatcher != "alltoall" and \
+    if backend == "megatron" and spec.training.moe_dispatcher != "alltoall" and s.ep > 1 and \
             spec.model.num_experts and any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
         return (f"training.moe_dispatcher {spec.training.moe_dispatcher} (megatron-core's flex "
                 f"dispatcher on its CUDA library) needs CUDA: these devices are CPUs; use "
