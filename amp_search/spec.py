@@ -974,7 +974,7 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
                             f"userbuffers); training.backend {training.backend} has none: "
                             f"accepted with backend megatron (or no backend: the DeepSpeed "
                             f"plans then keep their collectives exposed)")
-        for key in ("moe_sync_free", "moe_a2a_overlap", "moe_dispatcher"):
+        for key in _MOE_OPTION_OFF:
             if _moe_option_set(training, key) and training.backend != "megatron":
                 raise SpecError(f"training.{key}", f"a Megatron-LM MoE option; training.backend "
                                                    f"{training.backend} has none: accepted with "
@@ -993,14 +993,14 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
                 backend_notes=tuple(notes))
 
 
-_MOE_OPTION_OFF = {"moe_sync_free": "false", "moe_a2a_overlap": "false",
+_MOE_OPTION_OFF = {"moe_sync_free": False, "moe_a2a_overlap": False,
                    "moe_dispatcher": "alltoall"}
 """The Megatron-LM MoE options of the training section, and the value that leaves each off."""
 
 
 def _moe_option_set(training: "TrainingSpec", key: str) -> bool:
     """Whether the training section asks for Megatron-LM MoE option `key` (_MOE_OPTION_OFF)."""
-    return str(getattr(training, key)).lower() != _MOE_OPTION_OFF[key]
+    return getattr(training, key) != _MOE_OPTION_OFF[key]
 
 
 def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> TrainingSpec:
@@ -1021,10 +1021,10 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
                                      "clamped quick-GEGLU in its experts only (its dense MLP "
                                      "refuses to fuse the quick-GELU); accepted with "
                                      "num_experts, or training.backend: deepspeed")
-    for key in ("moe_sync_free", "moe_a2a_overlap", "moe_dispatcher"):
+    for key, off in _MOE_OPTION_OFF.items():
         if _moe_option_set(training, key) and not model.num_experts:
             raise SpecError(f"training.{key}", f"the model has no experts (model.num_experts); "
-                                               f"accepted: {_MOE_OPTION_OFF[key]}, or a model "
+                                               f"accepted: {str(off).lower()}, or a model "
                                                f"with experts")
     if training.recompute_modules != ("core_attn",):
         if "selective" not in training.activation_checkpointing:

@@ -263,29 +263,22 @@ def a2a_overlap(row: dict) -> bool:
         or (model == "qwen3-30b-a3b" and h100 and int(row["pp"]) > 1) or moe_mxfp8_recipe(row)
 
 
-FLEX_DISPATCHER_RECIPES = {("Qwen3_30B_a3B", None): "hybridep",
-                           ("Qwen3_235B_a22B", "DGX-GB200"): "hybridep",
-                           ("Qwen3_235B_a22B", "DGX-GB300"): "hybridep",
-                           ("GPT OSS 120B", "DGX-B300"): "hybridep"}
-"""(model, system or None for every system) of the recipes that set a flex token dispatcher
-(training.moe_dispatcher): Megatron-Bridge's scripts/performance/configs/qwen/
-qwen3_workload_base_configs.py sets moe_flex_dispatcher_backend "hybridep" on every Qwen3
-30B-A3B recipe (H100 included: its ep 16 spans two nodes) and on the Qwen3 235B-A22B GB200
-and GB300 ones (the B200, B300 and H100 ones keep "alltoall"); gpt_oss_workload_base_configs.py
-on GPT-OSS 120B's B300 BF16 recipe and its GB200 and GB300 MXFP8 ones (`dispatcher`);
-read through the search tool. Inside one node (or NVL72 rack) a hierarchical dispatch moves
-what an all-to-all does, so of the open file's rows only the H100 Qwen3 30B-A3B ones at ep 16
-cost differently."""
-
-
 def dispatcher(row: dict) -> str:
-    """The recipe's token dispatcher (training.moe_dispatcher; FLEX_DISPATCHER_RECIPES)."""
-    if row["model"] == "GPT OSS 120B" and row["precision"] != "BF16":
-        return "hybridep" if row["system"] in ("DGX-GB200", "DGX-GB300") else "alltoall"
-    if row["model"] == "GPT OSS 120B" and experts(row) != 8:
-        return "alltoall"       # the B300 recipe sets hybridep with ep 8 (its earlier ep 64)
-    return FLEX_DISPATCHER_RECIPES.get((row["model"], None)) or FLEX_DISPATCHER_RECIPES.get(
-        (row["model"], row["system"]), "alltoall")
+    """The recipe's token dispatcher (training.moe_dispatcher): "hybridep" where its config
+    sets moe_flex_dispatcher_backend, as Megatron-Bridge's scripts/performance/configs read
+    through the search tool do: qwen/qwen3_workload_base_configs.py on every Qwen3 30B-A3B
+    recipe (H100 included: its ep 16 spans two nodes) and on the Qwen3 235B-A22B GB200 and
+    GB300 ones (the B200, B300 and H100 ones keep "alltoall");
+    gpt_oss/gpt_oss_workload_base_configs.py on GPT-OSS 120B's GB200 and GB300 MXFP8 recipes
+    and its B300 BF16 one together with ep 8 (its earlier ep 64 kept "alltoall"). Inside one
+    node (or NVL72 rack) a hierarchical dispatch moves what an all-to-all does, so of the open
+    file's rows only the H100 Qwen3 30B-A3B ones at ep 16 cost differently."""
+    model, system, nvl72 = row["model"], row["system"], row["system"] in ("DGX-GB200",
+                                                                        "DGX-GB300")
+    flex = (model == "Qwen3_30B_a3B" or (model == "Qwen3_235B_a22B" and nvl72)
+            or (model == "GPT OSS 120B" and (nvl72 if row["precision"] != "BF16"
+                                             else system == "DGX-B300" and experts(row) == 8)))
+    return "hybridep" if flex else "alltoall"
 
 
 def zero_of(row: dict) -> int:

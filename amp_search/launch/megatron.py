@@ -224,6 +224,13 @@ def overlaps_moe_a2a(s: Strategy, block: Layer) -> bool:
                                                              s.activation_checkpointing)
 
 
+def runs_flex_dispatcher(s: Strategy, block: Layer, moe_dispatcher: str) -> bool:
+    """Whether megatron-core runs training.moe_dispatcher's flex dispatcher (DeepEP,
+    Hybrid-EP) for this strategy: a MoE block with ep > 1 (its MoEFlexTokenDispatcher asserts
+    expert parallelism; ep 1 keeps the all-to-all)."""
+    return block.is_moe and s.ep > 1 and moe_dispatcher != "alltoall"
+
+
 def training_kwargs(training, strategy: Strategy) -> dict:
     """`megatron_args`' keywords from the spec's training section (amp_search.spec.
     TrainingSpec) for `strategy`: what the launcher and the export pass alike."""
@@ -312,8 +319,7 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         i = args.index("--transformer-impl")
         args[i + 1] = "transformer_engine"
         args += ["--cpu-offloading", "--cpu-offloading-num-layers", str(cpu_offload_layers)]
-    if block.is_moe and moe_dispatcher != "alltoall" and s.ep > 1:
-        # (megatron-core's flex dispatcher asserts expert parallelism: ep 1 keeps alltoall)
+    if runs_flex_dispatcher(s, block, moe_dispatcher):
         args[args.index("--moe-token-dispatcher-type") + 1] = "flex"
         args += ["--moe-flex-dispatcher-backend", moe_dispatcher]
     if moe_a2a_overlap and overlaps_moe_a2a(s, block):

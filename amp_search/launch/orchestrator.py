@@ -47,7 +47,7 @@ from .launchers import LAUNCHERS, BUILDERS, LaunchContext, TrialLaunch, build_la
 from .megatron import (check_gpt_chain, megatron_args, megatron_nodes, megatron_program,
                        training_kwargs,
                        megatron_unsupported, megatron_unsupported_gradients,
-                       overlaps_moe_a2a, parse_megatron_log)
+                       overlaps_moe_a2a, parse_megatron_log, runs_flex_dispatcher)
 from .process import (TRIAL_DIR_VAR, classify_failure, failure_reason, log_tail,
                       oom_kill_count, out_of_memory_in, run_commands, stop_trial_processes)
 from .results_db import (FINISHED, ResultRow, ResultsDB, ResultsDBError, TrialLock,
@@ -289,27 +289,27 @@ def preflight(spec: Spec, strategy: Strategy, backend: str) -> str:
                 f"Megatron-LM's pretrain_gpt.py train every weight (LoRA runs in "
                 f"Megatron-Bridge or NeMo); the plan costs it, but it is not launched or "
                 f"exported here")
-    if backend == "megatron" and spec.training.tp_comm_overlap and s.tmp > 1 and \
-            s.sequence_parallel and any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
+    # Transformer Engine's and megatron-core's CUDA-only features, asked for on CPUs
+    cpu_megatron = backend == "megatron" and any(g.gpu.kind == "cpu"
+                                                 for g in spec.cluster.node_groups)
+    moe = next((x for x in spec.model.layers if x.is_moe), None)
+    if cpu_megatron and spec.training.tp_comm_overlap and s.tmp > 1 and s.sequence_parallel:
         return ("training.tp_comm_overlap (Transformer Engine's userbuffers) needs CUDA: these "
                 "devices are CPUs; set it false here")
-    if backend == "megatron" and spec.training.cpu_offload_layers and \
-            any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
+    if cpu_megatron and spec.training.cpu_offload_layers:
         return ("training.cpu_offload_layers (Transformer Engine's activation offloading) "
                 "needs CUDA: these devices are CPUs; set it to 0 here")
-    if backend == "megatron" and spec.training.moe_a2a_overlap and spec.model.num_experts \
-            and overlaps_moe_a2a(s, next(x for x in spec.model.layers if x.is_moe)) \
-            and any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
+    if cpu_megatron and spec.training.moe_a2a_overlap and moe is not None \
+            and overlaps_moe_a2a(s, moe):
         return ("training.moe_a2a_overlap (--overlap-moe-expert-parallel-comm, delayed "
                 "weight gradients on Transformer Engine) needs CUDA: these devices are CPUs; "
                 "set it false here")
-    if backend == "megatron" and spec.training.moe_dispatcher != "alltoall" and s.ep > 1 and \
-            spec.model.num_experts and any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
+    if cpu_megatron and moe is not None and runs_flex_dispatcher(s, moe,
+                                                                  spec.training.moe_dispatcher):
         return (f"training.moe_dispatcher {spec.training.moe_dispatcher} (megatron-core's flex "
                 f"dispatcher on its CUDA library) needs CUDA: these devices are CPUs; use "
                 f"alltoall here")
-    if backend == "megatron" and s.zero_stage == 3 and \
-            any(g.gpu.kind == "cpu" for g in spec.cluster.node_groups):
+    if cpu_megatron and s.zero_stage == 3:
         return ("zero_stage 3 (Megatron-FSDP) needs CUDA: these devices are CPUs; use "
                 "zero_stage 0 or 1 here")
     if backend == "deepspeed" and spec.model.num_experts and (
