@@ -472,10 +472,11 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
     whether the slower groups help, with numbers).
 
     The subsets are searched in waves: each node group alone first, then SUBSET_WAVE at a
-    time, each wave's cutoffs from the plans of the waves before it, so the result depends
-    neither on which search ends first nor on `workers`: > 1, a wave's searches run in that
-    many forked processes at once (where the platform cannot fork, one after another).
-    `early`: the first wave, started beside the whole cluster's search (`start_subsets`).
+    time, each wave's cutoffs from the plans of the waves before it (`_wave_basis`), so the
+    result depends neither on which search ends first nor on `workers`: > 1, a wave's
+    searches run in that many forked processes at once (where the platform cannot fork, one
+    after another). `early`: the waves started beside the whole cluster's search
+    (`start_subsets`); those it had not started are searched here.
 
     `shared`: the per device type rows the parts' searches take and keep (SharedRows; give
     the one the whole cluster's search filled: the forked workers inherit its rows)."""
@@ -485,7 +486,6 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
     parts = cluster_subsets(spec.cluster, limit)
     jobs = _subset_jobs(spec, parts, measurements=measurements, cost_params=cost_params,
                         simulate_top=simulate_top, backend=backend, shared=shared)
-    alone = set(groups_alone_uses(spec.cluster))
     waves = _subset_waves(spec.cluster, parts)
     done = {}
     if early is not None:       # started for this spec's backend, or of no use here
@@ -503,11 +503,8 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
         pool = ProcessPoolExecutor(max_workers=min(workers, SUBSET_WAVE), mp_context=context)
     try:
         for k, wave in enumerate(waves):
-            # the wave after the groups alone takes its cutoffs from them only: it may run
-            # beside the whole cluster's search (start_subsets)
-            basis = [out[(i,)] for i in waves[0]] if k == 1 and parts[waves[0][0]] in alone \
-                else list(out.values())
-            cutoffs = _wave_cutoffs(spec, parts, wave, basis)
+            cutoffs = _wave_cutoffs(spec, parts, wave,
+                                    _wave_basis(spec.cluster, parts, waves, k, out))
             todo = [(i, c) for i, c in zip(wave, cutoffs) if i not in done]
             if pool is not None and len(todo) > 1:
                 found = list(pool.map(_best_on_forked_job, *zip(*todo)))
@@ -539,6 +536,16 @@ def _subset_waves(cluster: Cluster, parts) -> list[list[int]]:
                                          for k in range(0, len(rest), SUBSET_WAVE)]
 
 
+def _wave_basis(cluster: Cluster, parts, waves, k: int, out: dict) -> list["SubsetPlan"]:
+    """The subset plans wave `k`'s cutoffs come from: those of the waves before it (`out`,
+    by (part index,)), and the whole cluster's (`out[()]`) only where the first wave is not
+    each node group alone: where it is, every wave may run beside the whole cluster's search
+    (start_subsets), which cannot wait for it."""
+    basis = [out[(i,)] for w in waves[:k] for i in w]
+    early = bool(waves) and parts[waves[0][0]] in set(groups_alone_uses(cluster))
+    return basis if early else [out[()]] + basis
+
+
 def _wave_cutoffs(spec: Spec, parts, wave, basis) -> list[float | None]:
     """Each part of `wave`'s dominance cutoff from the subset plans `basis` (none for a node
     group alone: searched in full)."""
@@ -565,8 +572,8 @@ def _subset_jobs(spec: Spec, parts, *, shared: SharedRows | None = None,
 
 class EarlySubsets:
     """The searches of each node group alone (the first wave of `plan_subsets`, which no
-    cutoff bounds) and then of the second wave (its cutoffs from the groups alone), running
-    in forked processes while the caller searches the whole cluster;
+    cutoff bounds) and then of the waves after it, each wave's cutoffs from the waves
+    before it, running in forked processes while the caller searches the whole cluster;
     `plan_subsets(early=...)` collects them (`collect`)."""
 
     def __init__(self, pool, futures: dict, backend: str, then=None) -> None:
@@ -575,44 +582,47 @@ class EarlySubsets:
         self.backend = backend
         """The backend the parts are costed for (plan_subsets ignores them for another)."""
         self._pool, self._futures = pool, dict(futures)
-        self._lock, self._cancelled = threading.Lock(), False
+        self._lock, self._stopped = threading.Lock(), False
         self._thread = None
-        if then is not None:        # (wave, cutoffs of the first wave's results)
-            self._thread = threading.Thread(target=self._second_wave, args=then, daemon=True)
+        if then is not None:        # (the later waves, cutoffs of a wave from the found)
+            self._thread = threading.Thread(target=self._later_waves, args=then, daemon=True)
             self._thread.start()
 
-    def _second_wave(self, wave, cutoffs_of) -> None:
+    def _later_waves(self, waves, cutoffs_of) -> None:
         from concurrent.futures import wait
 
-        first = dict(self._futures)
-        wait(first.values())
-        if any(f.cancelled() or f.exception() is not None for f in first.values()):
-            return                  # collect() raises it; plan_subsets runs the wave itself
-        cutoffs = cutoffs_of({i: f.result() for i, f in first.items()})
-        with self._lock:
-            if self._cancelled:
-                return
-            for i, c in zip(wave, cutoffs):
-                self._futures[i] = self._pool.submit(_best_on_forked_job, i, c)
+        for wave in waves:
+            with self._lock:
+                started = dict(self._futures)
+            wait(started.values())
+            if any(f.cancelled() or f.exception() is not None for f in started.values()):
+                return              # collect() raises it; plan_subsets runs the rest itself
+            cutoffs = cutoffs_of(wave, {i: f.result() for i, f in started.items()})
+            with self._lock:
+                if self._stopped:
+                    return
+                for i, c in zip(wave, cutoffs):
+                    self._futures[i] = self._pool.submit(_best_on_forked_job, i, c)
 
     def collect(self) -> dict:
         """{part index: (best, reason, dominated)} of the parts searched or being searched;
-        those of the second wave not started yet are dropped (the caller, its own search
-        done, has the CPUs to search them: plan_subsets does, with the same cutoffs). The
-        processes are then let go."""
+        those not started yet are dropped (the caller, its own search done, has the CPUs to
+        search them: plan_subsets does, with the same cutoffs). The processes are then let
+        go."""
         try:
-            if self._thread is not None:
-                self._thread.join()
             with self._lock:
+                self._stopped = True
                 futures = {i: f for i, f in self._futures.items() if not f.cancel()}
             return {i: f.result() for i, f in futures.items()}
         finally:
+            if self._thread is not None:
+                self._thread.join()
             self._pool.shutdown()
 
     def cancel(self) -> None:
         """Stop the searches (the caller's own failed or was interrupted)."""
         with self._lock:
-            self._cancelled = True
+            self._stopped = True
             futures = list(self._futures.values())
         for f in futures:
             f.cancel()
@@ -625,12 +635,13 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
                   cost_params: CostParams | None = None, simulate_top: int | None = None,
                   backend: str | None = None, limit: int = MAX_SUBSETS, workers: int = 1
                   ) -> EarlySubsets | None:
-    """Start `plan_subsets`' first wave (each node group alone) in forked processes, one
-    CPU fewer than `workers` (the caller's search of the whole cluster takes one), so that it
-    runs beside that search, and the second wave after it; None where there is one node
-    group, a single CPU or no fork. Give the result to plan_subsets(early=...) with the same
-    spec and options (a spec that names its backend: plan_subsets drops parts costed for
-    another backend than its spec's)."""
+    """Start `plan_subsets`' waves in forked processes, one CPU fewer than `workers` (the
+    caller's search of the whole cluster takes one), so that they run beside that search:
+    each node group alone first, then each later wave as the one before it ends, with the
+    cutoffs plan_subsets gives it (`_wave_basis`: the whole cluster's plan is not among
+    them). None where there is one node group, a single CPU or no fork. Give the result to
+    plan_subsets(early=...) with the same spec and options (a spec that names its backend:
+    plan_subsets drops parts costed for another backend than its spec's)."""
     parts = cluster_subsets(spec.cluster, limit)
     alone = set(groups_alone_uses(spec.cluster))
     waves = _subset_waves(spec.cluster, parts)
@@ -644,20 +655,21 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     _FORKED_JOBS = _subset_jobs(spec, parts, measurements=measurements,
                                 cost_params=cost_params, simulate_top=simulate_top,
                                 backend=backend)
-    second = waves[1] if len(waves) > 1 else []
-    pool = ProcessPoolExecutor(max_workers=min(workers - 1, max(len(first), len(second))),
+    # under fork every worker is started at the first submit, while they have the jobs
+    pool = ProcessPoolExecutor(max_workers=min(workers - 1, max(map(len, waves))),
                                mp_context=context)
     try:
         futures = {i: pool.submit(_best_on_forked_job, i, None) for i in first}
     finally:
-        _FORKED_JOBS = []           # the workers forked at the first submit: they have them
+        _FORKED_JOBS = []
 
-    def cutoffs_of(found: dict) -> list[float | None]:
-        return _wave_cutoffs(spec, parts, second,
-                             [_subset_plan(spec, parts[i], found[i], None) for i in first])
+    def cutoffs_of(wave, found: dict) -> list[float | None]:
+        out = {(i,): _subset_plan(spec, parts[i], f, None) for i, f in found.items()}
+        return _wave_cutoffs(spec, parts, wave, _wave_basis(
+            spec.cluster, parts, waves, waves.index(wave), out))
 
     return EarlySubsets(pool, futures, spec.training.backend,
-                        then=(second, cutoffs_of) if second else None)
+                        then=(waves[1:], cutoffs_of) if len(waves) > 1 else None)
 
 
 def groups_alone_uses(cluster: Cluster) -> tuple[tuple[tuple[int, int], ...], ...]:
