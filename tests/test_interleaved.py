@@ -49,12 +49,27 @@ def test_closed_form_p2p_by_hand():
     """P2P multiplied by v: t = 6 on 4 devices, e = 1 at each boundary and the wrap-around,
     v = 2, Megatron's share 0.5. Middle devices wait 0.5 (2 e + 2 e) = 2 per micro-batch, the
     end devices 0.5 (2 e + (v - 1) e) = 1.5 (the wrap is crossed v - 1 times): period 8;
-    T = 7 x 8 + 6 + 18 / 2 + 3 = 74."""
+    the first micro-batch's forward and the last one's backward cross every one of the
+    v pp - 1 chunk boundaries, 2 x 3 e + 1 wrap = 7: T = 7 x 8 + 6 + 18 / 2 + 7 = 78."""
     t, e = np.full(4, 6.0), np.ones(3)
     assert pipeline.interleaved_steady_state_period_s(t, e, 2, blocking_share=0.5,
                                                wrap_time_s=1.0) == pytest.approx(8.0)
     assert pipeline.interleaved_1f1b_time_s(t, e, 8, 2, blocking_share=0.5,
-                                     wrap_time_s=1.0) == pytest.approx(74.0)
+                                     wrap_time_s=1.0) == pytest.approx(78.0)
+
+
+def test_overlapped_p2p_by_hand():
+    """Megatron-LM's default for the interleaved schedule (overlap_p2p_comm): the steady
+    state waits for no P2P while each link keeps up, period max t = 6: T = 7 x 6 + 6 + 18 / 2
+    + 7 = 64; with e = 8 a link carries v e / 2 = 8 each way per micro-batch, more than the
+    compute: period 8, T = 7 x 8 + 6 + 9 + 8 x 7 = 127."""
+    t, e = np.full(4, 6.0), np.ones(3)
+    assert pipeline.INTERLEAVED_BLOCKING_SHARE == 0.0
+    assert pipeline.interleaved_1f1b_time_s(t, e, 8, 2, wrap_time_s=1.0) == pytest.approx(64.0)
+    assert pipeline.interleaved_steady_state_period_s(
+        t, 8 * e, 2, blocking_share=0.0, wrap_time_s=8.0) == pytest.approx(8.0)
+    assert pipeline.interleaved_1f1b_time_s(t, 8 * e, 8, 2, wrap_time_s=8.0) == \
+        pytest.approx(127.0)
 
 
 def test_v1_is_plain_1f1b():
@@ -296,7 +311,10 @@ def test_interleaving_cuts_the_bubble_and_holds_more_activations():
     # the same layers per stage in total: the bubble shrinks about by v (exact on equal
     # stages; the embedding and head make the stages unequal)
     assert inter.breakdown.pipeline_bubble_s < 0.6 * plain.breakdown.pipeline_bubble_s
-    assert inter.breakdown.p2p_s > plain.breakdown.p2p_s
+    # Megatron-LM overlaps the interleaved steady state's P2P with the chunks
+    # (overlap_p2p_comm, its default): only the fill and drain pay it, each of the v pp - 1
+    # chunk boundaries once, where plain 1F1B pays its pp - 1 boundaries in every micro-batch
+    assert plain.breakdown.p2p_s < inter.breakdown.p2p_s < 2 * plain.breakdown.p2p_s
     # stage 0 holds the activations of pp + (pp-1)/v = 5.5 micro-batches' worth, not 4
     assert inter.memory[0].activation_bytes > plain.memory[0].activation_bytes
     assert inter.memory[3].activation_bytes < inter.memory[0].activation_bytes

@@ -1423,7 +1423,7 @@ class CostModel:
         if s.virtual_stages > 1:
             terms = pipeline.interleaved_iteration(
                 costs, s.partition, s.gas, s.pp, s.virtual_stages,
-                blocking_share=pipeline.P2P_BLOCKING_SHARE["megatron"])
+                blocking_share=pipeline.INTERLEAVED_BLOCKING_SHARE)
         else:
             terms = pipeline.one_f_one_b_iteration(costs, s.partition, s.gas,
                                                    blocking_share=self.p2p_blocking_share)
