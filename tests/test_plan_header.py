@@ -104,19 +104,19 @@ def test_ties_within_the_models_measured_error_are_marked_and_counted(write_spec
     assert cat["A100-80GB"].prediction_error == __import__("pytest").approx(0.064)
     assert "gpu_accuracy.py" in cat["A100-80GB"].prediction_error_source
     # the largest measured on dense runs (DGX B200's)
-    assert cat["V100-16GB"].prediction_error == __import__("pytest").approx(0.057)
+    assert cat["V100-16GB"].prediction_error == __import__("pytest").approx(0.069)
     assert cat["V100-16GB"].prediction_error == cat["B200-180GB"].prediction_error
     assert "not measured" in cat["V100-16GB"].prediction_error_source
     spec = load_spec(_spec(write_spec))
     error, gpu = model_error(spec)
-    assert gpu.name == "H100-80GB" and error == __import__("pytest").approx(0.044)
+    assert gpu.name == "H100-80GB" and error == __import__("pytest").approx(0.037)
     result = plan_backends(spec, simulate_top=0)
     times = [e.iteration_time_s for e in result.strategies]
     limit = times[0] * (1 + error) / (1 - error)
     assert tied_count(result, error) == sum(t <= limit for t in times)
     assert tied_count(result, 0.0) == 1
     note = tie_note(spec, 3, error, gpu)
-    assert "Ranks 1-3 ('~')" in note and "--top-k 3" in note and "±4.4% on H100-80GB" in note
+    assert "Ranks 1-3 ('~')" in note and "--top-k 3" in note and "±3.7% on H100-80GB" in note
     assert "No other plan" in tie_note(spec, 1, error, gpu)
     monkeypatch.setenv("COLUMNS", "100")
     assert main(["plan", str(_spec(write_spec)), "--top-k", "5", "--no-simulate"]) == 0
