@@ -100,6 +100,28 @@ class PlacedLayout:
     rank); None: cp 1."""
 
 
+@dataclass(frozen=True)
+class _PlacedBound:
+    """`CostModel.lower_bound_s`'s terms on one placement (`_placed_bound_rows`), kept
+    between the bound without the split and the one with it."""
+
+    layout: PlacedLayout
+    rows: np.ndarray
+    """[pp, L] each stage's per-layer time: device passes and collectives, or its host's."""
+    cut: np.ndarray | None
+    """The boundaries' P2P (`CostModel.cut_s`); None without 1F1B stages."""
+    least: np.ndarray | None
+    """[pp - 1] each boundary's cheapest P2P."""
+    sync: np.ndarray
+    sync_fixed: np.ndarray
+    mean_sync: float
+    """The least the stage that syncs last waits for its data-parallel sync."""
+    steady: float
+    """What 1F1B's steady state waits for P2P at least."""
+    alternative: float
+    """The bound through the stage beside the dearest boundaries."""
+
+
 def measured_overheads(measurements: Measurements) -> tuple[CostParams, str]:
     """The uncalibrated coefficients: none, except the framework's fixed costs where `amp-search
     profile` measured them with real trials (amp_search.profiling.framework); with several
@@ -213,6 +235,7 @@ class CostModel:
         self._floor_passes = {ck: np.array([max(block_passes(l, ck), 1) for l in layers],
                                            dtype=float) for ck in (False, True)}
         self._placement_cache: dict = {}
+        self._placed_bounds: dict = {}      # lower_bound_s: (order name, candidate) -> rows
         # what `tp_floor_s` and the device types' rows depend on besides the candidate
         self._types_and_links = tuple(g.name for g in self.gpus) + tuple(
             (k, float(a.intra_bytes_per_s.max()), float(a.inter_bytes_per_s.max()))
@@ -603,34 +626,17 @@ class CostModel:
                 # or: the stage beside the dearest boundary waits for it every micro-batch
                 fixed + b * most + (gas - 1) * p.microbatch_overhead_s
                 + common["step_overhead_s"])
-        layout = self.layout(c, order)
-        types = [tuple(t.tolist()) for t in layout.stage_gpus]
-        passes = {t: self.stage_pass_times_s(t, c).sum(axis=0) for t in set(types)}
-        rows = np.stack([passes[t] for t in types])
-        if c.layer_collectives:
-            rows = rows + self.tp_time_s(c, layout)
-        host = {t: np.max([self._host_row(g, c) for g in t], axis=0) for t in set(types)}
-        rows = np.maximum(rows, np.stack([host[t] for t in types]))
-        cut = self.cut_s(c, layout) if c.pp > 1 and c.virtual_stages == 1 else None
-        sync, sync_fixed = self._dp_sync(c, layout)
-        # the stage that syncs last: at least the split that evens out the stages' syncs
-        # (stage j syncing all the parameters would take totals[j]): 1 / sum_j 1 / totals[j]
-        totals = sync.sum(axis=1)
-        mean_sync = 0.0 if self.overlaps_grad_reduce(c) else float(sync_fixed.min()) + (
-            1.0 / float((1.0 / totals).sum()) if (totals > 0).all() else 0.0)
-        steady = alternative = 0.0
-        if cut is not None:
-            # each boundary's cheapest P2P; 1F1B's steady state waits, in every micro-batch
-            # but one, for the blocking share of the bottleneck stage's two boundaries
-            # (pipeline.steady_state_period_s): at least the least such pair's; and as long
-            # as the stage beside the dearest pair takes
-            least = cut[1:, 1:-1].min(axis=1)
-            pairs = np.concatenate([[0.0], least]) + np.concatenate([least, [0.0]])
-            b = (gas - 1) * self.p2p_blocking_share
-            steady = b * float(pairs.min())
-            alternative = b * float(pairs.max()) + float(least.sum()) \
-                + float(rows.min(axis=0).sum()) + (gas - 1 + c.pp) * p.microbatch_overhead_s \
-                + common["step_overhead_s"] + mean_sync
+        # the tiers of the search ask for each placement's bound without the split, then with
+        # it: the second takes the first's rows (and lets them go)
+        key = (order.name, c)
+        placed = self._placed_bounds.pop(key, None) if split else None
+        if placed is None:
+            placed = self._placed_bound_rows(c, order, gas, common["step_overhead_s"])
+            if not split:
+                self._placed_bounds[key] = placed
+        layout, rows, cut, least = placed.layout, placed.rows, placed.cut, placed.least
+        sync, sync_fixed = placed.sync, placed.sync_fixed
+        mean_sync, steady, alternative = placed.mean_sync, placed.steady, placed.alternative
         if not split:
             bound = pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages, **common)
             if cut is not None:     # 1F1B's fill and drain pay each boundary's P2P once
@@ -664,6 +670,46 @@ class CostModel:
             optimal_partition(rows, cut, gas, **kw)
         return max(best.objective_s + (gas - 1 + c.pp) * p.microbatch_overhead_s
                    + common["step_overhead_s"] + steady, alternative)
+
+    def _placed_bound_rows(self, c: Candidate, order: DeviceOrder, gas: int,
+                           step_overhead_s: float) -> "_PlacedBound":
+        """What `lower_bound_s` bounds `order`'s placement by, with and without the split:
+        each stage's per-layer rows (device passes and tensor-, context- and expert-parallel
+        collectives, or its host's time where longer), the boundaries' P2P, the data-parallel
+        sync, and the P2P floors of 1F1B's steady state."""
+        p = self.params
+        layout = self.layout(c, order)
+        types = [tuple(t.tolist()) for t in layout.stage_gpus]
+        passes = {t: self.stage_pass_times_s(t, c).sum(axis=0) for t in set(types)}
+        rows = np.stack([passes[t] for t in types])
+        if c.layer_collectives:
+            rows = rows + self.tp_time_s(c, layout)
+        host = {t: np.max([self._host_row(g, c) for g in t], axis=0) for t in set(types)}
+        rows = np.maximum(rows, np.stack([host[t] for t in types]))
+        cut = self.cut_s(c, layout) if c.pp > 1 and c.virtual_stages == 1 else None
+        sync, sync_fixed = self._dp_sync(c, layout)
+        # the stage that syncs last: at least the split that evens out the stages' syncs
+        # (stage j syncing all the parameters would take totals[j]): 1 / sum_j 1 / totals[j]
+        totals = sync.sum(axis=1)
+        mean_sync = 0.0 if self.overlaps_grad_reduce(c) else float(sync_fixed.min()) + (
+            1.0 / float((1.0 / totals).sum()) if (totals > 0).all() else 0.0)
+        least = None
+        steady = alternative = 0.0
+        if cut is not None:
+            # each boundary's cheapest P2P; 1F1B's steady state waits, in every micro-batch
+            # but one, for the blocking share of the bottleneck stage's two boundaries
+            # (pipeline.steady_state_period_s): at least the least such pair's; and as long
+            # as the stage beside the dearest pair takes
+            least = cut[1:, 1:-1].min(axis=1)
+            pairs = np.concatenate([[0.0], least]) + np.concatenate([least, [0.0]])
+            b = (gas - 1) * self.p2p_blocking_share
+            steady = b * float(pairs.min())
+            alternative = b * float(pairs.max()) + float(least.sum()) \
+                + float(rows.min(axis=0).sum()) + (gas - 1 + c.pp) * p.microbatch_overhead_s \
+                + step_overhead_s + mean_sync
+        return _PlacedBound(layout=layout, rows=rows, cut=cut, least=least, sync=sync,
+                            sync_fixed=sync_fixed, mean_sync=mean_sync, steady=steady,
+                            alternative=alternative)
 
     def p2p_floors_s(self, c: Candidate) -> tuple[float, float, float]:
         """What the pp - 1 stage boundaries' P2P add at least to a 1F1B iteration (its fill
