@@ -186,6 +186,23 @@ def test_plan_json_cli(tmp_path):
     assert isinstance(data["pruned"], dict)
 
 
+def test_json_text_is_json_with_leaf_lists_on_one_line():
+    """`json_text` holds what json.dumps holds (objects and lists of objects one item a
+    line, indented), a list or object without objects in it on one line."""
+    from amp_search.cli._args import json_text
+
+    data = {"a": 1, "placement": [[[0, 1], [2, 3]]], "rows": [{"x": 1.5, "y": None}, {}],
+            "empty": [], "nested": {"b": {"c": [1, 2]}, "s": "t"}, "inf": float("inf"),
+            "tuple": (1, (2, 3))}
+    text = json_text(data)
+    assert json.loads(text) == json.loads(json.dumps(data))
+    lines = text.splitlines()
+    assert '  "placement": [[[0, 1], [2, 3]]],' in lines
+    assert '    {"x": 1.5, "y": null},' in lines and '    {}' in lines
+    assert lines[0] == "{" and lines[-1] == "}" and '      "c": [1, 2]' in lines
+    assert json_text({1: [1]}) == json.dumps({1: [1]}, indent=2)   # json's key conversion
+
+
 def test_estimate_json_cli(tmp_path):
     out = tmp_path / "e.json"
     r = subprocess.run([sys.executable, "-m", "amp_search", "estimate", str(HETERO), "--pp", "2",
