@@ -4,7 +4,8 @@ Every record is a frozen dataclass with `to_dict()` giving the JSON form the CLI
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cache
 
 Placement = tuple[tuple[tuple[int, ...], ...], ...]
 """placement[stage][replica][tensor_rank] -> device id (devices numbered in spec order)."""
@@ -23,6 +24,18 @@ def pairs_micro_batches(pp: int, virtual_stages: int, full_recompute: bool) -> b
     asserts both). The one rule the cost model and the launch arguments share."""
     return (pp == 1 or virtual_stages > 1) and not full_recompute
 
+
+
+@cache
+def _field_names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+def _flat_dict(record) -> dict:
+    """A record's fields by name: what dataclasses.asdict gives for one whose fields are
+    scalars or tuples of scalars, without its recursive deep copy (a plan's JSON writes
+    thousands of these)."""
+    return {name: getattr(record, name) for name in _field_names(type(record))}
 
 @dataclass(frozen=True, kw_only=True)
 class Strategy:
@@ -111,7 +124,7 @@ class Strategy:
             f"-ep{self.ep}" if self.ep > 1 else "")
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = _flat_dict(self)
         d["partition"] = list(self.partition)
         d["placement"] = [[list(r) for r in s] for s in self.placement]
         d["gas"] = self.gas
@@ -155,7 +168,7 @@ class Breakdown:
     optimizer_s: float = 0.0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return _flat_dict(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,7 +194,7 @@ class StageMemory:
         return self.peak_bytes <= self.capacity_bytes
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = _flat_dict(self)
         d["fits"] = self.fits
         return d
 
@@ -201,7 +214,7 @@ class CriticalSegment:
     """The part of the iteration it accounts for (the runs' times sum to the makespan)."""
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return _flat_dict(self)
 
 
 @dataclass(frozen=True, kw_only=True)
