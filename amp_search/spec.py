@@ -332,6 +332,12 @@ class TrainingSpec:
     Engine's userbuffers); strategies without sequence parallelism, and DeepSpeed plans, keep
     them exposed."""
 
+    overlap_p2p_comm: bool = True
+    """Megatron-LM's interleaved schedule overlaps its P2P with the model chunks (its
+    default since megatron-core; --no-overlap-p2p-communication: False, as Megatron-LM ran it
+    before, the steady state waiting for each boundary's transfer). Only virtual stages under
+    backend megatron use it (cost_models.pipeline.INTERLEAVED_BLOCKING_SHARE)."""
+
     moe_sync_free: bool = False
     """Whether Megatron-Core runs its mixture-of-experts layers without a host sync: a static
     per-rank expert capacity (--moe-expert-rank-capacity-factor) lets the token dispatcher
@@ -831,6 +837,7 @@ def _training(data) -> TrainingSpec:
                                    "virtual_pipeline_stages", "backend", "context_parallel",
                                    "expert_parallel", "objective", "pipeline_p2p",
                                    "finetune", "overlap_grad_reduce", "tp_comm_overlap",
+                                   "overlap_p2p_comm",
                                    "grad_reduce_in_fp32", "cpu_offload_layers",
                                    "moe_sync_free", "moe_a2a_overlap", "recompute_modules",
                                    "cross_entropy", "moe_dispatcher"))
@@ -914,6 +921,7 @@ def _training(data) -> TrainingSpec:
         finetune=r.choice("finetune", FINETUNE, "none"),
         overlap_grad_reduce=overlap,
         tp_comm_overlap=tp_overlap,
+        overlap_p2p_comm=r.flag("overlap_p2p_comm", True),
         grad_reduce_in_fp32=grad_fp32,
         cpu_offload_layers=r.int("cpu_offload_layers", default=0, lo=0, hi=MAX_OFFLOAD_LAYERS),
         moe_sync_free=r.flag("moe_sync_free", False),
@@ -968,6 +976,12 @@ def parse_spec(data, *, catalog: dict[str, GPU] | None = None, path: Path | None
         training, others = trainings[0], tuple(trainings[1:])
     else:
         training, others, notes = _checked_training(training_data, cluster, model), (), []
+        if not training.overlap_p2p_comm and training.backend != "megatron":
+            raise SpecError("training.overlap_p2p_comm",
+                            f"Megatron-LM's interleaved schedule's P2P overlap "
+                            f"(--no-overlap-p2p-communication); training.backend "
+                            f"{training.backend} has no interleaved schedule: accepted with "
+                            f"backend megatron (or no backend)")
         if training.tp_comm_overlap and training.backend != "megatron":
             raise SpecError("training.tp_comm_overlap",
                             f"Megatron-LM's --tp-comm-overlap (Transformer Engine's "
@@ -1212,6 +1226,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             del section["overlap_grad_reduce"]   # as before the key existed
         if name == "training" and not section["tp_comm_overlap"]:
             del section["tp_comm_overlap"]       # as before the key existed
+        if name == "training" and section["overlap_p2p_comm"]:
+            del section["overlap_p2p_comm"]      # as before the key existed
         if name == "training" and section["grad_reduce_in_fp32"] is None:
             del section["grad_reduce_in_fp32"]   # as before the key existed
         if name == "training" and not section["cpu_offload_layers"]:

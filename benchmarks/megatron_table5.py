@@ -12,8 +12,9 @@ at the catalog's nvlink share), 1,600 Gbps per node across
 nodes (a DGX A100's eight 200 Gb/s HDR InfiniBand adapters: an assumption about the paper's
 cluster, not read from it), GPT preset with the row's heads, hidden, layers and sequence,
 vocabulary 51,200 (GPT-2's, padded), fp16, standard (unfused) attention and the pipeline's
-scatter/gather of boundary activations (`training.pipeline_p2p: split`) as Megatron-LM ran in
-2022, `training.backend: megatron`, the row's global batch. It is predicted with the public
+scatter/gather of boundary activations (`training.pipeline_p2p: split`) and the interleaved
+schedule's P2P not overlapped with the chunks (`training.overlap_p2p_comm: false`), as
+Megatron-LM ran in 2022, `training.backend: megatron`, the row's global batch. It is predicted with the public
 library call and the default model:
 
     estimate(spec, pp, dp, tmp, mbs, partition="uniform", zero_stage=0,
@@ -25,7 +26,8 @@ and predicted speed-up of selective + sequence parallel over full recomputation.
 
 The paper's 175B and 530B runs use the interleaved schedule with 3 model chunks per device
 (`virtual_stages`), and so do their predictions (`estimate(..., virtual_stages=3)`: Megatron's
-uniform chunks, bubble divided by 3, P2P times 3). The rows describe one data-parallel replica
+uniform chunks, bubble divided by 3, P2P times 3, the steady state waiting for its share of
+it as Megatron-LM's paired sends made it). The rows describe one data-parallel replica
 group (dp 1), as the transcription does, so no data-parallel gradient reduction is charged.
 Exit status 2 when a row cannot be predicted or the data file is malformed.
 """
@@ -55,6 +57,9 @@ ATTENTION = "standard"
 PIPELINE_P2P = "split"
 """Megatron-LM of 2022 split the activation crossing a stage boundary over the tensor group
 (--scatter-gather-tensors-in-pipeline, on by default then; megatron-core dropped it)."""
+OVERLAP_P2P_COMM = False
+"""The interleaved schedule's P2P beside the chunks came with megatron-core's overlap_p2p_comm
+(2023); in 2022 each steady-state exchange was waited for."""
 MODES = {"full": ("full", False), "selective_sp": ("selective", True)}
 """CSV mode -> (activation_checkpointing, sequence_parallel)."""
 INT_FIELDS = ("heads", "hidden", "layers", "seq", "tmp", "pp", "dp", "gpus", "global_batch",
@@ -97,7 +102,7 @@ def spec_dict(row: dict) -> dict:
         "training": {"global_batch_size": row["global_batch"], "precision": PRECISION,
                      "activation_checkpointing": ckpt, "sequence_parallel": sp,
                      "zero_stage": 0, "attention": ATTENTION, "backend": "megatron",
-                     "pipeline_p2p": PIPELINE_P2P},
+                     "pipeline_p2p": PIPELINE_P2P, "overlap_p2p_comm": OVERLAP_P2P_COMM},
     }
 
 

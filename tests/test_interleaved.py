@@ -385,6 +385,50 @@ def test_megatron_export_has_the_flag_and_deepspeed_refuses(tmp_path):
     assert preflight(spec, e.strategy, "megatron") == ""
 
 
+def test_overlap_p2p_comm_off_waits_for_the_steady_states_p2p():
+    """training.overlap_p2p_comm: false (--no-overlap-p2p-communication, Megatron-LM before
+    megatron-core): the steady state waits for half of each boundary's exchange, as plain
+    1F1B under Megatron-LM; the exports say so; DeepSpeed has no such schedule; the default's
+    fingerprint is the one from before the key."""
+    from amp_search.launch.megatron import megatron_args, training_kwargs
+    from amp_search.spec import spec_fingerprint
+
+    def spec(**t):
+        d = {"cluster": {"nodes": [{"gpu": "CPU-local", "count": 4, "gpus_per_node": 1,
+                                    "intra_node_bandwidth": "10 GB/s",
+                                    "inter_node_bandwidth": "1 Gbps"}]},
+             "model": {"preset": "gpt", "num_layers": 8, "hidden_size": 256,
+                       "num_attention_heads": 4, "seq_length": 64, "vocab_size": 1024},
+             "training": {"global_batch_size": 16, "precision": "fp32",
+                          "activation_checkpointing": "none", "backend": "megatron", **t}}
+        return parse_spec(d)
+
+    on, off = spec(), spec(overlap_p2p_comm=False)
+    assert on.training.overlap_p2p_comm and not off.training.overlap_p2p_comm
+    def sections(x):          # the parsed sections' hashes (spec_sha256 is of the text)
+        return {k: v for k, v in spec_fingerprint(x).items() if k != "spec_sha256"}
+
+    assert sections(spec(overlap_p2p_comm=True)) == sections(on) != sections(off)
+    a = estimate(on, pp=4, dp=1, tmp=1, mbs=1, virtual_stages=2)
+    b = estimate(off, pp=4, dp=1, tmp=1, mbs=1, virtual_stages=2)
+    assert b.breakdown.p2p_s > a.breakdown.p2p_s > 0          # 1 Gb/s between the stages
+    assert b.iteration_time_s - a.iteration_time_s == pytest.approx(
+        b.breakdown.p2p_s - a.breakdown.p2p_s)
+    plain_on = estimate(on, pp=4, dp=1, tmp=1, mbs=1, virtual_stages=1)
+    assert estimate(off, pp=4, dp=1, tmp=1, mbs=1, virtual_stages=1) == plain_on
+    args = megatron_args(off.model.layers, b.strategy, precision="fp32", iters=1,
+                         **training_kwargs(off.training, b.strategy))
+    assert "--no-overlap-p2p-communication" in args
+    assert "--no-overlap-p2p-communication" not in megatron_args(
+        on.model.layers, a.strategy, precision="fp32", iters=1,
+        **training_kwargs(on.training, a.strategy))
+    with pytest.raises(SpecError) as err:
+        spec(overlap_p2p_comm=False, backend="deepspeed")
+    assert "training.overlap_p2p_comm" in str(err.value) and "backend megatron" in str(err.value)
+    with pytest.raises(SpecError, match="accepted: true, false"):
+        spec(overlap_p2p_comm="sometimes")
+
+
 def test_cli_estimate_shows_v_and_errors_are_one_line(write_spec, tmp_path, capsys):
     path = write_spec({
         "cluster": {"nodes": [{"gpu": "CPU-local", "count": 1, "gpus_per_node": 4,

@@ -1467,9 +1467,11 @@ class CostModel:
         the breakdown and the memory check (scores None: without the memory)."""
         s = strategy
         if s.virtual_stages > 1:
+            overlapped = self.spec.training.overlap_p2p_comm      # Megatron-LM's default
             terms = pipeline.interleaved_iteration(
                 costs, s.partition, s.gas, s.pp, s.virtual_stages,
-                blocking_share=pipeline.INTERLEAVED_BLOCKING_SHARE)
+                blocking_share=pipeline.INTERLEAVED_BLOCKING_SHARE if overlapped
+                else pipeline.P2P_BLOCKING_SHARE["megatron"])
         else:
             terms = pipeline.one_f_one_b_iteration(costs, s.partition, s.gas,
                                                    blocking_share=self.p2p_blocking_share)

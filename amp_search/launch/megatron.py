@@ -236,6 +236,7 @@ def training_kwargs(training, strategy: Strategy) -> dict:
     TrainingSpec) for `strategy`: what the launcher and the export pass alike."""
     return dict(overlap_grad_reduce=training.overlaps_grad_reduce(strategy.zero_stage),
                 tp_comm_overlap=training.tp_comm_overlap,
+                overlap_p2p_comm=training.overlap_p2p_comm,
                 grad_reduce_in_fp32=training.grad_reduce_in_fp32,
                 cpu_offload_layers=training.cpu_offload_layers,
                 moe_a2a_overlap=training.moe_a2a_overlap,
@@ -246,7 +247,7 @@ def training_kwargs(training, strategy: Strategy) -> dict:
 def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: str,
                   iters: int, seed: int = 1234, lr: float = 1e-4,
                   overlap_grad_reduce: bool = False, tp_comm_overlap: bool = False,
-                  grad_reduce_in_fp32: bool | None = None,
+                  overlap_p2p_comm: bool = True, grad_reduce_in_fp32: bool | None = None,
                   cpu_offload_layers: int = 0, moe_a2a_overlap: bool = False,
                   moe_dispatcher: str = "alltoall",
                   recompute_modules: tuple[str, ...] = ("core_attn",)) -> list[str]:
@@ -254,7 +255,8 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
     training.overlap_grad_reduce): --overlap-grad-reduce, the gradients reduced in buckets
     during the backward; `tp_comm_overlap` (training.tp_comm_overlap, with tmp > 1 and
     sequence parallelism): --tp-comm-overlap on Transformer Engine's layers (its
-    userbuffers need them and CUDA); `grad_reduce_in_fp32` True:
+    userbuffers need them and CUDA); `overlap_p2p_comm` False (training.overlap_p2p_comm,
+    with virtual stages): --no-overlap-p2p-communication; `grad_reduce_in_fp32` True:
     --accumulate-allreduce-grads-in-fp32 (pretrain_gpt.py sets it itself for bf16; with bf16
     it cannot be turned off there, `megatron_unsupported_gradients`); `cpu_offload_layers`
     (training.cpu_offload_layers) > 0: --cpu-offloading --cpu-offloading-num-layers N on
@@ -311,6 +313,8 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         args += ["--overlap-grad-reduce"]
     if grad_reduce_in_fp32 and precision != "fp32":
         args += ["--accumulate-allreduce-grads-in-fp32"]
+    if not overlap_p2p_comm and s.virtual_stages > 1:
+        args += ["--no-overlap-p2p-communication"]
     if tp_comm_overlap and s.tmp > 1 and s.sequence_parallel:
         i = args.index("--transformer-impl")
         args[i + 1] = "transformer_engine"
