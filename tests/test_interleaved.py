@@ -422,6 +422,11 @@ def test_overlap_p2p_comm_off_waits_for_the_steady_states_p2p():
     assert "--no-overlap-p2p-communication" not in megatron_args(
         on.model.layers, a.strategy, precision="fp32", iters=1,
         **training_kwargs(on.training, a.strategy))
+    from amp_search.cli.plan_header import header_lines
+
+    text = " ".join(x.strip() for x in header_lines(off, plan(off, simulate_top=0), 200))
+    assert "training.overlap_p2p_comm: false" in text
+    assert "overlap_p2p_comm" not in " ".join(header_lines(on, plan(on, simulate_top=0), 200))
     with pytest.raises(SpecError) as err:
         spec(overlap_p2p_comm=False, backend="deepspeed")
     assert "training.overlap_p2p_comm" in str(err.value) and "backend megatron" in str(err.value)

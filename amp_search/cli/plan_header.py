@@ -77,6 +77,9 @@ def _backend_line(spec: Spec, plan: Plan) -> str:
     if t.tp_comm_overlap and t.backend == "megatron":
         tail += (", tensor-parallel communication beside the GEMMs with sequence parallelism "
                  "(training.tp_comm_overlap)")
+    if not t.overlap_p2p_comm and t.backend == "megatron":
+        tail += (", the interleaved schedule's P2P waited for in every micro-batch "
+                 "(training.overlap_p2p_comm: false)")
     if t.cpu_offload_layers:
         tail += (f", the first {t.cpu_offload_layers} blocks' activations offloaded to host "
                  f"memory (training.cpu_offload_layers)")
