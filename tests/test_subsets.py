@@ -230,6 +230,29 @@ def test_subsets_in_forked_workers_are_the_same_as_one_after_another():
     early.cancel()                                       # the caller's search failed
 
 
+def test_every_wave_started_beside_the_whole_search_gives_the_same_plans():
+    """4 + 4 nodes: 14 parts, the groups alone and then three waves of SUBSET_WAVE; the early
+    searches chain the waves (each from the ones before it), and plan_subsets runs what they
+    had not started: the same plans, reasons and order as one process, whether it collects
+    them before the first wave ends or after every wave did."""
+    import time
+
+    from amp_search.planner import SUBSET_WAVE, _subset_waves
+
+    spec = parse_spec(_priced(h100=4, a100=4))
+    waves = _subset_waves(spec.cluster, cluster_subsets(spec.cluster))
+    assert len(waves) == 4 and len(waves[1]) == SUBSET_WAVE
+    whole = plan(spec)
+    one = plan_subsets(spec, whole, workers=1)
+    assert plan_subsets(spec, whole, workers=2, early=start_subsets(spec, workers=2)) == one
+    early = start_subsets(spec, workers=2)
+    deadline = time.monotonic() + 120
+    while len(early._futures) < len(cluster_subsets(spec.cluster)) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)                # every wave submitted: the last one started early
+    assert plan_subsets(spec, whole, workers=2, early=early) == one
+
+
 def test_parts_started_for_another_backend_are_searched_again():
     """A spec that names no backend is planned for each: parts started beside the whole
     search under the default backend are not taken for the backend the whole search chose
