@@ -497,8 +497,8 @@ def dispatcher_gain(spec: Spec, best: Estimate, measurements=None
     name) where the best plan is a Megatron-LM one with experts, megatron-core's default
     all-to-all dispatcher and expert-parallel groups that cross nodes, and where the
     dispatcher makes it faster by more than 1% (training.moe_dispatcher;
-    links.all_to_all_links): the same strategy, placement order and split costed both ways
-    (simulated where the plan simulated it). None otherwise."""
+    links.all_to_all_links): the best plan's own strategy, placement and split costed with
+    it (simulated where the plan simulated it). None otherwise."""
     s = best.strategy
     if not spec.model.num_experts or best.backend != "megatron" or s.ep < 2:
         return None
@@ -507,18 +507,16 @@ def dispatcher_gain(spec: Spec, best: Estimate, measurements=None
         return None
     from dataclasses import replace
 
+    from ..costing import CostModel
     from ..measurements import NO_MEASUREMENTS
-    from ..planner import estimate
+    from ..planner import evaluate
+    from ..simulate import with_simulation
 
-    ckpt = "full" if s.activation_checkpointing else \
-        "selective" if s.selective_recompute else "none"
-    kw = dict(pp=s.pp, dp=s.dp, tmp=s.tmp, mbs=s.mbs, partition=s.partition,
-              zero_stage=s.zero_stage, activation_checkpointing=ckpt,
-              placement_order=s.placement_order, sequence_parallel=s.sequence_parallel,
-              virtual_stages=s.virtual_stages, cp=s.cp, ep=s.ep, simulate=best.simulated,
-              measurements=measurements or NO_MEASUREMENTS)
     flex = replace(megatron, training=replace(megatron.training, moe_dispatcher="hybridep"))
-    now, then = (estimate(x, **kw).iteration_time_s for x in (megatron, flex))
+    model = CostModel(flex, measurements=measurements or NO_MEASUREMENTS)
+    e = evaluate(flex, s, model=model)
+    now, then = best.iteration_time_s, \
+        (with_simulation(model, e) if best.simulated else e).iteration_time_s
     if then >= now * 0.99:
         return None
     return now, then, "hybridep"
