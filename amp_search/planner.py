@@ -536,14 +536,19 @@ def _subset_waves(cluster: Cluster, parts) -> list[list[int]]:
                                          for k in range(0, len(rest), SUBSET_WAVE)]
 
 
+def _alone_first(cluster: Cluster, parts, waves) -> bool:
+    """Whether `_subset_waves`' first wave is each node group alone: then every wave may run
+    beside the whole cluster's search (start_subsets)."""
+    return bool(waves) and parts[waves[0][0]] in set(groups_alone_uses(cluster))
+
+
 def _wave_basis(cluster: Cluster, parts, waves, k: int, out: dict) -> list["SubsetPlan"]:
     """The subset plans wave `k`'s cutoffs come from: those of the waves before it (`out`,
     by (part index,)), and the whole cluster's (`out[()]`) only where the first wave is not
-    each node group alone: where it is, every wave may run beside the whole cluster's search
-    (start_subsets), which cannot wait for it."""
+    each node group alone (`_alone_first`): where it is, every wave may run beside the whole
+    cluster's search, which cannot wait for it."""
     basis = [out[(i,)] for w in waves[:k] for i in w]
-    early = bool(waves) and parts[waves[0][0]] in set(groups_alone_uses(cluster))
-    return basis if early else [out[()]] + basis
+    return basis if _alone_first(cluster, parts, waves) else [out[()]] + basis
 
 
 def _wave_cutoffs(spec: Spec, parts, wave, basis) -> list[float | None]:
@@ -643,9 +648,8 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     plan_subsets(early=...) with the same spec and options (a spec that names its backend:
     plan_subsets drops parts costed for another backend than its spec's)."""
     parts = cluster_subsets(spec.cluster, limit)
-    alone = set(groups_alone_uses(spec.cluster))
     waves = _subset_waves(spec.cluster, parts)
-    first = waves[0] if waves and parts[waves[0][0]] in alone else []
+    first = waves[0] if _alone_first(spec.cluster, parts, waves) else []
     context = _fork_context() if workers > 1 and first else None
     if context is None:
         return None
