@@ -25,7 +25,6 @@ def pairs_micro_batches(pp: int, virtual_stages: int, full_recompute: bool) -> b
     return (pp == 1 or virtual_stages > 1) and not full_recompute
 
 
-
 @cache
 def _field_names(cls) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
@@ -36,6 +35,7 @@ def _flat_dict(record) -> dict:
     scalars or tuples of scalars, without its recursive deep copy (a plan's JSON writes
     thousands of these)."""
     return {name: getattr(record, name) for name in _field_names(type(record))}
+
 
 @dataclass(frozen=True, kw_only=True)
 class Strategy:

@@ -14,8 +14,8 @@ cluster, not read from it), GPT preset with the row's heads, hidden, layers and 
 vocabulary 51,200 (GPT-2's, padded), fp16, standard (unfused) attention and the pipeline's
 scatter/gather of boundary activations (`training.pipeline_p2p: split`) and the interleaved
 schedule's P2P not overlapped with the chunks (`training.overlap_p2p_comm: false`), as
-Megatron-LM ran in 2022, `training.backend: megatron`, the row's global batch. It is predicted with the public
-library call and the default model:
+Megatron-LM ran in 2022, `training.backend: megatron`, the row's global batch. It is
+predicted with the public library call and the default model:
 
     estimate(spec, pp, dp, tmp, mbs, partition="uniform", zero_stage=0,
              activation_checkpointing="full" | "selective", sequence_parallel=False | True)

@@ -69,8 +69,8 @@ chunks (`overlap_p2p_comm`: on by default, `--no-overlap-p2p-communication` turn
 megatron-core's interleaved schedule posts each receive before the chunk that precedes its
 use and waits for it only then); Megatron-Bridge sets it wherever pp > 1 and vp > 1
 (`CommOverlapConfig`). The warm-up and flush stay blocking (the
-`--overlap-p2p-communication-warmup-flush` default): the fill and drain pay each boundary
-once, as eq. 5. A link still carries its transfers one after another
+`--overlap-p2p-communication-warmup-flush` default): the fill and drain pay each of the
+v pp - 1 chunk boundaries once (`interleaved_1f1b_time_s`). A link still carries its transfers one after another
 (`interleaved_steady_state_period_s`), and the schedule simulator's interleaved run sends the
 same way (cost_models.simulator.simulate_interleaved, "async")."""
 
