@@ -476,7 +476,7 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
     result depends neither on which search ends first nor on `workers`: > 1, a wave's
     searches run in that many forked processes at once (where the platform cannot fork, one
     after another). `early`: the waves started beside the whole cluster's search
-    (`start_subsets`); those it had not started are searched here.
+    (`start_subsets`): its worker and this process search what is left (`collect`).
 
     `shared`: the per device type rows the parts' searches take and keep (SharedRows; give
     the one the whole cluster's search filled: the forked workers inherit its rows)."""
@@ -576,61 +576,112 @@ def _subset_jobs(spec: Spec, parts, *, shared: SharedRows | None = None,
 
 
 class EarlySubsets:
-    """The searches of each node group alone (the first wave of `plan_subsets`, which no
-    cutoff bounds) and then of the waves after it, each wave's cutoffs from the waves
-    before it, running in forked processes while the caller searches the whole cluster;
-    `plan_subsets(early=...)` collects them (`collect`)."""
+    """`plan_subsets`' waves searched beside the caller's search of the whole cluster: each
+    node group alone (the first wave, which no cutoff bounds), then each later wave once the
+    waves before it are done, with the cutoffs plan_subsets gives it (`cutoffs_of`). A
+    forked worker takes the parts one at a time while the caller searches; once its own
+    search is done, the caller takes parts too, here (`collect`), so that neither waits for
+    the other while a part is left. `plan_subsets(early=...)` collects them."""
 
-    def __init__(self, pool, futures: dict, backend: str, then=None) -> None:
+    def __init__(self, pool, jobs: list, waves: list[list[int]], cutoffs_of,
+                 backend: str) -> None:
         import threading
+        from collections import deque
 
         self.backend = backend
         """The backend the parts are costed for (plan_subsets ignores them for another)."""
-        self._pool, self._futures = pool, dict(futures)
-        self._lock, self._stopped = threading.Lock(), False
-        self._thread = None
-        if then is not None:        # (the later waves, cutoffs of a wave from the found)
-            self._thread = threading.Thread(target=self._later_waves, args=then, daemon=True)
-            self._thread.start()
+        self._pool, self._jobs = pool, jobs
+        self._waves, self._cutoffs_of = waves, cutoffs_of
+        self._cond = threading.Condition()
+        self._wave, self._todo = 0, deque((i, None) for i in waves[0])
+        self._found: dict = {}
+        self._busy, self._handed, self._stopped, self._error = 0, 0, False, None
+        # the worker is forked at the first submit: here, in the caller's thread, and not
+        # from the thread that feeds it while the caller searches
+        first = self._take()
+        global _FORKED_JOBS
+        _FORKED_JOBS = jobs
+        try:
+            future = pool.submit(_best_on_forked_job, *first)
+        finally:
+            _FORKED_JOBS = []
+        self._thread = threading.Thread(target=self._feed, args=(first, future), daemon=True)
+        self._thread.start()
 
-    def _later_waves(self, waves, cutoffs_of) -> None:
-        from concurrent.futures import wait
+    def _take(self) -> tuple[int, float | None] | None:
+        """The next (part, cutoff) to search: of the wave being handed out, or, once its last
+        parts are in, of the next wave (waiting for them); None when none is left."""
+        with self._cond:
+            while True:
+                if self._stopped or self._error is not None:
+                    return None
+                if self._todo:
+                    self._busy += 1
+                    self._handed += 1
+                    return self._todo.popleft()
+                if self._busy:          # the wave's last parts: the next one's cutoffs wait
+                    self._cond.wait()
+                    continue
+                if self._wave + 1 >= len(self._waves):
+                    return None
+                self._wave += 1
+                wave = self._waves[self._wave]
+                self._todo.extend(zip(wave, self._cutoffs_of(wave, dict(self._found))))
 
-        for wave in waves:
-            with self._lock:
-                started = dict(self._futures)
-            wait(started.values())
-            if any(f.cancelled() or f.exception() is not None for f in started.values()):
-                return              # collect() raises it; plan_subsets runs the rest itself
-            cutoffs = cutoffs_of(wave, {i: f.result() for i, f in started.items()})
-            with self._lock:
-                if self._stopped:
-                    return
-                for i, c in zip(wave, cutoffs):
-                    self._futures[i] = self._pool.submit(_best_on_forked_job, i, c)
+    def _put(self, i: int, found=None, error: BaseException | None = None) -> None:
+        with self._cond:
+            self._busy -= 1
+            if error is not None:
+                self._error = self._error or error
+            else:
+                self._found[i] = found
+            self._cond.notify_all()
+
+    def _feed(self, task, future) -> None:
+        """The worker's share: one part at a time (none queued that the caller could take)."""
+        while True:
+            try:
+                found = future.result()
+            except BaseException as exc:        # noqa: BLE001 -- collect() raises it
+                self._put(task[0], error=exc)
+                return
+            self._put(task[0], found)
+            task = self._take()
+            if task is None:
+                return
+            try:
+                future = self._pool.submit(_best_on_forked_job, *task)
+            except BaseException as exc:        # noqa: BLE001 -- the pool was shut down
+                self._put(task[0], error=exc)
+                return
 
     def collect(self) -> dict:
-        """{part index: (best, reason, dominated)} of the parts searched or being searched;
-        those not started yet are dropped (the caller, its own search done, has the CPUs to
-        search them: plan_subsets does, with the same cutoffs). The processes are then let
-        go."""
+        """{part index: (best, reason, dominated)} of every part: the caller searches those
+        left here, one at a time beside the worker, then waits for the worker's last. The
+        worker is then let go."""
         try:
-            with self._lock:
-                self._stopped = True
-                futures = {i: f for i, f in self._futures.items() if not f.cancel()}
-            return {i: f.result() for i, f in futures.items()}
+            while (task := self._take()) is not None:
+                try:
+                    found = _best_on_job(self._jobs[task[0]], task[1])
+                except BaseException as exc:
+                    self._put(task[0], error=exc)
+                    raise
+                self._put(task[0], found)
+            self._thread.join()
+            if self._error is not None:
+                raise self._error
+            return dict(self._found)
+        except BaseException:
+            self.cancel()
+            raise
         finally:
-            if self._thread is not None:
-                self._thread.join()
             self._pool.shutdown()
 
     def cancel(self) -> None:
         """Stop the searches (the caller's own failed or was interrupted)."""
-        with self._lock:
+        with self._cond:
             self._stopped = True
-            futures = list(self._futures.values())
-        for f in futures:
-            f.cancel()
+            self._cond.notify_all()
         for proc in list(getattr(self._pool, "_processes", {}).values()):
             proc.terminate()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -638,42 +689,36 @@ class EarlySubsets:
 
 def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
                   cost_params: CostParams | None = None, simulate_top: int | None = None,
-                  backend: str | None = None, limit: int = MAX_SUBSETS, workers: int = 1
-                  ) -> EarlySubsets | None:
-    """Start `plan_subsets`' waves in forked processes, one CPU fewer than `workers` (the
-    caller's search of the whole cluster takes one), so that they run beside that search:
-    each node group alone first, then each later wave as the one before it ends, with the
-    cutoffs plan_subsets gives it (`_wave_basis`: the whole cluster's plan is not among
-    them). None where there is one node group, a single CPU or no fork. Give the result to
+                  backend: str | None = None, limit: int = MAX_SUBSETS, workers: int = 1,
+                  shared: SharedRows | None = None) -> EarlySubsets | None:
+    """Start `plan_subsets`' waves beside the caller's search of the whole cluster, in forked
+    processes, one CPU fewer than `workers` (that search takes one): each node group alone
+    first, then each later wave once the one before it is done, with the cutoffs
+    plan_subsets gives it (`_wave_basis`: the whole cluster's plan is not among them). None
+    where there is one node group, a single CPU or no fork. Give the result to
     plan_subsets(early=...) with the same spec and options (a spec that names its backend:
-    plan_subsets drops parts costed for another backend than its spec's)."""
+    plan_subsets drops parts costed for another backend than its spec's); the caller then
+    searches what is left beside the workers, with `shared` (give the SharedRows its own
+    search fills)."""
     parts = cluster_subsets(spec.cluster, limit)
     waves = _subset_waves(spec.cluster, parts)
-    first = waves[0] if _alone_first(spec.cluster, parts, waves) else []
-    context = _fork_context() if workers > 1 and first else None
+    context = _fork_context() if workers > 1 and _alone_first(spec.cluster, parts, waves) \
+        else None
     if context is None:
         return None
     from concurrent.futures import ProcessPoolExecutor
 
-    global _FORKED_JOBS
-    _FORKED_JOBS = _subset_jobs(spec, parts, measurements=measurements,
-                                cost_params=cost_params, simulate_top=simulate_top,
-                                backend=backend)
-    # under fork every worker is started at the first submit, while they have the jobs
-    pool = ProcessPoolExecutor(max_workers=min(workers - 1, max(map(len, waves))),
-                               mp_context=context)
-    try:
-        futures = {i: pool.submit(_best_on_forked_job, i, None) for i in first}
-    finally:
-        _FORKED_JOBS = []
+    jobs = _subset_jobs(spec, parts, measurements=measurements, cost_params=cost_params,
+                        simulate_top=simulate_top, backend=backend, shared=shared)
 
     def cutoffs_of(wave, found: dict) -> list[float | None]:
         out = {(i,): _subset_plan(spec, parts[i], f, None) for i, f in found.items()}
         return _wave_cutoffs(spec, parts, wave, _wave_basis(
             spec.cluster, parts, waves, waves.index(wave), out))
 
-    return EarlySubsets(pool, futures, spec.training.backend,
-                        then=(waves[1:], cutoffs_of) if len(waves) > 1 else None)
+    pool = ProcessPoolExecutor(max_workers=min(workers - 1, max(map(len, waves))),
+                               mp_context=context)
+    return EarlySubsets(pool, jobs, waves, cutoffs_of, spec.training.backend)
 
 
 def groups_alone_uses(cluster: Cluster) -> tuple[tuple[tuple[int, int], ...], ...]:
@@ -721,10 +766,15 @@ _FORKED_JOBS: list = []
 
 
 def _best_on_forked_job(i: int, cutoff_s: float | None) -> tuple[Estimate | None, str, bool]:
-    """(the best plan, "", False) on subset `i` of `plan_subsets`' jobs, no plan at or above
-    `cutoff_s` wanted; (None, why nothing fits, False); or (None, what beats it, True)
-    where a plan found elsewhere dominates every plan here."""
-    spec, uses, kw = _FORKED_JOBS[i]
+    """`_best_on_job` on subset `i` of `plan_subsets`' jobs (`_FORKED_JOBS`)."""
+    return _best_on_job(_FORKED_JOBS[i], cutoff_s)
+
+
+def _best_on_job(job, cutoff_s: float | None) -> tuple[Estimate | None, str, bool]:
+    """(the best plan, "", False) on a subset's job (spec, uses, plan()'s keywords), no plan
+    at or above `cutoff_s` wanted; (None, why nothing fits, False); or (None, what beats it,
+    True) where a plan found elsewhere dominates every plan here."""
+    spec, uses, kw = job
     kw = {**kw, "cutoff_s": cutoff_s}
     try:
         return plan_on_subset(spec, uses, **kw).best, "", False

@@ -232,9 +232,9 @@ def test_subsets_in_forked_workers_are_the_same_as_one_after_another():
 
 def test_every_wave_started_beside_the_whole_search_gives_the_same_plans():
     """4 + 4 nodes: 14 parts, the groups alone and then three waves of SUBSET_WAVE; the early
-    searches chain the waves (each from the ones before it), and plan_subsets runs what they
-    had not started: the same plans, reasons and order as one process, whether it collects
-    them before the first wave ends or after every wave did."""
+    worker chains the waves (each from the ones before it), and plan_subsets searches what it
+    had not taken beside it: the same plans, reasons and order as one process, whether it
+    collects them before the first wave ends or after the worker took every part."""
     import time
 
     from amp_search.planner import SUBSET_WAVE, _subset_waves
@@ -247,9 +247,8 @@ def test_every_wave_started_beside_the_whole_search_gives_the_same_plans():
     assert plan_subsets(spec, whole, workers=2, early=start_subsets(spec, workers=2)) == one
     early = start_subsets(spec, workers=2)
     deadline = time.monotonic() + 120
-    while len(early._futures) < len(cluster_subsets(spec.cluster)) and \
-            time.monotonic() < deadline:
-        time.sleep(0.05)                # every wave submitted: the last one started early
+    while early._handed < len(cluster_subsets(spec.cluster)) and time.monotonic() < deadline:
+        time.sleep(0.05)                # the worker took every part: the last wave too
     assert plan_subsets(spec, whole, workers=2, early=early) == one
 
 
@@ -347,3 +346,25 @@ def test_the_subsets_table_fits_80_columns_and_says_what_it_left_out(write_spec,
     text = " ".join(out.split())
     assert "smaller parts were not planned (--max-subsets 5" in text
     assert "Left out for the terminal's width:" in text
+
+
+def test_a_part_that_fails_in_this_process_stops_the_early_worker(monkeypatch):
+    """The caller searches parts beside the early worker (EarlySubsets.collect); an error
+    there (or an interrupt) stops the worker and reaches the caller."""
+    import amp_search.planner as planner
+
+    spec = parse_spec(_priced(h100=4, a100=4))
+    whole = plan(spec)
+    early = start_subsets(spec, workers=2)      # the worker takes one part of 14 at a time
+    processes = list(early._pool._processes.values())
+    assert processes
+
+    def fails(job, cutoff_s):
+        raise RuntimeError("a part failed")
+
+    monkeypatch.setattr(planner, "_best_on_job", fails)
+    with pytest.raises(RuntimeError, match="a part failed"):
+        plan_subsets(spec, whole, workers=2, early=early)
+    for proc in processes:
+        proc.join(timeout=30)
+        assert not proc.is_alive()

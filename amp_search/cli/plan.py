@@ -572,9 +572,10 @@ def run_plan(args) -> int:
     if with_subsets and not spec.other_backends:
         from ..planner import start_subsets
 
-        # each node group alone, beside the whole cluster's search (the backend is known)
+        # the parts' waves in a worker beside the whole cluster's search (the backend is
+        # known); plan_subsets then searches what is left beside that worker
         early = start_subsets(spec, measurements=measurements, simulate_top=simulate_top,
-                              limit=args.max_subsets, workers=workers)
+                              limit=args.max_subsets, workers=workers, shared=shared)
     try:
         result: Plan = plan_backends(spec, measurements=measurements,
                                      progress=not args.no_progress and sys.stderr.isatty(),
