@@ -15,6 +15,7 @@ Used by the planner (amp_search.planner) and the simulator's input builder
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -81,9 +82,11 @@ class PlacedLayout:
 
     placement: np.ndarray
     """[stage, replica, tensor rank] -> device id."""
-    placement_tuple: tuple
     stage_gpus: list
-    """Per stage: the indices (into CostModel.gpus) of its device types."""
+    """Per stage: the indices (into CostModel.gpus) of its device types (an array; stages
+    with the same types share one: read only)."""
+    stage_types: list
+    """The same as tuples of ints (dictionary keys)."""
     capacity_bytes: np.ndarray
     """[pp] memory of each stage's smallest device."""
     tp_links: tuple | None
@@ -98,6 +101,12 @@ class PlacedLayout:
     cp_links: tuple | None = None
     """The same for the context-parallel rings (the cp ranks of one data replica and tensor
     rank); None: cp 1."""
+
+    @cached_property
+    def placement_tuple(self) -> tuple:
+        """`placement` as nested tuples (a Strategy's placement): made for the placements
+        costed, not for every one the search bounds."""
+        return as_tuple(self.placement)
 
 
 @dataclass(frozen=True)
@@ -235,6 +244,7 @@ class CostModel:
         self._floor_passes = {ck: np.array([max(block_passes(l, ck), 1) for l in layers],
                                            dtype=float) for ck in (False, True)}
         self._placement_cache: dict = {}
+        self._type_sets: dict = {}        # _stage_types: a set's bit code -> (array, tuple)
         self._placed_bounds: dict = {}      # lower_bound_s: (order name, candidate) -> rows
         # what `tp_floor_s` and the device types' rows depend on besides the candidate
         self._types_and_links = tuple(g.name for g in self.gpus) + tuple(
@@ -374,7 +384,7 @@ class CostModel:
         key = ("cp-core", id(layout), c.tmp, c.mbs, c.cp)
         hit = self._fixed_cache.get(key)
         if hit is None or hit[0] is not layout:     # [pp, L]: each stage's slowest core
-            stages = [tuple(types.tolist()) for types in layout.stage_gpus]
+            stages = layout.stage_types
             slowest = {t: np.max([cores[g] for g in t], axis=0) for t in set(stages)}
             hit = self._fixed_cache[key] = (layout, np.array([slowest[t] for t in stages]))
         core = hit[1]
@@ -679,7 +689,7 @@ class CostModel:
         sync, and the P2P floors of 1F1B's steady state."""
         p = self.params
         layout = self.layout(c, order)
-        types = [tuple(t.tolist()) for t in layout.stage_gpus]
+        types = layout.stage_types
         passes = {t: self.stage_pass_times_s(t, c).sum(axis=0) for t in set(types)}
         rows = np.stack([passes[t] for t in types])
         if c.layer_collectives:
@@ -947,15 +957,27 @@ class CostModel:
         if c.pp > 1:
             r = p2p_links(self.cluster_for["p2p"], placement, **scale)
             p2p = (r.bandwidth_bytes_per_s, r.crosses_nodes)
+        stage_gpus, stage_types = self._stage_types(placement)
         hit = PlacedLayout(
-            placement=placement, placement_tuple=as_tuple(placement),
-            stage_gpus=[np.flatnonzero(np.bincount(self.gpu_of_device[placement[j]].ravel()))
-                        for j in range(c.pp)],   # np.unique, without importing numpy.ma
+            placement=placement, stage_gpus=stage_gpus, stage_types=stage_types,
             capacity_bytes=self.capacity_bytes[placement.reshape(c.pp, -1)].min(axis=1),
             tp_links=tp, dp_links=dp, p2p_links=p2p, tp_kind_links=tp_kind, cp_links=cp)
         if key is not None:
             self._placement_cache[key] = hit
         return hit
+
+    def _stage_types(self, placement: np.ndarray) -> tuple[list, list]:
+        """([pp] arrays, [pp] tuples): the device types (indices into self.gpus) of each
+        stage of `placement`, ascending; stages with the same types share one array."""
+        pp = placement.shape[0]
+        present = np.zeros((pp, len(self.gpus)), dtype=bool)
+        present[np.arange(pp)[:, None], self.gpu_of_device[placement.reshape(pp, -1)]] = True
+        codes = (present << np.arange(len(self.gpus))).sum(axis=1).tolist()
+        sets = self._type_sets
+        for k in set(codes) - sets.keys():
+            types = np.flatnonzero((k >> np.arange(len(self.gpus))) & 1)
+            sets[k] = (types, tuple(types.tolist()))
+        return [sets[k][0] for k in codes], [sets[k][1] for k in codes]
 
     def stage_costs(self, c: Candidate, layout: PlacedLayout) -> StageCosts:
         """Every per-layer cost array of the strategy (cost_models' terms, vectorised)."""
@@ -972,7 +994,7 @@ class CostModel:
         ckpt = c.activation_checkpointing
         rows: dict = {}                 # stages holding the same device types cost the same
         for j in range(c.pp):
-            types = tuple(stage_gpus[j])
+            types = layout.stage_types[j]
             if types not in rows:
                 # device, host, optimizer, and the forward pass's device and host: per layer,
                 # the slowest device type's passes (stage_pass_times_s) and the slowest host's
