@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 
     from .placement import DeviceOrder
     from .costing import CostModel, PlacedLayout, StageCosts
+    from .spec import TrainingSpec
 
 DEFAULT_SIMULATE_TOP = 32
 """Strategies of the exact DP's ranking that `plan` simulates and re-orders by default.
@@ -188,10 +189,15 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
                      layer_s=weights * totals.T[:, :, None])
 
 
-def simulatable(s: Strategy) -> str | None:
-    """None if `s` can be simulated, else why not (one phrase)."""
+def simulatable(s: Strategy, training: "TrainingSpec | None" = None) -> str | None:
+    """None if `s` can be simulated (under the spec's `training`, where given), else why not
+    (one phrase)."""
     if s.zero_stage == 3 and s.pp > 1:
         return "ZeRO 3 with pp > 1 is not simulated (DeepSpeed's pipeline engine rejects it)"
+    if training is not None and s.virtual_stages > 1 and not training.overlap_p2p_comm:
+        # the interleaved run sends asynchronously, as Megatron-LM's default overlap does
+        return ("the interleaved schedule's blocking P2P (training.overlap_p2p_comm: false) "
+                "is not simulated")
     return None
 
 
@@ -209,7 +215,7 @@ def simulation_inputs(model: "CostModel", strategy: Strategy, *, schedule: str =
     Megatron's paired ones); order: the DeviceOrder the placement came from, whose layout
     the model has cached (else the placement is costed again). Raises ValueError for a
     strategy that `simulatable` refuses."""
-    why = simulatable(strategy)
+    why = simulatable(strategy, model.spec.training)
     if why is not None:
         raise ValueError(f"{strategy.label()}: {why}")
     overlap, bucket_elements = gradient_buckets(model, strategy, overlap, bucket_elements)
@@ -413,7 +419,7 @@ def with_simulation(model: "CostModel", e: Estimate, *, order: "DeviceOrder | No
     the reason in `time_source`, where the strategy cannot be simulated."""
     if e.simulated:
         return e
-    why = simulatable(e.strategy)
+    why = simulatable(e.strategy, model.spec.training)
     if why is not None:
         return replace(e, time_source=f"analytic ({why})")
     sim = simulate(model, e.strategy, order=order, use_numba=use_numba)

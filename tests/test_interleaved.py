@@ -427,6 +427,22 @@ def test_overlap_p2p_comm_off_waits_for_the_steady_states_p2p():
     text = " ".join(x.strip() for x in header_lines(off, plan(off, simulate_top=0), 200))
     assert "training.overlap_p2p_comm: false" in text
     assert "overlap_p2p_comm" not in " ".join(header_lines(on, plan(on, simulate_top=0), 200))
+    # the simulator's interleaved run sends asynchronously: with the blocking P2P the plan
+    # keeps the closed form for the strategies with chunks (and says why), simulates the rest
+    from amp_search.simulate import simulatable, with_simulation
+
+    from amp_search.costing import CostModel
+
+    model = CostModel(off)
+    assert "overlap_p2p_comm: false" in simulatable(b.strategy, off.training)
+    assert with_simulation(model, b).time_source.startswith("analytic (the interleaved")
+    assert with_simulation(model, b).iteration_time_s == b.iteration_time_s
+    assert simulatable(a.strategy, on.training) is None
+    assert with_simulation(CostModel(on), a).simulated
+    assert with_simulation(model, estimate(off, pp=4, dp=1, tmp=1, mbs=1)).simulated
+    ranked = plan(off).strategies
+    assert {e.simulated for e in ranked[:32]} == {True, False}
+    assert all(e.simulated == (e.strategy.virtual_stages == 1) for e in ranked[:32])
     with pytest.raises(SpecError) as err:
         spec(overlap_p2p_comm=False, backend="deepspeed")
     assert "training.overlap_p2p_comm" in str(err.value) and "backend megatron" in str(err.value)
@@ -456,6 +472,29 @@ def test_cli_estimate_shows_v_and_errors_are_one_line(write_spec, tmp_path, caps
     assert len(err.splitlines()) == 1 and "equal chunks" in err
     assert main(argv) == 0                          # v = 1: no v column
     assert " v " not in capsys.readouterr().out.splitlines()[0] + " "
+
+
+def test_cli_plan_says_why_the_blocking_interleaved_rows_are_not_simulated(write_spec, capsys,
+                                                                          monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+    path = write_spec({
+        "cluster": {"nodes": [{"gpu": "CPU-local", "count": 4, "gpus_per_node": 1,
+                               "intra_node_bandwidth": "10 GB/s",
+                               "inter_node_bandwidth": "1 Gbps"}]},
+        "model": {"preset": "gpt", "num_layers": 8, "hidden_size": 256,
+                  "num_attention_heads": 4, "seq_length": 64, "vocab_size": 1024},
+        "training": {"global_batch_size": 16, "precision": "fp32",
+                     "activation_checkpointing": "none", "backend": "megatron",
+                     "overlap_p2p_comm": False, "virtual_pipeline_stages": "search"}})
+    assert main(["plan", str(path), "--no-progress", "--top-k", "32", "--wide"]) == 0
+    flat = " ".join(capsys.readouterr().out.split())
+    assert "* the closed form, not simulated: the interleaved schedule's blocking P2P " \
+           "(training.overlap_p2p_comm: false) is not simulated." in flat
+    assert main(["plan", str(path), "--no-progress", "--json", "-"]) == 0
+    rows = json.loads(capsys.readouterr().out)["strategies"]
+    assert {r["time_source"].split(" (")[0] for r in rows
+            if r["virtual_stages"] > 1} == {"analytic"}
+    assert {r["time_source"] for r in rows[:8] if r["virtual_stages"] == 1} == {"simulated"}
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1])

@@ -151,7 +151,7 @@ def _run(args, spec, measurements, png) -> int:
 
     e, where = chosen_strategy(spec, args, measurements)
     spec = spec.for_backend(e.backend)      # a plan of several backends: the row's
-    why = simulatable(e.strategy)
+    why = simulatable(e.strategy, spec.training)
     if why is not None:
         raise UsageError(f"timeline: {e.strategy.label()}: {why}; give another strategy "
                          f"(--rank N, or --pp --dp --tmp --mbs with --zero-stage 0, 1 or 2)")
