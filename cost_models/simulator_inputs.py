@@ -11,6 +11,7 @@ Stage j's streams are 3j (activations sent to j+1), 3j+1 (gradients sent to j-1)
 (data-parallel collectives); each is first-in first-out, in flow id order."""
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -459,7 +460,21 @@ def compute_stream_order(schedule: str, p2p_mode: str, pp: int, gas: int, *, rec
     """(blocking, kind, microbatch, flows, peer): each stage's compute stream for
     `p2p_mode`, without the optimizer step; with blocking P2P (pp > 1) its sends and
     receives are tasks of it (flows [pp, n, q]: the P2P flows of each; peer: the other
-    stage), else flows and peer are None."""
+    stage), else flows and peer are None. The same arguments give the same (read-only)
+    arrays: a search simulates many strategies of one (pp, gas)."""
+    return _compute_stream_order(schedule, p2p_mode, int(pp), int(gas), bool(recompute))
+
+
+@functools.lru_cache(maxsize=256)
+def _compute_stream_order(schedule: str, p2p_mode: str, pp: int, gas: int, recompute: bool):
+    out = _stream_order(schedule, p2p_mode, pp, gas, recompute=recompute)
+    for a in out[1:]:
+        if a is not None:
+            a.flags.writeable = False
+    return out
+
+
+def _stream_order(schedule: str, p2p_mode: str, pp: int, gas: int, *, recompute: bool):
     blocking = p2p_mode != "async" and pp > 1
     kinds, micro = schedule_order(schedule, pp, gas, recompute=recompute)
     xfer = peer = None
