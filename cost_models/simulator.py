@@ -269,18 +269,22 @@ class SimulatedIteration:
         comp_kind = p["comp_kind"]
         K = comp_kind.shape[1]
         base = comp_kind.size
+        tasks = np.asarray(self.critical_path_tasks, dtype=np.int64)
+        comp = tasks < base
+        c, f = np.where(comp, tasks, 0), np.where(comp, 0, tasks - base)
+        if not p["f_owner"].size:           # no flows: every task computes
+            f_owner = f_kind = f_start = f_end = coll = np.zeros(1)
+        else:
+            f_owner, f_kind, f_start, f_end, coll = (p["f_owner"], p["f_kind"], p["f_start"],
+                                                     p["f_end"], p["coll_kind"])
+        stages = np.where(comp, c // K, f_owner[f]).astype(np.int64).tolist()
+        kinds = np.where(comp, comp_kind.ravel()[c],
+                         np.where(f_kind[f] == FLOW_P2P, SEND, coll[f])).astype(np.int64).tolist()
+        starts = np.where(comp, p["c_start"].ravel()[c], f_start[f]).astype(float).tolist()
+        ends = np.where(comp, p["c_end"].ravel()[c], f_end[f]).astype(float).tolist()
         out: list[list] = []
         prev_end = 0.0
-        for t in self.critical_path_tasks.tolist():
-            if t < base:
-                j, k = divmod(t, K)
-                kind, start, end = int(comp_kind[j, k]), p["c_start"][j, k], p["c_end"][j, k]
-            else:
-                f = t - base
-                j = int(p["f_owner"][f])
-                kind = SEND if p["f_kind"][f] == FLOW_P2P else int(p["coll_kind"][f])
-                start, end = p["f_start"][f], p["f_end"][f]
-            start, end = float(start), float(end)
+        for j, kind, start, end in zip(stages, kinds, starts, ends):
             counted = max(end - max(start, prev_end), 0.0)
             prev_end = max(prev_end, end)
             if out and out[-1][0] == j and out[-1][1] == kind:
