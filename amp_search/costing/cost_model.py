@@ -966,6 +966,15 @@ class CostModel:
             self._placement_cache[key] = hit
         return hit
 
+    def _row_params(self, gpu) -> tuple:
+        """What `stage_costs`' rows take from the coefficients for `gpu`: its compute scale,
+        kernel floor and host costs (fitted or the catalog's), by its name."""
+        p, n = self.params, gpu.name
+        return (n, p.compute(n), p.fixed_cost("kernel_floor_s", n, gpu.kernel_floor_s),
+                p.fixed_cost("host_block_pass_s", n, gpu.host_block_pass_s),
+                p.fixed_cost("host_tp_allreduce_per_rank_s", n,
+                             gpu.host_tp_allreduce_per_rank_s))
+
     def _stage_types(self, placement: np.ndarray) -> tuple[list, list]:
         """([pp] arrays, [pp] tuples): the device types (indices into self.gpus) of each
         stage of `placement`, ascending; stages with the same types share one array."""
@@ -996,6 +1005,15 @@ class CostModel:
         for j in range(c.pp):
             types = layout.stage_types[j]
             if types not in rows:
+                # kept for the other candidates and parts of the cluster (SharedRows) whose
+                # stages hold these types, by all the row depends on (the coefficients too)
+                key = ("stage-row", c.tmp, c.mbs, ckpt, c.selective_recompute,
+                       c.sequence_parallel, c.cp, c.ep, c.zero_stage, p.layer_overhead(c.pp),
+                       optimizer_share, p.zero_cost("zero_step_s_per_param", c.zero_stage),
+                       p.zero_cost("zero_microbatch_s_per_param", c.zero_stage),
+                       *(self._row_params(self.gpus[g]) for g in types))
+                rows[types] = self._type_rows.get(key)
+            if rows[types] is None:
                 # device, host, optimizer, and the forward pass's device and host: per layer,
                 # the slowest device type's passes (stage_pass_times_s) and the slowest host's
                 row = np.zeros((5, L))
@@ -1014,7 +1032,7 @@ class CostModel:
                                out=row[2])
                 passes = self.stage_pass_times_s(types, c)
                 row[0], row[3] = passes.sum(axis=0), passes[0]
-                rows[types] = row
+                rows[types] = self._type_rows[key] = row
             compute[j], host[j], optimizer[j], compute_forward[j], host_forward[j] = rows[types]
         if self.is_megatron_fsdp(c):    # each layer's pass: its compute or its unit's traffic
             fsdp_forward, fsdp_backward = self.fsdp_time_s(c, layout)
