@@ -324,10 +324,17 @@ def add_data_parallel_flows(columns: FlowColumns, links: LinksAndRoutes, *, pp: 
             for j in range(pp):
                 links.add(("dp", j), bw[j])
             routes = [[("dp", j)] for j in range(pp)]
-        else:
-            routes = list(routes)
-            if len(routes) != pp:
-                raise ValueError(f"dp_routes needs {pp} entries (one per stage)")
+            _add_private_dp_flows(columns, links, pp=pp, gas=gas, dp=dp, grad=grad,
+                                  gather=gather, dp_l=dp_l, bucket_bytes=bucket_bytes,
+                                  gradient_collective=gradient_collective, emitters=emitters,
+                                  chunk_emitters=chunk_emitters,
+                                  out=(stage_nb, stage_bptr, stage_buckets, gather_flow))
+            return DataParallelFlows(nb=stage_nb, bptr=stage_bptr, buckets=stage_buckets,
+                                     gather_flow=gather_flow, emitters=emitters,
+                                     latency_s=dp_l, routes=routes)
+        routes = list(routes)
+        if len(routes) != pp:
+            raise ValueError(f"dp_routes needs {pp} entries (one per stage)")
         n_flows = len(columns)
         for j in range(pp):
             stream = 3 * j + 2
@@ -368,6 +375,64 @@ def add_data_parallel_flows(columns: FlowColumns, links: LinksAndRoutes, *, pp: 
     return DataParallelFlows(nb=stage_nb, bptr=stage_bptr, buckets=stage_buckets,
                              gather_flow=gather_flow, emitters=emitters, latency_s=dp_l,
                              routes=routes if dp > 1 else None)
+
+
+def _add_private_dp_flows(columns: FlowColumns, links: LinksAndRoutes, *, pp: int, gas: int,
+                          dp: int, grad: np.ndarray, gather: np.ndarray, dp_l: np.ndarray,
+                          bucket_bytes: float, gradient_collective: str, emitters: int,
+                          chunk_emitters: int, out) -> None:
+    """`add_data_parallel_flows` over a private link ("dp", j) per stage: the same flows, in
+    the same order (each stage's buckets, then its all-gather), as one block of columns and
+    one of routes instead of a few small arrays per stage. `out`: the (nb, bptr, buckets,
+    gather_flow) arrays to fill."""
+    stage_nb, stage_bptr, stage_buckets, gather_flow = out
+    sizes, fracs = [], []
+    for j, g in enumerate(grad.tolist()):
+        nb = int(math.ceil(g / bucket_bytes)) if g > 0 else 0
+        if nb * emitters > MAX_BUCKETS_PER_STAGE:
+            raise ValueError(f"stage {j}: {g:.3g} gradient bytes in buckets of "
+                             f"{bucket_bytes:.3g} bytes make {nb * emitters} buckets; at "
+                             f"most {MAX_BUCKETS_PER_STAGE} are simulated")
+        stage_nb[j] = nb
+        if nb:
+            size, frac = _bucket_sizes(grad[j], bucket_bytes, nb)
+            sizes.append(np.tile(size, emitters))
+            fracs.append(np.tile(frac, emitters))
+    stage_buckets[:] = stage_nb * emitters
+    has_gather = gather > 0
+    per_stage = stage_buckets + has_gather
+    start = len(columns) + np.concatenate([[0], np.cumsum(per_stage)[:-1]]).astype(np.int64)
+    stage_bptr[:] = start
+    gather_flow[:] = np.where(has_gather, start + stage_buckets, -1)
+    total = int(per_stage.sum())
+    if total == 0:
+        return
+    stage = np.repeat(np.arange(pp), per_stage)
+    # each flow's place in its stage's block: the buckets first, then the all-gather
+    place = np.arange(total) - np.repeat(start - len(columns), per_stage)
+    is_gather = place >= stage_buckets[stage]
+    bucket = ~is_gather
+    nb_of = stage_nb[stage]
+    kind = np.where(is_gather, FLOW_GATHER, FLOW_BUCKET)
+    latency = np.where(is_gather, comm.latency_steps("all_gather", dp) * dp_l[stage],
+                       comm.latency_steps(gradient_collective, dp) * dp_l[stage])
+    wire = np.zeros(total)
+    frac = np.zeros(total)
+    if sizes:
+        wire[bucket] = comm.bus_factor(gradient_collective, dp) * np.concatenate(sizes)
+        frac[bucket] = np.concatenate(fracs)
+    wire[is_gather] = comm.bus_factor("all_gather", dp) * gather[stage[is_gather]]
+    # a bucket's index among its stage's: emitter e's nb buckets come e-th
+    k = np.where(bucket, place, 0)
+    nb_safe = np.maximum(nb_of, 1)
+    micro = np.where(is_gather, -1, gas - 1 if chunk_emitters
+                     else gas - emitters + k // nb_safe)
+    columns.add(stream=3 * stage + 2, owner=stage, wake=stage, kind=kind, latency_s=latency,
+                wire_bytes=wire, bucket_frac=frac, microbatch=micro,
+                peer=np.where(is_gather, -1, k % nb_safe),
+                count=np.where(is_gather, 0, nb_of))
+    links.route_indices(np.array([links.index[("dp", j)] for j in range(pp)])[stage],
+                        (3 * stage + 2).tolist())
 
 
 def _bucket_sizes(grad: float, bucket_bytes: float, nb: int) -> tuple[np.ndarray, np.ndarray]:
