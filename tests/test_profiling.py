@@ -433,8 +433,22 @@ def _cli(argv):
     return args.func(args)
 
 
-def test_cli_profile_writes_and_prints(tmp_path, capsys):
+def test_cli_profile_writes_and_prints(tmp_path, capsys, monkeypatch):
     import yaml
+
+    import amp_search.launch
+    from amp_search.launch.orchestrator import TrialRecord
+
+    # the framework probe's trials answered here: 1 s per iteration and 0.5 s per
+    # micro-batch, far above what the model predicts for the tiny model (milliseconds), so
+    # the fitted overheads are close to those (tests/test_framework_overheads.py runs the
+    # trials for real: a minute of DeepSpeed starts on this machine, for the same code path)
+    def trials(spec, items, options=None, **kw):
+        return [TrialRecord(index=i, label=s.label(), strategy=s, predicted_s=None,
+                            status="ok", measured_mean_s=1.0 + 0.5 * s.gas)
+                for i, s in enumerate(items)]
+
+    monkeypatch.setattr(amp_search.launch, "run_trials", trials)
 
     spec_path = tmp_path / "s.yaml"
     spec_path.write_text(yaml.safe_dump(tiny_spec_data()))
@@ -459,7 +473,10 @@ def test_cli_profile_writes_and_prints(tmp_path, capsys):
     assert LayerProfile.load(tmp_path / "c.json").settings["concurrent"] == 1
     # the framework probe ran, was printed and was stored with the profile
     assert "framework overheads:" in text and "ms per micro-batch" in text
-    assert LayerProfile.load(tmp_path / "c.json").framework_overheads is not None
+    fw = LayerProfile.load(tmp_path / "c.json").framework_overheads
+    assert fw is not None and [p.gas for p in fw.probes] == [1, 8]
+    assert fw.microbatch_overhead_s == pytest.approx(0.5, rel=0.05)
+    assert fw.step_overhead_s == pytest.approx(1.0, rel=0.05)
     assert _cli(["profile", str(spec_path), "--device", "cpu", "--tmp", "1", "--mbs", "1",
                  "--warmup", "0", "--repeats", "1", "--concurrent", "1", "--out",
                  str(tmp_path / "d.json"), "--no-progress", "--no-speed-probe",
