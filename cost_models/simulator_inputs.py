@@ -309,83 +309,52 @@ def add_data_parallel_flows(columns: FlowColumns, links: LinksAndRoutes, *, pp: 
     gather = nonnegative_floats("gather_bytes_after_step", gather_bytes_after_step, pp,
                                 default=0.0)
     dp_l = nonnegative_floats("dp_latency_s", latency_s, pp, default=0.0)
-    stage_nb = np.zeros(pp, dtype=np.int64)
-    stage_bptr = np.zeros(pp, dtype=np.int64)
-    stage_buckets = np.zeros(pp, dtype=np.int64)
-    gather_flow = np.full(pp, -1, dtype=np.int64)
     emitters = chunk_emitters or (gas if reduce_every_microbatch else 1)
-    if dp > 1:
-        if routes is None:
-            if bandwidth is None:
-                raise ValueError("dp > 1 needs dp_bandwidth_bytes_per_s or dp_routes")
-            bw = np.asarray(bandwidth, dtype=float).reshape(-1)
-            if bw.shape[0] != pp:
-                raise ValueError(f"dp_bandwidth_bytes_per_s needs {pp} values")
-            for j in range(pp):
-                links.add(("dp", j), bw[j])
-            routes = [[("dp", j)] for j in range(pp)]
-            _add_private_dp_flows(columns, links, pp=pp, gas=gas, dp=dp, grad=grad,
-                                  gather=gather, dp_l=dp_l, bucket_bytes=bucket_bytes,
-                                  gradient_collective=gradient_collective, emitters=emitters,
-                                  chunk_emitters=chunk_emitters,
-                                  out=(stage_nb, stage_bptr, stage_buckets, gather_flow))
-            return DataParallelFlows(nb=stage_nb, bptr=stage_bptr, buckets=stage_buckets,
-                                     gather_flow=gather_flow, emitters=emitters,
-                                     latency_s=dp_l, routes=routes)
+    if dp == 1:
+        zeros = np.zeros(pp, dtype=np.int64)
+        return DataParallelFlows(nb=zeros, bptr=zeros.copy(), buckets=zeros.copy(),
+                                 gather_flow=np.full(pp, -1, dtype=np.int64),
+                                 emitters=emitters, latency_s=dp_l, routes=None)
+    private = routes is None
+    if private:
+        if bandwidth is None:
+            raise ValueError("dp > 1 needs dp_bandwidth_bytes_per_s or dp_routes")
+        bw = np.asarray(bandwidth, dtype=float).reshape(-1)
+        if bw.shape[0] != pp:
+            raise ValueError(f"dp_bandwidth_bytes_per_s needs {pp} values")
+        for j in range(pp):
+            links.add(("dp", j), bw[j])
+        routes = [[("dp", j)] for j in range(pp)]
+    else:
         routes = list(routes)
         if len(routes) != pp:
             raise ValueError(f"dp_routes needs {pp} entries (one per stage)")
-        n_flows = len(columns)
-        for j in range(pp):
-            stream = 3 * j + 2
-            nb = int(math.ceil(grad[j] / bucket_bytes)) if grad[j] > 0 else 0
-            if nb * emitters > MAX_BUCKETS_PER_STAGE:
-                raise ValueError(f"stage {j}: {grad[j]:.3g} gradient bytes in buckets of "
-                                 f"{bucket_bytes:.3g} bytes make {nb * emitters} buckets; at "
-                                 f"most {MAX_BUCKETS_PER_STAGE} are simulated")
-            stage_nb[j] = nb
-            stage_bptr[j] = n_flows
-            stage_buckets[j] = nb * emitters
-            if nb:
-                sizes, frac = _bucket_sizes(grad[j], bucket_bytes, nb)
-                n = nb * emitters
-                columns.add(
-                    stream=np.full(n, stream), owner=np.full(n, j), wake=np.full(n, j),
-                    kind=np.full(n, FLOW_BUCKET),
-                    latency_s=np.full(n, comm.latency_steps(gradient_collective, dp) * dp_l[j]),
-                    wire_bytes=np.tile(comm.bus_factor(gradient_collective, dp) * sizes,
-                                       emitters),
-                    bucket_frac=np.tile(frac, emitters),
-                    microbatch=np.full(n, gas - 1) if chunk_emitters
-                    else np.repeat(np.arange(gas - emitters, gas), nb),
-                    peer=np.tile(np.arange(nb), emitters), count=np.full(n, nb))
-                links.route(routes[j], stream, n)
-                n_flows += n
-            if gather[j] > 0:
-                gather_flow[j] = n_flows
-                columns.add(
-                    stream=np.array([stream]), owner=np.array([j]), wake=np.array([j]),
-                    kind=np.array([FLOW_GATHER]),
-                    latency_s=np.array([comm.latency_steps("all_gather", dp) * dp_l[j]]),
-                    wire_bytes=np.array([comm.bus_factor("all_gather", dp) * gather[j]]),
-                    bucket_frac=np.zeros(1), microbatch=np.array([-1]), peer=np.array([-1]),
-                    count=np.zeros(1))
-                links.route(routes[j], stream)
-                n_flows += 1
-    return DataParallelFlows(nb=stage_nb, bptr=stage_bptr, buckets=stage_buckets,
-                             gather_flow=gather_flow, emitters=emitters, latency_s=dp_l,
-                             routes=routes if dp > 1 else None)
+    nb, bptr, stage = _add_dp_flow_block(
+        columns, pp=pp, gas=gas, dp=dp, grad=grad, gather=gather, dp_l=dp_l,
+        bucket_bytes=bucket_bytes, gradient_collective=gradient_collective,
+        emitters=emitters, chunk_emitters=chunk_emitters)
+    # every flow of stage j (its buckets, then its all-gather) over routes[j]
+    if private:
+        links.route_indices(np.array([links.index[("dp", j)] for j in range(pp)])[stage],
+                            (3 * stage + 2).tolist())
+    else:
+        for j, n in enumerate(np.bincount(stage, minlength=pp).tolist()):
+            if n:
+                links.route(routes[j], 3 * j + 2, n)
+    buckets = nb * emitters
+    return DataParallelFlows(nb=nb, bptr=bptr, buckets=buckets,
+                             gather_flow=np.where(gather > 0, bptr + buckets, -1),
+                             emitters=emitters, latency_s=dp_l, routes=routes)
 
 
-def _add_private_dp_flows(columns: FlowColumns, links: LinksAndRoutes, *, pp: int, gas: int,
-                          dp: int, grad: np.ndarray, gather: np.ndarray, dp_l: np.ndarray,
-                          bucket_bytes: float, gradient_collective: str, emitters: int,
-                          chunk_emitters: int, out) -> None:
-    """`add_data_parallel_flows` over a private link ("dp", j) per stage: the same flows, in
-    the same order (each stage's buckets, then its all-gather), as one block of columns and
-    one of routes instead of a few small arrays per stage. `out`: the (nb, bptr, buckets,
-    gather_flow) arrays to fill."""
-    stage_nb, stage_bptr, stage_buckets, gather_flow = out
+def _add_dp_flow_block(columns: FlowColumns, *, pp: int, gas: int, dp: int, grad: np.ndarray,
+                       gather: np.ndarray, dp_l: np.ndarray, bucket_bytes: float,
+                       gradient_collective: str, emitters: int, chunk_emitters: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`add_data_parallel_flows`' flows, as one block of columns: each stage's buckets, then
+    its all-gather. Returns each stage's buckets per emitter (nb), its first flow's id (bptr)
+    and each added flow's stage."""
+    stage_nb = np.zeros(pp, dtype=np.int64)
     sizes, fracs = [], []
     for j, g in enumerate(grad.tolist()):
         nb = int(math.ceil(g / bucket_bytes)) if g > 0 else 0
@@ -398,22 +367,20 @@ def _add_private_dp_flows(columns: FlowColumns, links: LinksAndRoutes, *, pp: in
             size, frac = _bucket_sizes(grad[j], bucket_bytes, nb)
             sizes.append(np.tile(size, emitters))
             fracs.append(np.tile(frac, emitters))
-    stage_buckets[:] = stage_nb * emitters
+    stage_buckets = stage_nb * emitters
     has_gather = gather > 0
     per_stage = stage_buckets + has_gather
-    start = len(columns) + np.concatenate([[0], np.cumsum(per_stage)[:-1]]).astype(np.int64)
-    stage_bptr[:] = start
-    gather_flow[:] = np.where(has_gather, start + stage_buckets, -1)
+    first = np.concatenate([[0], np.cumsum(per_stage)[:-1]]).astype(np.int64)
     total = int(per_stage.sum())
-    if total == 0:
-        return
     stage = np.repeat(np.arange(pp), per_stage)
+    bptr = len(columns) + first
+    if total == 0:
+        return stage_nb, bptr, stage
     # each flow's place in its stage's block: the buckets first, then the all-gather
-    place = np.arange(total) - np.repeat(start - len(columns), per_stage)
+    place = np.arange(total) - np.repeat(first, per_stage)
     is_gather = place >= stage_buckets[stage]
     bucket = ~is_gather
     nb_of = stage_nb[stage]
-    kind = np.where(is_gather, FLOW_GATHER, FLOW_BUCKET)
     latency = np.where(is_gather, comm.latency_steps("all_gather", dp) * dp_l[stage],
                        comm.latency_steps(gradient_collective, dp) * dp_l[stage])
     wire = np.zeros(total)
@@ -427,12 +394,12 @@ def _add_private_dp_flows(columns: FlowColumns, links: LinksAndRoutes, *, pp: in
     nb_safe = np.maximum(nb_of, 1)
     micro = np.where(is_gather, -1, gas - 1 if chunk_emitters
                      else gas - emitters + k // nb_safe)
-    columns.add(stream=3 * stage + 2, owner=stage, wake=stage, kind=kind, latency_s=latency,
+    columns.add(stream=3 * stage + 2, owner=stage, wake=stage,
+                kind=np.where(is_gather, FLOW_GATHER, FLOW_BUCKET), latency_s=latency,
                 wire_bytes=wire, bucket_frac=frac, microbatch=micro,
                 peer=np.where(is_gather, -1, k % nb_safe),
                 count=np.where(is_gather, 0, nb_of))
-    links.route_indices(np.array([links.index[("dp", j)] for j in range(pp)])[stage],
-                        (3 * stage + 2).tolist())
+    return stage_nb, bptr, stage
 
 
 def _bucket_sizes(grad: float, bucket_bytes: float, nb: int) -> tuple[np.ndarray, np.ndarray]:
