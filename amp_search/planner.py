@@ -578,12 +578,13 @@ def _subset_jobs(spec: Spec, parts, *, shared: SharedRows | None = None,
 class EarlySubsets:
     """`plan_subsets`' waves searched beside the caller's search of the whole cluster: each
     node group alone (the first wave, which no cutoff bounds), then each later wave once the
-    waves before it are done, with the cutoffs plan_subsets gives it (`cutoffs_of`). A
-    forked worker takes the parts one at a time while the caller searches; once its own
-    search is done, the caller takes parts too, here (`collect`), so that neither waits for
-    the other while a part is left. `plan_subsets(early=...)` collects them."""
+    waves before it are done, with the cutoffs plan_subsets gives it (`cutoffs_of`). Each
+    of the pool's `workers` forked processes takes the parts one at a time while the caller
+    searches; once its own search is done, the caller takes parts too, here (`collect`), so
+    that none waits for another while a part is left. `plan_subsets(early=...)` collects
+    them."""
 
-    def __init__(self, pool, jobs: list, waves: list[list[int]], cutoffs_of,
+    def __init__(self, pool, workers: int, jobs: list, waves: list[list[int]], cutoffs_of,
                  backend: str) -> None:
         import threading
         from collections import deque
@@ -595,9 +596,9 @@ class EarlySubsets:
         self._cond = threading.Condition()
         self._wave, self._todo = 0, deque((i, None) for i in waves[0])
         self._found: dict = {}
-        self._busy, self._handed, self._stopped, self._error = 0, 0, False, None
-        # the worker is forked at the first submit: here, in the caller's thread, and not
-        # from the thread that feeds it while the caller searches
+        self._busy, self._stopped, self._error = 0, False, None
+        # the pool forks its `workers` processes at the first submit: here, in the caller's
+        # thread, and not from a thread that feeds them while the caller searches
         first = self._take()
         global _FORKED_JOBS
         _FORKED_JOBS = jobs
@@ -605,8 +606,17 @@ class EarlySubsets:
             future = pool.submit(_best_on_forked_job, *first)
         finally:
             _FORKED_JOBS = []
-        self._thread = threading.Thread(target=self._feed, args=(first, future), daemon=True)
-        self._thread.start()
+        # one feeding thread per worker process, each giving it one part at a time
+        self._threads = [threading.Thread(target=self._feed, args=(first, future) if k == 0
+                                          else (None, None), daemon=True)
+                         for k in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def handed_out(self) -> bool:
+        """Whether every part was taken (by the workers, or by `collect`)."""
+        with self._cond:
+            return self._wave == len(self._waves) - 1 and not self._todo
 
     def _take(self) -> tuple[int, float | None] | None:
         """The next (part, cutoff) to search: of the wave being handed out, or, once its last
@@ -617,7 +627,6 @@ class EarlySubsets:
                     return None
                 if self._todo:
                     self._busy += 1
-                    self._handed += 1
                     return self._todo.popleft()
                 if self._busy:          # the wave's last parts: the next one's cutoffs wait
                     self._cond.wait()
@@ -638,14 +647,16 @@ class EarlySubsets:
             self._cond.notify_all()
 
     def _feed(self, task, future) -> None:
-        """The worker's share: one part at a time (none queued that the caller could take)."""
+        """One worker's share: one part at a time (none queued that the caller could take),
+        starting from `task` already submitted as `future`, if given."""
         while True:
-            try:
-                found = future.result()
-            except BaseException as exc:        # noqa: BLE001 -- collect() raises it
-                self._put(task[0], error=exc)
-                return
-            self._put(task[0], found)
+            if future is not None:
+                try:
+                    found = future.result()
+                except BaseException as exc:        # noqa: BLE001 -- collect() raises it
+                    self._put(task[0], error=exc)
+                    return
+                self._put(task[0], found)
             task = self._take()
             if task is None:
                 return
@@ -667,7 +678,8 @@ class EarlySubsets:
                     self._put(task[0], error=exc)
                     raise
                 self._put(task[0], found)
-            self._thread.join()
+            for t in self._threads:
+                t.join()
             if self._error is not None:
                 raise self._error
             return dict(self._found)
@@ -716,9 +728,9 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
         return _wave_cutoffs(spec, parts, wave, _wave_basis(
             spec.cluster, parts, waves, waves.index(wave), out))
 
-    pool = ProcessPoolExecutor(max_workers=min(workers - 1, max(map(len, waves))),
-                               mp_context=context)
-    return EarlySubsets(pool, jobs, waves, cutoffs_of, spec.training.backend)
+    n = min(workers - 1, max(map(len, waves)))
+    pool = ProcessPoolExecutor(max_workers=n, mp_context=context)
+    return EarlySubsets(pool, n, jobs, waves, cutoffs_of, spec.training.backend)
 
 
 def groups_alone_uses(cluster: Cluster) -> tuple[tuple[tuple[int, int], ...], ...]:

@@ -245,9 +245,13 @@ def test_every_wave_started_beside_the_whole_search_gives_the_same_plans():
     whole = plan(spec)
     one = plan_subsets(spec, whole, workers=1)
     assert plan_subsets(spec, whole, workers=2, early=start_subsets(spec, workers=2)) == one
+    # two worker processes, each fed one part at a time beside this one
+    early = start_subsets(spec, workers=3)
+    assert len(early._threads) == 2 == len(early._pool._processes)
+    assert plan_subsets(spec, whole, workers=3, early=early) == one
     early = start_subsets(spec, workers=2)
     deadline = time.monotonic() + 120
-    while early._handed < len(cluster_subsets(spec.cluster)) and time.monotonic() < deadline:
+    while not early.handed_out() and time.monotonic() < deadline:
         time.sleep(0.05)                # the worker took every part: the last wave too
     assert plan_subsets(spec, whole, workers=2, early=early) == one
 
