@@ -385,6 +385,19 @@ def test_megatron_export_has_the_flag_and_deepspeed_refuses(tmp_path):
     assert preflight(spec, e.strategy, "megatron") == ""
 
 
+def _four_stage_megatron(**training) -> dict:
+    """A tiny GPT under Megatron-LM on 4 CPU devices of one node each, 1 Gb/s between them
+    (P2P that shows), with `training`'s keys added."""
+    return {"cluster": {"nodes": [{"gpu": "CPU-local", "count": 4, "gpus_per_node": 1,
+                                   "intra_node_bandwidth": "10 GB/s",
+                                   "inter_node_bandwidth": "1 Gbps"}]},
+            "model": {"preset": "gpt", "num_layers": 8, "hidden_size": 256,
+                      "num_attention_heads": 4, "seq_length": 64, "vocab_size": 1024},
+            "training": {"global_batch_size": 16, "precision": "fp32",
+                         "activation_checkpointing": "none", "backend": "megatron",
+                         **training}}
+
+
 def test_overlap_p2p_comm_off_waits_for_the_steady_states_p2p():
     """training.overlap_p2p_comm: false (--no-overlap-p2p-communication, Megatron-LM before
     megatron-core): the steady state waits for half of each boundary's exchange, as plain
@@ -394,14 +407,7 @@ def test_overlap_p2p_comm_off_waits_for_the_steady_states_p2p():
     from amp_search.spec import spec_fingerprint
 
     def spec(**t):
-        d = {"cluster": {"nodes": [{"gpu": "CPU-local", "count": 4, "gpus_per_node": 1,
-                                    "intra_node_bandwidth": "10 GB/s",
-                                    "inter_node_bandwidth": "1 Gbps"}]},
-             "model": {"preset": "gpt", "num_layers": 8, "hidden_size": 256,
-                       "num_attention_heads": 4, "seq_length": 64, "vocab_size": 1024},
-             "training": {"global_batch_size": 16, "precision": "fp32",
-                          "activation_checkpointing": "none", "backend": "megatron", **t}}
-        return parse_spec(d)
+        return parse_spec(_four_stage_megatron(**t))
 
     on, off = spec(), spec(overlap_p2p_comm=False)
     assert on.training.overlap_p2p_comm and not off.training.overlap_p2p_comm
@@ -477,15 +483,8 @@ def test_cli_estimate_shows_v_and_errors_are_one_line(write_spec, tmp_path, caps
 def test_cli_plan_says_why_the_blocking_interleaved_rows_are_not_simulated(write_spec, capsys,
                                                                           monkeypatch):
     monkeypatch.setenv("COLUMNS", "120")
-    path = write_spec({
-        "cluster": {"nodes": [{"gpu": "CPU-local", "count": 4, "gpus_per_node": 1,
-                               "intra_node_bandwidth": "10 GB/s",
-                               "inter_node_bandwidth": "1 Gbps"}]},
-        "model": {"preset": "gpt", "num_layers": 8, "hidden_size": 256,
-                  "num_attention_heads": 4, "seq_length": 64, "vocab_size": 1024},
-        "training": {"global_batch_size": 16, "precision": "fp32",
-                     "activation_checkpointing": "none", "backend": "megatron",
-                     "overlap_p2p_comm": False, "virtual_pipeline_stages": "search"}})
+    path = write_spec(_four_stage_megatron(overlap_p2p_comm=False,
+                                           virtual_pipeline_stages="search"))
     assert main(["plan", str(path), "--no-progress", "--top-k", "32", "--wide"]) == 0
     flat = " ".join(capsys.readouterr().out.split())
     assert "* the closed form, not simulated: the interleaved schedule's blocking P2P " \
