@@ -147,7 +147,7 @@ def pass_times(model: "CostModel", c: Candidate, layout: "PlacedLayout", costs: 
     device = np.zeros((c.pp, 3, L))
     cache: dict = {}
     for j in range(c.pp):
-        types = layout.stage_types[j]
+        types = layout.stage_gpus[j]
         if types not in cache:                  # the slowest type, as stage_costs takes
             cache[types] = model.stage_pass_times_s(types, c)
         device[j] = cache[types]

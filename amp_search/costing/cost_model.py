@@ -83,10 +83,8 @@ class PlacedLayout:
     placement: np.ndarray
     """[stage, replica, tensor rank] -> device id."""
     stage_gpus: list
-    """Per stage: the indices (into CostModel.gpus) of its device types (an array; stages
-    with the same types share one: read only)."""
-    stage_types: list
-    """The same as tuples of ints (dictionary keys)."""
+    """Per stage: the indices (into CostModel.gpus) of its device types, ascending, as a
+    tuple (a dictionary key)."""
     capacity_bytes: np.ndarray
     """[pp] memory of each stage's smallest device."""
     tp_links: tuple | None
@@ -244,7 +242,7 @@ class CostModel:
         self._floor_passes = {ck: np.array([max(block_passes(l, ck), 1) for l in layers],
                                            dtype=float) for ck in (False, True)}
         self._placement_cache: dict = {}
-        self._type_sets: dict = {}        # _stage_types: a set's bit code -> (array, tuple)
+        self._type_sets: dict = {}        # _stage_gpus: a set's bit code -> its tuple
         self._placed_bounds: dict = {}      # lower_bound_s: (order name, candidate) -> rows
         # what `tp_floor_s` and the device types' rows depend on besides the candidate
         self._types_and_links = tuple(g.name for g in self.gpus) + tuple(
@@ -384,7 +382,7 @@ class CostModel:
         key = ("cp-core", id(layout), c.tmp, c.mbs, c.cp)
         hit = self._fixed_cache.get(key)
         if hit is None or hit[0] is not layout:     # [pp, L]: each stage's slowest core
-            stages = layout.stage_types
+            stages = layout.stage_gpus
             slowest = {t: np.max([cores[g] for g in t], axis=0) for t in set(stages)}
             hit = self._fixed_cache[key] = (layout, np.array([slowest[t] for t in stages]))
         core = hit[1]
@@ -689,7 +687,7 @@ class CostModel:
         sync, and the P2P floors of 1F1B's steady state."""
         p = self.params
         layout = self.layout(c, order)
-        types = layout.stage_types
+        types = layout.stage_gpus
         passes = {t: self.stage_pass_times_s(t, c).sum(axis=0) for t in set(types)}
         rows = np.stack([passes[t] for t in types])
         if c.layer_collectives:
@@ -957,9 +955,8 @@ class CostModel:
         if c.pp > 1:
             r = p2p_links(self.cluster_for["p2p"], placement, **scale)
             p2p = (r.bandwidth_bytes_per_s, r.crosses_nodes)
-        stage_gpus, stage_types = self._stage_types(placement)
         hit = PlacedLayout(
-            placement=placement, stage_gpus=stage_gpus, stage_types=stage_types,
+            placement=placement, stage_gpus=self._stage_gpus(placement),
             capacity_bytes=self.capacity_bytes[placement.reshape(c.pp, -1)].min(axis=1),
             tp_links=tp, dp_links=dp, p2p_links=p2p, tp_kind_links=tp_kind, cp_links=cp)
         if key is not None:
@@ -975,24 +972,22 @@ class CostModel:
                 p.fixed_cost("host_tp_allreduce_per_rank_s", n,
                              gpu.host_tp_allreduce_per_rank_s))
 
-    def _stage_types(self, placement: np.ndarray) -> tuple[list, list]:
-        """([pp] arrays, [pp] tuples): the device types (indices into self.gpus) of each
-        stage of `placement`, ascending; stages with the same types share one array."""
+    def _stage_gpus(self, placement: np.ndarray) -> list[tuple[int, ...]]:
+        """The device types (indices into self.gpus) of each stage of `placement`,
+        ascending."""
         pp = placement.shape[0]
         present = np.zeros((pp, len(self.gpus)), dtype=bool)
         present[np.arange(pp)[:, None], self.gpu_of_device[placement.reshape(pp, -1)]] = True
         codes = (present << np.arange(len(self.gpus))).sum(axis=1).tolist()
         sets = self._type_sets
         for k in set(codes) - sets.keys():
-            types = np.flatnonzero((k >> np.arange(len(self.gpus))) & 1)
-            sets[k] = (types, tuple(types.tolist()))
-        return [sets[k][0] for k in codes], [sets[k][1] for k in codes]
+            sets[k] = tuple(np.flatnonzero((k >> np.arange(len(self.gpus))) & 1).tolist())
+        return [sets[k] for k in codes]
 
     def stage_costs(self, c: Candidate, layout: PlacedLayout) -> StageCosts:
         """Every per-layer cost array of the strategy (cost_models' terms, vectorised)."""
         p = self.params
         L = self.num_layers
-        stage_gpus = layout.stage_gpus
 
         compute, host = np.zeros((c.pp, L)), np.zeros((c.pp, L))
         compute_forward, host_forward = np.zeros((c.pp, L)), np.zeros((c.pp, L))
@@ -1003,7 +998,7 @@ class CostModel:
         ckpt = c.activation_checkpointing
         rows: dict = {}                 # stages holding the same device types cost the same
         for j in range(c.pp):
-            types = layout.stage_types[j]
+            types = layout.stage_gpus[j]
             if types not in rows:
                 # kept for the other candidates and parts of the cluster (SharedRows) whose
                 # stages hold these types, by all the row depends on (the coefficients too)
