@@ -282,6 +282,20 @@ class Estimate:
         return self.time_source == "simulated"
 
     @property
+    def not_simulated_because(self) -> str | None:
+        """Why the simulator left this strategy to the closed form, where time_source says
+        ('analytic (why)'); None otherwise."""
+        prefix = "analytic ("
+        if self.time_source.startswith(prefix) and self.time_source.endswith(")"):
+            return self.time_source[len(prefix):-1]
+        return None
+
+    @staticmethod
+    def analytic_because(why: str) -> str:
+        """The time_source of a strategy the simulator leaves to the closed form, and why."""
+        return f"analytic ({why})"
+
+    @property
     def fits(self) -> bool:
         return all(m.fits for m in self.memory)
 

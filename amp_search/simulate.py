@@ -421,7 +421,7 @@ def with_simulation(model: "CostModel", e: Estimate, *, order: "DeviceOrder | No
         return e
     why = simulatable(e.strategy, model.spec.training)
     if why is not None:
-        return replace(e, time_source=f"analytic ({why})")
+        return replace(e, time_source=Estimate.analytic_because(why))
     sim = simulate(model, e.strategy, order=order, use_numba=use_numba)
     return replace(e, iteration_time_s=sim.iteration_time_s,
                    analytic_iteration_time_s=e.analytic_iteration_time_s, time_source="simulated",

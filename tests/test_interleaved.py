@@ -441,10 +441,14 @@ def test_overlap_p2p_comm_off_waits_for_the_steady_states_p2p():
 
     model = CostModel(off)
     assert "overlap_p2p_comm: false" in simulatable(b.strategy, off.training)
-    assert with_simulation(model, b).time_source.startswith("analytic (the interleaved")
-    assert with_simulation(model, b).iteration_time_s == b.iteration_time_s
+    left = with_simulation(model, b)
+    assert left.time_source.startswith("analytic (the interleaved")
+    assert left.not_simulated_because == simulatable(b.strategy, off.training)
+    assert left.iteration_time_s == b.iteration_time_s
     assert simulatable(a.strategy, on.training) is None
     assert with_simulation(CostModel(on), a).simulated
+    assert with_simulation(CostModel(on), a).not_simulated_because is None
+    assert b.not_simulated_because is None         # the closed form, not asked to simulate
     assert with_simulation(model, estimate(off, pp=4, dp=1, tmp=1, mbs=1)).simulated
     ranked = plan(off).strategies
     assert {e.simulated for e in ranked[:32]} == {True, False}

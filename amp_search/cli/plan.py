@@ -263,9 +263,8 @@ def legend(spec: Spec, rows: list[tuple[str, Estimate, float | None]],
     simulated = [e for _, e, _ in rows if e.simulated]
     if simulated:
         star = any(not e.simulated for _, e, _ in rows)
-        # why a row was not simulated, where it says (time_source "analytic (why)")
-        why = sorted({e.time_source[len("analytic ("):-1] for _, e, _ in rows
-                      if not e.simulated and e.time_source.startswith("analytic (")})
+        why = sorted({e.not_simulated_because for _, e, _ in rows
+                      if e.not_simulated_because is not None})
         eq5 = any(_differs(e) for _, e, _ in rows)
         lines.append("iter s: simulated event by event (1F1B, P2P transfers, gradient buckets, "
                      "optimizer step)" + ("; * the closed form, not simulated" if star else "")
