@@ -675,6 +675,14 @@ def recipe_ranks(rows: list[dict], results: list[Result] | None = None) -> list[
                                 e.strategy.mbs) == layout[:5]), None)
         best = ranked[0] if ranked else None
         error = spec.cluster.devices[0].gpu.prediction_error
+        kind_error = errors[(row["system"], kind_of(row))]
+
+        def best_within(err: float) -> bool:
+            """Whether the plan's best is predicted no faster than the recipe by more
+            than `err`."""
+            return best is not None and best.iteration_time_s >= \
+                recipe.iteration_time_s * (1.0 - err)
+
         # where the recipe's own prediction would sit among the plan's rows (one per layout,
         # each with its fastest knobs): 1 + the rows predicted faster than it
         place = 1 + sum(e.iteration_time_s < recipe.iteration_time_s for e in ranked) \
@@ -693,14 +701,11 @@ def recipe_ranks(rows: list[dict], results: list[Result] | None = None) -> list[
                     # than it by more than the model's own error on that GPU (the catalog's
                     # prediction_error, its dense MAPE here)
                     "prediction_error": error,
-                    "best_within_error": best is not None and best.iteration_time_s
-                    >= recipe.iteration_time_s * (1.0 - error),
+                    "best_within_error": best_within(error),
                     # the same against the model's measured error on this system for this
                     # kind of model (`kind_errors`: dense and mixture-of-experts apart)
-                    "kind_error": errors[(row["system"], kind_of(row))],
-                    "best_within_kind_error": best is not None and best.iteration_time_s
-                    >= recipe.iteration_time_s
-                    * (1.0 - errors[(row["system"], kind_of(row))]),
+                    "kind_error": kind_error,
+                    "best_within_kind_error": best_within(kind_error),
                     "setting": list(setting_of(row))})
     # the fastest measured recipe of each setting: what tuning reached; a slower one was
     # superseded (Qwen3 30B-A3B on 8 B200: mbs 1 in 27.0 s, mbs 4 in 9.7 s)
@@ -714,7 +719,9 @@ def recipe_ranks(rows: list[dict], results: list[Result] | None = None) -> list[
     return out
 
 
-def report_ranks(ranks: list[dict]) -> None:
+def report_ranks(ranks: list[dict]) -> dict:
+    """Print each recipe's place in its plan and the counts (`rank_summary`) for every recipe
+    and for the fastest of each setting; return those counts."""
     print(f"\nThe published recipe in the plan of its cluster and batch "
           f"({len(ranks)} distinct recipes; closed form):")
     for r in ranks:
@@ -730,11 +737,13 @@ def report_ranks(ranks: list[dict]) -> None:
         place = "" if r["place"] is None or r["place"] == r["rank"] else \
             f" (its predicted time at place {r['place']})"
         print(f"  {r['recipe']}: {where}{place}; {best}; measured {r['measured_s']:.4g} s")
-    for title, some in (("every recipe", ranks),
-                        ("the fastest published recipe of each setting (model, system, GPUs, "
-                         "batch, sequence, precision)",
-                         [r for r in ranks if r["fastest_of_setting"]])):
-        summary = rank_summary(some)
+    summaries = {"every_recipe": rank_summary(ranks),
+                 "fastest_of_setting": rank_summary([r for r in ranks
+                                                     if r["fastest_of_setting"]])}
+    for title, summary in (("every recipe", summaries["every_recipe"]),
+                           ("the fastest published recipe of each setting (model, system, "
+                            "GPUs, batch, sequence, precision)",
+                            summaries["fastest_of_setting"])):
         print(f"{title}, {summary['recipes']}:\n"
               f"  in the top 10: {summary['top10']}; its layout (pp, dp, tmp, cp, mbs, with "
               f"whatever virtual stages and recomputation the plan keeps for it): "
@@ -745,6 +754,7 @@ def report_ranks(ranks: list[dict]) -> None:
               f"{summary['within_kind_error']} (its measured MAPE on that system for that kind "
               f"of model); that and in the top 10: {summary['both']}, "
               f"{summary['both_kind']}")
+    return summaries
 
 
 def rank_summary(ranks: list[dict]) -> dict:
@@ -788,11 +798,7 @@ def main(argv=None) -> int:
         out["fit_a2a_overlap"] = fit_a2a_overlap(rows)
     if a.ranks:
         out["ranks"] = recipe_ranks(rows, scored.results)
-        report_ranks(out["ranks"])
-        out["ranks_summary"] = {
-            "every_recipe": rank_summary(out["ranks"]),
-            "fastest_of_setting": rank_summary([r for r in out["ranks"]
-                                                if r["fastest_of_setting"]])}
+        out["ranks_summary"] = report_ranks(out["ranks"])
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             w = csv.writer(f)
