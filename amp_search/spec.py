@@ -133,6 +133,19 @@ class GPU:
     times lie within it of the best as tied. 0: unknown."""
     prediction_error_source: str = ""
     """Where `prediction_error` was measured."""
+    prediction_error_moe: float = 0.0
+    """The same on mixture-of-experts models (the catalog's prediction_error `moe:`), whose
+    expert dispatch, routing and host syncs the model knows less well than a dense block.
+    0: not known (`error_of` then gives the dense figure)."""
+    prediction_error_moe_source: str = ""
+    """Where `prediction_error_moe` was measured."""
+
+    def error_of(self, experts: bool) -> tuple[float, str]:
+        """(the model's measured error on this GPU, where it was measured) for a model with
+        experts or a dense one."""
+        if experts and self.prediction_error_moe > 0.0:
+            return self.prediction_error_moe, self.prediction_error_moe_source
+        return self.prediction_error, self.prediction_error_source
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -716,11 +729,21 @@ def _gpu_model(r: "MappingReader", defaults: dict, links: dict[str, LinkKind]) -
         out["flash_attention"] = flash
     err = get("prediction_error")
     if err is not None:
-        e = MappingReader(err, r.at("prediction_error"), ("mape", "source"))
+        e = MappingReader(err, r.at("prediction_error"), ("mape", "source", "moe"))
         out["prediction_error"] = read_percent(e.raw("mape", required=True), e.at("mape"),
                                                "'6.4%'")
         out["prediction_error_source"] = read_name(e.raw("source", required=True),
                                                    e.at("source"), "", MAX_SOURCE_CHARS)
+        moe, where = e.raw("moe"), e.at("moe")
+        if moe is None and isinstance(defaults.get("prediction_error"), dict):
+            # an entry's own figure without `moe:` keeps the defaults' (not measured there)
+            moe, where = defaults["prediction_error"].get("moe"), "defaults.prediction_error.moe"
+        if moe is not None:
+            m = MappingReader(moe, where, ("mape", "source"))
+            out["prediction_error_moe"] = read_percent(m.raw("mape", required=True),
+                                                       m.at("mape"), "'11.3%'")
+            out["prediction_error_moe_source"] = read_name(
+                m.raw("source", required=True), m.at("source"), "", MAX_SOURCE_CHARS)
     lat = get("link_latency")
     if lat is not None:
         k = MappingReader(lat, r.at("link_latency"), ("intra", "inter"))
@@ -1207,6 +1230,8 @@ def spec_fingerprint(spec: Spec) -> dict:
                 for item in section[part]:
                     item["gpu"].pop("prediction_error", None)
                     item["gpu"].pop("prediction_error_source", None)
+                    item["gpu"].pop("prediction_error_moe", None)
+                    item["gpu"].pop("prediction_error_moe_source", None)
                     item["gpu"].pop("gemm_efficiency_source", None)
                     item["gpu"].pop("host_link_source", None)
                     if not spec.training.cpu_offload_layers:   # only offloading uses it

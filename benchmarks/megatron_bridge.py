@@ -45,8 +45,9 @@ report gives its rank where it has one (its layout, virtual stages and expert pa
 its layout's rank, and its place by predicted time among the plan's rows (1 + the rows
 predicted faster than the recipe as published). Whether the plan's best is predicted faster
 than the recipe by more than the model's error is tested against the catalog's
-prediction_error (the dense figure) and against the model's measured MAPE on that system for
-that kind of model (`kind_errors`); the counts are given for every recipe and for the fastest
+prediction_error for that kind of model (dense, or its `moe:` figure: the error `plan` marks
+ties within) and against the model's measured MAPE on that system for that kind of model in
+each recipe's newest release (`kind_errors`); the counts are given for every recipe and for the fastest
 published recipe of each setting (`setting_of`), the others having been superseded.
 
 `--fit` fits the free coefficients these rows need, each split by GPU type or model, never by
@@ -674,7 +675,7 @@ def recipe_ranks(rows: list[dict], results: list[Result] | None = None) -> list[
                             if (e.strategy.pp, e.strategy.dp, e.strategy.tmp, e.strategy.cp,
                                 e.strategy.mbs) == layout[:5]), None)
         best = ranked[0] if ranked else None
-        error = spec.cluster.devices[0].gpu.prediction_error
+        error = spec.cluster.devices[0].gpu.error_of(bool(spec.model.num_experts))[0]
         kind_error = errors[(row["system"], kind_of(row))]
 
         def best_within(err: float) -> bool:
@@ -699,7 +700,7 @@ def recipe_ranks(rows: list[dict], results: list[Result] | None = None) -> list[
                     "best": best.strategy.label() if best else None,
                     # the second test: nothing above the recipe is predicted faster
                     # than it by more than the model's own error on that GPU (the catalog's
-                    # prediction_error, its dense MAPE here)
+                    # prediction_error for that kind of model: what `plan` ties within)
                     "prediction_error": error,
                     "best_within_error": best_within(error),
                     # the same against the model's measured error on this system for this
@@ -750,9 +751,10 @@ def report_ranks(ranks: list[dict]) -> dict:
               f"{summary['layout10']}; its predicted time among the plan's rows (1 + the rows "
               f"predicted faster): {summary['place10']}\n"
               f"  the plan's best predicted no faster than the recipe by more than the model's "
-              f"error on its GPU: {summary['within_error']} (catalog prediction_error, dense), "
+              f"error on its GPU: {summary['within_error']} (the catalog's prediction_error "
+              f"for that kind of model, dense or MoE), "
               f"{summary['within_kind_error']} (its measured MAPE on that system for that kind "
-              f"of model); that and in the top 10: {summary['both']}, "
+              f"of model, newest releases); that and in the top 10: {summary['both']}, "
               f"{summary['both_kind']}")
     return summaries
 

@@ -127,6 +127,42 @@ def test_ties_within_the_models_measured_error_are_marked_and_counted(write_spec
         min(n, 5) - 1
 
 
+def test_a_model_with_experts_ties_within_the_models_error_on_such_models(write_spec):
+    """The catalog keeps a second figure for mixture-of-experts models (`moe:`), larger than
+    the dense one where both were measured; a GPU with no such measurement takes the largest
+    measured (the catalog's defaults), its own dense figure or not. A plan of a model with
+    experts marks its ties, and says so, within that figure; a dense one keeps the dense."""
+    import pytest
+
+    from amp_search.cli.plan import model_error, tie_note
+    from amp_search.spec import load_catalog
+
+    cat = load_catalog()
+    h100 = cat["H100-80GB"]
+    assert h100.error_of(False) == (h100.prediction_error, h100.prediction_error_source)
+    assert h100.error_of(True)[0] == pytest.approx(0.113)
+    assert "mixture-of-experts runs on DGX H100" in h100.error_of(True)[1]
+    # measured on dense runs only (A100) or on nothing (V100): the largest MoE figure, B200's
+    for name in ("A100-80GB", "V100-16GB"):
+        assert cat[name].error_of(True)[0] == cat["B200-180GB"].error_of(True)[0]
+        assert "not measured" in cat[name].error_of(True)[1]
+    assert all(g.error_of(True)[0] >= g.error_of(False)[0] for g in cat.values())
+    dense = load_spec(_spec(write_spec))
+    moe = load_spec(write_spec({
+        "cluster": {"nodes": [{"gpu": "H100-80GB", "count": 2, "gpus_per_node": 8,
+                               "intra_node_bandwidth": "450 GB/s",
+                               "inter_node_bandwidth": "3200 Gbps"}]},
+        "model": {"preset": "qwen3-30b-a3b", "num_layers": 4, "seq_length": 4096},
+        "training": {"global_batch_size": 32, "precision": "bf16", "backend": "megatron"}}))
+    assert model_error(dense)[0] == pytest.approx(0.037)
+    error, gpu = model_error(moe)
+    assert gpu.name == "H100-80GB" and error == pytest.approx(0.113)
+    note = tie_note(moe, 2, error, gpu)
+    assert "±11.3% on H100-80GB for a model with experts" in note
+    assert "mixture-of-experts runs on DGX H100" in note
+    assert "for a model with experts" not in tie_note(dense, 2, *model_error(dense))
+
+
 def test_no_warning_where_the_network_is_written_as_its_nics(write_spec):
     """'8 x 200 Gbps' is a node's eight HDR NICs, written as such: 25 GB/s per GPU, under a
     tenth of NVLink, but what the user meant; the note is for a bandwidth given as one

@@ -452,9 +452,11 @@ def groups_alone_of(spec: Spec, subsets) -> tuple:
 
 def model_error(spec: Spec) -> tuple[float, object]:
     """The default model's measured error (a fraction) on the cluster's least known GPU type,
-    and that GPU (the catalog's prediction_error)."""
-    gpu = max((g.gpu for g in spec.cluster.node_groups), key=lambda g: g.prediction_error)
-    return gpu.prediction_error, gpu
+    and that GPU (the catalog's prediction_error; its `moe:` figure for a model with
+    experts)."""
+    experts = bool(spec.model.num_experts)
+    gpu = max((g.gpu for g in spec.cluster.node_groups), key=lambda g: g.error_of(experts)[0])
+    return gpu.error_of(experts)[0], gpu
 
 
 def tie_ratio(error: float) -> float:
@@ -477,8 +479,11 @@ def tie_note(spec: Spec, tied: int, error: float, gpu, result: Plan | None = Non
     it holds several backends (`launch` runs one: the best's)."""
     if error <= 0.0:
         return "The model's error on these GPUs is not known: measure the best few plans."
+    experts = bool(spec.model.num_experts)
+    source = gpu.error_of(experts)[1]
     where = (f"±{error:.1%} on {gpu.name}"
-             + (f", {gpu.prediction_error_source}" if gpu.prediction_error_source else ""))
+             + (" for a model with experts" if experts and gpu.prediction_error_moe else "")
+             + (f", {source}" if source else ""))
     if tied <= 1:
         return (f"No other plan lies within the model's error of the best ({where}).")
     path = spec.path if spec.path is not None else "SPEC"
