@@ -497,6 +497,13 @@ def test_cli_plan_says_why_the_blocking_interleaved_rows_are_not_simulated(write
     rows = json.loads(capsys.readouterr().out)["strategies"]
     assert {r["time_source"].split(" (")[0] for r in rows
             if r["virtual_stages"] > 1} == {"analytic"}
+    # one such strategy estimated: the reason alone, on its own line
+    argv = ["estimate", str(path), "--pp", "4", "--dp", "1", "--tmp", "1", "--mbs", "1",
+            "--virtual-stages", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "\nnot simulated: the interleaved schedule's blocking P2P " \
+           "(training.overlap_p2p_comm: false) is not simulated\n" in out
     assert {r["time_source"] for r in rows[:8] if r["virtual_stages"] == 1} == {"simulated"}
 
 

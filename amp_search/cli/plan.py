@@ -729,8 +729,8 @@ def run_estimate(args) -> int:
               + (" (closed form)" if e.simulation is not None else ""))
         if e.simulation is not None:
             print("\n" + "\n".join(simulation_lines(spec, e)))
-        elif e.time_source != "analytic":
-            print(f"not simulated: {e.time_source}")
+        elif e.not_simulated_because:
+            print(f"not simulated: {e.not_simulated_because}")
         bounds = e.strategy.partition
         for m in e.memory:
             j = m.stage
