@@ -127,7 +127,8 @@ def test_ties_within_the_models_measured_error_are_marked_and_counted(write_spec
         min(n, 5) - 1
 
 
-def test_a_model_with_experts_ties_within_the_models_error_on_such_models(write_spec):
+def test_a_model_with_experts_ties_within_the_models_error_on_such_models(write_spec,
+                                                                           capsys):
     """The catalog keeps a second figure for mixture-of-experts models (`moe:`), larger than
     the dense one where both were measured; a GPU with no such measurement takes the largest
     measured (the catalog's defaults), its own dense figure or not. A plan of a model with
@@ -161,6 +162,15 @@ def test_a_model_with_experts_ties_within_the_models_error_on_such_models(write_
     assert "±11.3% on H100-80GB for a model with experts" in note
     assert "mixture-of-experts runs on DGX H100" in note
     assert "for a model with experts" not in tie_note(dense, 2, *model_error(dense))
+    # the JSON says which error the ties were marked within, and how many there are
+    import json
+
+    assert main(["plan", str(moe.path), "--no-simulate", "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model_error"]["mape"] == pytest.approx(0.113)
+    assert out["model_error"]["kind"] == "experts" and out["model_error"]["gpu"] == "H100-80GB"
+    times = [r["iteration_time_s"] for r in out["strategies"]]
+    assert out["model_error"]["tied"] == sum(t <= times[0] * 1.113 / 0.887 for t in times)
 
 
 def test_no_warning_where_the_network_is_written_as_its_nics(write_spec):

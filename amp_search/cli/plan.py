@@ -655,6 +655,11 @@ def run_plan(args) -> int:
         extra = {"node_groups_alone": [a.to_dict(spec.training.global_batch_size)
                                        for a in alone]} if alone else {}
         extra.update(subset_json)
+        # the error the ties were marked within: rows 1..tied are `~` in the table
+        extra["model_error"] = {"mape": error, "gpu": gpu.name,
+                                "kind": "experts" if spec.model.num_experts else "dense",
+                                "source": gpu.error_of(bool(spec.model.num_experts))[1],
+                                "tied": tied}
         if gain is not None:
             extra["moe_dispatcher_hint"] = {"moe_dispatcher": gain[2],
                                             "iteration_time_s": gain[1],
