@@ -438,6 +438,13 @@ def report(scored: Scored, show_rows: bool) -> dict:
         for k, rs in groups(res, key).items():
             print(f"    {k:14s} {len(rs):3d} rows  MAPE {mape(rs):6.1%}  signed {signed(rs):+6.1%}")
             out["by"][name][k] = {"rows": len(rs), "mape": mape(rs), "signed": signed(rs)}
+    # what the catalog's prediction_error takes per GPU: the dense rows' MAPE, and `moe:` the
+    # mixture-of-experts rows'
+    print("  by system and kind (the catalog's prediction_error and its moe: figure):")
+    out["by"]["system_kind"] = {}
+    for k, rs in groups(res, lambda r: f"{r.row['system']} {kind_of(r.row)}").items():
+        print(f"    {k:18s} {len(rs):3d} rows  MAPE {mape(rs):6.1%}  signed {signed(rs):+6.1%}")
+        out["by"]["system_kind"][k] = {"rows": len(rs), "mape": mape(rs), "signed": signed(rs)}
     latest = newest(res)
     print(f"\nEach recipe in the newest release that published it: MAPE {mape(latest):.1%} "
           f"(signed {signed(latest):+.1%}) over {len(latest)} recipes")
