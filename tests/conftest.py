@@ -1,12 +1,25 @@
 """Shared fixtures: small specs written to tmp_path."""
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_benchmark(name: str):
+    """The script benchmarks/NAME.py as a module, loaded once and registered under NAME (its
+    dataclasses look their module up there)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def hetero_spec() -> dict:

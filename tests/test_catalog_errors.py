@@ -6,24 +6,14 @@ them fails here, and the catalog is refreshed with it; `plan` marks its ties wit
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 
-from conftest import ROOT
+from conftest import load_benchmark
 
 from amp_search.spec import load_catalog
 
 
-def _benchmark(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)       # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def test_the_a100_error_is_gpu_accuracys():
-    ga = _benchmark("gpu_accuracy")
+    ga = load_benchmark("gpu_accuracy")
     rows = ga.load_rows(ga.DATA)
     assert not ga.predict(rows)
     mape = sum(abs(r["predicted_ms"] / r["measured_ms"] - 1.0) for r in rows) / len(rows)
@@ -35,7 +25,7 @@ def test_the_a100_error_is_gpu_accuracys():
 
 
 def test_the_dgx_errors_are_megatron_bridges():
-    mb = _benchmark("megatron_bridge")
+    mb = load_benchmark("megatron_bridge")
     with open(mb.DATA, newline="") as f:
         results = mb.cost_rows(list(csv.DictReader(f))).results
     measured = {k: mb.mape(rs) for k, rs in mb.groups(

@@ -11,7 +11,7 @@ import pytest
 from cost_models import comm
 from cost_models import pipeline
 from cost_models.compute import microbatch_time_s
-from conftest import ROOT
+from conftest import ROOT, load_benchmark
 
 
 @pytest.mark.parametrize("collective", comm.COLLECTIVES)
@@ -483,13 +483,7 @@ def test_catalog_link_latency_is_checked(tmp_path):
 
 
 def _gpu_accuracy():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_accuracy",
-                                                  ROOT / "benchmarks" / "gpu_accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_accuracy")
 
 
 def _row(dp, gbs, measured, predicted=None, tp=1, pp=1, mbs=1):

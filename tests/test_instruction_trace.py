@@ -4,10 +4,8 @@ TrainSchedule (`cost_models.schedule.deepspeed_train_order`); the flag off write
 leaves trial.json as it was. No timing is asserted. About half a minute on 2 cores."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -17,16 +15,11 @@ from amp_search.trial.instructions import (InstructionRecorder, PIPELINE_INSTRUC
                                            chrome_trace, read_trace, train_order)
 from cost_models.schedule import deepspeed_train_order
 from cost_models.simulator import KINDS
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("instruction_timing",
-                                                  ROOT / "benchmarks" / "instruction_timing.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("instruction_timing")
 
 
 def _expected(pp: int, gas: int, stage: int) -> list[tuple[str, int, int]]:

@@ -2,16 +2,9 @@
 of model, and the counts the report prints."""
 from __future__ import annotations
 
-import importlib.util
-import sys
+from conftest import load_benchmark
 
-from conftest import ROOT
-
-_spec = importlib.util.spec_from_file_location("megatron_bridge",
-                                               ROOT / "benchmarks" / "megatron_bridge.py")
-MB = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("megatron_bridge", MB)     # its dataclasses look themselves up there
-_spec.loader.exec_module(MB)
+MB = load_benchmark("megatron_bridge")
 
 
 def _row(**kw) -> dict:

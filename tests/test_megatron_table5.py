@@ -2,16 +2,11 @@
 them (the full comparison is the benchmark's output, not a test)."""
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from conftest import ROOT
+from conftest import load_benchmark
 
-_spec = importlib.util.spec_from_file_location("megatron_table5",
-                                               ROOT / "benchmarks" / "megatron_table5.py")
-T5 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(T5)
+T5 = load_benchmark("megatron_table5")
 
 
 def test_the_data_file_has_both_modes_of_each_model_and_says_where_it_comes_from():

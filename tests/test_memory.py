@@ -4,10 +4,7 @@ per-stage record the planner uses, and the proof that it holds: every part predi
 dp 2, recomputation on/off, ZeRO 0-3)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +12,8 @@ from cost_models import activations
 
 from cost_models import memory as memory_model
 from cost_models.layers import Layer, param_count
+from conftest import ROOT, load_benchmark
 
-ROOT = Path(__file__).resolve().parent.parent
 S, H, A, F_, V = 32, 64, 4, 256, 512
 
 
@@ -233,13 +230,7 @@ def test_capacity_is_the_smallest_device_of_the_stage_minus_headroom():
 
 def _bench():
     """benchmarks/memory_accuracy.py, which holds the measuring harness."""
-    if "memory_accuracy" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("memory_accuracy",
-                                                      ROOT / "benchmarks" / "memory_accuracy.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["memory_accuracy"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["memory_accuracy"]
+    return load_benchmark("memory_accuracy")
 
 
 TEST_CASES = {
