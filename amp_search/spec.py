@@ -543,6 +543,15 @@ class Spec:
             return self.training.attention
         return "flash" if gpu.flash_attention else "standard"
 
+    def model_error(self) -> tuple[float, GPU]:
+        """The default model's measured error (a fraction) on the cluster's least known GPU
+        type, and that GPU (the catalog's prediction_error; its `moe:` figure for a model
+        with experts): what `plan` marks ties within."""
+        experts = bool(self.model.num_experts)
+        gpu = max((g.gpu for g in self.cluster.node_groups),
+                  key=lambda g: g.error_of(experts)[0])
+        return gpu.error_of(experts)[0], gpu
+
 
 def _read_catalog(path: Path | None) -> tuple[Path, dict, dict, object]:
     """(path, gpus, defaults, the `links:` section as written or None) of a catalog file."""

@@ -682,7 +682,7 @@ def recipe_ranks(rows: list[dict], results: list[Result] | None = None) -> list[
                             if (e.strategy.pp, e.strategy.dp, e.strategy.tmp, e.strategy.cp,
                                 e.strategy.mbs) == layout[:5]), None)
         best = ranked[0] if ranked else None
-        error = spec.cluster.devices[0].gpu.error_of(bool(spec.model.num_experts))[0]
+        error = spec.model_error()[0]       # what `plan` ties within
         kind_error = errors[(row["system"], kind_of(row))]
 
         def best_within(err: float) -> bool:

@@ -97,7 +97,7 @@ def test_model_flops_by_hand_and_the_tflops_column(write_spec, capsys, monkeypat
 
 def test_ties_within_the_models_measured_error_are_marked_and_counted(write_spec, capsys,
                                                                       monkeypatch):
-    from amp_search.cli.plan import model_error, tie_note, tied_count
+    from amp_search.cli.plan import tie_note, tied_count
     from amp_search.spec import load_catalog
 
     cat = load_catalog()
@@ -108,7 +108,7 @@ def test_ties_within_the_models_measured_error_are_marked_and_counted(write_spec
     assert cat["V100-16GB"].prediction_error == cat["B200-180GB"].prediction_error
     assert "not measured" in cat["V100-16GB"].prediction_error_source
     spec = load_spec(_spec(write_spec))
-    error, gpu = model_error(spec)
+    error, gpu = spec.model_error()
     assert gpu.name == "H100-80GB" and error == __import__("pytest").approx(0.037)
     result = plan_backends(spec, simulate_top=0)
     times = [e.iteration_time_s for e in result.strategies]
@@ -135,7 +135,7 @@ def test_a_model_with_experts_ties_within_the_models_error_on_such_models(write_
     experts marks its ties, and says so, within that figure; a dense one keeps the dense."""
     import pytest
 
-    from amp_search.cli.plan import model_error, tie_note
+    from amp_search.cli.plan import tie_note
     from amp_search.spec import load_catalog
 
     cat = load_catalog()
@@ -155,13 +155,13 @@ def test_a_model_with_experts_ties_within_the_models_error_on_such_models(write_
                                "inter_node_bandwidth": "3200 Gbps"}]},
         "model": {"preset": "qwen3-30b-a3b", "num_layers": 4, "seq_length": 4096},
         "training": {"global_batch_size": 32, "precision": "bf16", "backend": "megatron"}}))
-    assert model_error(dense)[0] == pytest.approx(0.037)
-    error, gpu = model_error(moe)
+    assert dense.model_error()[0] == pytest.approx(0.037)
+    error, gpu = moe.model_error()
     assert gpu.name == "H100-80GB" and error == pytest.approx(0.113)
     note = tie_note(moe, 2, error, gpu)
     assert "±11.3% on H100-80GB for a model with experts" in note
     assert "mixture-of-experts runs on DGX H100" in note
-    assert "for a model with experts" not in tie_note(dense, 2, *model_error(dense))
+    assert "for a model with experts" not in tie_note(dense, 2, *dense.model_error())
     # the JSON says which error the ties were marked within, and how many there are
     import json
 

@@ -450,15 +450,6 @@ def groups_alone_of(spec: Spec, subsets) -> tuple:
     return tuple(out)
 
 
-def model_error(spec: Spec) -> tuple[float, object]:
-    """The default model's measured error (a fraction) on the cluster's least known GPU type,
-    and that GPU (the catalog's prediction_error; its `moe:` figure for a model with
-    experts)."""
-    experts = bool(spec.model.num_experts)
-    gpu = max((g.gpu for g in spec.cluster.node_groups), key=lambda g: g.error_of(experts)[0])
-    return gpu.error_of(experts)[0], gpu
-
-
 def tie_ratio(error: float) -> float:
     """(1 + e) / (1 - e): two predictions whose error bands (+-e) overlap lie within this
     ratio of each other; 1 where the error is not known."""
@@ -572,7 +563,7 @@ def run_plan(args) -> int:
     with_subsets = cli_subsets.wanted(spec, args)
     measurements = measurements_for(spec, args)
     simulate_top = 0 if args.no_simulate else args.simulate_top
-    error, gpu = model_error(spec)
+    error, gpu = spec.model_error()
     # the plans shown, and every plan that may tie with the best (tied_count)
     shared = SharedRows()       # per device type rows, for the parts planned after it too
     workers = os.cpu_count() or 1
