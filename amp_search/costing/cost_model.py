@@ -629,11 +629,20 @@ class CostModel:
                 return rows_bound
             p2p, least, most = self.p2p_floors_s(c)
             fixed = p2p + self.dp_sync_floor_s(c)
+            if c.virtual_stages > 1 or c.pp == 1:       # no P2P in the steady state
+                return rows_bound + fixed
             b = (gas - 1) * self.p2p_blocking_share
-            return max(rows_bound + fixed + b * least,
-                # or: the stage beside the dearest boundary waits for it every micro-batch
-                fixed + b * most + (gas - 1) * p.microbatch_overhead_s
-                + common["step_overhead_s"])
+            # or: the stage beside the dearest boundary waits for it every micro-batch but
+            # one (and, with 3 stages or more, that boundary has a middle stage beside it,
+            # which waits for its other boundary too), and one micro-batch passes every
+            # layer (the placed bound's `alternative`, on the device types' rows)
+            pair = most + (least if c.pp > 2 else 0.0)
+            one_pass = bound_rows.total + (gas - 1 + c.pp) * p.microbatch_overhead_s \
+                + common["step_overhead_s"]
+            return max(rows_bound + fixed + b * least, fixed + b * pair + one_pass,
+                       # or: the steady state's mean stage (`_placed_bound_rows`)
+                       fixed + (gas - 1) * bound_rows.total / c.pp
+                       + b * 2.0 * p2p / c.pp + one_pass)
         # the tiers of the search ask for each placement's bound without the split, then with
         # it: the second takes the first's rows (and lets them go)
         key = (order.name, c)
@@ -712,9 +721,14 @@ class CostModel:
             pairs = np.concatenate([[0.0], least]) + np.concatenate([least, [0.0]])
             b = (gas - 1) * self.p2p_blocking_share
             steady = b * float(pairs.min())
-            alternative = b * float(pairs.max()) + float(least.sum()) \
-                + float(rows.min(axis=0).sum()) + (gas - 1 + c.pp) * p.microbatch_overhead_s \
-                + step_overhead_s + mean_sync
+            # and as long as the steady state's mean stage: a period is at least the mean
+            # over the stages of t_j + the share of its two boundaries' P2P it waits for
+            # (pipeline.steady_state_period_s), whose P2P counts each boundary twice
+            cheapest = float(rows.min(axis=0).sum())
+            one_pass = float(least.sum()) + cheapest \
+                + (gas - 1 + c.pp) * p.microbatch_overhead_s + step_overhead_s + mean_sync
+            alternative = one_pass + max(b * float(pairs.max()), (gas - 1) * cheapest / c.pp
+                                         + b * 2.0 * float(least.sum()) / c.pp)
         return _PlacedBound(layout=layout, rows=rows, cut=cut, least=least, sync=sync,
                             sync_fixed=sync_fixed, mean_sync=mean_sync, steady=steady,
                             alternative=alternative)
@@ -768,17 +782,38 @@ class CostModel:
                 # boundary all of them send at once, each over its share of the NIC: a
                 # boundary at most at the least share among its stage's nodes, and at most
                 # (devices of the nodes with a share >= x) // stage stages have only such
-                # nodes, so the fastest shares go to as many boundaries as they can fill
-                shared = pp - 2
-                rates = np.array(self._stage_rates(arr.inter_bytes_per_s / widths
-                                                   * p.bandwidth("inter"), stage, shared,
-                                                   ("p2p",)))
+                # nodes, so the fastest shares go to as many boundaries as they can fill.
+                # With 3 stages or more the last boundary's receivers share theirs too: no
+                # node of the last stage holds a device of the first, so each of its
+                # devices receives at once (each boundary then at most at the share of a
+                # stage of its own: its senders' for the others, the last stage's for it)
+                # Where the nodes are as wide as one another and whole nodes make a stage,
+                # every node holds one stage and all of its devices send (or receive) at
+                # once: a boundary at most at the slower of its two stages' shares, and as
+                # at most (stages with a share >= x) - 1 boundaries join two such stages,
+                # the i-th fastest boundary at most the (i + 1)-th fastest stage's
+                aligned = (widths == widths[0]).all() and stage % widths[0] == 0
+                shared = pp - 1 if pp > 2 or aligned else 0
+                rates = np.array(self._stage_rates(
+                    arr.inter_bytes_per_s / widths * p.bandwidth("inter"), stage,
+                    shared + aligned, ("p2p",)))[int(aligned):]
             else:
                 per_boundary = 1 + (2 * stage - 2) // widths.min()
                 crossing = min(pp - 1, -(-(len(widths) - 1) // per_boundary))
                 if stage <= widths.min():
-                    # the stage devices before a node change all send across it at once
-                    shared, rates = crossing, np.full(crossing, inter / stage)
+                    # the stage devices before a node change all send across it at once, to
+                    # the next node (a pair spans no whole node), each at 1/stage of the
+                    # slower node's network at most; in any order of the nodes at most
+                    # (nodes with a network >= x) - 1 node changes join two such nodes, and
+                    # a node change lies under the pairs of two boundaries at most (the
+                    # stage devices before it span two stages at most; of one where the
+                    # stage divides every node's width, so that nodes change between
+                    # stages): the i-th fastest crossing boundary (from 1) at most the
+                    # ceil(i/2)-th (the i-th) fastest node after the fastest
+                    nodes = np.sort(arr.inter_bytes_per_s * p.bandwidth("inter"))[::-1]
+                    each = 1 if (widths % stage == 0).all() else 2
+                    shared = crossing
+                    rates = nodes[(np.arange(crossing) + each) // each] / stage
             rate, many = np.unique(rates, return_counts=True)
             hit = self._fixed_cache[key] = (
                 np.concatenate([many, [crossing - shared, pp - 1 - crossing]]).astype(float),
