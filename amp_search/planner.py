@@ -208,7 +208,8 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
     or keep_within times the best, whichever is larger (with `_TIE_SLACK`); it only falls
     as plans are found, so each strategy faster than the final threshold was costed, and
     the plans above it are left out. `cutoff_s`: the threshold starts there, and the plans
-    at or above it are left out too (counted under Reason.DOMINATED). Returns those
+    at or above it are left out too (counted under Reason.DOMINATED, whether their memory
+    fits or not: it is not added to them). Returns those
     estimates and the placements costed."""
     import heapq
 
@@ -255,20 +256,22 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
             settle()
             continue
         best = order = None
+        limit = threshold * (1.0 + _TIE_SLACK)     # some order's bound is below it
         for o, bound in zip(orders, bounds):
-            if best is not None and bound > best.iteration_time_s:
-                continue            # this order cannot be faster than one already costed
+            if bound > limit or best is not None and bound > best.iteration_time_s:
+                continue            # this order cannot be kept (the threshold only falls),
+                # or faster than one already costed
             e = model.evaluate(c, o, with_memory=False)
             evaluated += 1
             if best is None or e.iteration_time_s < best.iteration_time_s:
                 best, order = e, o
-        best = model.add_memory(c, order, best)
         settle()
+        if best.iteration_time_s >= cutoff:     # left out whether it fits or not
+            dominated += 1
+            continue
+        best = model.add_memory(c, order, best)
         if not best.fits:
             pruned[Reason.OUT_OF_MEMORY.value] += 1
-            continue
-        if best.iteration_time_s >= cutoff:
-            dominated += 1
             continue
         estimates.append(best)
         layout = layout_of(c)
