@@ -90,9 +90,16 @@ def run() -> None:
     """The console script and `python -m amp_search`: `main` on sys.argv, then exit with its
     status. After one of QUICK_EXIT_COMMANDS the streams are flushed and the exit handlers
     run (atexit: multiprocessing's, temporary folders' finalizers, logging's), and the
-    process ends there, as a forked worker does (os._exit); the others exit as usual."""
-    code = main()
+    process ends there, as a forked worker does (os._exit); the others exit as usual.
+
+    Those commands run numpy's BLAS on one thread (OPENBLAS_NUM_THREADS, unless it is set):
+    their arrays are small, and OpenBLAS starts a thread per core when numpy is imported,
+    which on the 2-core machine took 0.08 s of CPU more at the import (the thread left
+    idle, or the one worker `plan --subsets` forks, run without it)."""
     words = sys.argv[1:]
+    if words and words[0] in QUICK_EXIT_COMMANDS:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")      # before numpy's import
+    code = main()
     if not words or words[0] not in QUICK_EXIT_COMMANDS:
         sys.exit(code)
     import atexit
