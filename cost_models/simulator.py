@@ -277,24 +277,25 @@ class SimulatedIteration:
         else:
             f_owner, f_kind, f_start, f_end, coll = (p["f_owner"], p["f_kind"], p["f_start"],
                                                      p["f_end"], p["coll_kind"])
-        stages = np.where(comp, c // K, f_owner[f]).astype(np.int64).tolist()
+        if not tasks.size:
+            return ()
+        stages = np.where(comp, c // K, f_owner[f]).astype(np.int64)
         kinds = np.where(comp, comp_kind.ravel()[c],
-                         np.where(f_kind[f] == FLOW_P2P, SEND, coll[f])).astype(np.int64).tolist()
-        starts = np.where(comp, p["c_start"].ravel()[c], f_start[f]).astype(float).tolist()
-        ends = np.where(comp, p["c_end"].ravel()[c], f_end[f]).astype(float).tolist()
-        out: list[list] = []
-        prev_end = 0.0
-        for j, kind, start, end in zip(stages, kinds, starts, ends):
-            counted = max(end - max(start, prev_end), 0.0)
-            prev_end = max(prev_end, end)
-            if out and out[-1][0] == j and out[-1][1] == kind:
-                run = out[-1]
-                run[2] += 1
-                run[4] = max(run[4], end)
-                run[5] += counted
-            else:
-                out.append([j, kind, 1, start, end, counted])
-        return tuple((j, KINDS[k], n, s, e, dt) for j, k, n, s, e, dt in out)
+                         np.where(f_kind[f] == FLOW_P2P, SEND, coll[f])).astype(np.int64)
+        starts = np.where(comp, p["c_start"].ravel()[c], f_start[f]).astype(float)
+        ends = np.where(comp, p["c_end"].ravel()[c], f_end[f]).astype(float)
+        # each task counts what it adds past the latest end before it (0.0 at first)
+        before = np.concatenate([[0.0], np.maximum.accumulate(np.maximum(ends, 0.0))[:-1]])
+        counted = np.maximum(ends - np.maximum(starts, before), 0.0)
+        # runs: consecutive tasks of one stage and kind
+        first = np.flatnonzero(np.concatenate(
+            [[True], (stages[1:] != stages[:-1]) | (kinds[1:] != kinds[:-1])]))
+        tasks_in = np.diff(np.append(first, tasks.size))
+        run_end = np.maximum.reduceat(ends, first)
+        run_time = np.add.reduceat(counted, first)
+        return tuple((j, KINDS[k], n, s, e, dt) for j, k, n, s, e, dt in zip(
+            stages[first].tolist(), kinds[first].tolist(), tasks_in.tolist(),
+            starts[first].tolist(), run_end.tolist(), run_time.tolist()))
 
     @cached_property
     def table(self) -> EventTable:
