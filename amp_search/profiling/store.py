@@ -25,7 +25,6 @@ import json
 import math
 import os
 import re
-import socket
 from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -630,6 +629,8 @@ def find_comm_profile(directory: Path, *, device: str | None = None,
 
 
 def hostname() -> str:
+    import socket       # here: planning, which imports this module, never asks (5 ms)
+
     return socket.gethostname()
 
 
