@@ -844,7 +844,10 @@ class CostModel:
         if c.replicas == 1 or self.is_megatron_fsdp(c) or self.spec.training.frozen_weights \
                 or self.overlaps_grad_reduce(c):
             return 0.0
-        key = ("dp-floor", c.pp, c.dp, c.cp, c.tmp, c.mbs, c.zero_stage, c.ep)
+        # the micro-batches matter to ZeRO 2 and 3 alone (a reduction per micro-batch)
+        gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs) \
+            if c.zero_stage >= 2 else 0
+        key = ("dp-floor", c.pp, c.dp, c.cp, c.tmp, gas, c.zero_stage, c.ep)
         hit = self._fixed_cache.get(key)
         if hit is None:
             p, arr = self.params, self.cluster_for["all_reduce"]
