@@ -434,26 +434,27 @@ def report(scored: Scored, show_rows: bool) -> dict:
                       ("model", lambda r: r.row["model"]),
                       ("release", lambda r: r.row["release"])):
         print(f"  by {name}:")
-        out["by"][name] = {}
-        for k, rs in groups(res, key).items():
-            print(f"    {k:14s} {len(rs):3d} rows  MAPE {mape(rs):6.1%}  signed {signed(rs):+6.1%}")
-            out["by"][name][k] = {"rows": len(rs), "mape": mape(rs), "signed": signed(rs)}
+        out["by"][name] = report_groups(res, key)
     # what the catalog's prediction_error takes per GPU: the dense rows' MAPE, and `moe:` the
     # mixture-of-experts rows'
     print("  by system and kind (the catalog's prediction_error and its moe: figure):")
-    out["by"]["system_kind"] = {}
-    for k, rs in groups(res, lambda r: f"{r.row['system']} {kind_of(r.row)}").items():
-        print(f"    {k:18s} {len(rs):3d} rows  MAPE {mape(rs):6.1%}  signed {signed(rs):+6.1%}")
-        out["by"]["system_kind"][k] = {"rows": len(rs), "mape": mape(rs), "signed": signed(rs)}
+    out["by"]["system_kind"] = report_groups(
+        res, lambda r: f"{r.row['system']} {kind_of(r.row)}", width=18)
     latest = newest(res)
     print(f"\nEach recipe in the newest release that published it: MAPE {mape(latest):.1%} "
           f"(signed {signed(latest):+.1%}) over {len(latest)} recipes")
     out["newest"] = {"rows": len(latest), "mape": mape(latest), "signed": signed(latest),
-                     "by_system": {}}
-    for k, rs in groups(latest, lambda r: r.row["system"]).items():
-        print(f"    {k:14s} {len(rs):3d} rows  MAPE {mape(rs):6.1%}  signed {signed(rs):+6.1%}")
-        out["newest"]["by_system"][k] = {"rows": len(rs), "mape": mape(rs),
-                                         "signed": signed(rs)}
+                     "by_system": report_groups(latest, lambda r: r.row["system"])}
+    return out
+
+
+def report_groups(results: list[Result], key, width: int = 14) -> dict:
+    """Print a line per group of `results` (by `key`): its rows, MAPE and mean signed error;
+    return the same by group."""
+    out = {}
+    for k, rs in groups(results, key).items():
+        print(f"    {k:{width}s} {len(rs):3d} rows  MAPE {mape(rs):6.1%}  signed {signed(rs):+6.1%}")
+        out[k] = {"rows": len(rs), "mape": mape(rs), "signed": signed(rs)}
     return out
 
 
