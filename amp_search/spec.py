@@ -543,14 +543,32 @@ class Spec:
             return self.training.attention
         return "flash" if gpu.flash_attention else "standard"
 
-    def model_error(self) -> tuple[float, GPU]:
-        """The default model's measured error (a fraction) on the cluster's least known GPU
-        type, and that GPU (the catalog's prediction_error; its `moe:` figure for a model
-        with experts): what `plan` marks ties within."""
+    def model_error(self) -> "ModelError":
+        """The default model's measured error on the cluster's least known GPU type (the
+        catalog's prediction_error; its `moe:` figure for a model with experts): what `plan`
+        marks ties within."""
         experts = bool(self.model.num_experts)
         gpu = max((g.gpu for g in self.cluster.node_groups),
                   key=lambda g: g.error_of(experts)[0])
-        return gpu.error_of(experts)[0], gpu
+        mape, source = gpu.error_of(experts)
+        return ModelError(mape=mape, gpu=gpu, kind="experts" if experts else "dense",
+                          source=source, for_experts=experts and gpu.prediction_error_moe > 0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelError:
+    """The default model's measured error on a cluster (`Spec.model_error`)."""
+
+    mape: float
+    """A fraction (0.037: 3.7%); 0.0 where none is known."""
+    gpu: GPU
+    """The cluster's GPU type whose figure it is: the least known one."""
+    kind: str
+    """'experts' for a model with experts, else 'dense'."""
+    source: str
+    """Where it was measured (the catalog's prediction_error source)."""
+    for_experts: bool
+    """Whether it is the GPU's figure for models with experts (the catalog's `moe:`)."""
 
 
 def _read_catalog(path: Path | None) -> tuple[Path, dict, dict, object]:

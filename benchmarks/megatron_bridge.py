@@ -683,7 +683,7 @@ def recipe_ranks(rows: list[dict], results: list[Result] | None = None) -> list[
                             if (e.strategy.pp, e.strategy.dp, e.strategy.tmp, e.strategy.cp,
                                 e.strategy.mbs) == layout[:5]), None)
         best = ranked[0] if ranked else None
-        error = spec.model_error()[0]       # what `plan` ties within
+        error = spec.model_error().mape     # what `plan` ties within
         kind_error = errors[(row["system"], kind_of(row))]
 
         def best_within(err: float) -> bool:

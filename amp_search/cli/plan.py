@@ -15,7 +15,7 @@ from cost_models.layers import model_flops_per_sample
 
 from ..errors import UsageError
 from ..records import Estimate, Plan
-from ..spec import FINGERPRINT_KEY, Spec, load_spec, spec_fingerprint
+from ..spec import FINGERPRINT_KEY, ModelError, Spec, load_spec, spec_fingerprint
 
 
 def add_parser(sub) -> None:
@@ -465,16 +465,15 @@ def tied_count(result: Plan, error: float) -> int:
     return sum(e.iteration_time_s <= limit for e in result.strategies)
 
 
-def tie_note(spec: Spec, tied: int, error: float, gpu, result: Plan | None = None) -> str:
-    """What the tie with the best means for the user, in one line; `result`: the plan, where
-    it holds several backends (`launch` runs one: the best's)."""
-    if error <= 0.0:
+def tie_note(spec: Spec, tied: int, error: ModelError, result: Plan | None = None) -> str:
+    """What the tie with the best within the model's `error` (`Spec.model_error`) means for
+    the user, in one line; `result`: the plan, where it holds several backends (`launch`
+    runs one: the best's)."""
+    if error.mape <= 0.0:
         return "The model's error on these GPUs is not known: measure the best few plans."
-    experts = bool(spec.model.num_experts)
-    source = gpu.error_of(experts)[1]
-    where = (f"±{error:.1%} on {gpu.name}"
-             + (" for a model with experts" if experts and gpu.prediction_error_moe else "")
-             + (f", {source}" if source else ""))
+    where = (f"±{error.mape:.1%} on {error.gpu.name}"
+             + (" for a model with experts" if error.for_experts else "")
+             + (f", {error.source}" if error.source else ""))
     if tied <= 1:
         return (f"No other plan lies within the model's error of the best ({where}).")
     path = spec.path if spec.path is not None else "SPEC"
@@ -563,7 +562,8 @@ def run_plan(args) -> int:
     with_subsets = cli_subsets.wanted(spec, args)
     measurements = measurements_for(spec, args)
     simulate_top = 0 if args.no_simulate else args.simulate_top
-    error, gpu = spec.model_error()
+    model_error = spec.model_error()
+    error = model_error.mape
     # the plans shown, and every plan that may tie with the best (tied_count)
     shared = SharedRows()       # per device type rows, for the parts planned after it too
     workers = os.cpu_count() or 1
@@ -635,7 +635,7 @@ def run_plan(args) -> int:
         extra = ([versus] if versus else []) + ([dispatch] if dispatch else []) + \
             ([groups_alone_note(spec, result, alone, error)] if alone else []) + \
             ([note] if note else [])
-        for line in [tie_note(spec, tied, error, gpu, result), footer] + extra:
+        for line in [tie_note(spec, tied, model_error, result), footer] + extra:
             print("\n".join(textwrap.wrap(line, width, break_on_hyphens=False)))
     subset_json = {}
     if subsets:
@@ -647,9 +647,8 @@ def run_plan(args) -> int:
                                        for a in alone]} if alone else {}
         extra.update(subset_json)
         # the error the ties were marked within: rows 1..tied are `~` in the table
-        extra["model_error"] = {"mape": error, "gpu": gpu.name,
-                                "kind": "experts" if spec.model.num_experts else "dense",
-                                "source": gpu.error_of(bool(spec.model.num_experts))[1],
+        extra["model_error"] = {"mape": error, "gpu": model_error.gpu.name,
+                                "kind": model_error.kind, "source": model_error.source,
                                 "tied": tied}
         if gain is not None:
             extra["moe_dispatcher_hint"] = {"moe_dispatcher": gain[2],
