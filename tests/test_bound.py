@@ -106,7 +106,8 @@ def slow_network_spec(widths: tuple[int, ...], backend: str) -> dict:
 
 
 @pytest.mark.parametrize("name", SPECS + ["slow:8,4:deepspeed", "slow:4,2,8:megatron",
-                                          "slow:16:deepspeed"])
+                                          "slow:16:deepspeed", "slow:8,8:deepspeed",
+                                          "slow:4,4,4:megatron"])
 def test_every_bound_is_below_the_cost(name):
     """CostModel.lower_bound_s, without a placement, on each placement order, and with the
     partition DP, never exceeds what evaluate() gives (every candidate of the search)."""
@@ -130,6 +131,38 @@ def test_every_bound_is_below_the_cost(name):
                 assert model.lower_bound_s(c, o) <= t * (1 + 1e-9), (c, o.name)
                 assert model.lower_bound_s(c, o, split=True) <= t * (1 + 1e-9), (c, o.name)
             assert model.lower_bound_s(c) <= min(times) * (1 + 1e-9), c
+
+
+def amp_mix_part(v100_nodes: int, t4_nodes: int) -> dict:
+    """AMP's V100 + T4 mix of benchmarks/search_time.py (16-GPU nodes; the T4 nodes' network
+    5x the V100 nodes'), `v100_nodes` and `t4_nodes` of it."""
+    return {"cluster": {"nodes": [
+        {"gpu": "V100-16GB", "count": v100_nodes, "gpus_per_node": 16,
+         "intra_node_bandwidth": "170 Gbps", "inter_node_bandwidth": "10 Gbps"},
+        {"gpu": "T4-16GB", "count": t4_nodes, "gpus_per_node": 16,
+         "intra_node_bandwidth": "50 Gbps", "inter_node_bandwidth": "50 Gbps"}]},
+        "model": {"preset": "gpt", "num_layers": 24, "hidden_size": 1024,
+                  "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 52256},
+        "training": {"global_batch_size": 32, "precision": "fp16", "backend": "deepspeed",
+                     "activation_checkpointing": "none", "zero_stage": 0,
+                     "sequence_parallel": False}}
+
+
+@pytest.mark.parametrize("nodes, layout", [((12, 1), (26, 2, 4, 1)), ((12, 1), (13, 4, 4, 1)),
+                                           ((4, 1), (5, 4, 4, 2))])
+def test_the_bound_before_a_placement_charges_each_boundary_its_own_nodes_network(nodes,
+                                                                                    layout):
+    """A stage boundary between nodes pays the slower node's network, and a pipeline pays
+    at least its mean stage's P2P in every steady-state micro-batch, before any placement:
+    on a part of AMP's mix with one fast-network T4 node among slow V100 nodes, the bound
+    without a placement is within 10% of the least placed one (it was 0.56-0.66 of it when
+    every boundary was charged the T4 node's network), and still below it."""
+    spec = parse_spec(amp_mix_part(*nodes))
+    model = CostModel(spec)
+    c = next(c for c in enumerate_candidates(SearchSpace.of(spec), Counter())
+             if (c.pp, c.dp, c.tmp, c.mbs) == layout)
+    placed = min(model.lower_bound_s(c, o) for o in device_orders(spec.cluster, "fp16"))
+    assert 0.9 * placed <= model.lower_bound_s(c) <= placed * (1 + 1e-9)
 
 
 def same(a, b):
