@@ -93,9 +93,8 @@ def run() -> None:
     process ends there, as a forked worker does (os._exit); the others exit as usual.
 
     Those commands run numpy's BLAS on one thread (OPENBLAS_NUM_THREADS, unless it is set):
-    their arrays are small, and OpenBLAS starts a thread per core when numpy is imported,
-    which on the 2-core machine took 0.08 s of CPU more at the import (the thread left
-    idle, or the one worker `plan --subsets` forks, run without it)."""
+    their arrays are small, and the threads OpenBLAS starts at numpy's import cost 0.08 s of
+    CPU on the 2-core machine, CPU that the worker `plan --subsets` forks can use."""
     words = sys.argv[1:]
     if words and words[0] in QUICK_EXIT_COMMANDS:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")      # before numpy's import
