@@ -48,4 +48,3 @@ def test_rank_summary_counts_each_test_of_the_issue():
     assert MB.rank_summary(ranks) == {
         "recipes": 3, "top10": 1, "layout10": 2, "place10": 1, "within_error": 1,
         "within_kind_error": 2, "both": 1, "both_kind": 1}
-

@@ -632,17 +632,15 @@ class CostModel:
             if c.virtual_stages > 1 or c.pp == 1:       # no P2P in the steady state
                 return rows_bound + fixed
             b = (gas - 1) * self.p2p_blocking_share
-            # or: the stage beside the dearest boundary waits for it every micro-batch but
-            # one (and, with 3 stages or more, that boundary has a middle stage beside it,
-            # which waits for its other boundary too), and one micro-batch passes every
-            # layer (the placed bound's `alternative`, on the device types' rows)
+            # or one micro-batch through every layer and boundary and the steady state's
+            # least (`_steady_floor_s`, the placed bound's `alternative` on the device types'
+            # rows): the dearest boundary has, with 3 stages or more, a middle stage beside
+            # it, which waits for its other boundary too
             pair = most + (least if c.pp > 2 else 0.0)
             one_pass = bound_rows.total + (gas - 1 + c.pp) * p.microbatch_overhead_s \
                 + common["step_overhead_s"]
-            return max(rows_bound + fixed + b * least, fixed + b * pair + one_pass,
-                       # or: the steady state's mean stage (`_placed_bound_rows`)
-                       fixed + (gas - 1) * bound_rows.total / c.pp
-                       + b * 2.0 * p2p / c.pp + one_pass)
+            return max(rows_bound + fixed + b * least, fixed + one_pass + self._steady_floor_s(
+                c, gas, cheapest_s=bound_rows.total, dearest_pair_s=pair, p2p_s=p2p))
         # the tiers of the search ask for each placement's bound without the split, then with
         # it: the second takes the first's rows (and lets them go)
         key = (order.name, c)
@@ -719,19 +717,28 @@ class CostModel:
             # as the stage beside the dearest pair takes
             least = cut[1:, 1:-1].min(axis=1)
             pairs = np.concatenate([[0.0], least]) + np.concatenate([least, [0.0]])
-            b = (gas - 1) * self.p2p_blocking_share
-            steady = b * float(pairs.min())
-            # and as long as the steady state's mean stage: a period is at least the mean
-            # over the stages of t_j + the share of its two boundaries' P2P it waits for
-            # (pipeline.steady_state_period_s), whose P2P counts each boundary twice
+            steady = (gas - 1) * self.p2p_blocking_share * float(pairs.min())
             cheapest = float(rows.min(axis=0).sum())
             one_pass = float(least.sum()) + cheapest \
                 + (gas - 1 + c.pp) * p.microbatch_overhead_s + step_overhead_s + mean_sync
-            alternative = one_pass + max(b * float(pairs.max()), (gas - 1) * cheapest / c.pp
-                                         + b * 2.0 * float(least.sum()) / c.pp)
+            alternative = one_pass + self._steady_floor_s(
+                c, gas, cheapest_s=cheapest, dearest_pair_s=float(pairs.max()),
+                p2p_s=float(least.sum()))
         return _PlacedBound(layout=layout, rows=rows, cut=cut, least=least, sync=sync,
                             sync_fixed=sync_fixed, mean_sync=mean_sync, steady=steady,
                             alternative=alternative)
+
+    def _steady_floor_s(self, c: Candidate, gas: int, *, cheapest_s: float,
+                        dearest_pair_s: float, p2p_s: float) -> float:
+        """What 1F1B's steady state adds at least to one micro-batch's pass through every
+        layer and boundary (`cheapest_s`: the layers at their cheapest; `p2p_s`: the
+        boundaries' P2P; `dearest_pair_s`: the P2P some stage waits for at its boundaries):
+        in every micro-batch but one, the stage beside the dearest pair waits for its
+        blocking share of them, and a period is at least the mean over the stages of t_j +
+        the share of its two boundaries' P2P it waits for (pipeline.steady_state_period_s),
+        whose P2P counts each boundary twice."""
+        b = (gas - 1) * self.p2p_blocking_share
+        return max(b * dearest_pair_s, (gas - 1) * cheapest_s / c.pp + b * 2.0 * p2p_s / c.pp)
 
     def p2p_floors_s(self, c: Candidate) -> tuple[float, float, float]:
         """What the pp - 1 stage boundaries' P2P add at least to a 1F1B iteration (its fill
@@ -786,7 +793,7 @@ class CostModel:
                 # With 3 stages or more the last boundary's receivers share theirs too: no
                 # node of the last stage holds a device of the first, so each of its
                 # devices receives at once (each boundary then at most at the share of a
-                # stage of its own: its senders' for the others, the last stage's for it)
+                # stage of its own: its senders' for the others, the last stage's for it).
                 # Where the nodes are as wide as one another and whole nodes make a stage,
                 # every node holds one stage and all of its devices send (or receive) at
                 # once: a boundary at most at the slower of its two stages' shares, and as
