@@ -18,17 +18,24 @@ GPUs, 18 (tp, dp, pp) layouts, hidden 1024 or 2048, 12-24 layers, fp16, full rec
    given: `estimate(spec, pp, dp, tmp, mbs, partition="uniform", zero_stage=0,
    activation_checkpointing=True)` (Megatron's uniform split: embedding on the first stage, head
    on the last);
-3. figures, against the targets (the constants below):
+3. figures, against the targets (the constants below; the transfer issue's: MAPE <= 8%, the
+   median group Spearman >= 0.95, the best of the top 3 within 3% in every group):
    - MAPE over all rows;
    - mean signed error (predicted / measured - 1) per (tp, dp, pp) layout;
    - Spearman's rank correlation of predicted against measured time within each group of rows
      that share the model shape (hidden, layers), the GPU count and the global batch, i.e. the
      choices a user ranks (groups of fewer than 3 rows are skipped and counted; a group whose
-     rows all get the same prediction is ranked not at all and counts as 0): median, worst;
+     rows all get the same prediction is ranked not at all and counts as 0): median, and the
+     worst (a figure, no longer a target);
    - top-1 regret per group: the measured time of the row the model ranks first, over the
-     measured best of the group, minus 1 (rows tied for first: their mean): median, worst;
-     beside it, the same for the best of the top k (k = 2-5; `amp-search launch --top-k k`
-     runs the k strategies predicted fastest and keeps the measured best), not a target;
+     measured best of the group, minus 1 (rows tied for first: their mean): median, worst (a
+     figure, no longer a target); beside it, the same for the best of the top k (k = 2-5;
+     `amp-search launch --top-k k` runs the k strategies predicted fastest and keeps the
+     measured best): k = 3 is the target;
+   - the data's own micro-batch times (`microbatch_times`, `larger_microbatch_faster`): the
+     pairs of micro-batch sizes of one layout whose larger micro-batch takes less time, which
+     no model whose time grows with the work ranks as measured, and whether each group the
+     top 3 miss has its measured best on one;
    - beside it, the noise-aware regret: the regret less the data's own run-to-run noise
      (`twin_noise`: the data has no repeated rows, so the noise is bounded from above by the
      median |log ratio| of pairs of runs that do the same per-GPU work and differ only in dp,
@@ -67,14 +74,19 @@ from amp_search.spec import parse_spec  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "vtrain-single-node-a100.csv"
 
-# targets (default model, no flags)
-TARGET_MAPE = 0.10                  # MAPE <= 10%
+# targets (default model, no flags): the transfer issue's (MAPE, the best of the top 3, the
+# median group Spearman), which replaced the worst group Spearman >= 0.7 and the top-1 regret
+# <= 3% in every group of the issue before it; those two are still reported, as figures
+TARGET_MAPE = 0.08                  # MAPE <= 8%
 TARGET_LAYOUT_SIGNED_ERROR = 0.15   # every layout's mean signed error within +-15%
-TARGET_SPEARMAN_MEDIAN = 0.9        # within-group Spearman, median >= 0.9
-TARGET_SPEARMAN_WORST = 0.7         # ... and worst >= 0.7
-TARGET_REGRET = 0.03                # top-1 regret <= 3% in every group
+TARGET_SPEARMAN_MEDIAN = 0.95       # within-group Spearman, median >= 0.95
+TARGET_SPEARMAN_WORST = 0.7         # ... the worst: reported beside it, not a target
+TARGET_REGRET = 0.03                # regret <= 3% ...
+TARGET_TOP_K = 3                    # ... of the best of the top 3 (`launch --top-k 3`), in
+                                    # every group; the top-1 regret is reported beside it
 MIN_GROUP_ROWS = 3                  # Spearman needs at least 3 rows
 TOP_K = (2, 3, 4, 5)                # best of the top k: what `launch --top-k k` would keep
+LARGER_MICROBATCH_FASTER = 0.03     # `larger_microbatch_faster`: by 3% or more
 
 # the setup of the measurements (benchmarks/data/README.md)
 GPU = "A100-80GB"
@@ -378,6 +390,9 @@ def held_out_report(rows: list[dict], ev: Evaluator | None = None) -> dict:
             parts[part] = {k: f[k] for k in ("rows", "mape", "spearman_median",
                                              "spearman_worst", "regret_median",
                                              "regret_worst", "regret_groups_above_target")}
+            top = f["top_k"][TARGET_TOP_K]
+            parts[part]["top_k_regret_worst"] = top["worst"]
+            parts[part]["top_k_groups_above_target"] = top["groups_above_target"]
             parts[part]["layout_signed_min"] = min(v["mean_signed_error"]
                                                    for v in f["per_layout"].values())
             parts[part]["layout_signed_max"] = max(v["mean_signed_error"]
@@ -437,6 +452,85 @@ def per_shape_ceiling(rows: list[dict]) -> dict:
     return out
 
 
+MICROBATCH_CELL = ("hidden", "layers", "heads", "seq", "gpus", "tp", "dp", "pp")
+"""A layout of one model: the rows that differ only in the micro-batch size and the global
+batch (`microbatch_times`)."""
+
+
+def microbatch_times(rows: list[dict]) -> dict[tuple, float]:
+    """The data's own time of one micro-batch, per layout (MICROBATCH_CELL) and micro-batch
+    size: the slope of the measured iteration time over the micro-batches each pipeline runs
+    (gbs / (dp mbs)), by least squares over the global batches measured. Under 1F1B the
+    iteration is (m + pp - 1) micro-batch slots of the slowest stage plus what does not
+    depend on m (the optimizer step, the gradient sync), so the slope is the slowest stage's
+    time per micro-batch, free of those. Cells with one micro-batch count are left out."""
+    by: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    for r in rows:
+        by[tuple(r[k] for k in MICROBATCH_CELL) + (r["mbs"],)].append(
+            (r["gbs"] / (r["dp"] * r["mbs"]), r["measured_ms"]))
+    out = {}
+    for cell, points in by.items():
+        m = np.array([x for x, _ in points])
+        if np.ptp(m) == 0:
+            continue
+        t = np.array([y for _, y in points])
+        out[cell] = float(np.polyfit(m, t, 1)[0])
+    return out
+
+
+def larger_microbatch_faster(rows: list[dict],
+                             tolerance: float = LARGER_MICROBATCH_FASTER) -> list[dict]:
+    """Where the data's micro-batch time falls as the micro-batch grows (`microbatch_times`):
+    each pair of successive micro-batch sizes of one layout whose larger micro-batch, more
+    samples through the same layers, takes at least `tolerance` less time. Sorted by how much
+    less. No cost model whose time grows with the work of a micro-batch can rank such rows
+    as measured: it puts the larger micro-batch's rows too slow against the others."""
+    times = microbatch_times(rows)
+    sizes: dict[tuple, dict[int, float]] = defaultdict(dict)
+    for cell, t in times.items():
+        sizes[cell[:-1]][cell[-1]] = t
+    out = []
+    for layout_key, by_mbs in sizes.items():
+        ms = sorted(by_mbs)
+        for small, large in zip(ms, ms[1:]):
+            if by_mbs[large] < by_mbs[small] * (1.0 - tolerance):
+                out.append(dict(zip(MICROBATCH_CELL, layout_key),
+                                mbs_small=small, mbs_large=large,
+                                microbatch_ms_small=by_mbs[small],
+                                microbatch_ms_large=by_mbs[large],
+                                change=by_mbs[large] / by_mbs[small] - 1.0))
+    return sorted(out, key=lambda d: d["change"])
+
+
+def data_monotonicity(rows: list[dict], f: dict) -> dict:
+    """`larger_microbatch_faster` on the rows, out of how many pairs of successive
+    micro-batch sizes, and for each group whose best of the top TARGET_TOP_K misses the
+    target (figures `f`), whether its measured best runs on the larger micro-batch of such a
+    pair."""
+    faster = larger_microbatch_faster(rows)
+    sizes: dict[tuple, set] = defaultdict(set)
+    for cell in microbatch_times(rows):
+        sizes[cell[:-1]].add(cell[-1])
+    pairs = sum(max(len(v) - 1, 0) for v in sizes.values())
+    on_larger = {tuple(d[k] for k in MICROBATCH_CELL) + (d["mbs_large"],) for d in faster}
+    best_rows = {}
+    for r in rows:
+        g = group_label(group_key(r))
+        if g not in best_rows or r["measured_ms"] < best_rows[g]["measured_ms"]:
+            best_rows[g] = r
+    missed = []
+    for g in f["groups"]:
+        if g["top_k_regret"].get(TARGET_TOP_K, 0.0) <= TARGET_REGRET:
+            continue
+        best = best_rows[g["group"]]
+        missed.append({"group": g["group"], "measured_best": g["measured_best"],
+                       "regret": g["top_k_regret"][TARGET_TOP_K],
+                       "best_on_a_faster_larger_microbatch": tuple(
+                           best[k] for k in MICROBATCH_CELL) + (best["mbs"],) in on_larger})
+    return {"pairs": pairs, "tolerance": LARGER_MICROBATCH_FASTER,
+            "larger_microbatch_faster": faster, "top_k_missed": missed}
+
+
 def misses(f: dict, held_out: dict | None = None) -> list[str]:
     out = []
     for split, parts in (held_out or {}).items():
@@ -453,18 +547,16 @@ def misses(f: dict, held_out: dict | None = None) -> list[str]:
     if not f["spearman_median"] >= TARGET_SPEARMAN_MEDIAN:
         out.append(f"within-group Spearman median {f['spearman_median']:.3f} < "
                    f"{TARGET_SPEARMAN_MEDIAN}")
-    if not f["spearman_worst"] >= TARGET_SPEARMAN_WORST:
-        out.append(f"within-group Spearman worst {f['spearman_worst']:.3f} < "
-                   f"{TARGET_SPEARMAN_WORST}")
-    bad = [g for g in f["groups"] if not g["regret"] <= TARGET_REGRET]
-    if bad:
-        out.append(f"top-1 regret > {TARGET_REGRET:.0%} in {len(bad)} of {len(f['groups'])} "
-                   f"groups (worst {f['regret_worst']:.1%})")
+    top = f["top_k"].get(TARGET_TOP_K) if f["top_k"] else None
+    if top is not None and top["groups_above_target"]:
+        out.append(f"best of the top {TARGET_TOP_K} more than {TARGET_REGRET:.0%} off the "
+                   f"measured best in {top['groups_above_target']} of {len(f['groups'])} "
+                   f"groups (worst {top['worst']:.1%})")
     return out
 
 
-def report(f: dict, held_out: dict | None, elapsed_s: float, ceiling: dict | None = None
-           ) -> None:
+def report(f: dict, held_out: dict | None, elapsed_s: float, ceiling: dict | None = None,
+           monotonicity: dict | None = None) -> None:
     print(f"{f['rows']} rows, predicted in {elapsed_s:.2f} s")
     print(f"MAPE {f['mape']:.1%} (target <= {TARGET_MAPE:.0%}); mean signed error "
           f"{f['mean_signed_error']:+.1%}")
@@ -481,14 +573,16 @@ def report(f: dict, held_out: dict | None, elapsed_s: float, ceiling: dict | Non
           f"{f['groups_constant_prediction']} with the same prediction for every row, counted "
           f"as 0): median "
           f"{f['spearman_median']:.3f} (target >= {TARGET_SPEARMAN_MEDIAN}), worst "
-          f"{f['spearman_worst']:.3f} (target >= {TARGET_SPEARMAN_WORST})")
+          f"{f['spearman_worst']:.3f} (not a target since the transfer issue; it was >= "
+          f"{TARGET_SPEARMAN_WORST})")
     scored = sorted((g for g in f["groups"] if g["spearman"] is not None),
                     key=lambda g: g["spearman"])
     for g in scored[:5]:
         print(f"  {g['group']:34} {g['rows']:>3} rows  Spearman {g['spearman']:+.3f}")
     print()
     n_bad = sum(1 for g in f["groups"] if not g["regret"] <= TARGET_REGRET)
-    print(f"top-1 regret ({len(f['groups'])} groups): median {f['regret_median']:.1%}, worst "
+    print(f"top-1 regret ({len(f['groups'])} groups; not a target since the transfer issue, "
+          f"the best of the top {TARGET_TOP_K} is): median {f['regret_median']:.1%}, worst "
           f"{f['regret_worst']:.1%}; {n_bad} groups above {TARGET_REGRET:.0%}")
     for g in sorted(f["groups"], key=lambda g: -g["regret"])[:5]:
         print(f"  {g['group']:34} regret {g['regret']:>6.1%}  predicted best "
@@ -504,7 +598,25 @@ def report(f: dict, held_out: dict | None, elapsed_s: float, ceiling: dict | Non
         print("best of the top k (the measured best of the k strategies predicted fastest, what "
               "`amp-search launch --top-k k` keeps), regret: " + "; ".join(
                   f"k={k} worst {v['worst']:.1%}, {v['groups_above_target']} groups above "
-                  f"{TARGET_REGRET:.0%}" for k, v in f["top_k"].items()))
+                  f"{TARGET_REGRET:.0%}" for k, v in f["top_k"].items())
+              + f" (target: k={TARGET_TOP_K} within {TARGET_REGRET:.0%} in every group)")
+    if monotonicity is not None:
+        m = monotonicity
+        faster = m["larger_microbatch_faster"]
+        print()
+        print(f"the data's own micro-batch times (`microbatch_times`: the slope of the measured "
+              f"time over each pipeline's micro-batches, per layout and micro-batch size): in "
+              f"{len(faster)} of {m['pairs']} pairs of successive micro-batch sizes of one "
+              f"layout, the larger micro-batch takes {m['tolerance']:.0%} or more less time, "
+              f"which no model whose time grows with a micro-batch's work ranks as measured")
+        for d in faster[:5]:
+            print(f"  h{d['hidden']} L{d['layers']} {d['gpus']}gpu tp{d['tp']} dp{d['dp']} "
+                  f"pp{d['pp']}: mbs{d['mbs_small']} {d['microbatch_ms_small']:.1f} ms, "
+                  f"mbs{d['mbs_large']} {d['microbatch_ms_large']:.1f} ms ({d['change']:+.0%})")
+        for g in m["top_k_missed"]:
+            on = "on" if g["best_on_a_faster_larger_microbatch"] else "not on"
+            print(f"  best of the top {TARGET_TOP_K} missed in {g['group']} ({g['regret']:.1%}): "
+                  f"the measured best, {g['measured_best']}, is {on} such a larger micro-batch")
     print()
     print("held-out figures of the fit")
     if held_out is None:
@@ -520,7 +632,9 @@ def report(f: dict, held_out: dict | None, elapsed_s: float, ceiling: dict | Non
                       f"[{p['layout_signed_min']:+.1%}, {p['layout_signed_max']:+.1%}]  "
                       f"Spearman median {p['spearman_median']:.3f} worst "
                       f"{p['spearman_worst']:+.3f}  regret worst {p['regret_worst']:.1%} "
-                      f"({p['regret_groups_above_target']} groups > {TARGET_REGRET:.0%})")
+                      f"({p['regret_groups_above_target']} groups > {TARGET_REGRET:.0%}), "
+                      f"best of the top {TARGET_TOP_K} worst {p['top_k_regret_worst']:.1%} "
+                      f"({p['top_k_groups_above_target']} groups)")
     if ceiling:
         print()
         print("per-shape yardstick, not a target (per_shape_ceiling): each cell's time per block "
@@ -572,7 +686,8 @@ def main(argv=None) -> int:
             print("fitted on all rows: " + ", ".join(f"{k} = {v * 1e6:.1f} us"
                                                      for k, v in coef.items()))
     ceiling = None if errors else per_shape_ceiling(rows)
-    report(f, held_out, elapsed, ceiling)
+    monotonicity = data_monotonicity(rows, f)
+    report(f, held_out, elapsed, ceiling, monotonicity)
     missed = misses(f, held_out)
     print()
     if missed:
@@ -584,12 +699,12 @@ def main(argv=None) -> int:
 
     if args.json:
         out = dict(f, data=str(args.data), predict_s=elapsed, unpredicted=errors,
-                   held_out=held_out, per_shape_ceiling=ceiling, missed=missed,
+                   held_out=held_out, per_shape_ceiling=ceiling,
+                   data_monotonicity=monotonicity, missed=missed,
                    targets={"mape": TARGET_MAPE,
                             "layout_mean_signed_error": TARGET_LAYOUT_SIGNED_ERROR,
                             "spearman_median": TARGET_SPEARMAN_MEDIAN,
-                            "spearman_worst": TARGET_SPEARMAN_WORST,
-                            "regret": TARGET_REGRET})
+                            "regret": TARGET_REGRET, "top_k": TARGET_TOP_K})
         args.json.write_text(json.dumps(out, indent=2))
     if args.csv:
         fields = ["gpus", "gbs", "mbs", "hidden", "heads", "layers", "seq", "tp", "dp", "pp",

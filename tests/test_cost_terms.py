@@ -605,6 +605,48 @@ def test_the_spec_backend_chooses_the_memory_traffic_of_analytic_layers():
     assert all(mg_t.backward_s[i] < ds_t.backward_s[i] for i in blocks)
 
 
+def test_the_datas_own_microbatch_time_is_the_slope_over_the_microbatches():
+    """A layout at mbs 1: 4 and 8 micro-batches per pipeline (dp 2, gbs 8 and 16) take 100 and
+    180 ms, 20 ms a micro-batch; at mbs 2, 2 and 4 micro-batches take 60 and 92 ms, 16 ms: a
+    micro-batch of twice the samples 20% faster, flagged; at mbs 4, 1 and 2 micro-batches 50
+    and 70 ms, 20 ms (+25% against mbs 2), not flagged. A cell measured at one global batch
+    has no slope."""
+    G = _gpu_accuracy()
+    rows = [_row(2, 8, 100.0), _row(2, 16, 180.0), _row(2, 8, 60.0, mbs=2),
+            _row(2, 16, 92.0, mbs=2), _row(2, 8, 50.0, mbs=4), _row(2, 16, 70.0, mbs=4),
+            _row(2, 8, 40.0, tp=2)]
+    times = G.microbatch_times(rows)
+    cell = (1024, 12, 16, 1024, 2, 1, 2, 1)
+    assert times[cell + (1,)] == pytest.approx(20.0)
+    assert times[cell + (2,)] == pytest.approx(16.0)
+    assert times[cell + (4,)] == pytest.approx(20.0)
+    assert len(times) == 3                   # tp 2: one global batch
+    (faster,) = G.larger_microbatch_faster(rows)
+    assert (faster["mbs_small"], faster["mbs_large"]) == (1, 2)
+    assert faster["change"] == pytest.approx(-0.2)
+    assert G.larger_microbatch_faster(rows, tolerance=0.25) == []
+
+
+def test_top_3_misses_say_whether_their_best_is_such_a_microbatch():
+    """One group whose three predicted fastest are the mbs-1 rows and whose measured best is the
+    mbs-2 row of gbs 16 (16 ms a micro-batch, against 20 at mbs 1): the top 3 miss it, and its
+    measured best runs on the larger micro-batch that is faster; the miss is the benchmark's
+    one target left (misses)."""
+    G = _gpu_accuracy()
+    rows = [_row(2, 16, 180.0, 10.0), _row(2, 16, 181.0, 11.0, tp=2),
+            _row(2, 16, 182.0, 12.0, pp=2), _row(2, 16, 92.0, 50.0, mbs=2),
+            _row(2, 8, 100.0, 60.0), _row(2, 8, 60.0, 70.0, mbs=2)]
+    for r in rows:
+        r["gpus"] = 8
+    f = G.figures(rows, noise=0.0)
+    m = G.data_monotonicity(rows, f)
+    assert m["pairs"] == 1 and len(m["larger_microbatch_faster"]) == 1
+    (miss,) = [g for g in m["top_k_missed"] if "gbs16" in g["group"]]
+    assert miss["measured_best"] == "tp1 dp2 pp1 mbs2"
+    assert miss["best_on_a_faster_larger_microbatch"]
+    assert any("best of the top 3" in x for x in G.misses(f))
+
+
 def test_best_of_the_top_k_is_what_launch_top_k_keeps():
     """Predicted order 90 < 95 < 99: top-1 picks the 102 ms row (regret 2%), the top 2 hold the
     measured best (0%); a group whose fastest row is predicted last needs all three."""
