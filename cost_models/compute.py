@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .layers import (Layer, attention_core_flops, attention_score_elements,
-                     elementwise_bytes_by_pass, gemm_flops, tp_collectives_by_pass)
+                     cp_merge_bytes_by_pass, elementwise_bytes_by_pass, gemm_flops,
+                     tp_collectives_by_pass)
 
 ATTENTION_KINDS = ("flash", "standard")
 
@@ -200,7 +201,8 @@ def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed
     GEMM call is cp times smaller (so a little less efficient), the memory-bound work is 1/cp,
     and the attention core, its queries against every key (the K/V passed around the ring,
     cost_models.comm.context_parallel_ring_time_s), 1/cp of the whole core, the causal mask
-    balanced over the ranks as Megatron-LM's 2 cp chunks do. `ep`: a mixture-of-experts
+    balanced over the ranks as Megatron-LM's 2 cp chunks do; the ring's merges of its steps'
+    partial outputs and gradients move `cost_models.layers.cp_merge_bytes_by_pass` more. `ep`: a mixture-of-experts
     layer's expert-parallel degree, which sets how many tokens each local expert's GEMM
     gets (`cost_models.layers.gemm_flops`). `frozen`: the weights are not trained (LoRA's
     base model), so the backward runs the GEMMs' input gradients only, once their forward
@@ -214,7 +216,8 @@ def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed
                                 bytes_per_element=bytes_per_element, attention=attention, cp=cp)
         core_backward = 2.0 * core
     ew_forward, ew_backward = elementwise_bytes_by_pass(layer, tmp, bytes_per_element, framework)
-    ew_forward, ew_backward = ew_forward / cp, ew_backward / cp
+    merge_forward, merge_backward = cp_merge_bytes_by_pass(layer, tmp, cp, bytes_per_element)
+    ew_forward, ew_backward = ew_forward / cp + merge_forward, ew_backward / cp + merge_backward
     bw = device.memory_bandwidth_bytes_per_s
     return LayerTime(forward_s=gemm + core + ew_forward * mbs / bw,
                      backward_s=(1.0 if frozen else 2.0) * gemm + core_backward

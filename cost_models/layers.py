@@ -804,6 +804,45 @@ def _megatron_llama_elementwise_bytes(layer: Layer, tmp: int, bytes_per_element:
             s * (norms_b + 2 * g * ad + act_b) + q_k_routing + experts_b + rope_b)
 
 
+CP_MERGE_ELEMENT_PASSES = (2.0, 2.25)
+"""(first step, each later step): passes of g bytes over each element of a context-parallel
+rank's attention output (and in the backward of its gradients) that ring attention's merges
+move, averaged over the ring's ranks (`cp_merge_bytes_by_pass`)."""
+
+
+def cp_merge_bytes_by_pass(layer: Layer, tmp: int, cp: int, bytes_per_element: int
+                           ) -> tuple[float, float]:
+    """(forward, backward) bytes per sample that one context-parallel rank moves merging the
+    per-step results of Megatron-LM's ring attention (cp_comm_type p2p, its default), as
+    Transformer Engine's AttnFuncWithCPAndKVP2P runs them in 16 bits (transformer_engine/
+    pytorch/attention/dot_product_attention/context_parallel.py, read through the search
+    tool); (0, 0) for cp 1 and for other layers. The attention kernels of the cp steps are
+    `cost_models.compute.attention_time_s`'s; these are the memory-bound ops between them, on
+    the rank's s/cp tokens, its a d / t query width and `kv_elements_per_token` key/value
+    elements:
+
+    - forward: each step's partial output is kept, and after the ring they are merged into
+      one: the first step's scaled into the output (read and write: 2g per element), each
+      later step's added to it (read it, read and write the output: 3g) over the whole local
+      sequence on the steps with K/V from earlier ranks and its second half on the others,
+      3/4 of it averaged over the ranks: g (2 + 2.25 (cp - 1)) per element of the output;
+    - backward: each step's dq added to the running dq, and its dK and dV to the K/V gradient
+      that goes on round the ring, the same way (the first copied, the later added over the
+      whole or half): g (2 + 2.25 (cp - 1)) per element of q and of K/V; and the K/V copied
+      into the ring's send buffer first (2g per element of K/V).
+
+    The softmax statistics' merges (one value per head and token) are left out."""
+    if cp <= 1 or layer.kind != "transformer":
+        return 0.0, 0.0
+    g = float(bytes_per_element)
+    tokens = layer.seq_length / cp
+    q = layer.attention_width / tmp
+    kv = float(kv_elements_per_token(layer, tmp))
+    first, later = CP_MERGE_ELEMENT_PASSES
+    passes = first + later * (cp - 1)
+    return g * tokens * q * passes, g * tokens * ((q + kv) * passes + 2.0 * kv)
+
+
 def unfused_rope_bytes_by_pass(layer: Layer, tmp: int, bytes_per_element: int
                                ) -> tuple[float, float]:
     """(forward, backward) bytes per sample that megatron-core's unfused RoPE (YaRN,

@@ -20,7 +20,8 @@ from amp_search.trial.ranks import assign_ranks
 from cost_models import comm
 from cost_models.compute import (DeviceSpeed, analytic_layer_time, attention_time_s,
                                   gemm_time_s)
-from cost_models.layers import attention_core_flops, kv_elements_per_token
+from cost_models.layers import (attention_core_flops, cp_merge_bytes_by_pass,
+                                kv_elements_per_token)
 
 
 def _spec(cp=1, backend="megatron", seq=8192, count=2, gbs=64, attention="auto", **training):
@@ -91,6 +92,35 @@ def test_cp_splits_the_work_of_a_layer():
     assert kv_elements_per_token(layer, 4) == 2 * 2 * 128
     assert kv_elements_per_token(layer, 16) == 2 * 1 * 128
     assert kv_elements_per_token(_spec().model.layers[0], 1) == 0
+
+
+def test_the_rings_merges_move_their_partial_outputs_and_gradients():
+    """Transformer Engine's ring attention merges its cp steps' partial outputs after the
+    ring and adds each step's dq, dK and dV to the running sums (cp_merge_bytes_by_pass):
+    g (2 + 2.25 (cp - 1)) per element of the rank's output forward, of q and K/V backward,
+    and the K/V copied once into the ring's buffer. Llama 3 8B at s 8192, cp 4, tmp 2:
+    2,048 tokens, 2,048 query and 1,024 key/value elements each. Nothing without cp; the
+    layer's memory-bound time grows by exactly these bytes at the device's bandwidth."""
+    layer = _spec().model.layers[1]
+    t, q, kv, g = 8192 / 4, 32 * 128 / 2, 2 * 8 * 128 / 2, 2
+    fwd, bwd = cp_merge_bytes_by_pass(layer, 2, 4, g)
+    assert fwd == pytest.approx(g * t * q * (2 + 2.25 * 3))
+    assert bwd == pytest.approx(g * t * ((q + kv) * (2 + 2.25 * 3) + 2 * kv))
+    assert cp_merge_bytes_by_pass(layer, 2, 1, g) == (0.0, 0.0)
+    assert cp_merge_bytes_by_pass(_spec().model.layers[0], 2, 4, g) == (0.0, 0.0)
+    dev = DeviceSpeed(peak_flops_per_s=989e12, memory_bandwidth_bytes_per_s=3.35e12)
+    kw = dict(tmp=2, mbs=3, device=dev, bytes_per_element=g, framework="megatron", cp=4)
+    with_merges = analytic_layer_time(layer, **kw)
+    monkey = pytest.MonkeyPatch()
+    import cost_models.compute as compute
+
+    monkey.setattr(compute, "cp_merge_bytes_by_pass", lambda *a: (0.0, 0.0))
+    try:
+        without = analytic_layer_time(layer, **kw)
+    finally:
+        monkey.undo()
+    assert with_merges.forward_s - without.forward_s == pytest.approx(3 * fwd / 3.35e12)
+    assert with_merges.backward_s - without.backward_s == pytest.approx(3 * bwd / 3.35e12)
 
 
 def test_ring_time_by_hand():
