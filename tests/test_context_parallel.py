@@ -123,6 +123,43 @@ def test_the_rings_merges_move_their_partial_outputs_and_gradients():
     assert with_merges.backward_s - without.backward_s == pytest.approx(3 * bwd / 3.35e12)
 
 
+def test_selective_recomputation_of_the_core_reruns_the_ring():
+    """Megatron-LM checkpoints its core attention, which under cp is Transformer Engine's whole
+    ring: selective recomputation (core_attn) runs its transfers again inside the backward
+    (a forward ring pass charged to pass 1) and its merges (the forward's
+    cp_merge_bytes_by_pass at memory bandwidth). Not without cp, with full recomputation
+    (its own forward pass), or where the modules do not name the core."""
+    spec = _spec(cp=2, count=1, activation_checkpointing="selective")
+    model = CostModel(spec)
+    order = device_orders(spec.cluster, spec.training.precision)[0]
+    kw = dict(pp=1, dp=2, tmp=2, mbs=1, zero_stage=1, cp=2, sequence_parallel=True)
+    sel, none = Candidate.make(recompute="selective", **kw), Candidate.make(recompute="none",
+                                                                               **kw)
+    assert model.recomputes_ring(sel) and not model.recomputes_ring(none)
+    assert not model.recomputes_ring(Candidate.make(recompute="full", **kw))
+    assert not model.recomputes_ring(Candidate.make(recompute="selective", **{**kw, "cp": 1}))
+    moe_act = CostModel(_spec(cp=2, count=1, activation_checkpointing="selective",
+                              recompute_modules=["layernorm"]))
+    assert not moe_act.recomputes_ring(sel)
+    layout = model.layout(sel, order)
+    ring = model.cp_time_s(none, layout, part=0)
+    assert ring.sum() > 0
+    assert model.cp_time_s(sel, layout, part=1) == pytest.approx(
+        model.cp_time_s(none, layout, part=1) + ring)
+    gpu = spec.cluster.devices[0].gpu
+    merges = np.array([cp_merge_bytes_by_pass(x, 2, 2, 2)[0] for x in spec.model.layers])
+    bw = gpu.memory_bandwidth_bytes_per_s
+    monkey = pytest.MonkeyPatch()
+    import amp_search.costing.cost_model as cm
+
+    monkey.setattr(cm, "cp_merge_bytes_by_pass", lambda *a: (0.0, 0.0))
+    try:
+        without = CostModel(spec)._knob_time(gpu, sel)
+    finally:
+        monkey.undo()
+    assert model._knob_time(gpu, sel) - without == pytest.approx(merges / bw)
+
+
 def test_ring_time_by_hand():
     bw, lat = 100e9, 5e-6
     step = 1e9 / bw + lat                                    # 1 GB of K/V per step

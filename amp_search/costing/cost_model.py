@@ -25,9 +25,9 @@ from cost_models import pipeline
 from cost_models.compute import (HostCosts, attention_time_s, block_passes,
                                  host_time_by_pass_s, kernel_floor_time_s,
                                  synced_overlapped_time_s, tp_overlap_exposed_s)
-from cost_models.layers import (Layer, expert_param_count, kv_elements_per_token,
-                                 leading_layers, output_elements, param_count,
-                                 per_distinct_layer, tp_collectives_by_pass)
+from cost_models.layers import (Layer, cp_merge_bytes_by_pass, expert_param_count,
+                                kv_elements_per_token, leading_layers, output_elements,
+                                param_count, per_distinct_layer, tp_collectives_by_pass)
 from cost_models.params import CostParams
 from cost_models.recompute import selective_recompute_time_s, sequence_parallel_time_s
 
@@ -375,7 +375,8 @@ class CostModel:
         (all passes, or pass `part`), on each stage's slowest cp ring, against the attention
         core of its slowest device type (cost_models.comm.context_parallel_ring_time_s): the
         forward, the backward (K/V and their gradients) and, with full recomputation, the
-        forward again."""
+        forward again; with the selective recomputation of the core (`recomputes_ring`), its
+        forward again inside the backward."""
         kv, cores = self._cp_arrays(c)
         bw, crosses = layout.cp_links
         lat = self.link_latencies_s("p2p", crosses, layout)
@@ -388,7 +389,8 @@ class CostModel:
         core = hit[1]
         bw, lat = np.asarray(bw, dtype=float)[:, None], np.asarray(lat, dtype=float)[:, None]
         out = np.zeros((c.pp, self.num_layers))
-        passes = [(0, False), (1, True)] + ([(2, False)] if c.activation_checkpointing else [])
+        passes = [(0, False), (1, True)] + ([(2, False)] if c.activation_checkpointing else []) \
+            + ([(1, False)] if self.recomputes_ring(c) else [])  # its forward inside the backward
         for k, backward in passes:
             if part in (None, k):
                 out += comm.context_parallel_ring_time_s(
@@ -1248,8 +1250,24 @@ class CostModel:
             out = per_distinct_layer(self.spec.model.layers, knobs_s)
             # one context-parallel rank's share: both knobs' work is per token (the
             # recomputed core too: its queries against every key, 1/cp of the whole)
-            hit = self._type_rows[key] = np.array(out) / c.cp
+            hit = np.array(out) / c.cp
+            if sel and self.recomputes_ring(c):
+                # the recomputed core is Transformer Engine's ring attention again: its
+                # merges too (the ring's transfers: cp_time_s)
+                bw = device_speed(gpu, t.precision).memory_bandwidth_bytes_per_s
+                hit = hit + np.array(per_distinct_layer(
+                    self.spec.model.layers, lambda layer: cp_merge_bytes_by_pass(
+                        layer, c.tmp, c.cp, t.bytes_per_element)[0])) * c.mbs / bw
+            self._type_rows[key] = hit
         return hit
+
+    def recomputes_ring(self, c: Candidate) -> bool:
+        """Whether selective recomputation re-runs the attention core under context
+        parallelism, inside the backward: Megatron-LM checkpoints its core attention
+        (core_attn in training.recompute_modules), which with cp > 1 is Transformer Engine's
+        whole ring attention, its transfers and merges."""
+        return (c.cp > 1 and c.selective_recompute and not c.activation_checkpointing
+                and "core_attn" in self.spec.training.recompute_modules)
 
     def _fixed_costs(self, gpu, tmp: int, recompute: bool, sequence_parallel: bool = False
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
