@@ -478,6 +478,14 @@ def microbatch_times(rows: list[dict]) -> dict[tuple, float]:
     return out
 
 
+def _times_by_layout(rows: list[dict]) -> dict[tuple, dict[int, float]]:
+    """`microbatch_times` grouped by layout (MICROBATCH_CELL): micro-batch size -> time."""
+    out: dict[tuple, dict[int, float]] = defaultdict(dict)
+    for cell, t in microbatch_times(rows).items():
+        out[cell[:-1]][cell[-1]] = t
+    return out
+
+
 def larger_microbatch_faster(rows: list[dict],
                              tolerance: float = LARGER_MICROBATCH_FASTER) -> list[dict]:
     """Where the data's micro-batch time falls as the micro-batch grows (`microbatch_times`):
@@ -485,12 +493,13 @@ def larger_microbatch_faster(rows: list[dict],
     samples through the same layers, takes at least `tolerance` less time. Sorted by how much
     less. No cost model whose time grows with the work of a micro-batch can rank such rows
     as measured: it puts the larger micro-batch's rows too slow against the others."""
-    times = microbatch_times(rows)
-    sizes: dict[tuple, dict[int, float]] = defaultdict(dict)
-    for cell, t in times.items():
-        sizes[cell[:-1]][cell[-1]] = t
+    return _faster_pairs(_times_by_layout(rows), tolerance)
+
+
+def _faster_pairs(by_layout: dict[tuple, dict[int, float]], tolerance: float) -> list[dict]:
+    """`larger_microbatch_faster` on the times `_times_by_layout` gives."""
     out = []
-    for layout_key, by_mbs in sizes.items():
+    for layout_key, by_mbs in by_layout.items():
         ms = sorted(by_mbs)
         for small, large in zip(ms, ms[1:]):
             if by_mbs[large] < by_mbs[small] * (1.0 - tolerance):
@@ -507,11 +516,9 @@ def data_monotonicity(rows: list[dict], f: dict) -> dict:
     micro-batch sizes, and for each group whose best of the top TARGET_TOP_K misses the
     target (figures `f`), whether its measured best runs on the larger micro-batch of such a
     pair."""
-    faster = larger_microbatch_faster(rows)
-    sizes: dict[tuple, set] = defaultdict(set)
-    for cell in microbatch_times(rows):
-        sizes[cell[:-1]].add(cell[-1])
-    pairs = sum(max(len(v) - 1, 0) for v in sizes.values())
+    by_layout = _times_by_layout(rows)
+    faster = _faster_pairs(by_layout, LARGER_MICROBATCH_FASTER)
+    pairs = sum(max(len(v) - 1, 0) for v in by_layout.values())
     on_larger = {tuple(d[k] for k in MICROBATCH_CELL) + (d["mbs_large"],) for d in faster}
     best_rows = {}
     for r in rows:

@@ -202,9 +202,9 @@ def analytic_layer_time(layer: Layer, *, tmp: int, mbs: int, device: DeviceSpeed
     and the attention core, its queries against every key (the K/V passed around the ring,
     cost_models.comm.context_parallel_ring_time_s), 1/cp of the whole core, the causal mask
     balanced over the ranks as Megatron-LM's 2 cp chunks do; the ring's merges of its steps'
-    partial outputs and gradients move `cost_models.layers.cp_merge_bytes_by_pass` more. `ep`: a mixture-of-experts
-    layer's expert-parallel degree, which sets how many tokens each local expert's GEMM
-    gets (`cost_models.layers.gemm_flops`). `frozen`: the weights are not trained (LoRA's
+    partial outputs and gradients move `cost_models.layers.cp_merge_bytes_by_pass` more.
+    `ep`: a mixture-of-experts layer's expert-parallel degree, which sets how many tokens
+    each local expert's GEMM gets (`cost_models.layers.gemm_flops`). `frozen`: the weights are not trained (LoRA's
     base model), so the backward runs the GEMMs' input gradients only, once their forward
     time rather than twice."""
     gemm = gemm_forward_time_s(layer, tmp=tmp, mbs=mbs, device=device, cp=cp, ep=ep)

@@ -94,7 +94,7 @@ def test_cp_splits_the_work_of_a_layer():
     assert kv_elements_per_token(_spec().model.layers[0], 1) == 0
 
 
-def test_the_rings_merges_move_their_partial_outputs_and_gradients():
+def test_the_rings_merges_move_their_partial_outputs_and_gradients(monkeypatch):
     """Transformer Engine's ring attention merges its cp steps' partial outputs after the
     ring and adds each step's dq, dK and dV to the running sums (cp_merge_bytes_by_pass):
     g (2 + 2.25 (cp - 1)) per element of the rank's output forward, of q and K/V backward,
@@ -111,19 +111,15 @@ def test_the_rings_merges_move_their_partial_outputs_and_gradients():
     dev = DeviceSpeed(peak_flops_per_s=989e12, memory_bandwidth_bytes_per_s=3.35e12)
     kw = dict(tmp=2, mbs=3, device=dev, bytes_per_element=g, framework="megatron", cp=4)
     with_merges = analytic_layer_time(layer, **kw)
-    monkey = pytest.MonkeyPatch()
     import cost_models.compute as compute
 
-    monkey.setattr(compute, "cp_merge_bytes_by_pass", lambda *a: (0.0, 0.0))
-    try:
-        without = analytic_layer_time(layer, **kw)
-    finally:
-        monkey.undo()
+    monkeypatch.setattr(compute, "cp_merge_bytes_by_pass", lambda *a: (0.0, 0.0))
+    without = analytic_layer_time(layer, **kw)
     assert with_merges.forward_s - without.forward_s == pytest.approx(3 * fwd / 3.35e12)
     assert with_merges.backward_s - without.backward_s == pytest.approx(3 * bwd / 3.35e12)
 
 
-def test_selective_recomputation_of_the_core_reruns_the_ring():
+def test_selective_recomputation_of_the_core_reruns_the_ring(monkeypatch):
     """Megatron-LM checkpoints its core attention, which under cp is Transformer Engine's whole
     ring: selective recomputation (core_attn) runs its transfers again inside the backward
     (a forward ring pass charged to pass 1) and its merges (the forward's
@@ -149,15 +145,12 @@ def test_selective_recomputation_of_the_core_reruns_the_ring():
     gpu = spec.cluster.devices[0].gpu
     merges = np.array([cp_merge_bytes_by_pass(x, 2, 2, 2)[0] for x in spec.model.layers])
     bw = gpu.memory_bandwidth_bytes_per_s
-    monkey = pytest.MonkeyPatch()
+    with_merges = model._knob_time(gpu, sel)
     import amp_search.costing.cost_model as cm
 
-    monkey.setattr(cm, "cp_merge_bytes_by_pass", lambda *a: (0.0, 0.0))
-    try:
-        without = CostModel(spec)._knob_time(gpu, sel)
-    finally:
-        monkey.undo()
-    assert model._knob_time(gpu, sel) - without == pytest.approx(merges / bw)
+    monkeypatch.setattr(cm, "cp_merge_bytes_by_pass", lambda *a: (0.0, 0.0))
+    without = CostModel(spec)._knob_time(gpu, sel)
+    assert with_merges - without == pytest.approx(merges / bw)
 
 
 def test_ring_time_by_hand():

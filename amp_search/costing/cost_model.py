@@ -1251,7 +1251,7 @@ class CostModel:
             # one context-parallel rank's share: both knobs' work is per token (the
             # recomputed core too: its queries against every key, 1/cp of the whole)
             hit = np.array(out) / c.cp
-            if sel and self.recomputes_ring(c):
+            if self.recomputes_ring(c):
                 # the recomputed core is Transformer Engine's ring attention again: its
                 # merges too (the ring's transfers: cp_time_s)
                 bw = device_speed(gpu, t.precision).memory_bandwidth_bytes_per_s
