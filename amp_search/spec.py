@@ -621,10 +621,23 @@ def link_kinds() -> dict[str, LinkKind]:
 
 
 def load_catalog(path: Path | None = None) -> dict[str, GPU]:
-    """The GPU catalog: name -> GPU (default: the one the package ships). Read through the
-    same front door as a spec, and every entry checked as an inline GPU is; the analytic
-    model's keys an entry lacks come from the catalog's `defaults:`."""
-    path, gpus, defaults, links = _read_catalog(path)
+    """The GPU catalog: name -> GPU (default: the one the package ships, read and checked
+    once). Read through the same front door as a spec, and every entry checked as an inline
+    GPU is; the analytic model's keys an entry lacks come from the catalog's `defaults:`."""
+    if path is None:
+        return dict(_packaged_gpus())
+    return _catalog_gpus(*_read_catalog(path))
+
+
+@lru_cache(maxsize=1)
+def _packaged_gpus() -> dict[str, GPU]:
+    """`load_catalog` of the packaged catalog (its GPUs are frozen records; callers get a
+    copy of the mapping)."""
+    return _catalog_gpus(*_packaged_catalog())
+
+
+def _catalog_gpus(path: Path, gpus: dict, defaults: dict, links) -> dict[str, GPU]:
+    """A catalog's entries (`_read_catalog`'s parts) as name -> GPU."""
     links = _parse_links(links, path)
     catalog = {}
     for name, entry in gpus.items():
