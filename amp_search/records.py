@@ -5,7 +5,7 @@ Every record is a frozen dataclass with `to_dict()` giving the JSON form the CLI
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from functools import cache
+from functools import cache, cached_property
 
 Placement = tuple[tuple[tuple[int, ...], ...], ...]
 """placement[stage][replica][tensor_rank] -> device id (devices numbered in spec order)."""
@@ -231,13 +231,22 @@ class SimulationBreakdown:
     """Time one of the stage's transfers or collectives is in flight while it computes
     nothing."""
     stage_end_s: tuple[float, ...]
-    critical_path: tuple[CriticalSegment, ...] = ()
+    critical_runs: tuple[tuple[int, str, int, float, float, float], ...] = ()
+    """The critical path's runs as (stage, kind, tasks, start_s, end_s, time_s), first run
+    first: `critical_path` gives them as records, when asked (an interleaved schedule's
+    path has thousands of runs, and a plan simulates dozens of strategies)."""
+
+    @cached_property
+    def critical_path(self) -> tuple[CriticalSegment, ...]:
+        """The critical path as runs of consecutive tasks of one stage and kind."""
+        return tuple(CriticalSegment(stage=a, kind=k, tasks=n, start_s=t0, end_s=t1, time_s=dt)
+                     for a, k, n, t0, t1, dt in self.critical_runs)
 
     def critical_time_by_kind(self) -> dict[str, float]:
         """Critical-path time per kind, largest first."""
         out: dict[str, float] = {}
-        for c in self.critical_path:
-            out[c.kind] = out.get(c.kind, 0.0) + c.time_s
+        for _, kind, _, _, _, time_s in self.critical_runs:
+            out[kind] = out.get(kind, 0.0) + time_s
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def to_dict(self) -> dict:
@@ -248,7 +257,12 @@ class SimulationBreakdown:
                                self.busy_s, self.idle_s, self.exposed_comm_s,
                                self.stage_end_s))],
                 "critical_path_time_by_kind_s": self.critical_time_by_kind(),
-                "critical_path": [c.to_dict() for c in self.critical_path]}
+                "critical_path": [dict(zip(_CRITICAL_RUN_KEYS, run))
+                                  for run in self.critical_runs]}
+
+
+_CRITICAL_RUN_KEYS = ("stage", "kind", "tasks", "start_s", "end_s", "time_s")
+"""CriticalSegment's fields, in SimulationBreakdown.critical_runs' order."""
 
 
 @dataclass(frozen=True, kw_only=True)

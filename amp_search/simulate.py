@@ -71,7 +71,7 @@ from cost_models import memory as memory_model
 from cost_models import pipeline
 from cost_models.layers import tp_allreduce_elements_by_pass
 
-from .records import CriticalSegment, Estimate, SimulationBreakdown, Strategy
+from .records import Estimate, SimulationBreakdown, Strategy
 from .search_space import Candidate
 
 if TYPE_CHECKING:
@@ -397,9 +397,7 @@ def breakdown_of(sim: "SimulatedIteration") -> SimulationBreakdown:
         schedule=sim.schedule, iteration_time_s=sim.iteration_time_s,
         busy_s=sim.busy_s, idle_s=sim.idle_s, exposed_comm_s=sim.exposed_comm_s,
         stage_end_s=sim.stage_end_s,
-        critical_path=tuple(CriticalSegment(stage=a, kind=k, tasks=n, start_s=t0, end_s=t1,
-                                            time_s=dt)
-                            for a, k, n, t0, t1, dt in sim.critical_path_segments()))
+        critical_runs=sim.critical_path_segments())
 
 
 def simulate(model: "CostModel", strategy: Strategy, *, order: "DeviceOrder | None" = None,

@@ -141,6 +141,8 @@ def test_simulated_estimate_records_both_times_and_the_breakdown():
     assert len(d["simulation"]["stages"]) == 4
     assert set(d["simulation"]["critical_path_time_by_kind_s"]) >= {"forward", "backward"}
     assert d["simulation"]["critical_path"][0]["start_s"] == 0.0
+    # the JSON's runs are the records' (SimulationBreakdown keeps them as plain runs)
+    assert d["simulation"]["critical_path"] == [c.to_dict() for c in sim.critical_path]
 
 
 def _zero3(bandwidth, latency=0.0, **kw):
