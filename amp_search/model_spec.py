@@ -69,6 +69,15 @@ class ModelSpec:
         """The vocabulary of the embedding or head (0 if the model has neither)."""
         return next((l.vocab_size for l in self.layers if l.kind in ("embedding", "head")), 0)
 
+    @property
+    def ends(self) -> tuple[int, int]:
+        """(leading embedding layers, trailing head layers) around the blocks: what the
+        interleaved schedule's chunks leave out of their even split."""
+        kinds = [x.kind for x in self.layers]
+        lead = next((i for i, k in enumerate(kinds) if k != "embedding"), len(kinds))
+        tail = next((i for i, k in enumerate(kinds[::-1]) if k != "head"), len(kinds))
+        return lead, min(tail, len(kinds) - lead)
+
 
 ARCH_KEYS = ("num_query_groups", "head_dim", "mlp", "norm", "bias", "position_embedding",
               "rope_scaling", "qk_norm", "tie_embeddings")

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.pipeline import interleaved_split
+
 from .partition_kernels import GROUP, KERNELS_WHAT, kernels_cached
 
 __all__ = ["KERNELS_WHAT", "PartitionResult", "kernels_cached", "optimal_partition",
@@ -244,12 +246,12 @@ def interleaved_partition(num_layers: int, chunks: int, *, first: int = 0,
     --account-for-loss-in-pipeline-split, how Llama 3.1 405B's 126 blocks run in 8 x 4, 8 x 8
     or 16 x 8 chunks; in the last, the first chunk holds the embedding alone and the last the
     head alone). ValueError when neither split is even."""
-    blocks = num_layers - first - last
-    if chunks >= 1 and blocks >= chunks and blocks % chunks == 0:
+    how = interleaved_split(num_layers, chunks, first=first, last=last)
+    if how == "blocks":
         return uniform_partition(num_layers, chunks, first=first, last=last)
-    if chunks >= 1 and first <= 1 and last <= 1 and blocks >= chunks - first - last \
-            and num_layers % chunks == 0:
+    if how == "layers":
         return uniform_partition(num_layers, chunks)
+    blocks = num_layers - first - last
     raise ValueError(f"the {blocks} transformer blocks do not split into {chunks} equal "
                      f"chunks of at least one block, with or without the embedding and the "
                      f"head counted as one layer each")

@@ -199,11 +199,15 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
 
     Every candidate gets the bound of `CostModel.lower_bound_s` without a placement from
     cached per-layer arrays only (floors=False); taken from a heap in the order of its bound,
-    it gets that bound with the P2P and sync floors and goes back; taken again, the tighter
-    bound of each placement order and goes back; taken again, the tightest (the partition
-    DP's) and goes back; and when it comes out a third time it is costed on the orders whose
-    bound is below the best time found for it (the first fastest order is the one
-    `cost_every_candidate` takes) and its memory added. The search stops when the
+    it gets that bound with the P2P and sync floors and goes back (with virtual stages, once
+    its fixed chunks are found to fit somewhere: `CostModel.fits_nowhere`); taken again, the
+    tighter bound of each placement order and goes back; taken again, the tightest (the
+    partition DP's) and goes back; and when it comes out a third time it is costed on the
+    orders whose bound is below the best time found for it (the first fastest order is the
+    one `cost_every_candidate` takes) and its memory added. A candidate whose bound, at the
+    4 digits `ranking_key` compares, is above a time already found for its layout is dropped
+    whenever it comes out (`rank` keeps each layout's fastest setting of its knobs; counted
+    under SLOWER_KNOBS_SAME_LAYOUT). The search stops when the
     smallest bound left is above the threshold: the slowest of the fastest `keep` layouts,
     or keep_within times the best, whichever is larger (with `_TIE_SLACK`); it only falls
     as plans are found, so each strategy faster than the final threshold was costed, and
@@ -238,11 +242,19 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
     while heap and heap[0][0] <= threshold * (1.0 + _TIE_SLACK):
         bound, tier, i = heapq.heappop(heap)
         c = candidates[i]
+        fastest = found.get(layout_of(c))
+        if fastest is not None and _shown(bound) > _shown(fastest):
+            # its layout has a faster setting of its knobs already: `rank` keeps that one
+            pruned[Reason.SLOWER_KNOBS_SAME_LAYOUT.value] += 1
+            order_bounds.pop(i, None)
+            settle()
+            continue
         if tier < 0:
             heapq.heappush(heap, (max(bound, model.lower_bound_s(c)), 0, i))
             continue
         if tier == 0:
-            if model.states_cannot_fit(c):
+            # virtual stages: the split is fixed, so the memory is known before the time
+            if model.states_cannot_fit(c) or model.fits_nowhere(c, orders):
                 pruned[Reason.OUT_OF_MEMORY.value] += 1
                 settle()
                 continue
@@ -251,10 +263,6 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
             heapq.heappush(heap, (min(order_bounds[i]), tier + 1, i))
             continue
         bounds = order_bounds.pop(i)
-        if model.fits_nowhere(c, orders):       # virtual stages: memory before time
-            pruned[Reason.OUT_OF_MEMORY.value] += 1
-            settle()
-            continue
         best = order = None
         limit = threshold * (1.0 + _TIE_SLACK)     # some order's bound is below it
         for o, bound in zip(orders, bounds):
@@ -290,6 +298,11 @@ def cost_best_candidates(model: CostModel, candidates, orders, pruned: Counter,
     return kept_plans(estimates, keep, keep_within, pruned), evaluated
 
 
+def _shown(time_s: float) -> float:
+    """A time at the 4 significant digits `ranking_key` compares."""
+    return float(f"{time_s:.4g}")
+
+
 def _kept_threshold(found: dict, keep: int, keep_within: float) -> float:
     """The slowest time `plan` keeps, from each layout's fastest feasible time found: that
     of the keep-th layout or keep_within times the best, whichever is larger; infinite
@@ -312,7 +325,7 @@ def kept_plans(estimates: list[Estimate], keep: int, keep_within: float,
     threshold = _kept_threshold(found, keep, keep_within)
     if threshold == float("inf"):
         return estimates
-    limit = float(f"{threshold:.4g}")
+    limit = _shown(threshold)
     kept = [e for e in estimates if ranking_key(e)[0] <= limit]
     if len(estimates) > len(kept):
         pruned[Reason.SLOWER_THAN_KEPT.value] += len(estimates) - len(kept)
@@ -864,7 +877,7 @@ def ranking_key(e: Estimate) -> tuple[float, int, str]:
     """Fastest first; times that agree to the 4 significant digits the table shows are
     ordered by the lower peak memory, then by label (a stated, stable order)."""
     peak = max((m.peak_bytes for m in e.memory), default=0)
-    return float(f"{e.iteration_time_s:.4g}"), peak, e.strategy.label()
+    return _shown(e.iteration_time_s), peak, e.strategy.label()
 
 
 def rank(estimates: list[Estimate], pruned: Counter) -> list[Estimate]:

@@ -278,13 +278,11 @@ class SearchSpace:
         """`backend`: the framework the plan is for; None: the spec's training.backend."""
         t = spec.training
         gpus = {d.gpu.name: d.gpu for d in spec.cluster.devices}.values()
-        kinds = [x.kind for x in spec.model.layers]
-        lead = next((i for i, k in enumerate(kinds) if k != "embedding"), len(kinds))
-        tail = next((i for i, k in enumerate(kinds[::-1]) if k != "head"), len(kinds))
+        lead, tail = spec.model.ends
         return cls(virtual_stages=t.virtual_pipeline_stages,
                    context_parallel=t.context_parallel, limits=spec.search,
                    expert_parallel=t.expert_parallel, num_experts=spec.model.num_experts,
-                   num_blocks=max(len(kinds) - lead - tail, 0), num_leading=lead,
+                   num_blocks=spec.model.num_layers - lead - tail, num_leading=lead,
                    num_devices=spec.cluster.num_devices, num_layers=spec.model.num_layers,
                    global_batch_size=t.global_batch_size, tp_divisors=spec.model.tp_divisors,
                    zero_stages=t.zero_stage, recompute=t.activation_checkpointing,

@@ -33,6 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from cost_models.layers import CROSS_ENTROPY_KINDS, MOE_DISPATCHERS, Layer
+from cost_models.pipeline import interleaved_virtual_stages
 
 from .errors import SpecError, UsageError
 from .hosts import validate_hostname
@@ -265,7 +266,12 @@ mostly run; `ethernet` and `roce` differ from it by 1%)."""
 
 MAX_VIRTUAL_STAGES = 64
 """The largest training.virtual_pipeline_stages accepted (each chunk needs a layer per stage)."""
-VIRTUAL_STAGES_SEARCH = (1, 2, 3, 4, 6, 8)
+VIRTUAL_STAGES_SEARCH = ()
+"""What `virtual_pipeline_stages: search` reads as, until the model is known: then every
+number of chunks per stage that splits the model's blocks evenly on some pipeline
+(`cost_models.pipeline.interleaved_virtual_stages`, up to MAX_VIRTUAL_STAGES), so that the
+search tries the v a Megatron-LM user would (Llama 3 70B's 5 on 4 stages, Qwen3's 12 or
+24) and no v that no pipeline can split into."""
 CONTEXT_PARALLEL_SEARCH = (1, 2, 4, 8, 16, 32)
 """The context-parallel degrees `context_parallel: search` tries (those that divide the devices
 and the sequence: search_space's rules)."""
@@ -299,9 +305,10 @@ class TrainingSpec:
     (the rules keep it to tmp > 1 and sequences divisible by tmp). This record's default is
     (False,), what AMP's paper runs."""
     virtual_pipeline_stages: tuple[int, ...] = (1,)
-    """Model chunks per pipeline stage to search: (1,) plain 1F1B, (v,) for a given v, or
-    VIRTUAL_STAGES_SEARCH for `search` (v > 1: Megatron-LM's interleaved 1F1B; the spec's
-    default under the megatron backend, (1,) under deepspeed, which has no such schedule)."""
+    """Model chunks per pipeline stage to search: (1,) plain 1F1B, (v,) for a given v, or,
+    for `search`, each v that splits the model's blocks evenly on some pipeline
+    (VIRTUAL_STAGES_SEARCH; v > 1: Megatron-LM's interleaved 1F1B; the spec's default under
+    the megatron backend, (1,) under deepspeed, which has no such schedule)."""
     context_parallel: tuple[int, ...] = (1,)
     """Context-parallel degrees to search: (1,) none (the default), (c,) a given one, or
     CONTEXT_PARALLEL_SEARCH for `search`; megatron backend only (Megatron-LM's ring
@@ -1083,6 +1090,10 @@ def _moe_option_set(training: "TrainingSpec", key: str) -> bool:
 def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> TrainingSpec:
     """The training section, checked against the cluster and the model."""
     training = _training(training_data)
+    if training.virtual_pipeline_stages == VIRTUAL_STAGES_SEARCH:
+        first, last = model.ends
+        training = replace(training, virtual_pipeline_stages=interleaved_virtual_stages(
+            model.num_layers, first=first, last=last, most=MAX_VIRTUAL_STAGES))
     if "precision" not in training_data and all(g.gpu.kind == "cpu"
                                                 for g in cluster.node_groups):
         # CPUs have no fast half precision to train in (DeepSpeed's fp16 needs CUDA): the

@@ -19,6 +19,35 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def interleaved_split(num_layers: int, chunks: int, *, first: int = 0,
+                      last: int = 0) -> str | None:
+    """How Megatron-LM splits a chain of `first` embedding layers, the blocks and `last` head
+    layers into `chunks` equal model chunks (pp x virtual stages) of at least one block:
+    'blocks' where the blocks split evenly (--num-layers-per-virtual-pipeline-stage; the
+    embedding joins the first chunk, the head the last); else 'layers' where the blocks plus
+    a single embedding and a single head do, every layer counted alike
+    (--account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split);
+    None where neither does."""
+    blocks = num_layers - first - last
+    if chunks >= 1 and blocks >= chunks and blocks % chunks == 0:
+        return "blocks"
+    if chunks >= 1 and first <= 1 and last <= 1 and blocks >= chunks - first - last \
+            and num_layers % chunks == 0:
+        return "layers"
+    return None
+
+
+def interleaved_virtual_stages(num_layers: int, *, first: int = 0, last: int = 0,
+                               most: int) -> tuple[int, ...]:
+    """Every number of model chunks per stage, 1 to `most`, that splits the chain evenly
+    (`interleaved_split`) on some pipeline of 2 stages or more, with 1 (plain 1F1B) first:
+    the virtual stages a search of Megatron-LM's interleaved schedule can run (Llama 3 70B's
+    80 blocks: 2, 4, 5, 8, 10, 20, 40 and, with the embedding and head counted, 41)."""
+    return (1,) + tuple(v for v in range(2, most + 1) if any(
+        interleaved_split(num_layers, v * pp, first=first, last=last)
+        for pp in range(2, num_layers // v + 1)))
+
+
 def stage_totals(per_layer, boundaries) -> np.ndarray:
     """Sum of per_layer[j, l] over stage j's layers boundaries[j] .. boundaries[j+1]-1.
 

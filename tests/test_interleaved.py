@@ -16,8 +16,9 @@ from amp_search.export import export_strategy
 from amp_search.launch.orchestrator import preflight
 from amp_search.planner import estimate, plan
 from amp_search.records import Strategy
-from amp_search.search_space import Candidate, Reason, SearchSpace, first_violation
-from amp_search.spec import VIRTUAL_STAGES_SEARCH, parse_spec
+from amp_search.search_space import (Candidate, Reason, SearchSpace, chunks_split_blocks,
+                                     first_violation)
+from amp_search.spec import MAX_VIRTUAL_STAGES, VIRTUAL_STAGES_SEARCH, parse_spec
 from cost_models import activations
 from cost_models import pipeline
 from cost_models.schedule import interleaved_in_flight, interleaved_order
@@ -230,15 +231,35 @@ def _spec(layers=8, gbs=8, devices=4, vps=None, per_node=None, backend="megatron
 
 def test_spec_key():
     # searched by default where the backend has the schedule (Megatron-LM), not by DeepSpeed
-    assert _spec().training.virtual_pipeline_stages == VIRTUAL_STAGES_SEARCH
+    # `search`: the v that split the 8 blocks (10 layers with the embedding and the head)
+    # evenly on some pipeline: 2 and 4 (blocks), 5 (2 x 5 chunks of every layer alike)
+    assert _spec().training.virtual_pipeline_stages == (1, 2, 4, 5)
     assert _spec(backend="deepspeed").training.virtual_pipeline_stages == (1,)
     assert _spec(vps=2).training.virtual_pipeline_stages == (2,)
-    assert _spec(vps="search").training.virtual_pipeline_stages == VIRTUAL_STAGES_SEARCH
+    assert _spec(vps="search").training.virtual_pipeline_stages == (1, 2, 4, 5)
+    assert VIRTUAL_STAGES_SEARCH == ()      # only until the model is known
     for bad in (0, -1, "two", True, 1.5, 65):
         with pytest.raises(SpecError) as err:
             _spec(vps=bad)
         assert "training.virtual_pipeline_stages" in str(err.value)
         assert "accepted" in str(err.value) and "search" in str(err.value)
+
+
+@pytest.mark.parametrize("layers", [8, 24, 80, 94, 126])
+def test_searched_virtual_stages_are_those_some_pipeline_splits(layers):
+    """`search` holds exactly the v (up to MAX_VIRTUAL_STAGES) that the search space's rule
+    lets through on some pp >= 2: Llama 3 70B's 80 blocks give 5 (on 4 stages), Qwen3
+    235B's 94 give 12 (on 4 stages, the embedding and head counted)."""
+    spec = _spec(layers=layers, vps="search")
+    space = SearchSpace.of(spec)
+    searched = spec.training.virtual_pipeline_stages
+    for v in range(2, MAX_VIRTUAL_STAGES + 1):
+        splits = any(chunks_split_blocks(space, Candidate.make(
+            pp=pp, dp=1, tmp=1, mbs=1, zero_stage=0, recompute="none", virtual_stages=v))
+            is None for pp in range(2, spec.model.num_layers + 1))
+        assert (v in searched) == splits, v
+    assert searched[0] == 1
+    assert {80: 5, 94: 12}.get(layers, 1) in searched
 
 
 def _violation(space, **kw):

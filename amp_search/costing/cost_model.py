@@ -209,6 +209,10 @@ class CostModel:
             self.params, self.params_source = measured_overheads(measurements)
         self.p2p_blocking_share = pipeline.P2P_BLOCKING_SHARE[spec.training.backend]
         """How much of a stage boundary's P2P the backend's 1F1B steady state blocks on."""
+        self.interleaved_blocking_share = pipeline.INTERLEAVED_BLOCKING_SHARE \
+            if spec.training.overlap_p2p_comm else pipeline.P2P_BLOCKING_SHARE["megatron"]
+        """The same under Megatron-LM's interleaved schedule: none with its P2P overlapped
+        (training.overlap_p2p_comm, its default), half of it without."""
         precision = spec.training.precision
         for name, profile in measurements.layer_profiles.items():
             if profile.device != name or profile.precision != precision:
@@ -656,7 +660,7 @@ class CostModel:
         mean_sync, steady, alternative = placed.mean_sync, placed.steady, placed.alternative
         if not split:
             bound = pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages, **common)
-            if cut is not None:     # 1F1B's fill and drain pay each boundary's P2P once
+            if least is not None:   # 1F1B's fill and drain pay each boundary's P2P once
                 bound += float(least.sum()) + steady
             return max(bound + mean_sync, alternative)
         if self.overlaps_grad_reduce(c):     # the reduction may hide entirely: what is left
@@ -667,12 +671,16 @@ class CostModel:
             return pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages,
                                                     after_layer_s=sync,
                                                     after_fixed_s=sync_fixed, **common)
-        if c.virtual_stages > 1:      # the fixed chunks: the schedule's time without P2P
+        if c.virtual_stages > 1:
+            # the fixed chunks: the schedule's time on these rows with its P2P, as `_assemble`
+            # charges it (the chunks' boundaries are known, so their P2P is exact)
             chunks = self._chunks(c)
             t = pipeline.chunk_device_totals(rows, chunks, c.pp) + p.microbatch_overhead_s
+            cuts, wrap = pipeline.chunk_boundary_times(cut, chunks, c.pp)
             return pipeline.iteration_time_s(
-                pipeline.interleaved_1f1b_time_s(t, np.zeros(c.pp - 1), gas, c.virtual_stages,
-                                                 blocking_share=0.0),
+                pipeline.interleaved_1f1b_time_s(t, cuts, gas, c.virtual_stages,
+                                                 blocking_share=self.interleaved_blocking_share,
+                                                 wrap_time_s=wrap),
                 sync_fixed + pipeline.chunk_device_totals(sync, chunks, c.pp),
                 common["step_overhead_s"])
         # The partition DP on these rows and the boundaries' P2P (eq. 5, which pays each
@@ -703,7 +711,7 @@ class CostModel:
             rows = rows + self.tp_time_s(c, layout)
         host = {t: np.max([self._host_row(g, c) for g in t], axis=0) for t in set(types)}
         rows = np.maximum(rows, np.stack([host[t] for t in types]))
-        cut = self.cut_s(c, layout) if c.pp > 1 and c.virtual_stages == 1 else None
+        cut = self.cut_s(c, layout) if c.pp > 1 else None
         sync, sync_fixed = self._dp_sync(c, layout)
         # the stage that syncs last: at least the split that evens out the stages' syncs
         # (stage j syncing all the parameters would take totals[j]): 1 / sum_j 1 / totals[j]
@@ -712,7 +720,7 @@ class CostModel:
             1.0 / float((1.0 / totals).sum()) if (totals > 0).all() else 0.0)
         least = None
         steady = alternative = 0.0
-        if cut is not None:
+        if cut is not None and c.virtual_stages == 1:
             # each boundary's cheapest P2P; 1F1B's steady state waits, in every micro-batch
             # but one, for the blocking share of the bottleneck stage's two boundaries
             # (pipeline.steady_state_period_s): at least the least such pair's; and as long
@@ -1565,11 +1573,9 @@ class CostModel:
         the breakdown and the memory check (scores None: without the memory)."""
         s = strategy
         if s.virtual_stages > 1:
-            overlapped = self.spec.training.overlap_p2p_comm      # Megatron-LM's default
             terms = pipeline.interleaved_iteration(
                 costs, s.partition, s.gas, s.pp, s.virtual_stages,
-                blocking_share=pipeline.INTERLEAVED_BLOCKING_SHARE if overlapped
-                else pipeline.P2P_BLOCKING_SHARE["megatron"])
+                blocking_share=self.interleaved_blocking_share)
         else:
             terms = pipeline.one_f_one_b_iteration(costs, s.partition, s.gas,
                                                    blocking_share=self.p2p_blocking_share)
