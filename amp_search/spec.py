@@ -33,7 +33,6 @@ from functools import lru_cache
 from pathlib import Path
 
 from cost_models.layers import CROSS_ENTROPY_KINDS, MOE_DISPATCHERS, Layer
-from cost_models.pipeline import interleaved_virtual_stages
 
 from .errors import SpecError, UsageError
 from .hosts import validate_hostname
@@ -1091,6 +1090,9 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
     """The training section, checked against the cluster and the model."""
     training = _training(training_data)
     if training.virtual_pipeline_stages == VIRTUAL_STAGES_SEARCH:
+        # here: cost_models.pipeline imports numpy, which registering a command must not
+        from cost_models.pipeline import interleaved_virtual_stages
+
         first, last = model.ends
         training = replace(training, virtual_pipeline_stages=interleaved_virtual_stages(
             model.num_layers, first=first, last=last, most=MAX_VIRTUAL_STAGES))
