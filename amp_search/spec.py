@@ -267,10 +267,18 @@ MAX_VIRTUAL_STAGES = 64
 """The largest training.virtual_pipeline_stages accepted (each chunk needs a layer per stage)."""
 VIRTUAL_STAGES_SEARCH = ()
 """What `virtual_pipeline_stages: search` reads as, until the model is known: then every
-number of chunks per stage that splits the model's blocks evenly on some pipeline
-(`cost_models.pipeline.interleaved_virtual_stages`, up to MAX_VIRTUAL_STAGES), so that the
-search tries the v a Megatron-LM user would (Llama 3 70B's 5 on 4 stages, Qwen3's 12 or
-24) and no v that no pipeline can split into."""
+number of chunks per stage up to VIRTUAL_STAGES_SEARCH_MOST that splits the model's blocks
+evenly on some pipeline (`cost_models.pipeline.interleaved_virtual_stages`): Llama 3 70B's
+80 blocks give 1, 2, 4, 5 and 8 (the 5 its Megatron-Bridge recipes run on 4 and 8 stages),
+where a fixed 1, 2, 3, 4, 6, 8 tried two that no pipeline splits it into and missed 5."""
+VIRTUAL_STAGES_SEARCH_MOST = 8
+"""The most chunks per stage `search` tries. The cost model charges a chunk nothing of its
+own (its boundaries' P2P only in the fill and drain, the steady state's overlapped), so
+more chunks always shrink the modelled bubble and the largest v that splits would always
+win: on the published recipes, searching up to 64 (v 10 to 40 for Llama 3 70B) put the
+recipe in its plan's top 10 for 15 of 66 against 18 (benchmarks/megatron_bridge.py
+--ranks, 2026-11-30). The recipes themselves run 3 to 8, and 12 or 24 for Qwen3; a larger
+limit waits for a per-chunk cost measured on the interleaved schedule."""
 CONTEXT_PARALLEL_SEARCH = (1, 2, 4, 8, 16, 32)
 """The context-parallel degrees `context_parallel: search` tries (those that divide the devices
 and the sequence: search_space's rules)."""
@@ -1095,7 +1103,7 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
 
         first, last = model.ends
         training = replace(training, virtual_pipeline_stages=interleaved_virtual_stages(
-            model.num_layers, first=first, last=last, most=MAX_VIRTUAL_STAGES))
+            model.num_layers, first=first, last=last, most=VIRTUAL_STAGES_SEARCH_MOST))
     if "precision" not in training_data and all(g.gpu.kind == "cpu"
                                                 for g in cluster.node_groups):
         # CPUs have no fast half precision to train in (DeepSpeed's fp16 needs CUDA): the
