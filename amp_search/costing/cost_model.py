@@ -116,9 +116,10 @@ class _PlacedBound:
     rows: np.ndarray
     """[pp, L] each stage's per-layer time: device passes and collectives, or its host's."""
     cut: np.ndarray | None
-    """The boundaries' P2P (`CostModel.cut_s`); None without 1F1B stages."""
+    """The boundaries' P2P (`CostModel.cut_s`); None with one stage."""
     least: np.ndarray | None
-    """[pp - 1] each boundary's cheapest P2P."""
+    """[pp - 1] each boundary's cheapest P2P; None without 1F1B stages (one stage, or
+    virtual stages, whose chunks fix their boundaries)."""
     sync: np.ndarray
     sync_fixed: np.ndarray
     mean_sync: float
@@ -606,7 +607,8 @@ class CostModel:
         over the memory-feasible splits (or all, where none is: what `_partition` chooses
         among), which minimises a sum (eq. 5) that each split's closed-form time is at
         least: the tightest bound, at the price of one or two DP solves; with virtual
-        stages, the interleaved schedule's time on its fixed chunks without P2P.
+        stages, the interleaved schedule's time on its fixed chunks with their boundaries'
+        P2P, as `_assemble` charges it.
         `floors` False, without an order: the per-layer rows alone (no P2P or sync floors),
         what the search orders every candidate by before it asks for more."""
         gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
