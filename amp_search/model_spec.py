@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from cost_models.layers import MLP_KINDS, NORM_KINDS, POSITION_EMBEDDINGS, ROPE_SCALINGS, Layer
+from cost_models.layers import (MLP_KINDS, NORM_KINDS, POSITION_EMBEDDINGS, ROPE_SCALINGS, Layer,
+                                 leading_layers)
 
 from .errors import SpecError, UsageError
 from .resources import models_path
@@ -71,12 +72,11 @@ class ModelSpec:
 
     @property
     def ends(self) -> tuple[int, int]:
-        """(leading embedding layers, trailing head layers) around the blocks: what the
-        interleaved schedule's chunks leave out of their even split."""
-        kinds = [x.kind for x in self.layers]
-        lead = next((i for i, k in enumerate(kinds) if k != "embedding"), len(kinds))
-        tail = next((i for i, k in enumerate(kinds[::-1]) if k != "head"), len(kinds))
-        return lead, min(tail, len(kinds) - lead)
+        """(leading embedding layers, trailing head layers) around the blocks
+        (cost_models.layers.leading_layers): what the pipeline split keeps with the first
+        and last stage, and the interleaved schedule's chunks leave out of their even
+        split."""
+        return leading_layers(self.layers, "embedding"), leading_layers(self.layers[::-1], "head")
 
 
 ARCH_KEYS = ("num_query_groups", "head_dim", "mlp", "norm", "bias", "position_embedding",

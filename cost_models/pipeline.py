@@ -42,7 +42,8 @@ def interleaved_virtual_stages(num_layers: int, *, first: int = 0, last: int = 0
     """Every number of model chunks per stage, 1 to `most`, that splits the chain evenly
     (`interleaved_split`) on some pipeline of 2 stages or more, with 1 (plain 1F1B) first:
     the virtual stages a search of Megatron-LM's interleaved schedule can run (Llama 3 70B's
-    80 blocks: 2, 4, 5, 8, 10, 20, 40 and, with the embedding and head counted, 41)."""
+    80 blocks, up to 64: 2, 4, 5, 8, 10, 20, 40 and, with the embedding and head counted,
+    41; amp_search's search stops at 8)."""
     return (1,) + tuple(v for v in range(2, most + 1) if any(
         interleaved_split(num_layers, v * pp, first=first, last=last)
         for pp in range(2, num_layers // v + 1)))

@@ -26,8 +26,8 @@ from cost_models.compute import (HostCosts, attention_time_s, block_passes,
                                  host_time_by_pass_s, kernel_floor_time_s,
                                  synced_overlapped_time_s, tp_overlap_exposed_s)
 from cost_models.layers import (Layer, cp_merge_bytes_by_pass, expert_param_count,
-                                kv_elements_per_token, leading_layers, output_elements,
-                                param_count, per_distinct_layer, tp_collectives_by_pass)
+                                kv_elements_per_token, output_elements, param_count,
+                                per_distinct_layer, tp_collectives_by_pass)
 from cost_models.params import CostParams
 from cost_models.recompute import selective_recompute_time_s, sequence_parallel_time_s
 
@@ -276,8 +276,7 @@ class CostModel:
         Megatron-core's all-to-all and under DeepSpeed."""
         self.node_widths = np.array([len(n.devices) for n in spec.cluster.nodes])
         """Devices per node, by node id."""
-        self.first_fixed = leading_layers(layers, "embedding")
-        self.last_fixed = leading_layers(layers[::-1], "head")
+        self.first_fixed, self.last_fixed = spec.model.ends
 
     def tp_collectives(self, recompute: bool, sequence_parallel: bool, part: int | None = None
                        ) -> dict:

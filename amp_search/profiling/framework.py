@@ -159,14 +159,12 @@ def pipeline_probe_strategies(spec: Spec) -> list[tuple[Spec, "Strategy"]]:
     (pp = the node's devices, dp 1, tmp 1, micro-batch 1, Megatron's uniform split), with
     PROBE_GAS x pp micro-batches; none where the node has one device, the model fewer blocks
     than devices, or the backend is not DeepSpeed."""
-    from cost_models.layers import leading_layers
-
     from ..partition import uniform_partition
     from ..records import Strategy
 
     devices = tuple(spec.cluster.nodes[0].devices)
     n, layers = len(devices), spec.model.layers
-    first, last = leading_layers(layers, "embedding"), leading_layers(layers[::-1], "head")
+    first, last = spec.model.ends
     if spec.training.backend != "deepspeed" or n < 2 or len(layers) - first - last < n:
         return []
     partition = uniform_partition(len(layers), n, first=first, last=last)
