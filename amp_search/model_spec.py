@@ -18,7 +18,7 @@ from .yaml_io import load_yaml_file, show_path
 
 MODEL_PRESETS = ("llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-8b", "qwen3-32b",
                  "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b",
-                 "gpt-oss-120b", "gpt-oss-20b")
+                 "gpt-oss-120b", "gpt-oss-20b", "deepseek-v3", "kimi-k2")
 """Named models (profiles/models.yaml): `model: {preset: NAME, seq_length: ...}` takes every
 size from there; any size key the spec gives overrides it."""
 PRESETS = ("gpt", "bert", "layers") + MODEL_PRESETS
@@ -84,14 +84,22 @@ ARCH_KEYS = ("num_query_groups", "head_dim", "mlp", "norm", "bias", "position_em
 """The Llama-family keys (cost_models.layers.Layer's fields of the same names); absent, a
 model is the GPT block of before: MHA, head_dim h/a, GELU, LayerNorm, biases, learned
 positions, no query and key norms, untied head."""
+MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+"""Multi-latent attention (DeepSeek-V2/V3, Kimi-K2), Megatron-LM's --multi-latent-attention
+with --kv-lora-rank, --q-lora-rank, --qk-pos-emb-head-dim and --v-head-dim (head_dim is
+--qk-head-dim, each query and key head's non-rotary part): the cost_models.layers.Layer
+fields of the same names. kv_lora_rank > 0 turns it on; it needs position_embedding: rope
+and no biases."""
 MOE_KEYS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
-            "moe_shared_expert_intermediate_size")
+            "moe_shared_expert_intermediate_size", "moe_first_dense_layers")
 """The mixture-of-experts keys, Megatron-LM's argument names (--num-experts, ...): every
 transformer block's MLP becomes E routed experts (k per token, each of width
 moe_ffn_hidden_size) beside optional shared experts."""
 MOE_LAYER_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
                     "moe_shared_expert_size")
-"""The cost_models.layers.Layer fields MOE_KEYS fill, in the same order."""
+"""The cost_models.layers.Layer fields MOE_KEYS fill, in the same order (the last key,
+moe_first_dense_layers k, makes the first k blocks dense MLPs of ffn_hidden_size: DeepSeek-V3's
+first_k_dense_replace, Megatron-LM's --moe-layer-freq [0]*k+[1]*(L-k))."""
 WINDOW_KEYS = ("window_size", "window_attn_skip_freq")
 """Sliding-window attention, Megatron-LM's argument names: window_size w (each query attends
 to the w keys before it) in every block but each window_attn_skip_freq-th (N: N - 1 windowed
@@ -101,7 +109,7 @@ WINDOW_LAYER_FIELDS = ("attention_window",)
 """The cost_models.layers.Layer field WINDOW_KEYS fill."""
 MODEL_KEYS = ("preset", "num_layers", "hidden_size", "num_attention_heads", "seq_length",
                "vocab_size", "ffn_hidden_size", "layers", "name", "hidden_dropout") \
-    + ARCH_KEYS + MOE_KEYS + WINDOW_KEYS
+    + ARCH_KEYS + MLA_KEYS + MOE_KEYS + WINDOW_KEYS
 DROPOUT_KINDS = ("embedding", "transformer", "mlp")
 """The layers `hidden_dropout` applies to (cost_models.layers.Layer.dropout_masks)."""
 DROPOUT_LAYER_FIELDS = ("hidden_dropout",)
@@ -192,20 +200,59 @@ def _attention(r: MappingReader, h: int, a: int, note=lambda k: "") -> dict:
     return {"num_query_groups": g, "head_dim": d}
 
 
-def _experts(r: MappingReader, f: int) -> dict:
-    """The MOE_KEYS as Layer fields ({} for a dense model): num_experts E >= 2 with
-    1 <= moe_router_topk <= E (required with experts), moe_ffn_hidden_size (default
-    ffn_hidden_size) and moe_shared_expert_intermediate_size (default 0, none)."""
+def _experts(r: MappingReader, f: int, num_layers: int) -> tuple[dict, int]:
+    """(the MOE_KEYS as Layer fields, {} for a dense model; the dense blocks before the first
+    mixture-of-experts one): num_experts E >= 2 with 1 <= moe_router_topk <= E (required with
+    experts), moe_ffn_hidden_size (default ffn_hidden_size),
+    moe_shared_expert_intermediate_size (default 0, none) and moe_first_dense_layers (default
+    0; fewer than num_layers)."""
     if not r.has("num_experts"):
         for k in MOE_KEYS[1:]:
             if r.has(k):
                 raise SpecError(r.at(k), "only with num_experts (a mixture-of-experts model)")
-        return {}
+        return {}, 0
     e = r.int("num_experts", lo=2, hi=MAX_WIDTH)
     k = r.int("moe_router_topk", required=True, hi=e)
     fe = r.int("moe_ffn_hidden_size", f, hi=4 * MAX_WIDTH)
     fs = r.int("moe_shared_expert_intermediate_size", 0, lo=0, hi=4 * MAX_WIDTH)
-    return dict(zip(MOE_LAYER_FIELDS, (e, k, fe, fs)))
+    dense = r.int("moe_first_dense_layers", 0, lo=0, hi=num_layers - 1)
+    return dict(zip(MOE_LAYER_FIELDS, (e, k, fe, fs))), dense
+
+
+def _latent_attention(r: MappingReader, a: int, pos: str, bias: bool, attention: dict,
+                      note=lambda k: "") -> dict:
+    """The MLA_KEYS as Layer fields ({} without kv_lora_rank): the latent widths, the rotary
+    and value head widths (v_head_dim default head_dim), with head_dim required (the
+    non-rotary query and key width, --qk-head-dim; set in `attention`), RoPE, no biases and
+    no key/value groups (every head has its own key and value, made from the shared
+    latent)."""
+    if not r.has("kv_lora_rank"):
+        for k in MLA_KEYS[1:]:
+            if r.has(k):
+                raise SpecError(r.at(k), "only with kv_lora_rank (multi-latent attention)")
+        return {}
+    c = r.int("kv_lora_rank", hi=MAX_WIDTH)
+    if r.has("head_dim"):           # kept even where it is h / a: MLA's heads are not h wide
+        attention["head_dim"] = r.int("head_dim", hi=MAX_WIDTH)
+    if not attention["head_dim"]:
+        raise SpecError(r.at("head_dim"), f"required key is missing: multi-latent attention "
+                                          f"needs head_dim, each query and key head's "
+                                          f"non-rotary width (Megatron-LM's --qk-head-dim, "
+                                          f"e.g. 128){note('head_dim')}")
+    if attention["num_query_groups"]:
+        raise SpecError(r.at("num_query_groups"), "not with multi-latent attention: every head "
+                                                  "has its own key and value, made from the "
+                                                  "shared latent")
+    if pos != "rope":
+        raise SpecError(r.at("position_embedding"), f"multi-latent attention rotates its "
+                                                    f"qk_rope_head_dim part: accepted: rope "
+                                                    f"(got {pos}){note('position_embedding')}")
+    if bias:
+        raise SpecError(r.at("bias"), f"multi-latent attention's projections have no biases "
+                                      f"in megatron-core: accepted: false{note('bias')}")
+    return {"kv_lora_rank": c, "q_lora_rank": r.int("q_lora_rank", 0, lo=0, hi=MAX_WIDTH),
+            "qk_rope_head_dim": r.int("qk_rope_head_dim", required=True, hi=MAX_WIDTH),
+            "v_head_dim": r.int("v_head_dim", attention["head_dim"], hi=MAX_WIDTH)}
 
 
 def _window(r: MappingReader) -> tuple[int, int]:
@@ -258,17 +305,23 @@ def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None)
     scaling = _rope_scaling(r, pos, note("rope_scaling"))
     qk_norm = r.flag("qk_norm", False)
     tied = r.flag("tie_embeddings", False)
-    experts = _experts(r, f)
+    latent = _latent_attention(r, a, pos, bias, attention, note)
+    if latent and qk_norm:
+        raise SpecError(r.at("qk_norm"), "not with multi-latent attention (its norms are on the "
+                                         "latents, counted with kv_lora_rank)")
+    experts, dense = _experts(r, f, L)
     window, every = _window(r)
     dropout = _hidden_dropout(r)
     block = Layer(kind="transformer", seq_length=seq, hidden_size=h, num_attention_heads=a,
-                  ffn_hidden_size=f, **attention, mlp=mlp, norm=norm, bias=bias,
+                  ffn_hidden_size=f, **attention, **latent, mlp=mlp, norm=norm, bias=bias,
                   position_embedding=pos, rope_scaling=scaling, qk_norm=qk_norm, **experts,
                   hidden_dropout=dropout)
+    dense_fields = {k: 0 for k in MOE_LAYER_FIELDS}
     layers = ((Layer(kind="embedding", seq_length=seq, hidden_size=h, vocab_size=v,
                      position_embedding=pos, tie_embeddings=tied, name="embedding",
                      hidden_dropout=dropout),)
               + tuple(Layer(**{**block.__dict__, "name": f"block{i}",
+                               **(dense_fields if i < dense else {}),
                                **({"attention_window": window}
                                   if window and (not every or (i + 1) % every) else {})})
                       for i in range(L))
@@ -296,7 +349,7 @@ def parse_model(data) -> ModelSpec:
     if preset != "layers":
         return _gpt_model(r, preset, seq, given)
     for k in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
-              "ffn_hidden_size") + ARCH_KEYS + MOE_KEYS + WINDOW_KEYS:
+              "ffn_hidden_size") + ARCH_KEYS + MLA_KEYS + MOE_KEYS + WINDOW_KEYS:
         if r.has(k):
             raise SpecError(r.at(k), "not used with preset: layers; give sizes per layer "
                                      "in model.layers")

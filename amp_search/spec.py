@@ -1119,6 +1119,11 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
                                      "clamped quick-GEGLU in its experts only (its dense MLP "
                                      "refuses to fuse the quick-GELU); accepted with "
                                      "num_experts, or training.backend: deepspeed")
+    if training.backend == "deepspeed" and any(x.is_mla for x in model.layers):
+        raise SpecError("model.kv_lora_rank", "multi-latent attention: the layers DeepSpeed's "
+                                              "trials run have none (megatron-core's "
+                                              "MLASelfAttention does); accepted with "
+                                              "training.backend: megatron (or no backend)")
     for key, off in _MOE_OPTION_OFF.items():
         if _moe_option_set(training, key) and not model.num_experts:
             raise SpecError(f"training.{key}", f"the model has no experts (model.num_experts); "

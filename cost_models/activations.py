@@ -245,7 +245,9 @@ def _fp8_saved_per_token(layer: Layer, replicated: int, split: int, tmp: int,
     split -= (g - 1) * (f // tmp)                        # fc2 input
     if k == "transformer":
         split += layer.attention_width // tmp            # the projection input's FP8 copy
-    return replicated - (g - 1) * norms * h, split
+    # multi-latent attention: the up-projections' inputs, the normed latents
+    latents = (layer.q_lora_rank + layer.kv_lora_rank) if layer.is_mla else 0
+    return replicated - (g - 1) * (norms * h + latents), split
 
 
 def _llama_saved_per_token(layer: Layer, *, tmp: int, bytes_per_element: int,
@@ -276,7 +278,20 @@ def _llama_saved_per_token(layer: Layer, *, tmp: int, bytes_per_element: int,
         split += FP32_BYTES * a // t
         if attention_scores:
             split += (2 * g + 1) * a * layer.seq_length // t
-    return g * (4 * h + 2 * stats), split
+    return g * (4 * h + 2 * stats) + _mla_latent_saved(layer, g), split
+
+
+def _mla_latent_saved(layer: Layer, g: int) -> int:
+    """Bytes per token multi-latent attention keeps of its latents (0 for other layers):
+    each latent norm's input and output (the up-projection's input), 2 (q_r + c), and their
+    statistics. Like the block's norms they are per token and whole on every tensor rank,
+    so sequence parallelism divides them by t (megatron-core runs the down-projections on
+    the sequence shard and the up-projections' norm-linear gathers after the norm). The
+    queries, keys and values the core keeps are `Layer.qkv_width`."""
+    if not layer.is_mla:
+        return 0
+    stats = layer.norm_stats * (2 if layer.q_lora_rank else 1)
+    return g * (2 * (layer.q_lora_rank + layer.kv_lora_rank) + stats)
 
 
 def _moe_saved_elements(layer: Layer) -> int:

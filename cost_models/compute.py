@@ -155,7 +155,7 @@ def score_gemm_flops(layer: Layer, tmp: int = 1) -> float:
     (an unfused kernel computes the whole matrix, a sliding window's masked scores too)."""
     if layer.kind != "transformer":
         return 0.0
-    width = layer.hidden_size if layer.is_gpt_block else layer.attention_width
+    width = layer.hidden_size if layer.is_gpt_block else layer.core_width
     return 2.0 * layer.seq_length ** 2 * width / tmp
 
 

@@ -139,6 +139,22 @@ class Layer:
     moe_shared_expert_size: int = 0
     """f_s: the inner width of the shared experts every token also passes through (their
     widths summed, --moe-shared-expert-intermediate-size); 0: none."""
+    kv_lora_rank: int = 0
+    """transformer: multi-latent attention (MLA, DeepSeek-V2/V3, Kimi-K2) where > 0: the
+    key/value latent width c (Megatron-LM's --multi-latent-attention --kv-lora-rank). Keys
+    and values are made from a per-token latent: a down-projection h -> c + d_r (the latent
+    and the one rotary key head every query head shares), a norm on the latent, and an
+    up-projection c -> a (d + d_v) (each head's non-rotary key part and its value). head_dim
+    is d, the non-rotary width of each query and key head (--qk-head-dim)."""
+    q_lora_rank: int = 0
+    """MLA: the query's latent width q_r (--q-lora-rank): a down-projection h -> q_r, a norm,
+    an up-projection q_r -> a (d + d_r); 0: one projection h -> a (d + d_r)."""
+    qk_rope_head_dim: int = 0
+    """MLA: d_r, the rotary part of each query and key head (--qk-pos-emb-head-dim); RoPE
+    rotates only these, and one rotary key head serves every query head."""
+    v_head_dim: int = 0
+    """MLA: d_v, the width of each value head and of each head's attention output
+    (--v-head-dim)."""
     attention_window: int = 0
     """transformer: sliding-window attention, each query attends to the w keys before it
     (Megatron-LM's --window-size w,0); 0: full causal attention."""
@@ -218,6 +234,9 @@ class Layer:
             parts += ["nobias"]
         if self.qk_norm and self.kind == "transformer":
             parts += ["qknorm"]
+        if self.is_mla:
+            parts += [f"mla{self.q_lora_rank}-{self.kv_lora_rank}-{self.qk_rope_head_dim}"
+                      f"-{self.v_head_dim}"]
         if self.tie_embeddings:
             parts += ["tied"]
         if self.is_moe:
@@ -243,6 +262,25 @@ class Layer:
         if self.hidden_dropout <= 0.0:
             return 0
         return {"transformer": 2, "mlp": 1, "embedding": 1}.get(self.kind, 0)
+
+    @property
+    def is_mla(self) -> bool:
+        """A transformer block with multi-latent attention (`kv_lora_rank` > 0)."""
+        return self.kind == "transformer" and self.kv_lora_rank > 0
+
+    @property
+    def qk_head_width(self) -> int:
+        """The width of one query (and key) head as the attention core sees it: d + d_r
+        under MLA, else d (`kv_channels`)."""
+        return self.kv_channels + (self.qk_rope_head_dim if self.is_mla else 0)
+
+    @property
+    def mla_latent_width(self) -> int:
+        """MLA: q_r + c + d_r, the per-token width of what the down-projections write (the
+        query latent, the key/value latent, the shared rotary key); 0 otherwise."""
+        if not self.is_mla:
+            return 0
+        return self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim
 
     @property
     def is_moe(self) -> bool:
@@ -302,20 +340,36 @@ class Layer:
         (the Llama formulas give the same numbers). tie_embeddings changes no layer's cost
         (see `model_param_count`)."""
         a = self.num_attention_heads
-        return (not self.num_experts and (self.num_query_groups in (0, a))
+        return (not self.num_experts and not self.kv_lora_rank
+                and (self.num_query_groups in (0, a))
                 and (not self.head_dim or self.head_dim * a == self.hidden_size)
                 and self.mlp == "gelu" and self.norm == "layernorm" and self.bias
                 and self.position_embedding == "learned" and not self.qk_norm)
 
     @property
     def attention_width(self) -> int:
-        """a d: the width of the queries and of the attention output (h in the GPT block)."""
+        """a d: the width of the attention output, the output projection's input (h in the
+        GPT block); under MLA a d_v."""
+        if self.is_mla:
+            return self.num_attention_heads * self.v_head_dim
         return self.num_attention_heads * self.kv_channels
 
     @property
     def qkv_width(self) -> int:
-        """(a + 2g) d: the fused QKV projection's output width (3h in the GPT block)."""
+        """(a + 2g) d: the fused QKV projection's output width (3h in the GPT block); under
+        MLA the queries, keys and values the core reads, a (2 (d + d_r) + d_v)."""
+        if self.is_mla:
+            return self.num_attention_heads * (2 * self.qk_head_width + self.v_head_dim)
         return (self.num_attention_heads + 2 * self.query_groups) * self.kv_channels
+
+    @property
+    def core_width(self) -> int:
+        """The width w whose 4 s^2 w / t are the attention core's FLOPs (QK^T and attention
+        x V): a d; under MLA a (d + d_r + d_v) / 2, its QK^T over d + d_r and its
+        attention x V over d_v."""
+        if self.is_mla:
+            return self.num_attention_heads * (self.qk_head_width + self.v_head_dim) // 2
+        return self.attention_width
 
     @property
     def norm_params(self) -> int:
@@ -404,9 +458,13 @@ def block_tensor_numels(layer: Layer, tmp: int = 1, vocab: int | None = None, ep
     if k == "transformer":
         qkv, ad = layer.qkv_width, layer.attention_width
         qk = layer.qk_norm_params // 2
-        attention = (proj + norm + (h * qkv // t,) + ((qkv // t,) if b else ())
-                     + ((qk, qk) if qk else ())
-                     + (ad * h // t,) + ((h,) if b else ()) + norm)
+        if layer.is_mla:
+            attention = proj + norm + _mla_tensor_numels(layer, t) \
+                + (ad * h // t,) + ((h,) if b else ()) + norm
+        else:
+            attention = (proj + norm + (h * qkv // t,) + ((qkv // t,) if b else ())
+                         + ((qk, qk) if qk else ())
+                         + (ad * h // t,) + ((h,) if b else ()) + norm)
         if not layer.is_moe:
             return attention + mlp
         fs, fs1 = layer.moe_shared_expert_size, layer.shared_fc1_width
@@ -423,6 +481,24 @@ def block_tensor_numels(layer: Layer, tmp: int = 1, vocab: int | None = None, ep
     if k == "custom":
         return (layer.custom_params,)
     raise ValueError(f"unknown layer kind {k!r}")
+
+
+def _mla_tensor_numels(layer: Layer, tmp: int) -> tuple[int, ...]:
+    """The projections of multi-latent attention on one tensor rank, as megatron-core's
+    MLASelfAttention registers them (megatron/core/transformer/multi_latent_attention.py):
+    the query's down-projection h q_r and its latent norm q_r (replicated on every tensor
+    rank), its up-projection q_r a (d + d_r) / t (column-parallel; without a query latent one
+    projection h a (d + d_r) / t), the key/value down-projection h (c + d_r) and its latent
+    norm c (replicated), the up-projection c a (d + d_v) / t (column-parallel); the output
+    projection a d_v h / t is the caller's. Norms: RMSNorm (weight) or LayerNorm (weight,
+    bias) of the latent's width."""
+    h, a, t = layer.hidden_size, layer.num_attention_heads, tmp
+    d, dr, dv = layer.kv_channels, layer.qk_rope_head_dim, layer.v_head_dim
+    qr, c = layer.q_lora_rank, layer.kv_lora_rank
+    per_norm = 2 if layer.norm == "layernorm" else 1
+    q = ((h * qr,) + (qr,) * per_norm + (qr * a * (d + dr) // t,) if qr
+         else (h * a * (d + dr) // t,))
+    return q + (h * (c + dr),) + (c,) * per_norm + (c * a * (d + dv) // t,)
 
 
 def param_count(layer: Layer, tmp: int = 1, ep: int = 1) -> int:
@@ -542,6 +618,9 @@ def gemm_flops(layer: Layer, tmp: int = 1, ep: int = 1) -> tuple[float, ...]:
                    if fs else ())
         if k == "mlp":
             return proj + mlp
+        if layer.is_mla:
+            return proj + mla_gemm_flops(layer, tmp) \
+                + (2.0 * s * layer.attention_width * h / tmp,) + mlp
         return proj + (2.0 * s * h * layer.qkv_width / tmp,
                        2.0 * s * layer.attention_width * h / tmp) + mlp
     if k == "transformer":
@@ -556,12 +635,29 @@ def gemm_flops(layer: Layer, tmp: int = 1, ep: int = 1) -> tuple[float, ...]:
     return ()
 
 
+def mla_gemm_flops(layer: Layer, tmp: int = 1) -> tuple[float, ...]:
+    """The projection GEMMs of multi-latent attention, one forward per sample on one tensor
+    rank: the down-projections 2s h q_r and 2s h (c + d_r), whose weights every tensor rank
+    holds whole, each on the rank's s/t tokens (megatron-core runs them on the sequence
+    shard and gathers the latents; `Layer.mla_latent_width`), and the column-parallel
+    up-projections 2s q_r a (d + d_r) / t and 2s c a (d + d_v) / t (without a query latent
+    one query projection 2s h a (d + d_r) / t). The output projection is the caller's."""
+    s, h, a, t = layer.seq_length, layer.hidden_size, layer.num_attention_heads, tmp
+    d, dr, dv = layer.kv_channels, layer.qk_rope_head_dim, layer.v_head_dim
+    qr, c = layer.q_lora_rank, layer.kv_lora_rank
+    q = ((2.0 * s * h * qr / t, 2.0 * s * qr * a * (d + dr) / t) if qr
+         else (2.0 * s * h * a * (d + dr) / t,))
+    return q + (2.0 * s * h * (c + dr) / t, 2.0 * s * c * a * (d + dv) / t)
+
+
 def kv_elements_per_token(layer: Layer, tmp: int = 1) -> int:
     """Elements of one token's keys and values on one tensor rank (2 g d / t; a key/value group
     that tmp splits below one is replicated on each rank): what context parallelism's ring
     passes from rank to rank. 0 for the other layers."""
     if layer.kind != "transformer":
         return 0
+    if layer.is_mla:        # every head's key (d + d_r) and value (d_v), a / t heads
+        return layer.num_attention_heads // tmp * (layer.qk_head_width + layer.v_head_dim)
     per_rank = max(layer.query_groups // tmp, 1)
     return 2 * per_rank * layer.kv_channels
 
@@ -574,7 +670,7 @@ def attention_core_flops(layer: Layer, tmp: int = 1) -> float:
     triangle: `window_fraction` of it."""
     if layer.kind != "transformer":
         return 0.0
-    width = layer.hidden_size if layer.is_gpt_block else layer.attention_width
+    width = layer.hidden_size if layer.is_gpt_block else layer.core_width
     return 4.0 * layer.seq_length ** 2 * width / tmp * window_fraction(layer)
 
 
@@ -756,7 +852,12 @@ def _q_k_elements(layer: Layer) -> float:
 
 
 def _q_k_per_sample(layer: Layer) -> float:
-    """Elements of q and k per sample, all heads: s (a + g) d."""
+    """Elements of q and k per sample, all heads: s (a + g) d; under MLA the queries and
+    keys the core reads, 2 s a (d + d_r) (megatron-core's MLA RoPE kernel rotates their
+    d_r parts and writes them whole, with the non-rotary parts: one read and write of
+    each)."""
+    if layer.is_mla:
+        return 2.0 * layer.seq_length * layer.num_attention_heads * layer.qk_head_width
     return layer.seq_length * (layer.num_attention_heads + layer.query_groups) \
         * layer.kv_channels
 
@@ -921,7 +1022,11 @@ def megatron_norm_residual_bytes(layer: Layer, bytes_per_element: int) -> tuple[
     h = float(layer.hidden_size)
     bias = 1.0 if layer.bias else 0.0
     if layer.kind == "transformer":
-        return (10 * g + 2) * h, (16 * g + 2) * h + 2 * bias * g * h
+        # multi-latent attention's latent norms (read x, write y: 2g each of q_r and c;
+        # backward 3g), per token and whole on every rank like the block's own norms
+        latents = float(layer.q_lora_rank + layer.kv_lora_rank) if layer.is_mla else 0.0
+        return (10 * g + 2) * h + 2 * g * latents, \
+            (16 * g + 2) * h + 2 * bias * g * h + 3 * g * latents
     if layer.kind == "mlp":
         return (5 * g + 1) * h, (8 * g + 1) * h + bias * g * h
     return 0.0, 0.0
@@ -968,6 +1073,13 @@ def tp_allreduce_elements_by_pass(layer: Layer, recompute: bool = False
     """
     s, h = layer.seq_length, layer.hidden_size
     k = layer.kind
+    if layer.is_mla:
+        # the output projection's forward; backward the input gradients of the column-parallel
+        # up-projections (the latents, whole on every rank) or of a query projection of h
+        mlp = () if layer.is_moe and not layer.moe_shared_expert_size else (s * h,)
+        attention_backward = (s * (layer.q_lora_rank or h), s * layer.kv_lora_rank)
+        forward = (s * h,) + mlp
+        return forward, attention_backward + mlp, (forward if recompute else ())
     if k == "transformer" and layer.is_moe and not layer.moe_shared_expert_size:
         return (s * h,), (s * h,), ((s * h,) if recompute else ())   # the attention's only
     if k == "transformer":
@@ -1047,6 +1159,22 @@ def tp_collectives_by_pass(layer: Layer, recompute: bool = False,
     # norm's tensors (LayerNorm 2, RMSNorm 1) and the row-parallel bias (GPT block: 3)
     norm_tensors = 2 if layer.norm == "layernorm" else 1
     shard_weights = norm_tensors + (1 if layer.bias else 0)
+    if layer.is_mla:
+        # megatron-core's MLA: the down-projections run on the sequence shard, each
+        # up-projection gathers its latent (q_r or, without one, the h-wide input; c), the
+        # shared rotary key is gathered (d_r), and the output projection reduce-scatters;
+        # backward the conjugates, the latents gathered again for the weight gradients and
+        # the projection's output gradient gathered
+        latents = (layer.q_lora_rank or h, layer.kv_lora_rank)
+        mlp_pairs = 0 if layer.is_moe and not layer.moe_shared_expert_size else 1
+        forward = tuple(TpCollective(ag, s * x) for x in latents + (layer.qk_rope_head_dim,)) \
+            + (TpCollective(rs, s * h),) \
+            + (TpCollective(ag, s * h), TpCollective(rs, s * h)) * mlp_pairs
+        backward = tuple(TpCollective(rs, s * x) for x in latents + (layer.qk_rope_head_dim,)) \
+            + tuple(TpCollective(ag, s * x) for x in latents) + (TpCollective(ag, s * h),) \
+            + (TpCollective(ag, s * h), TpCollective(ag, s * h),
+               TpCollective(rs, s * h)) * mlp_pairs
+        return forward, backward, (forward if recompute else ())
     if k in ("transformer", "mlp"):
         gemm_pairs = 2 if k == "transformer" else 1
         if layer.is_moe:     # the experts keep their tokens sharded (all-to-all, not TP)

@@ -26,7 +26,8 @@ def _raw(model: dict) -> dict:
                          **({"backend": "megatron"} if model.get("preset") in MOE else {})}}
 
 
-MOE = ("qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b")
+MOE = ("qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b", "deepseek-v3",
+       "kimi-k2")
 """The presets with experts (costed for the megatron backend only)."""
 
 
@@ -49,6 +50,8 @@ PUBLISHED = {                      # (published total, exact count where known)
     "mixtral-8x22b": (141e9, None),
     "gpt-oss-120b": (116.83e9, None),     # OpenAI's model card (sliding-window blocks)
     "gpt-oss-20b": (20.91e9, None),
+    "deepseek-v3": (671e9, None),         # the technical report, without the MTP module
+    "kimi-k2": (1.03e12, None),           # Moonshot's "1T" (its config gives 1.026T)
 }
 
 
@@ -70,8 +73,11 @@ def test_every_preset_parses_to_its_published_size(name):
     gpt_oss = name.startswith("gpt-oss")      # GPT-OSS: biases and its clamped quick-GEGLU
     assert (block.mlp, block.norm, block.bias, block.position_embedding) == \
         ("quick_geglu" if gpt_oss else "swiglu", "rmsnorm", gpt_oss, "rope")
-    assert 0 < block.num_query_groups < block.num_attention_heads
-    assert block.num_query_groups in m.tp_divisors
+    if block.is_mla:            # DeepSeek-V3, Kimi-K2: every head its own K and V
+        assert block.num_query_groups == 0 and block.kv_lora_rank == 512
+    else:
+        assert 0 < block.num_query_groups < block.num_attention_heads
+        assert block.num_query_groups in m.tp_divisors
     total = model_param_count(m.layers)
     published, exact = PUBLISHED[name]
     assert abs(total - published) / published < 0.01, total
@@ -166,11 +172,12 @@ def test_preset_errors():
                                         r"layers, llama3-8b, llama3-70b, llama3.1-405b, "
                                         r"qwen3-8b, qwen3-32b, qwen3-30b-a3b, "
                                         r"qwen3-235b-a22b, mixtral-8x7b, mixtral-8x22b, "
-                                        r"gpt-oss-120b, gpt-oss-20b$"):
+                                        r"gpt-oss-120b, gpt-oss-20b, deepseek-v3, "
+                                        r"kimi-k2$"):
         _model(preset="llama", seq_length=8)
-    with pytest.raises(SpecError, match=r"^model.preset: deepseek-v3: multi-head latent "
-                                        r"attention is not modelled yet .*; accepted: gpt, "):
-        _model(preset="deepseek-v3")
+    with pytest.raises(SpecError, match=r"^model.preset: nemotron-h: its hybrid Mamba-2 layers "
+                                        r"are not modelled .*; accepted: gpt, "):
+        _model(preset="nemotron-h")
     with pytest.raises(SpecError, match=r"^model.layers: only for preset: layers"):
         _model(preset="llama3-8b", layers=[{"kind": "embedding"}])
 

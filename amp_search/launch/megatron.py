@@ -20,6 +20,8 @@ layer, GELU MLP, LayerNorm, biases, multi-head attention):
                                   run rotates with plain RoPE, which Megatron-LM may fuse, so
                                   it measures a little less than the plan's unfused YaRN
     qk_norm: true                 --qk-layernorm
+    kv_lora_rank c (MLA)          --multi-latent-attention --kv-lora-rank c --qk-head-dim d
+                                  --qk-pos-emb-head-dim d_r --v-head-dim d_v [--q-lora-rank]
     head cross_entropy: te        --cross-entropy-loss-fusion --cross-entropy-fusion-impl te
                                   (training.cross_entropy; Transformer Engine's kernel: CUDA)
     tie_embeddings: false         --untie-embeddings-and-output-weights (tied: Megatron's
@@ -27,6 +29,7 @@ layer, GELU MLP, LayerNorm, biases, multi-head attention):
     num_experts E, topk k, ...    --num-experts E --moe-router-topk k --moe-ffn-hidden-size
                                   --moe-grouped-gemm --moe-token-dispatcher-type alltoall
                                   [--moe-shared-expert-intermediate-size]
+    moe_first_dense_layers k      --moe-layer-freq ([0]*k+[1]*(L-k))
 
 The strategy maps to its arguments:
 
@@ -71,6 +74,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from cost_models.layers import QUICK_GEGLU_CLAMP, QUICK_GEGLU_OFFSET, Layer
@@ -96,18 +100,38 @@ def check_gpt_chain(layers: tuple[Layer, ...]) -> Layer:
               for b in blocks}
     if len(shapes) != 1:
         raise UsageError("the megatron backend needs all transformer blocks of one size")
+    dense = moe_first_dense_blocks(blocks)
     kinds = {(b.num_query_groups, b.head_dim, b.mlp, b.norm, b.bias, b.position_embedding,
-              b.rope_scaling, b.qk_norm, b.num_experts, b.moe_router_topk,
-              b.moe_ffn_hidden_size, b.moe_shared_expert_size) for b in blocks}
-    if len(kinds) != 1:
+              b.rope_scaling, b.qk_norm, b.kv_lora_rank, b.q_lora_rank, b.qk_rope_head_dim,
+              b.v_head_dim, b.num_experts, b.moe_router_topk, b.moe_ffn_hidden_size,
+              b.moe_shared_expert_size) for b in blocks[dense:]}
+    if len(kinds) != 1 or any(
+            replace(b, **{k: getattr(blocks[-1], k) for k in _MOE_FIELDS}) != replace(
+                blocks[-1], name=b.name, attention_window=b.attention_window)
+            for b in blocks[:dense]):
         raise UsageError("the megatron backend needs all transformer blocks of one kind "
                          "(num_query_groups, head_dim, mlp, norm, bias, position_embedding, "
-                         "rope_scaling, qk_norm, experts)")
+                         "rope_scaling, qk_norm, latent attention, experts), but for dense "
+                         "blocks before the first mixture-of-experts one "
+                         "(model.moe_first_dense_layers)")
     if layers[0].position_embedding != blocks[0].position_embedding:
         raise UsageError(f"the megatron backend needs the embedding's position_embedding "
                          f"({layers[0].position_embedding}) to be the blocks' "
                          f"({blocks[0].position_embedding})")
-    return blocks[0]
+    return blocks[-1]
+
+
+_MOE_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_size",
+               "fused_experts")
+"""The Layer fields a dense block before the mixture-of-experts ones leaves unset."""
+
+
+def moe_first_dense_blocks(blocks) -> int:
+    """How many dense blocks open a mixture-of-experts model's chain (0 for a dense model, or
+    one whose first block has experts): Megatron-LM's --moe-layer-freq [0]*k+[1]*(L-k)."""
+    if not blocks or not blocks[-1].is_moe:
+        return 0
+    return next(i for i, b in enumerate(blocks) if b.is_moe)
 
 
 def window_args(layers: tuple[Layer, ...]) -> list[str]:
@@ -151,6 +175,13 @@ def architecture_args(layers: tuple[Layer, ...]) -> list[str]:
         args += ["--disable-bias-linear"]
     if block.qk_norm:
         args += ["--qk-layernorm"]
+    if block.is_mla:
+        args += ["--multi-latent-attention", "--kv-lora-rank", str(block.kv_lora_rank),
+                 "--qk-head-dim", str(block.kv_channels),
+                 "--qk-pos-emb-head-dim", str(block.qk_rope_head_dim),
+                 "--v-head-dim", str(block.v_head_dim)]
+        if block.q_lora_rank:
+            args += ["--q-lora-rank", str(block.q_lora_rank)]
     if layers[-1].kind == "head" and layers[-1].cross_entropy == "te":
         args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
     if block.is_moe:
@@ -161,6 +192,10 @@ def architecture_args(layers: tuple[Layer, ...]) -> list[str]:
         if block.moe_shared_expert_size:
             args += ["--moe-shared-expert-intermediate-size",
                      str(block.moe_shared_expert_size)]
+        blocks = [x for x in layers if x.kind == "transformer"]
+        dense = moe_first_dense_blocks(blocks)
+        if dense:
+            args += ["--moe-layer-freq", f"([0]*{dense}+[1]*{len(blocks) - dense})"]
     return args
 
 

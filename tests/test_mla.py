@@ -1,0 +1,150 @@
+"""Multi-latent attention (DeepSeek-V3, Kimi-K2) and dense blocks before the experts
+(model.moe_first_dense_layers): the shapes counted by hand on a tiny block, the presets'
+published totals, the spec's rules and Megatron-LM's arguments."""
+from __future__ import annotations
+
+import pytest
+
+from amp_search import estimate
+from amp_search.launch.megatron import architecture_args
+from amp_search.spec import SpecError, parse_spec
+from cost_models.activations import layer_saved_bytes
+from cost_models.layers import (Layer, attention_core_flops, expert_param_count, gemm_flops,
+                                kv_elements_per_token, model_param_count, param_count,
+                                tp_collectives_by_pass)
+
+# h 64, 4 heads of d 16 (non-rotary) + d_r 8 (rotary), values d_v 16, latents q_r 32, c 24
+TINY = {"preset": "gpt", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+        "seq_length": 32, "vocab_size": 512, "mlp": "swiglu", "norm": "rmsnorm", "bias": False,
+        "position_embedding": "rope", "ffn_hidden_size": 128, "head_dim": 16,
+        "kv_lora_rank": 24, "q_lora_rank": 32, "qk_rope_head_dim": 8, "v_head_dim": 16}
+TINY_MOE = {**TINY, "num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 32,
+            "moe_shared_expert_intermediate_size": 32, "moe_first_dense_layers": 1}
+
+
+def _raw(model: dict, **training) -> dict:
+    return {"cluster": {"nodes": [{"gpu": "H100-80GB", "count": 1, "gpus_per_node": 8,
+                                   "intra_node_bandwidth": "450 GB/s"}]},
+            "model": model,
+            "training": {"global_batch_size": 16, "precision": "bf16", "backend": "megatron",
+                         **training}}
+
+
+def _block(**model) -> Layer:
+    return parse_spec(_raw({**TINY, **model})).model.layers[1]
+
+
+def test_the_block_counts_its_projections_by_hand():
+    b = _block()
+    assert b.is_mla and not b.is_gpt_block and b.qk_head_width == 24
+    assert (b.attention_width, b.core_width, b.mla_latent_width) == (4 * 16, 4 * 40 // 2, 64)
+    # per rank at t 2: input norm 64, q down 64x32 and its norm 32 (whole on every rank),
+    # q up 32x4x24/2, kv down 64x32 and its norm 24 (whole), kv up 24x4x32/2, output
+    # projection 4x16x64/2, pre-MLP norm 64, SwiGLU fc1 64x256/2 and fc2 128x64/2
+    assert param_count(b, 2) == (64 + 2048 + 32 + 1536 + 2048 + 24 + 1536 + 2048 + 64 + 8192
+                                 + 4096)
+    s = 32
+    attention = 2.0 * s * (64 * 32 + 32 * 4 * 24 + 64 * 32 + 24 * 4 * 32 + 4 * 16 * 64)
+    assert sum(gemm_flops(b, 1)) == pytest.approx(attention + 2.0 * s * (64 * 256 + 128 * 64))
+    # QK^T over d + d_r, attention x V over d_v, every query x key (Narayanan et al.'s count)
+    assert attention_core_flops(b, 1) == pytest.approx(2.0 * s * s * 4 * (24 + 16))
+    assert kv_elements_per_token(b, 2) == 2 * (24 + 16)     # a/t heads' K and V (ring cp)
+    # without a query latent: one query projection h -> a (d + d_r)
+    assert param_count(_block(q_lora_rank=0), 1) == param_count(b, 1) - (
+        64 * 32 + 32 + 32 * 4 * 24) + 64 * 4 * 24
+
+
+def test_sequence_parallel_gathers_the_latents():
+    b = _block()
+    forward, backward, again = tp_collectives_by_pass(b, recompute=True, sequence_parallel=True,
+                                                      framework="megatron")
+    s = 32
+    assert [(c.kind, c.elements) for c in forward] == [
+        ("all_gather", s * 32), ("all_gather", s * 24), ("all_gather", s * 8),
+        ("reduce_scatter", s * 64), ("all_gather", s * 64), ("reduce_scatter", s * 64)]
+    assert sorted((c.kind, c.elements) for c in backward) == sorted(
+        [("reduce_scatter", s * 32), ("reduce_scatter", s * 24), ("reduce_scatter", s * 8),
+         ("all_gather", s * 32), ("all_gather", s * 24), ("all_gather", s * 64),
+         ("all_gather", s * 64), ("all_gather", s * 64), ("reduce_scatter", s * 64)])
+    assert again == forward
+
+
+def test_saved_activations_by_hand():
+    b = _block()
+    g, s = 2, 32
+    # per token: the two norms' inputs and outputs 4h and their rstd (2); the latents' norm
+    # inputs and outputs 2 (q_r + c) and their rstd (2); q, k, v a (2 (d + d_r) + d_v), the
+    # core's output a d_v, the SwiGLU's fc1 output and its output 3f; the log-sum-exp 4a
+    per_token = g * (4 * 64 + 2) + g * (2 * (32 + 24) + 2) \
+        + g * (4 * (2 * 24 + 16) + 4 * 16 + 3 * 128) + 4 * 4
+    assert layer_saved_bytes(b, mbs=1, tmp=1, bytes_per_element=g) == per_token * s
+    # sequence parallelism splits the per-token norms and latents, not the heads' tensors
+    assert layer_saved_bytes(b, mbs=1, tmp=2, bytes_per_element=g, sequence_parallel=True) \
+        == ((g * (4 * 64 + 2) + g * (2 * (32 + 24) + 2)) * s // 2
+            + (g * (4 * (2 * 24 + 16) + 4 * 16 + 3 * 128) // 2 + 4 * 4 // 2) * s)
+
+
+def test_dense_blocks_open_the_chain():
+    m = parse_spec(_raw(TINY_MOE)).model
+    blocks = [x for x in m.layers if x.kind == "transformer"]
+    assert [x.is_moe for x in blocks] == [False, True, True, True]
+    assert blocks[0].ffn_hidden_size == 128 and expert_param_count(blocks[0]) == 0
+    assert all(x.is_mla for x in blocks) and m.num_experts == 8
+    args = architecture_args(m.layers)
+    assert args[args.index("--moe-layer-freq") + 1] == "([0]*1+[1]*3)"
+    for flag, value in (("--kv-lora-rank", "24"), ("--q-lora-rank", "32"),
+                        ("--qk-head-dim", "16"), ("--qk-pos-emb-head-dim", "8"),
+                        ("--v-head-dim", "16")):
+        assert args[args.index(flag) + 1] == value
+    assert "--multi-latent-attention" in args
+    e = estimate(parse_spec(_raw(TINY_MOE)), pp=2, dp=4, tmp=1, mbs=1, ep=4)
+    assert e.fits and e.iteration_time_s > 0
+
+
+@pytest.mark.parametrize("name, total, active", [("deepseek-v3", 671e9, 37e9),
+                                                 ("kimi-k2", 1.03e12, 32e9)])
+def test_presets_have_their_published_totals(name, total, active):
+    """The technical reports' totals (DeepSeek-V3 without its MTP module) and activated
+    parameters (the routed experts a token skips left out)."""
+    layers = parse_spec(_raw({"preset": name})).model.layers
+    n = model_param_count(layers)
+    skipped = sum(expert_param_count(x) * (1 - x.moe_router_topk / x.num_experts)
+                  for x in layers if x.is_moe)
+    assert n == pytest.approx(total, rel=0.01)
+    assert n - skipped == pytest.approx(active, rel=0.03)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"head_dim": None}, "model.head_dim: required key is missing: multi-latent attention"),
+    ({"num_query_groups": 2}, "model.num_query_groups: not with multi-latent attention"),
+    ({"bias": True}, "model.bias: multi-latent attention's projections have no biases"),
+    ({"position_embedding": "learned"}, "model.position_embedding: multi-latent attention "
+                                        "rotates"),
+    ({"qk_rope_head_dim": None}, "model.qk_rope_head_dim: required key is missing"),
+    ({"kv_lora_rank": None}, "model.q_lora_rank: only with kv_lora_rank"),
+    ({"qk_norm": True}, "model.qk_norm: not with multi-latent attention"),
+])
+def test_spec_errors_name_the_key(extra, message):
+    model = {k: v for k, v in {**TINY, **extra}.items() if v is not None}
+    with pytest.raises(SpecError) as err:
+        parse_spec(_raw(model))
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_moe_first_dense_layers_rules():
+    with pytest.raises(SpecError, match=r"^model.moe_first_dense_layers: .*only with "
+                                        r"num_experts"):
+        parse_spec(_raw({**TINY, "moe_first_dense_layers": 1}))
+    with pytest.raises(SpecError, match=r"^model.moe_first_dense_layers: "):
+        parse_spec(_raw({**TINY_MOE, "moe_first_dense_layers": 4}))
+
+
+def test_deepspeed_cannot_run_it():
+    raw = _raw(TINY, backend="deepspeed")
+    with pytest.raises(SpecError, match=r"^model.kv_lora_rank: multi-latent attention: .* "
+                                        r"accepted with training.backend: megatron"):
+        parse_spec(raw)
+    del raw["training"]["backend"]          # no backend: Megatron-LM's plans only, with why
+    spec = parse_spec(raw)
+    assert spec.training.backend == "megatron" and not spec.other_backends
+    assert any(n.startswith("deepspeed: model.kv_lora_rank") for n in spec.backend_notes)
