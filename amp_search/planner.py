@@ -34,7 +34,8 @@ from .errors import AmpSearchError, UsageError
 from .measurements import NO_MEASUREMENTS, Measurements
 from .placement import device_orders
 from .records import Estimate, GroupAlone, Plan, Strategy, SubsetPlan
-from .search_space import (Candidate, Reason, SearchSpace, check_batch_has_a_degree, divisors,
+from .search_space import (FEASIBILITY_RULES, Candidate, Reason, SearchSpace,
+                           check_batch_has_a_degree, chunks_split_blocks, divisors,
                            enumerate_candidates, first_violation, search_cost)
 from .simulate import DEFAULT_SIMULATE_TOP, rerank, with_simulation
 from .spec import Cluster, Spec
@@ -1007,7 +1008,11 @@ def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,
         raise UsageError(f"--virtual-stages must be a positive integer, got {vs!r}")
     c = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=zero, recompute=ckpt,
                        sequence_parallel=sp, virtual_stages=vs, cp=cp, ep=ep)
-    violation = first_violation(SearchSpace.of(spec), c)
+    rules = FEASIBILITY_RULES
+    if isinstance(partition, tuple) and vs > 1:
+        # the chunks given (Megatron-LM's --pipeline-model-parallel-layout) need not be equal
+        rules = tuple(r for r in rules if r is not chunks_split_blocks)
+    violation = first_violation(SearchSpace.of(spec), c, rules)
     if violation is not None:
         raise violation.error()
     model = CostModel(spec, measurements=measurements, cost_params=cost_params)

@@ -252,12 +252,14 @@ PIPELINE_P2P = ("whole", "split")
 """training.pipeline_p2p values (TrainingSpec.pipeline_p2p)."""
 FINETUNE = ("none", "lora")
 """training.finetune values (TrainingSpec.finetune)."""
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj")
 """(cost_models.activations.RECOMPUTABLE, which imports numpy.) What selective recomputation
 may recompute (Megatron-LM's --recompute-modules, with
 --recompute-granularity selective): the attention core; the norms that are modules of their
 own (under Transformer Engine, a mixture-of-experts block's pre-MLP norm: the other norms are
-fused into the linear layer after them); the experts' activation function."""
+fused into the linear layer after them); the experts' activation function; multi-latent
+attention's up-projections and RoPE (their outputs, the queries, keys and values, discarded
+after the core and made again in the backward)."""
 
 DEFAULT_INTER_NODE_LINK = "infiniband"
 """The network's link kind where a node group names none (what GPU clusters for training
@@ -1144,6 +1146,12 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
             raise SpecError("training.recompute_modules",
                             "moe_act recomputes the experts' activation: the model has no "
                             "experts (model.num_experts); accepted: core_attn, layernorm")
+        if "mla_up_proj" in training.recompute_modules and not any(
+                x.is_mla for x in model.layers):
+            raise SpecError("training.recompute_modules",
+                            "mla_up_proj recomputes multi-latent attention's up-projections: "
+                            "the model has none (model.kv_lora_rank); accepted: core_attn, "
+                            "layernorm" + (", moe_act" if model.num_experts else ""))
     if training.cross_entropy == "te":
         if training.backend != "megatron":
             raise SpecError("training.cross_entropy",

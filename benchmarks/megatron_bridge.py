@@ -12,8 +12,8 @@ VP, EP and FSDP sizes. The measured iteration time is global batch x sequence / 
 GPUs).
 
 1. every row the planner can express becomes a spec built in code:
-   - the model by name from profiles/models.yaml (Llama 3 8B and 70B, Llama 3.1 405B), at the
-     row's sequence length;
+   - the model by name from profiles/models.yaml (Llama 3 8B and 70B, Llama 3.1 405B, Qwen3
+     30B-A3B and 235B-A22B, GPT-OSS 120B, Kimi-K2), at the row's sequence length;
    - the system from the catalog (SYSTEMS): DGX nodes of 8 GPUs with NVLink inside (450 GB/s a
      direction on H100, 900 GB/s on Blackwell) and one NIC per GPU (400 Gb/s ConnectX-7, 800 Gb/s
      ConnectX-8 on B300/GB300); an NVL72 rack (GB200, GB300) as a node of 64 GPUs, the usual
@@ -109,9 +109,10 @@ SYSTEMS = {
 
 MODELS = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b",
           "LLAMA3.1_405B": "llama3.1-405b", "Qwen3_30B_a3B": "qwen3-30b-a3b",
-          "Qwen3_235B_a22B": "qwen3-235b-a22b", "GPT OSS 120B": "gpt-oss-120b"}
+          "Qwen3_235B_a22B": "qwen3-235b-a22b", "GPT OSS 120B": "gpt-oss-120b",
+          "Kimi_K2": "kimi-k2"}
 """The file's model names -> profiles/models.yaml."""
-MOE_PRESETS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b")
+MOE_PRESETS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "kimi-k2")
 """Those of them with experts (the 'kind' split of the report)."""
 
 PRECISIONS = {"BF16": "bf16", "FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "fp8", "FP8-MX": "fp8",
@@ -143,16 +144,21 @@ def unexpressed(row: dict) -> str:
             return why
     if row["workload"] not in ("pre-training", "sft", "lora"):
         return f"{row['workload']}: this workload is not modelled"
-    if model.startswith(("DeepSeek", "Kimi")):
-        return "mixture-of-experts with multi-head latent attention is not modelled"
+    if model.startswith("DeepSeekV3") and "tokendrop" not in model \
+            and row["precision"] in PRECISIONS:
+        if "(w/o MTP)" in model:
+            return ("the 25.11 DeepSeek-V3 recipes' uneven pipeline layouts "
+                    "(--pipeline-model-parallel-layout) are not known")
+        return ("DeepSeek-V3's multi-token-prediction module (the recipes' mtp_num_layers 1) "
+                "is not modelled")
     if model.startswith("Nemotron"):
         return "hybrid Mamba layers are not modelled"
     if "tokendrop" in model:
         return "token dropping (an expert capacity factor) is not modelled"
-    if model not in MODELS:
-        return f"model {model} has no preset"
     if row["precision"] not in PRECISIONS:
         return f"precision {row['precision']} (the release's table states none)"
+    if model not in MODELS:
+        return f"model {model} has no preset"
     if zero_of(row) == 3 and int(row["fsdp"]) != layout_of(row)[1]:
         return "Megatron FSDP over part of the data-parallel ranks (HSDP) is not modelled"
     if row["system"] not in SYSTEMS:
@@ -179,11 +185,46 @@ and H100 (the GB300 and B300 ones capture CUDA graphs instead), read through the
 applied to the BF16 rows (the MXFP8 recipes are later configs of their own)."""
 
 
+RECOMPUTED_EVERY_PRECISION = {("Kimi_K2", "DGX-GB300"): ("mla_up_proj",)}
+"""The same for recipes that name it at every precision: Megatron-Bridge's
+scripts/performance/configs/kimi/kimi_workload_base_configs.py sets recompute_modules
+["mla_up_proj"] (multi-latent attention's up-projections) on its Kimi-K2 GB300 recipe of
+micro-batch 2 (BF16, FP8-CS, NVFP4; the later MXFP8 one of micro-batch 1 recomputes nothing),
+read through the search tool; the open file's MXFP8 rows run micro-batch 2."""
+
+
 def recompute_modules(row: dict) -> tuple[str, ...]:
-    """The row's recipe's recomputed modules (RECOMPUTED; () for none)."""
+    """The row's recipe's recomputed modules (RECOMPUTED, RECOMPUTED_EVERY_PRECISION; () for
+    none)."""
+    every = RECOMPUTED_EVERY_PRECISION.get((row["model"], row["system"]))
+    if every:
+        return every
     if row["precision"] != "BF16":
         return ()
     return RECOMPUTED.get((row["model"], row["system"]), ())
+
+
+PIPELINE_LAYOUTS = {("Kimi_K2", 4, 4): (4, 14, 1)}
+"""(model, pp, vp) -> (blocks with the embedding, middle chunks of 4 blocks each, blocks
+with the loss): the recipes' --pipeline-model-parallel-layout where the blocks do not split
+evenly into chunks. Megatron-Bridge's src/megatron/bridge/recipes/kimi/kimi_k2.py gives 16
+model chunks (pp 4 x vp 4) of Kimi-K2's 61 blocks as [embedding + 4], 14 x [4], [1 + loss]
+(read through the search tool)."""
+
+
+def chunk_boundaries(row: dict):
+    """The recipe's explicit model-chunk boundaries (PIPELINE_LAYOUTS) over the chain of
+    embedding, blocks and head, or None where Megatron-LM splits evenly."""
+    pp, _, _, _, _, vp = layout_of(row)
+    shape = PIPELINE_LAYOUTS.get((row["model"], pp, vp))
+    if shape is None:
+        return None
+    first, middle, last = shape
+    bounds = [0, 1 + first]
+    for _ in range(middle):
+        bounds.append(bounds[-1] + 4)
+    bounds.append(bounds[-1] + last + 1)
+    return tuple(bounds)
 
 
 def spec_dict(row: dict) -> dict:
@@ -261,8 +302,12 @@ no moe_expert_rank_capacity_factor)."""
 
 
 def moe_mxfp8_recipe(row: dict) -> bool:
-    """A mixture-of-experts MXFP8 recipe from SYNC_FREE_FROM on (Megatron-Bridge 0.5's)."""
-    return (MODELS.get(row["model"]) in MOE_PRESETS and row["precision"] in ("MXFP8", "FP8-MX")
+    """A mixture-of-experts MXFP8 recipe from SYNC_FREE_FROM on (Megatron-Bridge 0.5's), but
+    Kimi-K2's: its sync-free MXFP8 config (full-iteration CUDA graphs, paged stash, an expert
+    capacity) runs micro-batch 1, and the open file's Kimi-K2 MXFP8 rows, 26.06 included, run
+    the micro-batch 2 of its base config, which sets none of that."""
+    return (MODELS.get(row["model"]) in MOE_PRESETS and row["model"] != "Kimi_K2"
+            and row["precision"] in ("MXFP8", "FP8-MX")
             and release_key(row["release"])[:2] >= SYNC_FREE_FROM)
 
 
@@ -290,14 +335,15 @@ def dispatcher(row: dict) -> str:
     sets moe_flex_dispatcher_backend, as Megatron-Bridge's scripts/performance/configs read
     through the search tool do: qwen/qwen3_workload_base_configs.py on every Qwen3 30B-A3B
     recipe (H100 included: its ep 16 spans two nodes) and on the Qwen3 235B-A22B GB200 and
-    GB300 ones (the B200, B300 and H100 ones keep "alltoall");
+    GB300 ones (the B200, B300 and H100 ones keep "alltoall"), and
+    kimi/kimi_workload_base_configs.py on the Kimi-K2 GB200 and GB300 ones;
     gpt_oss/gpt_oss_workload_base_configs.py on GPT-OSS 120B's GB200 and GB300 MXFP8 recipes
     and its B300 BF16 one together with ep 8 (its earlier ep 64 kept "alltoall"). Inside one
     node (or NVL72 rack) a hierarchical dispatch moves what an all-to-all does, so of the open
     file's rows only the H100 Qwen3 30B-A3B ones at ep 16 cost differently."""
     model, system, nvl72 = row["model"], row["system"], row["system"] in ("DGX-GB200",
                                                                         "DGX-GB300")
-    flex = (model == "Qwen3_30B_a3B" or (model == "Qwen3_235B_a22B" and nvl72)
+    flex = (model == "Qwen3_30B_a3B" or (model in ("Qwen3_235B_a22B", "Kimi_K2") and nvl72)
             or (model == "GPT OSS 120B" and (nvl72 if row["precision"] != "BF16"
                                              else system == "DGX-B300" and experts(row) == 8)))
     return "hybridep" if flex else "alltoall"
@@ -390,7 +436,8 @@ def estimate_recipe(spec, row: dict):
                     zero_stage=zero_of(row),
                     activation_checkpointing="selective" if recompute_modules(row) else "none",
                     sequence_parallel=tp > 1,
-                    ep=experts(row) if spec.model.num_experts else 1, partition="uniform")
+                    ep=experts(row) if spec.model.num_experts else 1,
+                    partition=chunk_boundaries(row) or "uniform")
 
 
 def mape(results: list[Result]) -> float:

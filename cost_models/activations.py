@@ -139,7 +139,7 @@ def sequence_shards(tmp: int, sequence_parallel: bool) -> int:
     return tmp if sequence_parallel and tmp > 1 else 1
 
 
-RECOMPUTABLE = ("core_attn", "layernorm", "moe_act")
+RECOMPUTABLE = ("core_attn", "layernorm", "moe_act", "mla_up_proj")
 """What selective recomputation may recompute (Megatron-LM's --recompute-modules)."""
 
 
@@ -196,6 +196,7 @@ def layer_saved_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_element: in
         replicated -= norm_out                  # the pre-MLP norm's output
         if not fp8:                             # fc2's 16-bit input (FP8 keeps its copy)
             split -= act_out
+        split -= recomputed_up_projection_bytes(layer, modules, g, t)
         return ((replicated + masks + proj_in * (k != "head")) * s // q + split * s) * mbs
     if k == "transformer":
         replicated = g * (4 * h + 4) + proj_in
@@ -367,7 +368,18 @@ def selective_working_set_bytes(layer: Layer, *, mbs: int, tmp: int, bytes_per_e
             per_token += (2 * g + 1) * a * s // t
     norm_out, act_out = recomputed_module_bytes(layer, modules, g, t)
     per_token += norm_out // t + act_out    # the norm's on the rank's s/t tokens (MoE: SP)
+    per_token += recomputed_up_projection_bytes(layer, modules, g, t)
     return per_token * s * mbs
+
+
+def recomputed_up_projection_bytes(layer: Layer, modules, g: int, t: int) -> int:
+    """Bytes per token multi-latent attention does not keep when mla_up_proj is recomputed
+    (megatron-core checkpoints its up-projections and RoPE and discards their outputs once
+    the core has run): the queries, keys and values, g a (2 (d + d_r) + d_v) / t, made again
+    from the latents it keeps before the core's backward; 0 otherwise."""
+    if "mla_up_proj" not in modules or not layer.is_mla:
+        return 0
+    return g * layer.qkv_width // t
 
 
 def recomputed_module_bytes(layer: Layer, modules, g: int, t: int) -> tuple[int, int]:

@@ -851,6 +851,12 @@ def _q_k_elements(layer: Layer) -> float:
     return 2.0 * ops * _q_k_per_sample(layer)
 
 
+def q_k_bytes(layer: Layer, tmp: int, bytes_per_element: int) -> float:
+    """Bytes per sample one rotation of q and k (RoPE, fused: one read and write of each
+    element) moves on one tensor rank: 2 g s (a + g) d / t (MLA: 4 g s a (d + d_r) / t)."""
+    return 2.0 * bytes_per_element * _q_k_per_sample(layer) / tmp
+
+
 def _q_k_per_sample(layer: Layer) -> float:
     """Elements of q and k per sample, all heads: s (a + g) d; under MLA the queries and
     keys the core reads, 2 s a (d + d_r) (megatron-core's MLA RoPE kernel rotates their

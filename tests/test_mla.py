@@ -148,3 +148,57 @@ def test_deepspeed_cannot_run_it():
     spec = parse_spec(raw)
     assert spec.training.backend == "megatron" and not spec.other_backends
     assert any(n.startswith("deepspeed: model.kv_lora_rank") for n in spec.backend_notes)
+
+
+def test_recomputing_the_up_projections():
+    """mla_up_proj (Megatron-LM's --recompute-modules): the queries, keys and values are not
+    kept, and the backward runs the up-projections' GEMMs and RoPE again."""
+    from cost_models.activations import selective_working_set_bytes
+    from cost_models.compute import DeviceSpeed, gemm_time_s
+    from cost_models.layers import mla_gemm_flops, q_k_bytes
+    from cost_models.recompute import selective_recompute_time_s
+
+    b = _block()
+    g, s = 2, 32
+    kept = layer_saved_bytes(b, mbs=1, tmp=1, bytes_per_element=g)
+    qkv = g * 4 * (2 * 24 + 16) * s
+    assert layer_saved_bytes(b, mbs=1, tmp=1, bytes_per_element=g,
+                             selective=("mla_up_proj",)) == kept - qkv
+    assert selective_working_set_bytes(b, mbs=1, tmp=1, bytes_per_element=g,
+                                       selective=("mla_up_proj",)) == qkv
+    device = DeviceSpeed(peak_flops_per_s=1e12, memory_bandwidth_bytes_per_s=1e11)
+    t = selective_recompute_time_s(b, tmp=1, mbs=1, device=device, bytes_per_element=g,
+                                   attention="flash", modules=("mla_up_proj",))
+    q_down, q_up, kv_down, kv_up = mla_gemm_flops(b, 1)
+    assert t.forward_s == 0.0 and t.backward_s == pytest.approx(
+        gemm_time_s(q_up, device) + gemm_time_s(kv_up, device) + q_k_bytes(b, 1, g) / 1e11)
+    spec = parse_spec(_raw(TINY, activation_checkpointing="selective",
+                           recompute_modules=["mla_up_proj"]))
+    assert spec.training.recompute_modules == ("mla_up_proj",)
+    with pytest.raises(SpecError, match=r"^training.recompute_modules: mla_up_proj recomputes "
+                                        r"multi-latent attention's up-projections: the model "
+                                        r"has none"):
+        parse_spec(_raw({k: v for k, v in TINY.items() if k not in (
+            "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")},
+                        recompute_modules=["mla_up_proj"]))
+
+
+def test_uneven_model_chunks_are_estimated_as_given():
+    """Megatron-LM's --pipeline-model-parallel-layout may give the interleaved schedule
+    uneven chunks (Kimi-K2's 61 blocks in 16: [embedding + 4], 14 x [4], [1 + loss]); the
+    search keeps to even ones, `estimate` takes the chunks given."""
+    from conftest import load_benchmark
+
+    from amp_search.errors import Infeasible
+
+    spec = parse_spec(_raw({**TINY_MOE, "num_layers": 5}))      # 5 blocks: 7 layers
+    with pytest.raises(Infeasible, match="blocks_not_divisible_by_chunks"):
+        estimate(spec, pp=2, dp=4, tmp=1, mbs=1, ep=4, virtual_stages=2)
+    chunks = (0, 3, 4, 5, 7)                # [E + 2], [1], [1], [1 + head]
+    e = estimate(spec, pp=2, dp=4, tmp=1, mbs=1, ep=4, virtual_stages=2, partition=chunks)
+    assert e.strategy.partition == chunks and e.strategy.virtual_stages == 2
+    mb = load_benchmark("megatron_bridge")
+    row = {"model": "Kimi_K2", "tp": "1", "pp": "4", "cp": "1", "vp": "4", "mbs": "2",
+           "gpus": "256"}
+    bounds = mb.chunk_boundaries(row)
+    assert len(bounds) == 17 and bounds[:3] == (0, 5, 9) and bounds[-2:] == (61, 63)
