@@ -31,7 +31,8 @@ GPUs).
 2. it is costed with the public library call only, the default model with no coefficient given:
    `estimate(spec, pp, dp, tmp, mbs, cp=cp, virtual_stages=vp, zero_stage=1,
    sequence_parallel=tp > 1, activation_checkpointing="none")`, the interleaved chunks as
-   Megatron-LM splits them, dp = GPUs / (tp pp cp);
+   Megatron-LM splits them (or as the recipe's layout gives them, PIPELINE_LAYOUTS), dp =
+   GPUs / (tp pp cp);
 3. figures: MAPE and mean signed error over the expressible rows, per system, per precision and
    per model; the rows that cannot be expressed are counted with their reason.
 
