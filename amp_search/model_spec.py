@@ -26,6 +26,8 @@ MAX_LAYERS = 10_000
 MAX_WIDTH = 1_000_000
 MAX_SEQ = 10_000_000
 MAX_VOCAB = 10_000_000
+MAX_MTP_LAYERS = 8
+"""model.mtp_num_layers at most (DeepSeek-V3 trains with 1)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,10 +75,19 @@ class ModelSpec:
     @property
     def ends(self) -> tuple[int, int]:
         """(leading embedding layers, trailing head layers) around the blocks
-        (cost_models.layers.leading_layers): what the pipeline split keeps with the first
-        and last stage, and the interleaved schedule's chunks leave out of their even
-        split."""
-        return leading_layers(self.layers, "embedding"), leading_layers(self.layers[::-1], "head")
+        (cost_models.layers.leading_layers; the multi-token-prediction module's layers before
+        the head count with it): what the pipeline split keeps with the first and last stage,
+        and the interleaved schedule's chunks leave out of their even split."""
+        tail = leading_layers(self.layers[::-1], "head")
+        if self.mtp_layers:         # the main head, and the MTP's blocks and losses before it
+            tail = 1 + self.mtp_layers
+        return leading_layers(self.layers, "embedding"), tail
+
+    @property
+    def mtp_layers(self) -> int:
+        """Layers of the multi-token-prediction module (Layer.mtp: a block and a loss per
+        --mtp-num-layers), which follow the last block."""
+        return sum(x.mtp for x in self.layers)
 
 
 ARCH_KEYS = ("num_query_groups", "head_dim", "mlp", "norm", "bias", "position_embedding",
@@ -108,7 +119,8 @@ them."""
 WINDOW_LAYER_FIELDS = ("attention_window",)
 """The cost_models.layers.Layer field WINDOW_KEYS fill."""
 MODEL_KEYS = ("preset", "num_layers", "hidden_size", "num_attention_heads", "seq_length",
-               "vocab_size", "ffn_hidden_size", "layers", "name", "hidden_dropout") \
+               "vocab_size", "ffn_hidden_size", "layers", "name", "hidden_dropout",
+               "mtp_num_layers") \
     + ARCH_KEYS + MLA_KEYS + MOE_KEYS + WINDOW_KEYS
 DROPOUT_KINDS = ("embedding", "transformer", "mlp")
 """The layers `hidden_dropout` applies to (cost_models.layers.Layer.dropout_masks)."""
@@ -317,16 +329,25 @@ def _gpt_model(r: MappingReader, preset: str, seq: int, given: frozenset | None)
                   position_embedding=pos, rope_scaling=scaling, qk_norm=qk_norm, **experts,
                   hidden_dropout=dropout)
     dense_fields = {k: 0 for k in MOE_LAYER_FIELDS}
+    mtp = r.int("mtp_num_layers", 0, lo=0, hi=MAX_MTP_LAYERS)
+    head = Layer(kind="head", seq_length=seq, hidden_size=h, vocab_size=v, norm=norm,
+                 bias=bias, tie_embeddings=tied, name="head")
+    blocks = tuple(Layer(**{**block.__dict__, "name": f"block{i}",
+                            **(dense_fields if i < dense else {}),
+                            **({"attention_window": window}
+                               if window and (not every or (i + 1) % every) else {})})
+                   for i in range(L))
+    # the multi-token-prediction module: per depth a block like the last one, reading 2h
+    # (its eh_proj), and a loss through the main head's output layer
+    mtp_layers = tuple(x for i in range(mtp) for x in (
+        Layer(**{**blocks[-1].__dict__, "input_hidden_size": 2 * h, "mtp": True,
+                 "name": f"mtp{i}"}),
+        Layer(**{**head.__dict__, "tie_embeddings": False, "mtp": True,
+                 "name": f"mtp{i}_loss"})))
     layers = ((Layer(kind="embedding", seq_length=seq, hidden_size=h, vocab_size=v,
                      position_embedding=pos, tie_embeddings=tied, name="embedding",
                      hidden_dropout=dropout),)
-              + tuple(Layer(**{**block.__dict__, "name": f"block{i}",
-                               **(dense_fields if i < dense else {}),
-                               **({"attention_window": window}
-                                  if window and (not every or (i + 1) % every) else {})})
-                      for i in range(L))
-              + (Layer(kind="head", seq_length=seq, hidden_size=h, vocab_size=v, norm=norm,
-                       bias=bias, tie_embeddings=tied, name="head"),))
+              + blocks + mtp_layers + (head,))
     return ModelSpec(preset=preset, layers=layers, num_attention_heads=a)
 
 
@@ -349,7 +370,8 @@ def parse_model(data) -> ModelSpec:
     if preset != "layers":
         return _gpt_model(r, preset, seq, given)
     for k in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
-              "ffn_hidden_size") + ARCH_KEYS + MLA_KEYS + MOE_KEYS + WINDOW_KEYS:
+              "ffn_hidden_size", "mtp_num_layers") + ARCH_KEYS + MLA_KEYS + MOE_KEYS \
+            + WINDOW_KEYS:
         if r.has(k):
             raise SpecError(r.at(k), "not used with preset: layers; give sizes per layer "
                                      "in model.layers")

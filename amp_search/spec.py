@@ -1121,6 +1121,11 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
                                      "clamped quick-GEGLU in its experts only (its dense MLP "
                                      "refuses to fuse the quick-GELU); accepted with "
                                      "num_experts, or training.backend: deepspeed")
+    if training.backend == "deepspeed" and model.mtp_layers:
+        raise SpecError("model.mtp_num_layers", "multi-token prediction: DeepSpeed's trials have "
+                                                "no such module (megatron-core's does); "
+                                                "accepted with training.backend: megatron (or no "
+                                                "backend)")
     if training.backend == "deepspeed" and any(x.is_mla for x in model.layers):
         raise SpecError("model.kv_lora_rank", "multi-latent attention: the layers DeepSpeed's "
                                               "trials run have none (megatron-core's "

@@ -111,9 +111,14 @@ SYSTEMS = {
 MODELS = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b",
           "LLAMA3.1_405B": "llama3.1-405b", "Qwen3_30B_a3B": "qwen3-30b-a3b",
           "Qwen3_235B_a22B": "qwen3-235b-a22b", "GPT OSS 120B": "gpt-oss-120b",
-          "Kimi_K2": "kimi-k2"}
+          "Kimi_K2": "kimi-k2", "DeepSeekV3": "deepseek-v3", "DeepSeekV3 (w/ MTP)": "deepseek-v3"}
 """The file's model names -> profiles/models.yaml."""
-MOE_PRESETS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "kimi-k2")
+MOE_PRESETS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "kimi-k2", "deepseek-v3")
+MTP_MODELS = {"DeepSeekV3", "DeepSeekV3 (w/ MTP)"}
+"""The file's models whose recipes train with one multi-token-prediction depth
+(model.mtp_num_layers 1): Megatron-Bridge's src/megatron/bridge/recipes/deepseek/
+deepseek_v3.py sets mtp_num_layers 1, which its performance scripts keep (read through the
+search tool); the 25.11 table names its runs with and without it."""
 """Those of them with experts (the 'kind' split of the report)."""
 
 PRECISIONS = {"BF16": "bf16", "FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "fp8", "FP8-MX": "fp8",
@@ -145,13 +150,12 @@ def unexpressed(row: dict) -> str:
             return why
     if row["workload"] not in ("pre-training", "sft", "lora"):
         return f"{row['workload']}: this workload is not modelled"
-    if model.startswith("DeepSeekV3") and "tokendrop" not in model \
-            and row["precision"] in PRECISIONS:
-        if "(w/o MTP)" in model:
-            return ("the 25.11 DeepSeek-V3 recipes' uneven pipeline layouts "
-                    "(--pipeline-model-parallel-layout) are not known")
-        return ("DeepSeek-V3's multi-token-prediction module (the recipes' mtp_num_layers 1) "
-                "is not modelled")
+    if model == "DeepSeekV3 (w/o MTP)" and row["precision"] in PRECISIONS:
+        return ("the 25.11 DeepSeek-V3 recipes without multi-token prediction: their uneven "
+                "pipeline layouts (--pipeline-model-parallel-layout) are not known")
+    if model in MTP_MODELS and int(row["pp"]) > 1 and chunk_shape(row) is None:
+        return (f"DeepSeek-V3's uneven pipeline layout over pp {row['pp']} x vp "
+                f"{virtual(row)} is not known")
     if model.startswith("Nemotron"):
         return "hybrid Mamba layers are not modelled"
     if "tokendrop" in model:
@@ -197,6 +201,8 @@ read through the search tool; the open file's MXFP8 rows run micro-batch 2."""
 def recompute_modules(row: dict) -> tuple[str, ...]:
     """The row's recipe's recomputed modules (RECOMPUTED, RECOMPUTED_EVERY_PRECISION; () for
     none)."""
+    if row["model"] in MTP_MODELS:
+        return deepseek_recompute(row)
     every = RECOMPUTED_EVERY_PRECISION.get((row["model"], row["system"]))
     if every:
         return every
@@ -205,27 +211,54 @@ def recompute_modules(row: dict) -> tuple[str, ...]:
     return RECOMPUTED.get((row["model"], row["system"]), ())
 
 
-PIPELINE_LAYOUTS = {("Kimi_K2", 4, 4): (4, 14, 1)}
-"""(model, pp, vp) -> (blocks with the embedding, middle chunks of 4 blocks each, blocks
-with the loss): the recipes' --pipeline-model-parallel-layout where the blocks do not split
-evenly into chunks. Megatron-Bridge's src/megatron/bridge/recipes/kimi/kimi_k2.py gives 16
-model chunks (pp 4 x vp 4) of Kimi-K2's 61 blocks as [embedding + 4], 14 x [4], [1 + loss]
-(read through the search tool)."""
+PIPELINE_LAYOUTS = {16: (4, 14, 4, 1)}
+"""Model chunks (pp x vp) -> (blocks with the embedding, middle chunks, blocks in each,
+blocks in the last chunk, with the multi-token-prediction depth and the loss): the recipes'
+--pipeline-model-parallel-layout where Kimi-K2's and DeepSeek-V3's 61 blocks do not split
+evenly. Megatron-Bridge's src/megatron/bridge/recipes/kimi/kimi_k2.py and deepseek/
+deepseek_v3.py give 16 chunks (pp 4 x vp 4, pp 8 x vp 2, pp 16, and pp 2 x vp 8 as
+"Et*4|(t*4|)*14tmL") as [embedding + 4], 14 x [4], [1 (+ mtp) + loss] (read through the
+search tool); the other shapes are not known here."""
+
+
+def chunk_shape(row: dict):
+    """PIPELINE_LAYOUTS' shape for the row's chunks (None where none is given, or for a model
+    whose blocks split evenly)."""
+    if row["model"] not in ("Kimi_K2",) + tuple(MTP_MODELS):
+        return None
+    pp, _, _, _, _, vp = layout_of(row)
+    return PIPELINE_LAYOUTS.get(pp * vp)
 
 
 def chunk_boundaries(row: dict):
-    """The recipe's explicit model-chunk boundaries (PIPELINE_LAYOUTS) over the chain of
-    embedding, blocks and head, or None where Megatron-LM splits evenly."""
-    pp, _, _, _, _, vp = layout_of(row)
-    shape = PIPELINE_LAYOUTS.get((row["model"], pp, vp))
+    """The recipe's explicit model-chunk (or stage) boundaries (PIPELINE_LAYOUTS) over the
+    chain of embedding, blocks, [MTP block and loss,] head; None where Megatron-LM splits
+    evenly."""
+    shape = chunk_shape(row)
     if shape is None:
         return None
-    first, middle, last = shape
+    first, middle, size, last = shape
     bounds = [0, 1 + first]
     for _ in range(middle):
-        bounds.append(bounds[-1] + 4)
-    bounds.append(bounds[-1] + last + 1)
+        bounds.append(bounds[-1] + size)
+    tail = 3 if row["model"] in MTP_MODELS else 1      # [MTP block, its loss,] head
+    bounds.append(bounds[-1] + last + tail)
     return tuple(bounds)
+
+
+DEEPSEEK_RECOMPUTED = {"DGX-GB300": {2: ("mla_up_proj",), 1: ()},
+                       "DGX-GB200": {1: ("mla_up_proj",)}, "DGX-B300": {1: ("mla_up_proj",),
+                                                                      2: ("mla_up_proj",)},
+                       "DGX-B200": {1: ("mla_up_proj",)}}
+"""DeepSeek-V3's recomputed modules by system and micro-batch, as Megatron-Bridge's
+scripts/performance/configs/deepseek/deepseek_workload_base_configs.py sets them (read
+through the search tool): ["mla_up_proj"], but for its GB300 MXFP8 recipe of micro-batch 1
+(full-iteration CUDA graphs, none); its B200 recipe of pp 8 x vp 2 adds "mlp", the dense
+blocks' MLP, which is not modelled (3 of the 61 blocks)."""
+
+
+def deepseek_recompute(row: dict) -> tuple[str, ...]:
+    return DEEPSEEK_RECOMPUTED.get(row["system"], {}).get(int(row["mbs"]), ("mla_up_proj",))
 
 
 def spec_dict(row: dict) -> dict:
@@ -240,7 +273,8 @@ def spec_dict(row: dict) -> dict:
             "gpu": sysm.gpu, "count": gpus // per_node, "gpus_per_node": per_node,
             "intra_node_bandwidth": sysm.intra_node_bandwidth,
             "inter_node_bandwidth": f"{sysm.nic_gbps * per_node} Gbps"}]},
-        "model": {"preset": MODELS[row["model"]], "seq_length": int(row["seq"])},
+        "model": {"preset": MODELS[row["model"]], "seq_length": int(row["seq"]),
+                  **({"mtp_num_layers": 1} if row["model"] in MTP_MODELS else {})},
         "training": {"global_batch_size": int(row["gbs"]),
                      "precision": PRECISIONS[row["precision"]], "backend": "megatron",
                      "zero_stage": zero_of(row),
@@ -325,10 +359,12 @@ def a2a_overlap(row: dict) -> bool:
     235B-A22B H100 recipes (tp2 pp8 vp4 ep32) in every release, its Qwen3 30B-A3B H100
     recipes with a pipeline (pp2 with virtual stages, ep8), and the MXFP8 recipes from NeMo
     26.06 (`moe_mxfp8_recipe`: Qwen3's set moe_a2a_overlap, GPT-OSS 120B's moe_a2a_overlap
-    too, its B300 one without the full-iteration graph as well)."""
+    too, its B300 one without the full-iteration graph as well), and DeepSeek-V3's B200
+    recipe of pp 8 x vp 2 x ep 32 (its V2 MXFP8 config, with DeepEP)."""
     model, h100 = MODELS.get(row["model"]), row["system"] == "DGX-H100"
     return (model == "qwen3-235b-a22b" and h100) \
-        or (model == "qwen3-30b-a3b" and h100 and int(row["pp"]) > 1) or moe_mxfp8_recipe(row)
+        or (model == "qwen3-30b-a3b" and h100 and int(row["pp"]) > 1) or moe_mxfp8_recipe(row) \
+        or (row["model"] in MTP_MODELS and dispatcher(row) == "deepep")
 
 
 def dispatcher(row: dict) -> str:
@@ -344,6 +380,8 @@ def dispatcher(row: dict) -> str:
     file's rows only the H100 Qwen3 30B-A3B ones at ep 16 cost differently."""
     model, system, nvl72 = row["model"], row["system"], row["system"] in ("DGX-GB200",
                                                                         "DGX-GB300")
+    if model in MTP_MODELS:         # DeepSeek-V3: Hybrid-EP, DeepEP on B200 at pp 8 x vp 2
+        return "deepep" if system == "DGX-B200" and virtual(row) == 2 else "hybridep"
     flex = (model == "Qwen3_30B_a3B" or (model in ("Qwen3_235B_a22B", "Kimi_K2") and nvl72)
             or (model == "GPT OSS 120B" and (nvl72 if row["precision"] != "BF16"
                                              else system == "DGX-B300" and experts(row) == 8)))

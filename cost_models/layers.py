@@ -155,6 +155,15 @@ class Layer:
     v_head_dim: int = 0
     """MLA: d_v, the width of each value head and of each head's attention output
     (--v-head-dim)."""
+    mtp: bool = False
+    """A layer of Megatron-LM's multi-token-prediction module (--mtp-num-layers; DeepSeek-V3),
+    which follows the last block on the last pipeline stage: its transformer block, whose
+    input projection (input_hidden_size 2h: the eh_proj) reads the normed embedding of the
+    next tokens beside the normed hidden state, or its loss, a head computing the logits of
+    the next-but-one tokens with the main head's output layer (the stage's copy of the
+    embedding matrix for the MTP's token lookup has as many parameters as that head's
+    matrix, counted in its place); the loss hands the main model's hidden state on to the
+    main head after it."""
     attention_window: int = 0
     """transformer: sliding-window attention, each query attends to the w keys before it
     (Megatron-LM's --window-size w,0); 0: full causal attention."""
@@ -252,6 +261,8 @@ class Layer:
             parts += ["dropout"]
         if self.kind == "head" and self.cross_entropy != "native":
             parts += [f"ce-{self.cross_entropy}"]
+        if self.mtp:
+            parts += ["mtp"]
         return ":".join(parts)
 
     @property
@@ -1056,9 +1067,9 @@ def output_elements(layer: Layer) -> int:
     """Elements of the activation this layer hands to the next one, per sample."""
     if layer.kind == "custom":
         return layer.custom_output_elements
-    if layer.kind == "head":
+    if layer.kind == "head" and not layer.mtp:
         return 1  # the loss
-    return layer.seq_length * layer.hidden_size
+    return layer.seq_length * layer.hidden_size     # (an MTP loss passes the hidden state on)
 
 
 def tp_allreduce_elements_by_pass(layer: Layer, recompute: bool = False

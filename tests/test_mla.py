@@ -202,3 +202,34 @@ def test_uneven_model_chunks_are_estimated_as_given():
            "gpus": "256"}
     bounds = mb.chunk_boundaries(row)
     assert len(bounds) == 17 and bounds[:3] == (0, 5, 9) and bounds[-2:] == (61, 63)
+
+
+def test_multi_token_prediction_follows_the_last_block():
+    """model.mtp_num_layers (Megatron-LM's --mtp-num-layers): per depth a block like the last
+    one reading 2h (the eh_proj) and a loss through the main head's output layer, on the
+    last stage with the head."""
+    from amp_search.launch.megatron import pipeline_layout, stage_layer_counts
+
+    raw = _raw({**TINY_MOE, "mtp_num_layers": 1})
+    m = parse_spec(raw).model
+    names = [x.name for x in m.layers]
+    assert names[-3:] == ["mtp0", "mtp0_loss", "head"] and m.ends == (1, 3)
+    block, loss = m.layers[-3], m.layers[-2]
+    assert block.mtp and block.is_moe and block.is_mla and block.input_hidden_size == 128
+    assert loss.mtp and loss.kind == "head"
+    # the MTP block's parameters are the last block's and its eh_proj 2h x h; its loss
+    # counts a matrix V x h (the stage's copy of the embedding for the MTP's token lookup)
+    base = parse_spec(_raw(TINY_MOE)).model
+    assert model_param_count(m.layers) == model_param_count(base.layers) \
+        + param_count(base.layers[-2], 1) + 128 * 64 + param_count(base.layers[-1], 1)
+    args = architecture_args(m.layers)
+    assert args[args.index("--mtp-num-layers") + 1] == "1"
+    assert stage_layer_counts(m.layers, (0, 3, 8)) == [2, 2]
+    assert pipeline_layout(m.layers, (0, 3, 5, 8)) == "Et*2|t*2|mL"
+    # the split keeps the MTP's loss with the head: a stage never starts inside the module
+    spec = parse_spec(raw)
+    for pp in (2, 4):
+        e = estimate(spec, pp=pp, dp=8 // pp, tmp=1, mbs=1, ep=1)
+        assert e.strategy.partition[-2] <= len(m.layers) - 3
+    with pytest.raises(SpecError, match=r"^model.mtp_num_layers: multi-token prediction: "):
+        parse_spec({**raw, "training": {**raw["training"], "backend": "deepspeed"}})

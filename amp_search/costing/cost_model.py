@@ -45,6 +45,11 @@ from .stage_memory import (offloaded_layers, offloaded_saved_bytes, stage_memory
 
 __all__ = ["CostModel", "PlacedLayout", "StageCosts", "measured_overheads"]
 
+UNSPLITTABLE_CUT_S = 1e6
+"""What `CostModel.cut_s` charges a stage boundary Megatron-LM cannot run: inside the
+multi-token-prediction module after its first block (its losses stay with the head on the
+last stage), so that the partition never chooses it."""
+
 
 @dataclass(frozen=True)
 class StageCosts(pipeline.StageCostArrays):
@@ -1133,6 +1138,9 @@ class CostModel:
             if receiver or sender:      # DeepSpeed rebuilds the partitioned tensors
                 gather = self.boundary_gather_s(c, layout)              # [pp, L]
                 cut[1:, 1:L] += receiver * gather[1:, :L - 1] + sender * gather[:-1, :L - 1]
+            mtp = self.spec.model.mtp_layers
+            if mtp:     # Megatron-LM runs the MTP module's losses with the head, on the last stage
+                cut[1:, L - mtp:L] += UNSPLITTABLE_CUT_S
         return cut
 
     def offload_exposed_s(self, c: Candidate, layout: PlacedLayout, forward: np.ndarray,

@@ -30,6 +30,8 @@ layer, GELU MLP, LayerNorm, biases, multi-head attention):
                                   --moe-grouped-gemm --moe-token-dispatcher-type alltoall
                                   [--moe-shared-expert-intermediate-size]
     moe_first_dense_layers k      --moe-layer-freq ([0]*k+[1]*(L-k))
+    mtp_num_layers N              --mtp-num-layers N (its module on the last stage: m in a
+                                  layout)
 
 The strategy maps to its arguments:
 
@@ -89,11 +91,15 @@ _LAYOUT_CHAR = {"embedding": "E", "transformer": "t", "head": "L"}
 
 
 def check_gpt_chain(layers: tuple[Layer, ...]) -> Layer:
-    """Megatron's GPT is embedding, equal transformer blocks, head; returns a block."""
+    """Megatron's GPT is embedding, equal transformer blocks, [its multi-token-prediction
+    module,] head; returns a block."""
     kinds = [x.kind for x in layers]
-    blocks = [x for x in layers if x.kind == "transformer"]
+    blocks = main_blocks(layers)
+    mtp = [x for x in layers if x.mtp]
     if (len(layers) < 3 or kinds[0] != "embedding" or kinds[-1] != "head"
-            or len(blocks) != len(layers) - 2):
+            or len(blocks) + len(mtp) != len(layers) - 2
+            or [x.kind for x in layers[len(layers) - 1 - len(mtp):-1]]
+            != ["transformer", "head"] * (len(mtp) // 2)):
         raise UsageError("the megatron backend runs GPT models (embedding, transformer blocks, "
                          "head); this spec's layers are " + ", ".join(dict.fromkeys(kinds)))
     shapes = {(b.hidden_size, b.num_attention_heads, b.ffn_hidden_size, b.in_hidden)
@@ -119,6 +125,12 @@ def check_gpt_chain(layers: tuple[Layer, ...]) -> Layer:
                          f"({layers[0].position_embedding}) to be the blocks' "
                          f"({blocks[0].position_embedding})")
     return blocks[-1]
+
+
+def main_blocks(layers) -> list[Layer]:
+    """The transformer blocks of the decoder (--num-layers), without the multi-token-prediction
+    module's (Layer.mtp)."""
+    return [x for x in layers if x.kind == "transformer" and not x.mtp]
 
 
 _MOE_FIELDS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_size",
@@ -192,26 +204,37 @@ def architecture_args(layers: tuple[Layer, ...]) -> list[str]:
         if block.moe_shared_expert_size:
             args += ["--moe-shared-expert-intermediate-size",
                      str(block.moe_shared_expert_size)]
-        blocks = [x for x in layers if x.kind == "transformer"]
+        blocks = main_blocks(layers)
         dense = moe_first_dense_blocks(blocks)
         if dense:
             args += ["--moe-layer-freq", f"([0]*{dense}+[1]*{len(blocks) - dense})"]
+    mtp = sum(x.mtp and x.kind == "transformer" for x in layers)
+    if mtp:
+        args += ["--mtp-num-layers", str(mtp)]
     return args
 
 
 def stage_layer_counts(layers: tuple[Layer, ...], partition: tuple[int, ...]) -> list[int]:
-    """Transformer blocks on each stage."""
-    return [sum(1 for x in layers[a:b] if x.kind == "transformer")
+    """Transformer blocks of the decoder on each stage (the MTP module's not counted)."""
+    return [sum(1 for x in layers[a:b] if x.kind == "transformer" and not x.mtp)
             for a, b in zip(partition[:-1], partition[1:])]
 
 
 def pipeline_layout(layers: tuple[Layer, ...], partition: tuple[int, ...]) -> str:
-    """Megatron's --pipeline-model-parallel-layout string for an exact split."""
+    """Megatron's --pipeline-model-parallel-layout string for an exact split (one '|' per
+    stage, or per model chunk): E the embedding, t a block, m a multi-token-prediction
+    depth (its block and loss), L the loss (the head)."""
     stages = []
     for a, b in zip(partition[:-1], partition[1:]):
-        s = "".join(_LAYOUT_CHAR[x.kind] for x in layers[a:b])
+        s = "".join(_layout_char(x) for x in layers[a:b])
         stages.append(re.sub(r"t{2,}", lambda m: f"t*{len(m.group(0))}", s))
     return "|".join(stages)
+
+
+def _layout_char(layer: Layer) -> str:
+    if layer.mtp:
+        return "m" if layer.kind == "transformer" else ""
+    return _LAYOUT_CHAR[layer.kind]
 
 
 def split_args(layers: tuple[Layer, ...], partition: tuple[int, ...]) -> list[str]:
@@ -228,8 +251,10 @@ def split_args(layers: tuple[Layer, ...], partition: tuple[int, ...]) -> list[st
 
 
 def virtual_stage_args(layers: tuple[Layer, ...], strategy: Strategy) -> list[str]:
-    """--num-layers-per-virtual-pipeline-stage for v > 1 model chunks per stage ([] for v = 1);
-    UsageError when the chunks are not Megatron's: v*pp chunks of equal block counts."""
+    """--num-layers-per-virtual-pipeline-stage for v > 1 model chunks per stage ([] for v = 1),
+    or the embedding and the loss counted as layers, or else the layout of v*pp chunks of
+    at least one block each (--pipeline-model-parallel-layout, the last chunk may hold the
+    loss alone); UsageError for other chunks."""
     s = strategy
     if s.virtual_stages <= 1:
         return []
@@ -246,6 +271,10 @@ def virtual_stage_args(layers: tuple[Layer, ...], strategy: Strategy) -> list[st
         return (["--num-virtual-stages-per-pipeline-rank", str(s.virtual_stages)]
                 + (["--account-for-embedding-in-pipeline-split"] if lead else [])
                 + (["--account-for-loss-in-pipeline-split"] if tail else []))
+    if len(counts) == chunks and min(counts[:-1]) >= 1:
+        # chunks as given (estimate's explicit boundaries): one '|' per model chunk, as the
+        # DeepSeek-V3 and Kimi-K2 recipes of Megatron-Bridge write them
+        return ["--pipeline-model-parallel-layout", pipeline_layout(layers, s.partition)]
     raise UsageError(f"{s.label()}: Megatron-LM's interleaved schedule needs the "
                      f"transformer blocks split evenly over the {chunks} model chunks, with "
                      f"or without the embedding and the head counted as a layer each; "
@@ -310,7 +339,7 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
     args = [
         "--tensor-model-parallel-size", str(s.tmp),
         "--pipeline-model-parallel-size", str(s.pp),
-        "--num-layers", str(len(layers) - 2),
+        "--num-layers", str(len(main_blocks(layers))),
         "--hidden-size", str(block.hidden_size),
         "--num-attention-heads", str(block.num_attention_heads),
         "--ffn-hidden-size", str(block.ffn_hidden_size),
