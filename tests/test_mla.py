@@ -233,3 +233,23 @@ def test_multi_token_prediction_follows_the_last_block():
         assert e.strategy.partition[-2] <= len(m.layers) - 3
     with pytest.raises(SpecError, match=r"^model.mtp_num_layers: multi-token prediction: "):
         parse_spec({**raw, "training": {**raw["training"], "backend": "deepspeed"}})
+
+
+def test_the_deepseek_recipes_chunks():
+    """megatron_bridge.py's DeepSeek-V3 recipes: 16 chunks of [embedding + 4], 14 x [4],
+    [1 + MTP block + its loss + head] over its 65 layers; a layout it does not know is a
+    reason, not a guess."""
+    from conftest import load_benchmark
+
+    mb = load_benchmark("megatron_bridge")
+    row = {"model": "DeepSeekV3", "tp": "1", "pp": "2", "cp": "1", "vp": "8", "mbs": "1",
+           "gpus": "256", "workload": "pre-training", "precision": "MXFP8", "fsdp": "",
+           "system": "DGX-GB300", "model_tflops_per_gpu": "", "release": "26.06", "seq": "4096",
+           "gbs": "4096", "ep": "32"}
+    bounds = mb.chunk_boundaries(row)
+    assert len(bounds) == 17 and bounds[:2] == (0, 5) and bounds[-2:] == (61, 65)
+    spec = parse_spec(mb.spec_dict(row))
+    assert spec.model.num_layers == 65 and spec.model.mtp_layers == 2
+    assert spec.training.recompute_modules == ("core_attn",)      # GB300, micro-batch 1: none
+    assert mb.unexpressed(row) == ""
+    assert "not known" in mb.unexpressed({**row, "system": "DGX-B300", "pp": "8", "vp": "n/a"})
