@@ -78,9 +78,8 @@ class ModelSpec:
         (cost_models.layers.leading_layers; the multi-token-prediction module's layers before
         the head count with it): what the pipeline split keeps with the first and last stage,
         and the interleaved schedule's chunks leave out of their even split."""
-        tail = leading_layers(self.layers[::-1], "head")
-        if self.mtp_layers:         # the main head, and the MTP's blocks and losses before it
-            tail = 1 + self.mtp_layers
+        mtp = self.mtp_layers       # the main head, and the MTP's blocks and losses before it
+        tail = 1 + mtp if mtp else leading_layers(self.layers[::-1], "head")
         return leading_layers(self.layers, "embedding"), tail
 
     @property

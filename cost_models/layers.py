@@ -653,12 +653,22 @@ def mla_gemm_flops(layer: Layer, tmp: int = 1) -> tuple[float, ...]:
     shard and gathers the latents; `Layer.mla_latent_width`), and the column-parallel
     up-projections 2s q_r a (d + d_r) / t and 2s c a (d + d_v) / t (without a query latent
     one query projection 2s h a (d + d_r) / t). The output projection is the caller's."""
+    s, h, t = layer.seq_length, layer.hidden_size, tmp
+    qr, c, dr = layer.q_lora_rank, layer.kv_lora_rank, layer.qk_rope_head_dim
+    q_up, kv_up = mla_up_projection_flops(layer, tmp)
+    return ((2.0 * s * h * qr / t, q_up) if qr else (q_up,)) \
+        + (2.0 * s * h * (c + dr) / t, kv_up)
+
+
+def mla_up_projection_flops(layer: Layer, tmp: int = 1) -> tuple[float, float]:
+    """(queries, keys and values): the column-parallel GEMMs of multi-latent attention that
+    make each head's q, k and v, one forward per sample on one tensor rank: 2s q_r a (d + d_r)
+    / t (without a query latent the query projection 2s h a (d + d_r) / t) and
+    2s c a (d + d_v) / t; what recompute_modules mla_up_proj runs again."""
     s, h, a, t = layer.seq_length, layer.hidden_size, layer.num_attention_heads, tmp
     d, dr, dv = layer.kv_channels, layer.qk_rope_head_dim, layer.v_head_dim
-    qr, c = layer.q_lora_rank, layer.kv_lora_rank
-    q = ((2.0 * s * h * qr / t, 2.0 * s * qr * a * (d + dr) / t) if qr
-         else (2.0 * s * h * a * (d + dr) / t,))
-    return q + (2.0 * s * h * (c + dr) / t, 2.0 * s * c * a * (d + dv) / t)
+    q_in = layer.q_lora_rank or h
+    return 2.0 * s * q_in * a * (d + dr) / t, 2.0 * s * layer.kv_lora_rank * a * (d + dv) / t
 
 
 def kv_elements_per_token(layer: Layer, tmp: int = 1) -> int:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from .compute import DeviceSpeed, attention_time_s, gemm_time_s
 from .layers import (Layer, clamp_bytes_per_element, dropout_bytes, megatron_activation_bytes,
-                     megatron_norm_residual_bytes, mla_gemm_flops, q_k_bytes)
+                     megatron_norm_residual_bytes, mla_up_projection_flops, q_k_bytes)
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 """training.activation_checkpointing values: nothing, the attention core, each whole block."""
@@ -98,7 +98,7 @@ def selective_recompute_time_s(layer: Layer, *, tmp: int, mbs: int, device: Devi
     writes f_e, for each of the token's k experts; the quick-GEGLU's separate clamps and
     concatenation again where the experts are not fused, `clamp_bytes_per_element`),
     memory-bound, on the rank's s/t tokens; in multi-latent attention, mla_up_proj re-runs
-    the column-parallel up-projections (`cost_models.layers.mla_gemm_flops`) and RoPE."""
+    the column-parallel up-projections (`cost_models.layers.mla_up_projection_flops`) and RoPE."""
     if layer.kind != "transformer":
         return KnobTime(forward_s=0.0, backward_s=0.0)
     core = attention_time_s(layer, tmp=tmp, mbs=mbs, device=device,
@@ -106,9 +106,7 @@ def selective_recompute_time_s(layer: Layer, *, tmp: int, mbs: int, device: Devi
         if "core_attn" in modules else 0.0
     if layer.is_mla and "mla_up_proj" in modules:
         # the up-projections' GEMMs and RoPE again (one read and write of q and k)
-        flops = mla_gemm_flops(layer, tmp)     # (q down, q up | q, kv down, kv up)
-        up = (flops[1] if layer.q_lora_rank else flops[0], flops[-1])
-        core += sum(gemm_time_s(f * mbs, device) for f in up) \
+        core += sum(gemm_time_s(f * mbs, device) for f in mla_up_projection_flops(layer, tmp)) \
             + q_k_bytes(layer, tmp, bytes_per_element) * mbs \
             / device.memory_bandwidth_bytes_per_s
     if layer.is_moe:

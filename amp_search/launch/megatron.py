@@ -216,8 +216,7 @@ def architecture_args(layers: tuple[Layer, ...]) -> list[str]:
 
 def stage_layer_counts(layers: tuple[Layer, ...], partition: tuple[int, ...]) -> list[int]:
     """Transformer blocks of the decoder on each stage (the MTP module's not counted)."""
-    return [sum(1 for x in layers[a:b] if x.kind == "transformer" and not x.mtp)
-            for a, b in zip(partition[:-1], partition[1:])]
+    return [len(main_blocks(layers[a:b])) for a, b in zip(partition[:-1], partition[1:])]
 
 
 def pipeline_layout(layers: tuple[Layer, ...], partition: tuple[int, ...]) -> str:
