@@ -11,6 +11,14 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _output_not_to_a_terminal(monkeypatch):
+    """Every test reads the CLI's output as a pipe gets it, whatever terminal runs pytest:
+    `plan` fits its table to COLUMNS where that is set (pytest-xdist's workers set it to
+    80), which would cut the columns the tests read."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 def load_benchmark(name: str):
     """The script benchmarks/NAME.py as a module, loaded once and registered under NAME (its
     dataclasses look their module up there)."""
