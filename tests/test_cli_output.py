@@ -446,3 +446,22 @@ def test_the_planning_commands_import_no_framework(argv):
     assert set(out["imported"]) <= allowed, out["imported"]
     if out["aot"] and not out["aot_misses"]:   # both groups built ahead of time (a
         assert not out["numba"]                 # background build may be half done): no numba
+
+
+@pytest.mark.parametrize("network, per_node, noted", [
+    ("400 Gbps", 8, True), ("8 x 400 Gbps", 8, False), ("25600 Gbps", 64, False)])
+def test_network_note_only_where_the_node_may_have_been_written_as_one_nic(
+        write_spec, capsys, network, per_node, noted):
+    """`plan` asks whether a node's network is one NIC's only where it could be: a node figure
+    of more than one NIC carries (a GB200 NVL72 rack's 64 x 400 Gb/s written as one number),
+    or one written as its NICs, gets no note."""
+    spec = write_spec({
+        "cluster": {"nodes": [{"gpu": "H100-80GB", "count": 2,
+                               "gpus_per_node": per_node, "intra_node_bandwidth": "900 GB/s",
+                               "inter_node_bandwidth": network}]},
+        "model": {"preset": "gpt", "num_layers": 8, "hidden_size": 1024,
+                  "num_attention_heads": 16, "seq_length": 1024, "vocab_size": 51200},
+        "training": {"global_batch_size": 256, "backend": "megatron"}})
+    assert main(["plan", str(spec), "--top-k", "1", "--no-progress"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("if that is one NIC's, write the node's" in out) == noted

@@ -21,7 +21,11 @@ BACKEND_NAMES = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed's pipeline e
 NETWORK_SHARE_WARNING = 0.1
 """Warn where a GPU's share of its node's network is below this fraction of its link inside
 the node (a data-centre node written with one NIC's bandwidth, not the node's), unless the spec
-wrote it as its NICs ('8 x 200 Gbps')."""
+wrote it as its NICs ('8 x 200 Gbps') or the node's figure is more than one NIC carries."""
+ONE_NIC_MAX_BITS_PER_S = 800e9
+"""The fastest single network adapter (ConnectX-8, 800 Gb/s): a node's network written as more
+than this is the node's, not one NIC's (a GB200 NVL72 rack's 72 x 400 Gb/s), and gets no
+NETWORK_SHARE_WARNING."""
 
 
 def _bandwidth(bytes_per_s: float) -> str:
@@ -171,6 +175,7 @@ def header_lines(spec: Spec, plan: Plan, width: int = 100) -> list[str]:
         per_gpu = g.inter_node_bandwidth_bytes_per_s / g.gpus_per_node
         if g.gpu.kind == "gpu" and g.count > 1 and g.gpus_per_node > 1 and \
                 not g.network_links and \
+                g.inter_node_bandwidth_bytes_per_s * 8 <= ONE_NIC_MAX_BITS_PER_S and \
                 per_gpu < NETWORK_SHARE_WARNING * g.intra_node_bandwidth_bytes_per_s:
             lines.append(f"note: the {g.gpu.name} nodes get {_bandwidth(per_gpu)} of network "
                          f"per GPU, under a tenth of their "
