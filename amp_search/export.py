@@ -417,7 +417,12 @@ def _megatron(spec: Spec, s: Strategy, ranks, hosts, *, iters, warmup, seed, mas
         "and precision ones.",
         "4. `--transformer-impl local --no-gradient-accumulation-fusion` are what the trials "
         "run (no Transformer Engine or apex needed); where those are installed, "
-        "`--transformer-impl transformer_engine` is faster and leaves the strategy as it is.",
+        "`--transformer-impl transformer_engine` is faster and leaves the strategy as it is."
+        if "local" in args else
+        "4. `--transformer-impl transformer_engine`: Transformer Engine is needed (FP8 and "
+        "NVFP4 are its recipes, and the strategy's other options run on it); "
+        "`--no-gradient-accumulation-fusion` leaves apex out and can be dropped where it is "
+        "installed.",
     ]
     ranks_md = ("Megatron-LM has no rank map: it takes torchrun's rank (node rank x processes "
                 "per node + local rank) as its global rank and orders its groups tp fastest, "

@@ -131,6 +131,11 @@ def test_fp8_plan_is_faster_keeps_bf16_states_and_exports_te_flags():
     args = megatron_args(_spec().model.layers, f8.strategy, precision="fp8", iters=10)
     i = args.index("--fp8-format")
     assert args[i + 1] == "hybrid" and "--bf16" in args
+    # Megatron-LM refuses FP8 without Transformer Engine ("transformer-engine required for fp8
+    # training and inference"); BF16 keeps the trials' local layers
+    assert args[args.index("--transformer-impl") + 1] == "transformer_engine"
+    bf_args = megatron_args(_spec().model.layers, bf.strategy, precision="bf16", iters=10)
+    assert bf_args[bf_args.index("--transformer-impl") + 1] == "local"
 
 
 def test_interleaved_partition_counts_embedding_and_loss_where_blocks_do_not_split():
@@ -222,3 +227,4 @@ def test_nvfp4_is_blackwell_megatron_only_faster_than_fp8_and_exports_te_flags()
     args = megatron_args(_spec(**gb).model.layers, f4.strategy, precision="nvfp4", iters=10)
     assert args[args.index("--fp4-format") + 1] == "e2m1" and "--bf16" in args
     assert args[args.index("--fp4-recipe") + 1] == "nvfp4" and "--fp8-format" not in args
+    assert args[args.index("--transformer-impl") + 1] == "transformer_engine"

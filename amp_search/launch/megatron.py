@@ -65,7 +65,9 @@ The strategy maps to its arguments:
                              Megatron-LM (`megatron_unsupported`, which the launcher's
                              preflight asks)
     precision                --bf16 / --fp16 (fp32: neither); fp8: --bf16 --fp8-format hybrid;
-                             nvfp4: --bf16 --fp4-format e2m1 --fp4-recipe nvfp4
+                             nvfp4: --bf16 --fp4-format e2m1 --fp4-recipe nvfp4; both with
+                             --transformer-impl transformer_engine (Megatron-LM's
+                             validate_args: "transformer-engine required for fp8 training")
 
 Megatron numbers ranks as the launcher does (it has no rank map like amp_search.trial.run), in
 the same tp-dp-pp order as DeepSpeed. So the placement is honoured by ordering the nodes by
@@ -404,7 +406,9 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         args += ["--bf16", "--fp8-format", "hybrid"]   # gradients), BF16 elsewhere
     elif precision == "nvfp4":      # NVFP4 GEMMs (E2M1, an E4M3 scale per 16 values)
         args += ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
-    return args
+    if precision in ("fp8", "nvfp4"):   # Transformer Engine's recipes: Megatron-LM asserts
+        args[args.index("--transformer-impl") + 1] = "transformer_engine"  # "transformer-
+    return args                                     # engine required for fp8 training"
 
 
 def megatron_unsupported(strategy: Strategy) -> str:
