@@ -1115,6 +1115,12 @@ def _checked_training(training_data, cluster: Cluster, model: ModelSpec) -> Trai
         raise SpecError("training.moe_a2a_overlap", f"megatron-core overlaps the all-to-alls in "
                                                     f"bf16 or fp16 training only (got precision "
                                                     f"{training.precision}); accepted: false")
+    if training.moe_a2a_overlap and model.mtp_layers > 2:
+        raise SpecError("training.moe_a2a_overlap", f"megatron-core overlaps the all-to-alls "
+                                                    f"with at most one multi-token-prediction "
+                                                    f"depth (model.mtp_num_layers is "
+                                                    f"{model.mtp_layers // 2}); accepted: false, "
+                                                    f"or mtp_num_layers 1")
     if training.backend == "megatron" and any(
             x.mlp == "quick_geglu" and not x.is_moe for x in model.layers):
         raise SpecError("model.mlp", "quick_geglu without experts: megatron-core runs GPT-OSS's "

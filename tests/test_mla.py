@@ -233,6 +233,12 @@ def test_multi_token_prediction_follows_the_last_block():
         assert e.strategy.partition[-2] <= len(m.layers) - 3
     with pytest.raises(SpecError, match=r"^model.mtp_num_layers: multi-token prediction: "):
         parse_spec({**raw, "training": {**raw["training"], "backend": "deepspeed"}})
+    # megatron-core's TransformerConfig: "MTP layernum only supports 1 when enabling
+    # overlap_moe_expert_parallel_comm"
+    assert parse_spec(_raw({**TINY_MOE, "mtp_num_layers": 1}, moe_a2a_overlap=True))
+    with pytest.raises(SpecError, match=r"^training.moe_a2a_overlap: .* at most one "
+                                        r"multi-token-prediction depth .* is 2\)"):
+        parse_spec(_raw({**TINY_MOE, "mtp_num_layers": 2}, moe_a2a_overlap=True))
 
 
 def test_the_deepseek_recipes_chunks():
