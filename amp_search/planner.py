@@ -917,7 +917,8 @@ def megatron_baseline(spec: Spec, model: CostModel, space: SearchSpace) -> Estim
     of those proposals by the cost model. ZeRO: the spec's first stage. A model with
     experts proposes each searched ep with its expert groups inside a node (ep x tmp at
     most the smallest node; `_baseline_eps`), as Megatron-Bridge's MoE recipes keep their
-    all-to-alls on NVLink, ep 1 included."""
+    all-to-alls on NVLink, ep 1 included. A node here is an NVLink domain
+    (`Cluster.nvlink_domains`: a GB200 NVL72 rack's trays are one)."""
     n = space.num_devices
     order = device_orders(spec.cluster, spec.training.precision)[0]
     blocks = space.num_layers - model.first_fixed - model.last_fixed
@@ -928,7 +929,7 @@ def megatron_baseline(spec: Spec, model: CostModel, space: SearchSpace) -> Estim
         for product in divisors(n):                      # tmp * pp, smallest first
             for tmp in divisors(product):
                 pp, dp = product // tmp, n // product
-                if tmp > spec.cluster.min_gpus_per_node or pp > blocks or \
+                if tmp > spec.cluster.min_nvlink_gpus or pp > blocks or \
                         space.global_batch_size % dp:
                     continue
                 for mbs in divisors(space.global_batch_size // dp):
@@ -951,11 +952,11 @@ def megatron_baseline(spec: Spec, model: CostModel, space: SearchSpace) -> Estim
 def _baseline_eps(spec: Spec, space: SearchSpace, c: Candidate) -> list[Candidate]:
     """The Megatron baseline's proposals of `c` (ep 1): for a model with experts, also each
     searched ep > 1 whose expert groups stay inside a node (ep x tmp at most the smallest
-    node's GPUs); the rules are checked by the caller."""
+    NVLink domain's GPUs); the rules are checked by the caller."""
     if not spec.model.num_experts:
         return [c]
     return [c] + [replace(c, ep=ep) for ep in space.expert_parallel
-                  if ep > 1 and ep * c.tmp <= spec.cluster.min_gpus_per_node]
+                  if ep > 1 and ep * c.tmp <= spec.cluster.min_nvlink_gpus]
 
 
 def estimate(spec: Spec, *, pp: int, dp: int, tmp: int, mbs: int,

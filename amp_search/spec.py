@@ -9,6 +9,8 @@ UsageError. Accepted ranges (inclusive):
 
     cluster.nodes[i].count                    1 to 1,000,000 nodes (1,000,000 devices in all)
     cluster.nodes[i].gpus_per_node            1 to 1,024
+    cluster.nodes[i].nvlink_domain            GPUs of one NVLink domain over several nodes of
+        the group: a multiple of gpus_per_node, up to 1,024 (a GB200 NVL72 rack: 72)
     cluster.nodes[i].intra/inter_node_bandwidth   1 Mbps to 100 TB/s; inter_node_bandwidth may
         be left out when the cluster has one node in all: it is never used then, and the
         record holds the node's intra_node_bandwidth as a placeholder
@@ -29,7 +31,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from cost_models.layers import CROSS_ENTROPY_KINDS, MOE_DISPATCHERS, Layer
@@ -182,6 +184,12 @@ class NodeGroup:
     """What one node costs per hour, in the user's currency (optional): the cost of a plan is
     its iteration time times the price of the nodes it uses (`planner.plan_subsets`). Not
     part of the spec's fingerprint: it does not change a plan of the whole cluster."""
+    nvlink_domain_gpus: int = 0
+    """GPUs of one NVLink domain that spans several of the group's nodes (a GB200 or GB300
+    NVL72 rack: 72, or the 64 of them a job uses; trays of 4 GPUs are its nodes), consecutive
+    nodes filling each domain (the last may hold fewer): links inside a domain are
+    intra_node_bandwidth, and its nodes' networks add up (`Cluster.nvlink_domains`). 0: each
+    node is a domain of its own."""
 
     @property
     def intra_node_achievable_bytes_per_s(self) -> float:
@@ -229,6 +237,25 @@ class Cluster:
     @property
     def min_gpus_per_node(self) -> int:
         return min(len(n.devices) for n in self.nodes)
+
+    @cached_property
+    def nvlink_domains(self) -> tuple[tuple[int, ...], ...]:
+        """The node ids of each NVLink domain, in order: a node alone, or consecutive nodes of
+        a group whose `nvlink_domain_gpus` spans several (the group's last domain may hold
+        fewer). What the cost model's links take as a node (amp_search.costing.links):
+        inside a domain every link is NVLink, and its nodes share their networks."""
+        out, first = [], 0
+        for g in self.node_groups:
+            per = max(1, g.nvlink_domain_gpus // g.gpus_per_node)
+            out += [tuple(range(first + k, first + min(k + per, g.count)))
+                    for k in range(0, g.count, per)]
+            first += g.count
+        return tuple(out)
+
+    @property
+    def min_nvlink_gpus(self) -> int:
+        """Devices of the smallest NVLink domain (`nvlink_domains`)."""
+        return min(sum(len(self.nodes[i].devices) for i in ids) for ids in self.nvlink_domains)
 
     @classmethod
     def from_groups(cls, groups: tuple[NodeGroup, ...]) -> "Cluster":
@@ -841,7 +868,8 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
         path = f"cluster.nodes[{i}]"
         n = MappingReader(entry, path, ("gpu", "count", "gpus_per_node", "intra_node_bandwidth",
                                         "intra_node_link", "inter_node_bandwidth",
-                                        "inter_node_link", "hosts", "price_per_hour"))
+                                        "inter_node_link", "hosts", "price_per_hour",
+                                        "nvlink_domain"))
         gpu_v = n.raw("gpu", required=True)
         if isinstance(gpu_v, dict):
             gpu = _gpu(gpu_v, f"custom-{i}", n.at("gpu"))
@@ -868,6 +896,15 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
             inter = parse_node_bandwidth(n.raw("inter_node_bandwidth"),
                                          n.at("inter_node_bandwidth"), NETWORK_BANDWIDTH)
             links = link_count(n.raw("inter_node_bandwidth"))
+        domain = 0
+        if n.has("nvlink_domain"):
+            domain = n.int("nvlink_domain", hi=MAX_GPUS_PER_NODE)
+            if domain % per:
+                raise SpecError(n.at("nvlink_domain"), f"got {domain}; accepted: a multiple of "
+                                                       f"gpus_per_node ({per}), the GPUs of "
+                                                       f"one NVLink domain over several nodes "
+                                                       f"(a GB200 NVL72 rack: 72)")
+            domain = 0 if domain == per else domain     # a node alone: as without the key
         price = n.raw("price_per_hour", None)
         if price is not None:
             price = read_number(price, n.at("price_per_hour"), 0.0, MAX_PRICE_PER_HOUR,
@@ -876,6 +913,7 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
                            intra_node_bandwidth_bytes_per_s=intra,
                            inter_node_bandwidth_bytes_per_s=inter, hosts=tuple(hosts),
                            network_links=links, price_per_hour=price,
+                           nvlink_domain_gpus=domain,
                            intra_node_link=_link_kind(n.raw("intra_node_link", gpu.intra_node_link),
                                                       n.at("intra_node_link"), kinds),
                            inter_node_link=_link_kind(n.raw("inter_node_link",
@@ -1328,6 +1366,8 @@ def spec_fingerprint(spec: Spec) -> dict:
             for item in section["node_groups"]:      # how the bandwidth was written neither,
                 item.pop("network_links", None)       # nor what a node costs
                 item.pop("price_per_hour", None)
+                if not item["nvlink_domain_gpus"]:
+                    del item["nvlink_domain_gpus"]    # as before the key existed
         if name == "training" and section["finetune"] == "none":
             del section["finetune"]              # as before the key existed
         if name == "training" and section["pipeline_p2p"] == "whole":

@@ -44,11 +44,17 @@ def _over(link) -> str:
 def _group(g, one_node: bool = False) -> str:
     """'4 nodes x 8 A100-80GB (inside a node 300 GB/s nvlink 82%; network 200 Gb/s per GPU
     infiniband 96%)': the bandwidths as written, their link kinds and the share of each that
-    collectives reach; a cluster of one node has no network to show."""
+    collectives reach; a cluster of one node has no network to show. Nodes that an NVLink
+    domain joins say so: '64 nodes x 4 GB200-186GB in NVLink domains of 64 (inside a domain
+    ...)'."""
     per_gpu = g.inter_node_bandwidth_bytes_per_s / g.gpus_per_node
     nodes = f"{g.count} node{'s' if g.count > 1 else ''} x {g.gpus_per_node} {g.gpu.name}"
+    inside = "a node"
+    if g.nvlink_domain_gpus > g.gpus_per_node:
+        nodes += f" in NVLink domains of {g.nvlink_domain_gpus}"
+        inside = "a domain"
     unit = "device" if g.gpu.kind == "cpu" else "GPU"
-    return (f"{nodes} (inside a node {g.intra_node_bandwidth_bytes_per_s / 1e9:.4g} GB/s"
+    return (f"{nodes} (inside {inside} {g.intra_node_bandwidth_bytes_per_s / 1e9:.4g} GB/s"
             + _over(g.intra_node_link)
             + ("" if one_node else f"; network {_bandwidth(per_gpu)} per {unit}"
                + _over(g.inter_node_link)) + ")")

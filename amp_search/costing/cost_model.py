@@ -279,7 +279,9 @@ class CostModel:
         """(experts, top-k) where the MoE layers' token dispatcher is hierarchical
         (training.moe_dispatcher deepep or hybridep: links.all_to_all_links), None for
         Megatron-core's all-to-all and under DeepSpeed."""
-        self.node_widths = np.array([len(n.devices) for n in spec.cluster.nodes])
+        # devices per node as the links see them: per NVLink domain (ClusterArrays)
+        self.node_widths = np.array([sum(len(spec.cluster.nodes[i].devices) for i in ids)
+                                     for ids in spec.cluster.nvlink_domains])
         """Devices per node, by node id."""
         self.first_fixed, self.last_fixed = spec.model.ends
 

@@ -28,9 +28,12 @@ from ..spec import Cluster
 
 @dataclass(frozen=True)
 class ClusterArrays:
-    """The cluster as dense arrays indexed by device id / node id."""
+    """The cluster as dense arrays indexed by device id / node id. A node here is an NVLink
+    domain (`Cluster.nvlink_domains`): one spec node, or consecutive nodes that a
+    node group's nvlink_domain joins (a GB200 NVL72 rack's trays), whose links inside are
+    NVLink and whose networks add up."""
 
-    node_of: np.ndarray             # [device] -> node id
+    node_of: np.ndarray             # [device] -> node (NVLink domain) id
     intra_bytes_per_s: np.ndarray   # [node] intra-node GPU-to-GPU bandwidth collectives reach
     inter_bytes_per_s: np.ndarray   # [node] the same of the node's whole network
     num_nodes: int
@@ -39,13 +42,18 @@ class ClusterArrays:
     def of(cls, cluster: Cluster) -> "ClusterArrays":
         """The bandwidths collectives reach: each as the spec wrote it (the data sheet's)
         times its link kind's achievable share (spec.LinkKind)."""
+        domains = cluster.nvlink_domains
+        domain_of = np.empty(len(cluster.nodes), dtype=np.int64)
+        for k, ids in enumerate(domains):
+            domain_of[list(ids)] = k
+        nodes = cluster.nodes
         return cls(
-            node_of=np.array([d.node for d in cluster.devices], dtype=np.int64),
-            intra_bytes_per_s=np.array([n.intra_node_achievable_bytes_per_s
-                                        for n in cluster.nodes]),
-            inter_bytes_per_s=np.array([n.inter_node_achievable_bytes_per_s
-                                        for n in cluster.nodes]),
-            num_nodes=len(cluster.nodes))
+            node_of=domain_of[np.array([d.node for d in cluster.devices], dtype=np.int64)],
+            intra_bytes_per_s=np.array([nodes[ids[0]].intra_node_achievable_bytes_per_s
+                                        for ids in domains]),
+            inter_bytes_per_s=np.array([sum(nodes[i].inter_node_achievable_bytes_per_s
+                                            for i in ids) for ids in domains]),
+            num_nodes=len(domains))
 
 
     def with_links(self, intra_fit=None, inter_fit=None) -> "ClusterArrays":
