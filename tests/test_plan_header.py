@@ -183,14 +183,17 @@ def test_a_model_with_experts_ties_within_the_models_error_on_such_models(write_
 def test_no_warning_where_the_network_is_written_as_its_nics(write_spec):
     """'8 x 200 Gbps' is a node's eight HDR NICs, written as such: 25 GB/s per GPU, under a
     tenth of NVLink, but what the user meant; the note is for a bandwidth given as one
-    figure. How it was written does not change the spec's fingerprint."""
+    figure no larger than one NIC carries (plan_header.ONE_NIC_MAX_BITS_PER_S). How it was
+    written does not change the spec's fingerprint."""
     from amp_search.spec import spec_fingerprint
 
     nics = load_spec(_spec(write_spec, inter="8 x 200 Gbps"))
     text = " ".join(x.strip() for x in header_lines(nics, plan(nics, simulate_top=0)))
     assert "200 Gb/s per GPU" in text and "note:" not in text
-    total = load_spec(_spec(write_spec, inter="1600 Gbps"))
-    assert "note:" in " ".join(header_lines(total, plan(total, simulate_top=0)))
+    total = load_spec(_spec(write_spec, inter="1600 Gbps"))   # more than one NIC carries
+    assert "note:" not in " ".join(header_lines(total, plan(total, simulate_top=0)))
+    one = load_spec(_spec(write_spec, inter="200 Gbps"))       # as much as one NIC carries
+    assert "note:" in " ".join(header_lines(one, plan(one, simulate_top=0)))
     assert {k: v for k, v in spec_fingerprint(nics).items() if k != "spec_sha256"} == \
         {k: v for k, v in spec_fingerprint(total).items() if k != "spec_sha256"}
 
