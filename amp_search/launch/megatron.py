@@ -337,6 +337,14 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
     s = strategy
     vocab = layers[0].vocab_size
     seq = block.seq_length
+    overlaps_tp = tp_comm_overlap and s.tmp > 1 and s.sequence_parallel
+    overlaps_a2a = moe_a2a_overlap and overlaps_moe_a2a(s, block)
+    # Transformer Engine where an option needs it: userbuffers, activation offloading, the
+    # delayed weight gradients of the all-to-all overlap, and its FP8 and NVFP4 recipes
+    # (Megatron-LM asserts "transformer-engine required for fp8 training"); else the local
+    # layers the CPU trials run
+    engine = overlaps_tp or bool(cpu_offload_layers) or overlaps_a2a \
+        or precision in ("fp8", "nvfp4")
     args = [
         "--tensor-model-parallel-size", str(s.tmp),
         "--pipeline-model-parallel-size", str(s.pp),
@@ -354,7 +362,8 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         "rope" if layers[0].position_embedding == "rope" else "learned_absolute",
         *([] if layers[0].tie_embeddings else ["--untie-embeddings-and-output-weights"]),
         "--attention-dropout", "0", "--hidden-dropout", f"{block.hidden_dropout:g}",
-        "--transformer-impl", "local", "--no-gradient-accumulation-fusion",
+        "--transformer-impl", "transformer_engine" if engine else "local",
+        "--no-gradient-accumulation-fusion",
         *(virtual_stage_args(layers, s) if s.virtual_stages > 1
           else split_args(layers, s.partition)),
     ]
@@ -380,20 +389,14 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         args += ["--accumulate-allreduce-grads-in-fp32"]
     if not overlap_p2p_comm and s.virtual_stages > 1:
         args += ["--no-overlap-p2p-communication"]
-    if tp_comm_overlap and s.tmp > 1 and s.sequence_parallel:
-        i = args.index("--transformer-impl")
-        args[i + 1] = "transformer_engine"
+    if overlaps_tp:
         args += ["--tp-comm-overlap"]
     if cpu_offload_layers:
-        i = args.index("--transformer-impl")
-        args[i + 1] = "transformer_engine"
         args += ["--cpu-offloading", "--cpu-offloading-num-layers", str(cpu_offload_layers)]
     if runs_flex_dispatcher(s, block, moe_dispatcher):
         args[args.index("--moe-token-dispatcher-type") + 1] = "flex"
         args += ["--moe-flex-dispatcher-backend", moe_dispatcher]
-    if moe_a2a_overlap and overlaps_moe_a2a(s, block):
-        i = args.index("--transformer-impl")       # (delayed wgrad needs Transformer Engine)
-        args[i + 1] = "transformer_engine"
+    if overlaps_a2a:
         args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if s.zero_stage == 3:     # Megatron-FSDP (its README's required flags, and the overlaps
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",   # the plan
@@ -406,9 +409,7 @@ def megatron_args(layers: tuple[Layer, ...], strategy: Strategy, *, precision: s
         args += ["--bf16", "--fp8-format", "hybrid"]   # gradients), BF16 elsewhere
     elif precision == "nvfp4":      # NVFP4 GEMMs (E2M1, an E4M3 scale per 16 values)
         args += ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
-    if precision in ("fp8", "nvfp4"):   # Transformer Engine's recipes: Megatron-LM asserts
-        args[args.index("--transformer-impl") + 1] = "transformer_engine"  # "transformer-
-    return args                                     # engine required for fp8 training"
+    return args
 
 
 def megatron_unsupported(strategy: Strategy) -> str:
