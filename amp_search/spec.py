@@ -252,10 +252,15 @@ class Cluster:
             first += g.count
         return tuple(out)
 
+    @cached_property
+    def nvlink_domain_widths(self) -> tuple[int, ...]:
+        """Devices of each NVLink domain (`nvlink_domains`)."""
+        return tuple(sum(len(self.nodes[i].devices) for i in ids) for ids in self.nvlink_domains)
+
     @property
     def min_nvlink_gpus(self) -> int:
         """Devices of the smallest NVLink domain (`nvlink_domains`)."""
-        return min(sum(len(self.nodes[i].devices) for i in ids) for ids in self.nvlink_domains)
+        return min(self.nvlink_domain_widths)
 
     @classmethod
     def from_groups(cls, groups: tuple[NodeGroup, ...]) -> "Cluster":

@@ -279,10 +279,8 @@ class CostModel:
         """(experts, top-k) where the MoE layers' token dispatcher is hierarchical
         (training.moe_dispatcher deepep or hybridep: links.all_to_all_links), None for
         Megatron-core's all-to-all and under DeepSpeed."""
-        # devices per node as the links see them: per NVLink domain (ClusterArrays)
-        self.node_widths = np.array([sum(len(spec.cluster.nodes[i].devices) for i in ids)
-                                     for ids in spec.cluster.nvlink_domains])
-        """Devices per node, by node id."""
+        self.node_widths = np.array(spec.cluster.nvlink_domain_widths)
+        """Devices per node as the links see one (an NVLink domain, ClusterArrays), by id."""
         self.first_fixed, self.last_fixed = spec.model.ends
 
     def tp_collectives(self, recompute: bool, sequence_parallel: bool, part: int | None = None
