@@ -460,9 +460,13 @@ def _price_per_hour(spec: Spec, uses) -> float | None:
     return total
 
 
-SUBSET_WAVE = 4
+SUBSET_WAVE = 2
 """Subsets `plan_subsets` searches at once (a wave; the next wave's cutoffs come from them):
-fixed, so that the plans do not depend on the number of CPUs."""
+fixed, so that the plans do not depend on the number of CPUs. Smaller waves give more parts
+the cutoffs of the plans found before them: on the 16x16 cluster of benchmarks/search_time.py
+waves of 2 cost the parts about a sixth less CPU than waves of 4 (2 more parts found
+dominated, the front the same), at most two parts at a time beside the whole cluster's
+search."""
 
 SUBSET_CUTOFF_SLACK = 0.05
 """How far above a dominating plan's time `plan_subsets` still costs a subset's candidates:
@@ -503,7 +507,7 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
     parts = cluster_subsets(spec.cluster, limit)
     jobs = _subset_jobs(spec, parts, measurements=measurements, cost_params=cost_params,
                         simulate_top=simulate_top, backend=backend, shared=shared)
-    waves = _subset_waves(spec.cluster, parts)
+    waves = _subset_waves(spec.cluster, parts, spec.training.precision)
     done = {}
     if early is not None:       # started for this spec's backend, or of no use here
         if early.backend == spec.training.backend:
@@ -537,18 +541,25 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
     return (out[()],) + tuple(out[(i,)] for i in range(len(parts)))
 
 
-def _subset_waves(cluster: Cluster, parts) -> list[list[int]]:
+def _subset_waves(cluster: Cluster, parts, precision: str) -> list[list[int]]:
     """`plan_subsets`' waves of part indices: each node group alone, then SUBSET_WAVE at a
-    time, the parts with the fewest devices first (ties as listed). A plan dominates another
-    only with no more GPU-seconds, which a small part's fast plan has against every larger
-    part, so the small parts' plans give the larger ones their tightest cutoffs (on the 16x16
-    cluster of benchmarks/search_time.py a fifth less left to cost, and 2 parts more found
-    dominated, the front the same, than with the most devices first, the order
-    `cluster_subsets` lists them in and cuts them at its limit)."""
+    time, the parts with the fewest devices first, of as many the one with the most peak
+    FLOP/s at `precision` first (then as listed). A plan dominates another only with no more
+    GPU-seconds, which a small part's fast plan has against every larger part, so the small
+    parts' plans give the larger ones their tightest cutoffs (on the 16x16 cluster of
+    benchmarks/search_time.py a fifth less left to cost, and 2 parts more found dominated,
+    the front the same, than with the most devices first, the order `cluster_subsets` lists
+    them in and cuts them at its limit); of as many devices, the fastest is likeliest to
+    dominate the others (there, 4 V100 nodes before 2 V100 and 2 T4 nodes)."""
     alone = set(groups_alone_uses(cluster))
     first = [i for i, u in enumerate(parts) if u in alone]
+
+    def peak(uses) -> float:
+        return sum(n * k * (g.gpu.peak_flops_per_s.get(precision) or 0.0)
+                   for g, (n, k) in zip(cluster.node_groups, uses))
+
     rest = sorted((i for i, u in enumerate(parts) if u not in alone),
-                  key=lambda i: (_part_gpus(parts[i]), i))
+                  key=lambda i: (_part_gpus(parts[i]), -peak(parts[i]), i))
     return ([first] if first else []) + [rest[k:k + SUBSET_WAVE]
                                          for k in range(0, len(rest), SUBSET_WAVE)]
 
@@ -730,7 +741,7 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     searches what is left beside the workers, with `shared` (give the SharedRows its own
     search fills)."""
     parts = cluster_subsets(spec.cluster, limit)
-    waves = _subset_waves(spec.cluster, parts)
+    waves = _subset_waves(spec.cluster, parts, spec.training.precision)
     context = _fork_context() if workers > 1 and _alone_first(spec.cluster, parts, waves) \
         else None
     if context is None:
