@@ -460,13 +460,16 @@ def _price_per_hour(spec: Spec, uses) -> float | None:
     return total
 
 
-SUBSET_WAVE = 2
-"""Subsets `plan_subsets` searches at once (a wave; the next wave's cutoffs come from them):
-fixed, so that the plans do not depend on the number of CPUs. Smaller waves give more parts
-the cutoffs of the plans found before them: on the 16x16 cluster of benchmarks/search_time.py
-waves of 2 cost the parts about a sixth less CPU than waves of 4 (2 more parts found
-dominated, the front the same), at most two parts at a time beside the whole cluster's
-search."""
+SUBSET_LAG = 1
+"""How many of the parts just before it (in `_subset_waves`' order) a part's cutoff does not
+wait for: it may be searched beside them. Fixed, so that the plans do not depend on the
+number of CPUs or on which search ends first. With 1, two parts are searched at once and
+neither ever waits for the other (on 2 CPUs: the worker and the `plan` process), and every
+part but the next takes the cutoffs of all the plans found before it; waves of 4 parts
+searched at once, each wave's cutoffs from the waves before it, left more parts with looser
+cutoffs and each process waiting at the end of every wave (on the 16x16 cluster of
+benchmarks/search_time.py, 2026-11-30: 100 placements costed instead of 80 and one part less
+found dominated, the front the same)."""
 
 SUBSET_CUTOFF_SLACK = 0.05
 """How far above a dominating plan's time `plan_subsets` still costs a subset's candidates:
@@ -492,12 +495,13 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
     and its search stops early. Each node group alone is searched in full (`plan` states
     whether the slower groups help, with numbers).
 
-    The subsets are searched in waves: each node group alone first, then SUBSET_WAVE at a
-    time, each wave's cutoffs from the plans of the waves before it (`_wave_basis`), so the
-    result depends neither on which search ends first nor on `workers`: > 1, a wave's
-    searches run in that many forked processes at once (where the platform cannot fork, one
-    after another). `early`: the waves started beside the whole cluster's search
-    (`start_subsets`): its worker and this process search what is left (`collect`).
+    The subsets are searched in waves: each node group alone first, then one part at a time,
+    each part's cutoff from the plans of the parts before it but the SUBSET_LAG just before
+    it (`_wave_basis`), so the result depends neither on which search ends first nor on
+    `workers`: > 1, the searches run in forked processes and this one, a part as soon as
+    its cutoff is known (where the platform cannot fork, one after another). `early`: the
+    waves started beside the whole cluster's search (`start_subsets`): its worker and this
+    process search what is left (`collect`).
 
     `shared`: the per device type rows the parts' searches take and keep (SharedRows; give
     the one the whole cluster's search filled: the forked workers inherit its rows)."""
@@ -508,42 +512,45 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
     jobs = _subset_jobs(spec, parts, measurements=measurements, cost_params=cost_params,
                         simulate_top=simulate_top, backend=backend, shared=shared)
     waves = _subset_waves(spec.cluster, parts, spec.training.precision)
+    cutoffs_of = _cutoffs_of(spec, parts, waves, out[()])
     done = {}
     if early is not None:       # started for this spec's backend, or of no use here
         if early.backend == spec.training.backend:
             done = early.collect()
         else:
             early.cancel()
-    global _FORKED_JOBS
-    _FORKED_JOBS = jobs                 # the forked workers inherit them (a Spec is not pickled)
-    context = _fork_context() if workers > 1 and len(parts) > 1 else None
-    pool = None
+    context = _fork_context() if workers > 1 and len(parts) > 1 and not done else None
     if context is not None:
         from concurrent.futures import ProcessPoolExecutor
 
-        pool = ProcessPoolExecutor(max_workers=min(workers, SUBSET_WAVE), mp_context=context)
-    try:
-        for k, wave in enumerate(waves):
-            cutoffs = _wave_cutoffs(spec, parts, wave,
-                                    _wave_basis(spec.cluster, parts, waves, k, out))
-            todo = [(i, c) for i, c in zip(wave, cutoffs) if i not in done]
-            if pool is not None and len(todo) > 1:
-                found = list(pool.map(_best_on_forked_job, *zip(*todo)))
-            else:
-                found = [_best_on_forked_job(i, c) for i, c in todo]
-            done.update((i, f) for (i, _), f in zip(todo, found))
-            for i, cutoff in zip(wave, cutoffs):
-                out[(i,)] = _subset_plan(spec, parts[i], done[i], cutoff)
-    finally:
-        _FORKED_JOBS = []
-        if pool is not None:
-            pool.shutdown()
+        n = min(workers - 1, max(len(waves[0]), SUBSET_LAG + 1))
+        done = EarlySubsets(ProcessPoolExecutor(max_workers=n, mp_context=context), n, jobs,
+                            waves, cutoffs_of, spec.training.backend,
+                            alone_first=_alone_first(spec.cluster, parts, waves)).collect()
+    for k, wave in enumerate(waves):
+        cutoffs = cutoffs_of(k, done)
+        for i, cutoff in zip(wave, cutoffs):
+            if i not in done:               # one after another, here
+                done[i] = _best_on_job(jobs[i], cutoff)
+            out[(i,)] = _subset_plan(spec, parts[i], done[i], cutoff)
     return (out[()],) + tuple(out[(i,)] for i in range(len(parts)))
 
 
+def _cutoffs_of(spec: Spec, parts, waves, whole: "SubsetPlan | None"):
+    """(k, {part index: _best_on_job's result} holding at least the basis of wave k) -> the
+    dominance cutoffs of wave k's parts (`_wave_basis`; `whole`: the whole cluster's
+    SubsetPlan, in the basis only where the first wave is not each node group alone)."""
+    def cutoffs_of(k: int, found: dict) -> list[float | None]:
+        out = {(i,): _subset_plan(spec, parts[i], f, None) for i, f in found.items()}
+        out[()] = whole
+        return _wave_cutoffs(spec, parts, waves[k],
+                             _wave_basis(spec.cluster, parts, waves, k, out))
+    return cutoffs_of
+
+
 def _subset_waves(cluster: Cluster, parts, precision: str) -> list[list[int]]:
-    """`plan_subsets`' waves of part indices: each node group alone, then SUBSET_WAVE at a
-    time, the parts with the fewest devices first, of as many the one with the most peak
+    """`plan_subsets`' waves of part indices: each node group alone, then each other part
+    alone, the parts with the fewest devices first, of as many the one with the most peak
     FLOP/s at `precision` first (then as listed). A plan dominates another only with no more
     GPU-seconds, which a small part's fast plan has against every larger part, so the small
     parts' plans give the larger ones their tightest cutoffs (on the 16x16 cluster of
@@ -560,8 +567,7 @@ def _subset_waves(cluster: Cluster, parts, precision: str) -> list[list[int]]:
 
     rest = sorted((i for i, u in enumerate(parts) if u not in alone),
                   key=lambda i: (_part_gpus(parts[i]), -peak(parts[i]), i))
-    return ([first] if first else []) + [rest[k:k + SUBSET_WAVE]
-                                         for k in range(0, len(rest), SUBSET_WAVE)]
+    return ([first] if first else []) + [[i] for i in rest]
 
 
 def _alone_first(cluster: Cluster, parts, waves) -> bool:
@@ -570,13 +576,21 @@ def _alone_first(cluster: Cluster, parts, waves) -> bool:
     return bool(waves) and parts[waves[0][0]] in set(groups_alone_uses(cluster))
 
 
+def _basis_waves(k: int, alone_first: bool) -> int:
+    """How many waves, from the first, give wave `k`'s cutoffs (`_wave_basis`): all before it
+    but the SUBSET_LAG just before it, and every node group alone where they come first."""
+    return max(min(k, 1) if alone_first else 0, k - SUBSET_LAG)
+
+
 def _wave_basis(cluster: Cluster, parts, waves, k: int, out: dict) -> list["SubsetPlan"]:
-    """The subset plans wave `k`'s cutoffs come from: those of the waves before it (`out`,
-    by (part index,)), and the whole cluster's (`out[()]`) only where the first wave is not
-    each node group alone (`_alone_first`): where it is, every wave may run beside the whole
-    cluster's search, which cannot wait for it."""
-    basis = [out[(i,)] for w in waves[:k] for i in w]
-    return basis if _alone_first(cluster, parts, waves) else [out[()]] + basis
+    """The subset plans wave `k`'s cutoffs come from: those of the waves before it but the
+    last SUBSET_LAG (`_basis_waves`; `out`, by (part index,)), and the whole cluster's
+    (`out[()]`) only where the first wave is not each node group alone (`_alone_first`):
+    where it is, every wave may run beside the whole cluster's search, which cannot wait for
+    it."""
+    first = _alone_first(cluster, parts, waves)
+    basis = [out[(i,)] for w in waves[:_basis_waves(k, first)] for i in w]
+    return basis if first else [out[()]] + basis
 
 
 def _wave_cutoffs(spec: Spec, parts, wave, basis) -> list[float | None]:
@@ -606,14 +620,16 @@ def _subset_jobs(spec: Spec, parts, *, shared: SharedRows | None = None,
 class EarlySubsets:
     """`plan_subsets`' waves searched beside the caller's search of the whole cluster: each
     node group alone (the first wave, which no cutoff bounds), then each later wave once the
-    waves before it are done, with the cutoffs plan_subsets gives it (`cutoffs_of`). Each
+    waves its cutoffs come from are done (`_basis_waves`; `alone_first` False: the first
+    wave's cutoffs come from the whole cluster's plan, `plan_subsets` searching them after
+    it), with the cutoffs plan_subsets gives it (`cutoffs_of(k, found)`). Each
     of the pool's `workers` forked processes takes the parts one at a time while the caller
     searches; once its own search is done, the caller takes parts too, here (`collect`), so
     that none waits for another while a part is left. `plan_subsets(early=...)` collects
     them."""
 
     def __init__(self, pool, workers: int, jobs: list, waves: list[list[int]], cutoffs_of,
-                 backend: str) -> None:
+                 backend: str, *, alone_first: bool = True) -> None:
         import threading
         from collections import deque
 
@@ -621,8 +637,9 @@ class EarlySubsets:
         """The backend the parts are costed for (plan_subsets ignores them for another)."""
         self._pool, self._jobs = pool, jobs
         self._waves, self._cutoffs_of = waves, cutoffs_of
+        self._alone_first = alone_first
         self._cond = threading.Condition()
-        self._wave, self._todo = 0, deque((i, None) for i in waves[0])
+        self._wave, self._todo = 0, deque(zip(waves[0], cutoffs_of(0, {})))
         self._found: dict = {}
         self._busy, self._stopped, self._error = 0, False, None
         # the pool forks its `workers` processes at the first submit: here, in the caller's
@@ -647,8 +664,9 @@ class EarlySubsets:
             return self._wave == len(self._waves) - 1 and not self._todo
 
     def _take(self) -> tuple[int, float | None] | None:
-        """The next (part, cutoff) to search: of the wave being handed out, or, once its last
-        parts are in, of the next wave (waiting for them); None when none is left."""
+        """The next (part, cutoff) to search: of the wave being handed out, or, once the
+        waves its cutoffs come from are in, of the next wave (waiting for them); None when
+        none is left."""
         with self._cond:
             while True:
                 if self._stopped or self._error is not None:
@@ -656,14 +674,15 @@ class EarlySubsets:
                 if self._todo:
                     self._busy += 1
                     return self._todo.popleft()
-                if self._busy:          # the wave's last parts: the next one's cutoffs wait
-                    self._cond.wait()
-                    continue
-                if self._wave + 1 >= len(self._waves):
+                k = self._wave + 1
+                if k >= len(self._waves):
                     return None
-                self._wave += 1
-                wave = self._waves[self._wave]
-                self._todo.extend(zip(wave, self._cutoffs_of(wave, dict(self._found))))
+                basis = self._waves[:_basis_waves(k, self._alone_first)]
+                if any(i not in self._found for w in basis for i in w):
+                    self._cond.wait()       # its cutoffs wait for those searches
+                    continue
+                self._wave = k
+                self._todo.extend(zip(self._waves[k], self._cutoffs_of(k, dict(self._found))))
 
     def _put(self, i: int, found=None, error: BaseException | None = None) -> None:
         with self._cond:
@@ -733,8 +752,9 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
                   shared: SharedRows | None = None) -> EarlySubsets | None:
     """Start `plan_subsets`' waves beside the caller's search of the whole cluster, in forked
     processes, one CPU fewer than `workers` (that search takes one): each node group alone
-    first, then each later wave once the one before it is done, with the cutoffs
-    plan_subsets gives it (`_wave_basis`: the whole cluster's plan is not among them). None
+    first, then each later wave once the waves its cutoffs come from are done, with the
+    cutoffs plan_subsets gives it (`_wave_basis`: the whole cluster's plan is not among
+    them). None
     where there is one node group, a single CPU or no fork. Give the result to
     plan_subsets(early=...) with the same spec and options (a spec that names its backend:
     plan_subsets drops parts costed for another backend than its spec's); the caller then
@@ -750,13 +770,9 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
 
     jobs = _subset_jobs(spec, parts, measurements=measurements, cost_params=cost_params,
                         simulate_top=simulate_top, backend=backend, shared=shared)
-
-    def cutoffs_of(wave, found: dict) -> list[float | None]:
-        out = {(i,): _subset_plan(spec, parts[i], f, None) for i, f in found.items()}
-        return _wave_cutoffs(spec, parts, wave, _wave_basis(
-            spec.cluster, parts, waves, waves.index(wave), out))
-
-    n = min(workers - 1, max(map(len, waves)))
+    # the whole cluster's plan is not in any wave's basis (the first is each group alone)
+    cutoffs_of = _cutoffs_of(spec, parts, waves, None)
+    n = min(workers - 1, max(len(waves[0]), SUBSET_LAG + 1))
     pool = ProcessPoolExecutor(max_workers=n, mp_context=context)
     return EarlySubsets(pool, n, jobs, waves, cutoffs_of, spec.training.backend)
 

@@ -231,18 +231,18 @@ def test_subsets_in_forked_workers_are_the_same_as_one_after_another():
 
 
 def test_every_wave_started_beside_the_whole_search_gives_the_same_plans():
-    """4 + 4 nodes: 14 parts, the groups alone and then 12 in waves of SUBSET_WAVE; the early
-    worker chains the waves (each from the ones before it), and plan_subsets searches what it
-    had not taken beside it: the same plans, reasons and order as one process, whether it
+    """4 + 4 nodes: 14 parts, the groups alone and then 12 one at a time; the early worker
+    chains the waves (each from the ones before it but the last), and plan_subsets searches
+    what it had not taken beside it: the same plans, reasons and order as one process, whether it
     collects them before the first wave ends or after the worker took every part."""
     import time
 
-    from amp_search.planner import SUBSET_WAVE, _subset_waves
+    from amp_search.planner import _subset_waves
 
     spec = parse_spec(_priced(h100=4, a100=4))
     waves = _subset_waves(spec.cluster, cluster_subsets(spec.cluster),
                           spec.training.precision)
-    assert len(waves) == 1 + 12 // SUBSET_WAVE and len(waves[1]) == SUBSET_WAVE
+    assert len(waves) == 13 and all(len(w) == 1 for w in waves[1:])
     whole = plan(spec)
     one = plan_subsets(spec, whole, workers=1)
     assert plan_subsets(spec, whole, workers=2, early=start_subsets(spec, workers=2)) == one
