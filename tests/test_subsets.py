@@ -380,3 +380,23 @@ def test_a_part_that_fails_in_this_process_stops_the_early_worker(monkeypatch):
         while proc.is_alive() and time.monotonic() < deadline:
             proc.join(timeout=0.1)
         assert not proc.is_alive()
+
+
+def test_parts_are_searched_smallest_first_the_fastest_of_equals_first_each_from_all_before():
+    """After the groups alone, the parts with the fewest devices come first and, of as many,
+    the one with the most peak FLOP/s (H100 nodes before A100 nodes); each part's cutoff
+    comes from every part before it but the one just before it (which may be searched beside
+    it), and from each group alone."""
+    from amp_search.planner import SUBSET_LAG, _basis_waves, _subset_waves
+
+    spec = parse_spec(_priced(h100=4, a100=4))             # nodes of 2 GPUs
+    parts = cluster_subsets(spec.cluster)
+    waves = _subset_waves(spec.cluster, parts, spec.training.precision)
+    assert [parts[i] for i in waves[0]] == [((4, 2), (0, 0)), ((0, 0), (4, 2))]
+    assert [parts[i] for w in waves[1:] for i in w][:7] == [
+        ((1, 2), (0, 0)), ((0, 0), (1, 2)),                           # 2 GPUs: H100 first
+        ((2, 2), (0, 0)), ((1, 2), (1, 2)), ((0, 0), (2, 2)),         # 4 GPUs
+        ((2, 2), (1, 2)), ((1, 2), (2, 2))]                           # 6 GPUs
+    assert SUBSET_LAG == 1
+    assert [_basis_waves(k, True) for k in range(5)] == [0, 1, 1, 2, 3]
+    assert [_basis_waves(k, False) for k in range(4)] == [0, 0, 1, 2]
