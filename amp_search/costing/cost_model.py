@@ -695,7 +695,7 @@ class CostModel:
         # on the times)
         mem_layer, mem_budget = self._memory_arrays(c, gas, layout,
                                                     any(self._attention_scores(layout)))
-        kw = dict(sync_layer_s=sync, sync_fixed_s=sync_fixed)
+        kw = dict(sync_layer_s=sync, sync_fixed_s=sync_fixed, checked=False)
         best = optimal_partition(rows, cut, gas, memory_layer_bytes=mem_layer,
                                  memory_budget_bytes=mem_budget, **kw) or \
             optimal_partition(rows, cut, gas, **kw)
@@ -1520,7 +1520,8 @@ class CostModel:
             return self.uniform_split(c.pp)
         gas = micro_batches(self.spec.training.global_batch_size, c.dp, c.mbs)
         mem_layer, mem_budget = self._memory_arrays(c, gas, layout, scores)
-        kw = dict(sync_layer_s=costs.after_pipeline_s, sync_fixed_s=costs.sync_fixed_s)
+        kw = dict(sync_layer_s=costs.after_pipeline_s, sync_fixed_s=costs.sync_fixed_s,
+                  checked=False)          # arrays built to optimal_partition's rules
         result = optimal_partition(costs.layer_s, costs.cut_s, gas, memory_layer_bytes=mem_layer,
                                    memory_budget_bytes=mem_budget, **kw)
         if result is None:      # no split fits: report the fastest one, which won't fit
