@@ -562,3 +562,22 @@ GOOD = dict(sync_layer_s=np.zeros((2, 4)), sync_fixed_s=np.zeros(2),
 def test_bad_full_inputs(change, match):
     with pytest.raises(ValueError, match=match):
         optimal_partition(np.ones((2, 4)), np.zeros((2, 5)), 2, **{**GOOD, **change})
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_unchecked_call_gives_the_checked_answer(seed):
+    """checked=False (the cost model's calls) skips the input checks only: the same split,
+    objective and stage times, with and without sync and memory, and None where nothing
+    fits."""
+    rng = np.random.default_rng(seed)
+    pp, L = int(rng.integers(1, 5)), int(rng.integers(5, 30))
+    times, cuts = rng.random((pp, L)), rng.random((pp, L + 1)) * 0.1
+    kw = dict(sync_layer_s=rng.random((pp, L)) * 0.01, sync_fixed_s=rng.random(pp) * 0.01,
+              memory_layer_bytes=rng.integers(1, 9, (pp, L)).astype(float),
+              memory_budget_bytes=np.full(pp, float(rng.integers(L, 4 * L))))
+    for extra in ({}, kw, {**kw, "memory_budget_bytes": np.full(pp, -1.0)}):
+        a = optimal_partition(times, cuts, 4, **extra)
+        b = optimal_partition(times, cuts, 4, checked=False, **extra)
+        assert a == b
+    assert optimal_partition(times, cuts, 4, memory_budget_bytes=np.full(pp, -1.0),
+                             memory_layer_bytes=kw["memory_layer_bytes"], checked=False) is None
