@@ -233,11 +233,21 @@ def megatron_split(spec: Spec, s: Strategy) -> dict:
     if s.virtual_stages > 1:
         args = virtual_stage_args(layers, s)
         counts = stage_layer_counts(layers, s.partition)
+        how = {"--num-layers-per-virtual-pipeline-stage":
+               f"{s.virtual_stages} model chunks of {counts[0]} transformer blocks on each "
+               f"stage (stage j runs chunks j, j + {s.pp}, ...): "
+               f"--num-layers-per-virtual-pipeline-stage {counts[0]} gives it exactly",
+               "--num-virtual-stages-per-pipeline-rank":
+               f"{s.virtual_stages} model chunks on each stage (stage j runs chunks j, "
+               f"j + {s.pp}, ...), the embedding and the loss counted as a block each: "
+               f"{' '.join(args)} gives it exactly (blocks per chunk {counts})",
+               "--pipeline-model-parallel-layout":
+               f"{s.virtual_stages} uneven model chunks on each stage (stage j runs chunks j, "
+               f"j + {s.pp}, ...; blocks per chunk {counts}): --pipeline-model-parallel-layout "
+               f"{args[1] if len(args) > 1 else ''} gives them exactly, in Megatron-LM "
+               f"versions that have that flag (megatron-core 0.16 parses it)"}[args[0]]
         return {"blocks_per_chunk": counts, "args": args, "exact": True, "form": "interleaved",
-                "note": f"{s.virtual_stages} model chunks of {counts[0]} transformer blocks on "
-                        f"each stage (stage j runs chunks j, j + {s.pp}, ...): "
-                        f"--num-layers-per-virtual-pipeline-stage {counts[0]} gives it exactly "
-                        f"(Megatron-LM's interleaved 1F1B)"}
+                "note": how + " (Megatron-LM's interleaved 1F1B)"}
     args = split_args(layers, s.partition)
     counts = stage_layer_counts(layers, s.partition)
     out = {"blocks_per_stage": counts, "args": args, "exact": True}

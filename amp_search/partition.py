@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.pipeline import interleaved_split
+from cost_models.pipeline import balanced_chunks, interleaved_split
 
 from .partition_kernels import GROUP, KERNELS_WHAT, kernels_cached
 
@@ -254,7 +254,7 @@ def uniform_partition(
 
 
 def interleaved_partition(num_layers: int, chunks: int, *, first: int = 0,
-                          last: int = 0) -> tuple[int, ...]:
+                          last: int = 0, weights=None) -> tuple[int, ...]:
     """The model chunks of Megatron-LM's interleaved schedule, as v*pp + 1 boundaries: the
     blocks split evenly into `chunks` (--num-layers-per-virtual-pipeline-stage), the embedding
     with chunk 0 and the head with the last; else, where the blocks plus a single embedding
@@ -262,12 +262,20 @@ def interleaved_partition(num_layers: int, chunks: int, *, first: int = 0,
     block fewer and the last too (--account-for-embedding-in-pipeline-split and
     --account-for-loss-in-pipeline-split, how Llama 3.1 405B's 126 blocks run in 8 x 4, 8 x 8
     or 16 x 8 chunks; in the last, the first chunk holds the embedding alone and the last the
-    head alone). ValueError when neither split is even."""
+    head alone); else, for a chain whose blocks split evenly on no pipeline
+    (cost_models.pipeline.needs_uneven_chunks: DeepSeek-V3 with MTP), uneven chunks as even
+    as whole blocks make them by `weights` (each layer's work; None: a block 1, the rest 0;
+    cost_models.pipeline.balanced_chunks), run as --pipeline-model-parallel-layout.
+    ValueError when none of these splits it."""
     how = interleaved_split(num_layers, chunks, first=first, last=last)
     if how == "blocks":
         return uniform_partition(num_layers, chunks, first=first, last=last)
     if how == "layers":
         return uniform_partition(num_layers, chunks)
+    if how == "layout":
+        if weights is None:
+            weights = [0.0] * first + [1.0] * (num_layers - first - last) + [0.0] * last
+        return balanced_chunks(weights, chunks, first=first, last=last)
     blocks = num_layers - first - last
     raise ValueError(f"the {blocks} transformer blocks do not split into {chunks} equal "
                      f"chunks of at least one block, with or without the embedding and the "

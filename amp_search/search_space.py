@@ -415,6 +415,14 @@ def chunks_split_blocks(s: SearchSpace, c: Candidate) -> Violation | None:
         interleaved_partition(s.num_layers, chunks, first=s.num_leading,
                               last=s.num_layers - s.num_leading - s.num_blocks)
     except ValueError:
+        from cost_models.pipeline import needs_uneven_chunks
+
+        if needs_uneven_chunks(s.num_layers, first=s.num_leading,
+                               last=s.num_layers - s.num_leading - s.num_blocks):
+            return Violation(Reason.BLOCKS_NOT_DIVISIBLE_BY_CHUNKS,
+                             f"virtual_pipeline_stages = {c.virtual_stages} with pp = {c.pp}: "
+                             f"{chunks} model chunks, more than the {s.num_blocks} transformer "
+                             f"blocks (each chunk holds one at least)")
         return Violation(Reason.BLOCKS_NOT_DIVISIBLE_BY_CHUNKS,
                          f"virtual_pipeline_stages = {c.virtual_stages} with pp = {c.pp}: the "
                          f"{s.num_blocks} transformer blocks do not split into {chunks} equal "

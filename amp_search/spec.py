@@ -304,7 +304,10 @@ VIRTUAL_STAGES_SEARCH = ()
 number of chunks per stage up to VIRTUAL_STAGES_SEARCH_MOST that splits the model's blocks
 evenly on some pipeline (`cost_models.pipeline.interleaved_virtual_stages`): Llama 3 70B's
 80 blocks give 1, 2, 4, 5 and 8 (the 5 its Megatron-Bridge recipes run on 4 and 8 stages),
-where a fixed 1, 2, 3, 4, 6, 8 tried two that no pipeline splits it into and missed 5."""
+where a fixed 1, 2, 3, 4, 6, 8 tried two that no pipeline splits it into and missed 5. A
+model whose blocks split evenly on no pipeline (DeepSeek-V3 with MTP) gets 1, 2, 4 and 8
+uneven chunks (`cost_models.pipeline.balanced_chunks`, Megatron-LM's
+--pipeline-model-parallel-layout)."""
 VIRTUAL_STAGES_SEARCH_MOST = 8
 """The most chunks per stage `search` tries. The cost model charges a chunk nothing of its
 own (its boundaries' P2P only in the fill and drain, the steady state's overlapped), so

@@ -15,6 +15,7 @@ numba kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -27,7 +28,20 @@ def interleaved_split(num_layers: int, chunks: int, *, first: int = 0,
     embedding joins the first chunk, the head the last); else 'layers' where the blocks plus
     a single embedding and a single head do, every layer counted alike
     (--account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split);
-    None where neither does."""
+    else, for a chain whose blocks split evenly on no pipeline at all (`needs_uneven_chunks`),
+    'layout' where there are as many blocks as chunks (uneven chunks, given to Megatron-LM as
+    --pipeline-model-parallel-layout: `balanced_chunks`); None where none of them does."""
+    even = _even_split(num_layers, chunks, first, last)
+    if even is not None:
+        return even
+    if chunks >= 1 and num_layers - first - last >= chunks and \
+            needs_uneven_chunks(num_layers, first=first, last=last):
+        return "layout"
+    return None
+
+
+def _even_split(num_layers: int, chunks: int, first: int, last: int) -> str | None:
+    """`interleaved_split`'s even forms: 'blocks', 'layers' or None."""
     blocks = num_layers - first - last
     if chunks >= 1 and blocks >= chunks and blocks % chunks == 0:
         return "blocks"
@@ -37,13 +51,73 @@ def interleaved_split(num_layers: int, chunks: int, *, first: int = 0,
     return None
 
 
+@lru_cache(maxsize=256)
+def needs_uneven_chunks(num_layers: int, *, first: int = 0, last: int = 0) -> bool:
+    """Whether a chain's blocks split evenly into the model chunks of no pipeline of 2 stages
+    or more with 2 chunks per stage or more (neither of `interleaved_split`'s even forms, for
+    any pp and v), though there are 4 blocks or more: DeepSeek-V3 with its multi-token
+    prediction (61 blocks, the MTP block and two losses after them). Megatron-LM runs such a
+    model's interleaved schedule only on chunks given one by one
+    (--pipeline-model-parallel-layout), as Megatron-Bridge's DeepSeek-V3 recipes do; a model
+    with an even split keeps to even splits."""
+    blocks = num_layers - first - last
+    return blocks >= 4 and not any(_even_split(num_layers, k, first, last)
+                                   for k in range(4, num_layers + 1)
+                                   if any(k % pp == 0 and k // pp >= 2
+                                          for pp in range(2, k // 2 + 1)))
+
+
+def balanced_chunks(weights, chunks: int, *, first: int = 0, last: int = 0) -> tuple[int, ...]:
+    """`chunks` + 1 boundaries of the chain (`weights`: each layer's work, e.g. its forward
+    FLOPs) into contiguous chunks of at least one block each, the embedding(s) with the first
+    block and the head(s) with the last, each as near to an even share of the work left as
+    whole blocks allow: from the front, a chunk takes the next block while that brings it
+    nearer to (the work left) / (the chunks left), and one block at least, leaving one for
+    each chunk after it. DeepSeek-V3 with MTP in 16 chunks: [embedding + 4 blocks],
+    14 x [4 blocks], [1 block + MTP + losses], the layout its Megatron-Bridge recipes write
+    ("Et*4|(t*4|)*14tmL")."""
+    w = np.asarray(weights, dtype=float)
+    blocks = len(w) - first - last
+    if not 1 <= chunks <= blocks:
+        raise ValueError(f"cannot split {blocks} blocks into {chunks} chunks of one at least")
+    # units: the blocks, the embedding glued to the first and the head(s) to the last
+    units = [float(x) for x in w[first:first + blocks]]
+    units[0] += float(w[:first].sum())
+    units[-1] += float(w[first + blocks:].sum())
+    sizes, i, left = [], 0, float(sum(units))
+    for k in range(chunks):
+        if k == chunks - 1:
+            n = len(units) - i                  # the last chunk takes what is left
+        else:
+            target = left / (chunks - k)
+            most = len(units) - i - (chunks - k - 1)     # one block for each chunk after
+            n, load = 1, units[i]
+            while n < most and abs(load + units[i + n] - target) < abs(load - target):
+                load += units[i + n]
+                n += 1
+        load = sum(units[i:i + n])
+        sizes.append(n)
+        i, left = i + n, left - load
+    bounds = [0]
+    for k, n in enumerate(sizes):
+        bounds.append(bounds[-1] + n + (first if k == 0 else 0)
+                      + (last if k == len(sizes) - 1 else 0))
+    return tuple(bounds)
+
+
 def interleaved_virtual_stages(num_layers: int, *, first: int = 0, last: int = 0,
                                most: int) -> tuple[int, ...]:
     """Every number of model chunks per stage, 1 to `most`, that splits the chain evenly
     (`interleaved_split`) on some pipeline of 2 stages or more, with 1 (plain 1F1B) first:
     the virtual stages a search of Megatron-LM's interleaved schedule can run (Llama 3 70B's
     80 blocks, up to 64: 2, 4, 5, 8, 10, 20, 40 and, with the embedding and head counted,
-    41; amp_search's search stops at 8)."""
+    41; amp_search's search stops at 8). A chain whose blocks split evenly on no pipeline
+    (`needs_uneven_chunks`) runs uneven chunks, which any v allows: there, the powers of two
+    (DeepSeek-V3 with MTP: 2, 4 and 8, the v of its Megatron-Bridge recipes), as each v
+    multiplies the search."""
+    if needs_uneven_chunks(num_layers, first=first, last=last):
+        blocks = num_layers - first - last
+        return (1,) + tuple(v for v in (2, 4, 8, 16, 32, 64) if v <= most and 2 * v <= blocks)
     return (1,) + tuple(v for v in range(2, most + 1) if any(
         interleaved_split(num_layers, v * pp, first=first, last=last)
         for pp in range(2, num_layers // v + 1)))

@@ -185,15 +185,16 @@ def test_recomputing_the_up_projections():
 
 def test_uneven_model_chunks_are_estimated_as_given():
     """Megatron-LM's --pipeline-model-parallel-layout may give the interleaved schedule
-    uneven chunks (Kimi-K2's 61 blocks in 16: [embedding + 4], 14 x [4], [1 + loss]); the
-    search keeps to even ones, `estimate` takes the chunks given."""
+    uneven chunks (Kimi-K2's 61 blocks in 16: [embedding + 4], 14 x [4], [1 + loss]);
+    `estimate` takes the chunks given. A model whose blocks split evenly on no pipeline (5
+    blocks: 7 layers) gets uneven chunks as even as its blocks' FLOPs make them, and its
+    search tries 2 chunks per stage."""
     from conftest import load_benchmark
 
-    from amp_search.errors import Infeasible
-
     spec = parse_spec(_raw({**TINY_MOE, "num_layers": 5}))      # 5 blocks: 7 layers
-    with pytest.raises(Infeasible, match="blocks_not_divisible_by_chunks"):
-        estimate(spec, pp=2, dp=4, tmp=1, mbs=1, ep=4, virtual_stages=2)
+    assert spec.training.virtual_pipeline_stages == (1, 2)
+    e = estimate(spec, pp=2, dp=4, tmp=1, mbs=1, ep=4, virtual_stages=2)
+    assert e.strategy.partition == (0, 2, 4, 5, 7)      # [E + 1], [2], [1], [1 + head]
     chunks = (0, 3, 4, 5, 7)                # [E + 2], [1], [1], [1 + head]
     e = estimate(spec, pp=2, dp=4, tmp=1, mbs=1, ep=4, virtual_stages=2, partition=chunks)
     assert e.strategy.partition == chunks and e.strategy.virtual_stages == 2

@@ -221,26 +221,30 @@ def test_the_whole_space_is_searched_by_default(write_spec):
     assert "ZeRO 0/1 (the distributed optimizer)" in text and "virtual stages 1/" in text
 
 
-def test_header_says_why_deepseek_v3_gets_no_virtual_stages(write_spec):
+def test_header_says_deepseek_v3_runs_uneven_chunks(write_spec):
     """Megatron-LM's default searches the virtual stages that split the blocks evenly on some
     pipeline; DeepSeek-V3 with its multi-token prediction has 61 blocks, which split on none,
-    so the search keeps 1, and the header says why (and what costs given uneven chunks)
-    instead of 'a spec key set to search searches it'. A model with such splits, or
-    DeepSpeed (no interleaved schedule), gets no such note."""
+    so the search tries 2, 4 and 8 uneven chunks per stage (Megatron-LM's
+    --pipeline-model-parallel-layout), and the header says so. A model with even splits, or a
+    spec that fixes 1, gets no such note."""
     from amp_search.cli.plan_header import _knobs
 
     def knob(spec):
-        return next(values for name, values, _ in _knobs(spec) if name == "virtual stages")
+        return next((values, many) for name, values, many in _knobs(spec)
+                    if name == "virtual stages")
 
-    ds = load_spec(write_spec({
+    ds = write_spec({
         "cluster": {"nodes": [{"gpu": "GB200-186GB", "count": 4, "gpus_per_node": 64,
                                "intra_node_bandwidth": "900 GB/s",
                                "inter_node_bandwidth": "64 x 400 Gbps"}]},
         "model": {"preset": "deepseek-v3", "mtp_num_layers": 1},
-        "training": {"global_batch_size": 2048, "precision": "fp8", "backend": "megatron"}}))
-    assert ds.training.virtual_pipeline_stages == (1,)
-    assert knob(ds).startswith("1 (its 61 blocks split evenly into the model chunks of no "
-                               "pipeline") and "--pipeline-model-parallel-layout" in knob(ds)
-    llama = load_spec(_spec(write_spec, backend="megatron", virtual_pipeline_stages=1))
-    assert knob(llama) == "1"                  # 8 blocks split evenly: the spec fixed it
-    assert knob(load_spec(_spec(write_spec))) == "1"      # DeepSpeed
+        "training": {"global_batch_size": 2048, "precision": "fp8", "backend": "megatron"}})
+    spec = load_spec(ds)
+    assert spec.training.virtual_pipeline_stages == (1, 2, 4, 8)
+    values, many = knob(spec)
+    assert many and values == ("1/2/4/8 (uneven chunks: its 61 blocks split evenly on no "
+                               "pipeline; each chunk as even as whole blocks make it by FLOPs, "
+                               "Megatron-LM's --pipeline-model-parallel-layout)")
+    llama = load_spec(_spec(write_spec, backend="megatron"))
+    assert knob(llama)[0] == "/".join(map(str, llama.training.virtual_pipeline_stages))
+    assert knob(load_spec(_spec(write_spec))) == ("1", False)      # DeepSpeed

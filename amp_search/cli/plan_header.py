@@ -70,29 +70,27 @@ def _knobs(spec: Spec) -> list[tuple[str, str, bool]]:
              ("recomputation", t.activation_checkpointing, str),
              ("sequence parallelism", t.sequence_parallel, lambda v: "on" if v else "off"),
              ("virtual stages", t.virtual_pipeline_stages,
-              lambda v: str(v) + _uneven_chunks_note(spec) if v == 1 and megatron else str(v)),
+              str),
              ("context parallel", t.context_parallel, str)] + (
         [("expert parallel", t.expert_parallel, str)] if spec.model.num_experts else [])
-    return [(name, "/".join(show(v) for v in values), len(values) > 1)
+    return [(name, "/".join(show(v) for v in values)
+             + (_uneven_chunks_note(spec) if name == "virtual stages" and megatron
+                and len(values) > 1 else ""), len(values) > 1)
             for name, values, show in knobs]
 
 
 def _uneven_chunks_note(spec: Spec) -> str:
-    """Why `virtual_pipeline_stages: search` (Megatron-LM's default) kept 1 model chunk per
-    stage, where it did so because the model's blocks split evenly into the chunks of no
-    pipeline (DeepSeek-V3 with its multi-token prediction: 61 blocks); '' otherwise."""
-    from cost_models.pipeline import interleaved_virtual_stages
-
-    from ..spec import VIRTUAL_STAGES_SEARCH_MOST
+    """How the virtual stages of a model whose blocks split evenly on no pipeline
+    (DeepSeek-V3 with its multi-token prediction: 61 blocks) are chunked; '' for others."""
+    from cost_models.pipeline import needs_uneven_chunks
 
     first, last = spec.model.ends
-    blocks = spec.model.num_layers - first - last
-    if blocks < 4 or interleaved_virtual_stages(spec.model.num_layers, first=first, last=last,
-                                                most=VIRTUAL_STAGES_SEARCH_MOST) != (1,):
+    if not needs_uneven_chunks(spec.model.num_layers, first=first, last=last):
         return ""
-    return (f" (its {blocks} blocks split evenly into the model chunks of no pipeline: uneven "
-            f"chunks, Megatron-LM's --pipeline-model-parallel-layout, are not searched; "
-            f"`estimate --partition` costs given ones)")
+    blocks = spec.model.num_layers - first - last
+    return (f" (uneven chunks: its {blocks} blocks split evenly on no pipeline; each chunk as "
+            f"even as whole blocks make it by FLOPs, Megatron-LM's "
+            f"--pipeline-model-parallel-layout)")
 
 
 def _backend_line(spec: Spec, plan: Plan) -> str:

@@ -25,7 +25,7 @@ from cost_models import pipeline
 from cost_models.compute import (HostCosts, attention_time_s, block_passes,
                                  host_time_by_pass_s, kernel_floor_time_s,
                                  synced_overlapped_time_s, tp_overlap_exposed_s)
-from cost_models.layers import (Layer, cp_merge_bytes_by_pass, expert_param_count,
+from cost_models.layers import (Layer, cp_merge_bytes_by_pass, expert_param_count, forward_flops,
                                 kv_elements_per_token, output_elements, param_count,
                                 per_distinct_layer, tp_collectives_by_pass)
 from cost_models.params import CostParams
@@ -282,6 +282,8 @@ class CostModel:
         self.node_widths = np.array(spec.cluster.nvlink_domain_widths)
         """Devices per node as the links see one (an NVLink domain, ClusterArrays), by id."""
         self.first_fixed, self.last_fixed = spec.model.ends
+        self._chunk_cache: dict[int, tuple[int, ...]] = {}
+        """`_chunks` by the number of chunks."""
 
     def tp_collectives(self, recompute: bool, sequence_parallel: bool, part: int | None = None
                        ) -> dict:
@@ -1505,10 +1507,17 @@ class CostModel:
     def _chunks(self, c: Candidate) -> tuple[int, ...]:
         """The interleaved schedule's chunks: Megatron-LM's uniform split into v*pp chunks
         (partition.interleaved_partition), chunk k on stage k mod pp; the only assignment
-        Megatron runs, so the DP does not move layers between chunks."""
-        return tuple(int(x) for x in interleaved_partition(
-            self.num_layers, c.virtual_stages * c.pp, first=self.first_fixed,
-            last=self.last_fixed))
+        Megatron runs, so the DP does not move layers between chunks. A model whose blocks
+        split evenly on no pipeline (DeepSeek-V3 with MTP) gets chunks as even as whole
+        blocks make them by each layer's forward FLOPs (its layout, given to Megatron-LM
+        block by block)."""
+        chunks = c.virtual_stages * c.pp
+        hit = self._chunk_cache.get(chunks)
+        if hit is None:
+            hit = self._chunk_cache[chunks] = tuple(int(x) for x in interleaved_partition(
+                self.num_layers, chunks, first=self.first_fixed, last=self.last_fixed,
+                weights=[forward_flops(x) for x in self.spec.model.layers]))
+        return hit
 
     def _partition(self, c: Candidate, costs: StageCosts, layout: PlacedLayout,
                    partition: str | tuple[int, ...], scores: bool) -> tuple[int, ...]:
