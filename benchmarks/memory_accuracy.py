@@ -461,7 +461,15 @@ def _setup_process(pp: int, tmp: int) -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     import deepspeed
     from megatron.core import parallel_state
-    dist.init_process_group("gloo", init_method="env://")
+    # a file the world's ranks meet at (measure's AMP_MEMORY_STORE): no port that another
+    # process (a concurrent test's trial) may take between choosing it and binding it
+    store = os.environ.get("AMP_MEMORY_STORE")
+    if store:
+        dist.init_process_group("gloo", init_method=f"file://{store}",
+                                rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+    else:
+        dist.init_process_group("gloo", init_method="env://")
     deepspeed.init_distributed(dist_backend="gloo")
     parallel_state.initialize_model_parallel(tmp, pp, create_gloo_process_groups=False)
 
@@ -653,6 +661,7 @@ def measure(cases: list[Case], layers, *, timeout_s: float = 1800) -> list[dict]
                 env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r),
                        "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+                       "AMP_MEMORY_STORE": str(job.with_suffix(".store")),
                        "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore",
                        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
                 procs.append(subprocess.Popen(
