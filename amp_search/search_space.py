@@ -411,14 +411,13 @@ def chunks_split_blocks(s: SearchSpace, c: Candidate) -> Violation | None:
         return None
     from .partition import interleaved_partition    # here: it imports the numba kernels
 
+    ends = dict(first=s.num_leading, last=s.num_layers - s.num_leading - s.num_blocks)
     try:
-        interleaved_partition(s.num_layers, chunks, first=s.num_leading,
-                              last=s.num_layers - s.num_leading - s.num_blocks)
+        interleaved_partition(s.num_layers, chunks, **ends)
     except ValueError:
         from cost_models.pipeline import needs_uneven_chunks
 
-        if needs_uneven_chunks(s.num_layers, first=s.num_leading,
-                               last=s.num_layers - s.num_leading - s.num_blocks):
+        if needs_uneven_chunks(s.num_layers, **ends):
             return Violation(Reason.BLOCKS_NOT_DIVISIBLE_BY_CHUNKS,
                              f"virtual_pipeline_stages = {c.virtual_stages} with pp = {c.pp}: "
                              f"{chunks} model chunks, more than the {s.num_blocks} transformer "

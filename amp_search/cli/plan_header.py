@@ -66,17 +66,16 @@ def _knobs(spec: Spec) -> list[tuple[str, str, bool]]:
     megatron = t.backend == "megatron"
     zero_name = {0: "0", 1: "1 (the distributed optimizer)" if megatron else "1",
                  2: "2", 3: "3 (Megatron-FSDP)" if megatron else "3"}
-    knobs = [("ZeRO", t.zero_stage, lambda z: zero_name[z]),
-             ("recomputation", t.activation_checkpointing, str),
-             ("sequence parallelism", t.sequence_parallel, lambda v: "on" if v else "off"),
-             ("virtual stages", t.virtual_pipeline_stages,
-              str),
-             ("context parallel", t.context_parallel, str)] + (
-        [("expert parallel", t.expert_parallel, str)] if spec.model.num_experts else [])
-    return [(name, "/".join(show(v) for v in values)
-             + (_uneven_chunks_note(spec) if name == "virtual stages" and megatron
-                and len(values) > 1 else ""), len(values) > 1)
-            for name, values, show in knobs]
+    chunks = t.virtual_pipeline_stages
+    knobs = [("ZeRO", t.zero_stage, lambda z: zero_name[z], ""),
+             ("recomputation", t.activation_checkpointing, str, ""),
+             ("sequence parallelism", t.sequence_parallel, lambda v: "on" if v else "off", ""),
+             ("virtual stages", chunks, str,
+              _uneven_chunks_note(spec) if megatron and len(chunks) > 1 else ""),
+             ("context parallel", t.context_parallel, str, "")] + (
+        [("expert parallel", t.expert_parallel, str, "")] if spec.model.num_experts else [])
+    return [(name, "/".join(show(v) for v in values) + note, len(values) > 1)
+            for name, values, show, note in knobs]
 
 
 def _uneven_chunks_note(spec: Spec) -> str:

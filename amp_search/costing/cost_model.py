@@ -1516,8 +1516,14 @@ class CostModel:
         if hit is None:
             hit = self._chunk_cache[chunks] = tuple(int(x) for x in interleaved_partition(
                 self.num_layers, chunks, first=self.first_fixed, last=self.last_fixed,
-                weights=[forward_flops(x) for x in self.spec.model.layers]))
+                weights=self._layer_flops))
         return hit
+
+    @cached_property
+    def _layer_flops(self) -> list[float]:
+        """Each layer's forward FLOPs per sample (`_chunks`' weights), once per distinct
+        layer."""
+        return per_distinct_layer(self.spec.model.layers, forward_flops)
 
     def _partition(self, c: Candidate, costs: StageCosts, layout: PlacedLayout,
                    partition: str | tuple[int, ...], scores: bool) -> tuple[int, ...]:
