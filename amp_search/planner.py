@@ -521,11 +521,8 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
             early.cancel()
     context = _fork_context() if workers > 1 and len(parts) > 1 and not done else None
     if context is not None:
-        from concurrent.futures import ProcessPoolExecutor
-
         n = min(workers - 1, max(len(waves[0]), SUBSET_LAG + 1))
-        done = EarlySubsets(ProcessPoolExecutor(max_workers=n, mp_context=context), n, jobs,
-                            waves, cutoffs_of, spec.training.backend,
+        done = EarlySubsets(context, n, jobs, waves, cutoffs_of, spec.training.backend,
                             alone_first=_alone_first(spec.cluster, parts, waves)).collect()
     for k, wave in enumerate(waves):
         cutoffs = cutoffs_of(k, done)
@@ -603,7 +600,7 @@ def _wave_cutoffs(spec: Spec, parts, wave, basis) -> list[float | None]:
 
 
 def _subset_plan(spec: Spec, uses, found, cutoff_s: float | None) -> "SubsetPlan":
-    """The SubsetPlan of a part from `_best_on_forked_job`'s (best, reason, dominated)."""
+    """The SubsetPlan of a part from `_best_on_job`'s (best, reason, dominated)."""
     best, reason, dominated = found
     return SubsetPlan(uses=uses, gpus=_part_gpus(uses),
                       price_per_hour=_price_per_hour(spec, uses), best=best, reason=reason,
@@ -622,128 +619,175 @@ class EarlySubsets:
     node group alone (the first wave, which no cutoff bounds), then each later wave once the
     waves its cutoffs come from are done (`_basis_waves`; `alone_first` False: the first
     wave's cutoffs come from the whole cluster's plan, `plan_subsets` searching them after
-    it), with the cutoffs plan_subsets gives it (`cutoffs_of(k, found)`). Each
-    of the pool's `workers` forked processes takes the parts one at a time while the caller
-    searches; once its own search is done, the caller takes parts too, here (`collect`), so
-    that none waits for another while a part is left. `plan_subsets(early=...)` collects
-    them."""
+    it), with the cutoffs plan_subsets gives it (`cutoffs_of(k, found)`).
 
-    def __init__(self, pool, workers: int, jobs: list, waves: list[list[int]], cutoffs_of,
+    `workers` forked processes and, once its own search is done, the caller (`collect`)
+    each take the next part in the waves' order themselves (a shared counter), wait for the
+    parts its cutoff comes from, search it and send what they found to every other one's
+    inbox (a pipe each, drained by a thread of its reader). No process hands parts to
+    another: a part starts as soon as its searcher is free and its basis is in, not after
+    threads of the caller that compete with its own search for the interpreter have passed
+    it along (with a pool fed from the caller's threads, a worker waited 5-20 ms between
+    parts while the caller searched; 2026-11-30). The plans depend neither on which process
+    searches a part nor on which ends first. `plan_subsets(early=...)` collects them."""
+
+    def __init__(self, context, workers: int, jobs: list, waves: list[list[int]], cutoffs_of,
                  backend: str, *, alone_first: bool = True) -> None:
-        import threading
-        from collections import deque
-
         self.backend = backend
         """The backend the parts are costed for (plan_subsets ignores them for another)."""
-        self._pool, self._jobs = pool, jobs
-        self._waves, self._cutoffs_of = waves, cutoffs_of
+        self._jobs, self._waves, self._cutoffs_of = jobs, waves, cutoffs_of
         self._alone_first = alone_first
-        self._cond = threading.Condition()
-        self._wave, self._todo = 0, deque(zip(waves[0], cutoffs_of(0, {})))
+        self._order = [(k, i) for k, wave in enumerate(waves) for i in wave]
+        self._next = context.Value("i", 0)          # the next of _order to take, shared
+        # an inbox per process, 0 the caller's: (read end, write end, the writers' lock)
+        self._inboxes = [(*context.Pipe(duplex=False), context.Lock())
+                         for _ in range(workers + 1)]
         self._found: dict = {}
-        self._busy, self._stopped, self._error = 0, False, None
-        # the pool forks its `workers` processes at the first submit: here, in the caller's
-        # thread, and not from a thread that feeds them while the caller searches
-        first = self._take()
-        global _FORKED_JOBS
-        _FORKED_JOBS = jobs
-        try:
-            future = pool.submit(_best_on_forked_job, *first)
-        finally:
-            _FORKED_JOBS = []
-        # one feeding thread per worker process, each giving it one part at a time
-        self._threads = [threading.Thread(target=self._feed, args=(first, future) if k == 0
-                                          else (None, None), daemon=True)
-                         for k in range(workers)]
-        for t in self._threads:
-            t.start()
+        self._error: BaseException | None = None
+        self._stopped = self._closed = False
+        self._cond = None
+        self._processes = [context.Process(target=self._work, args=(me,), daemon=True,
+                                           name=f"amp-search-parts-{me}")
+                           for me in range(1, workers + 1)]
+        for proc in self._processes:
+            proc.start()
+        self._listen(0)         # after the forks: no child inherits the thread's state
 
     def handed_out(self) -> bool:
         """Whether every part was taken (by the workers, or by `collect`)."""
-        with self._cond:
-            return self._wave == len(self._waves) - 1 and not self._todo
+        return self._next.value >= len(self._order)
 
-    def _take(self) -> tuple[int, float | None] | None:
-        """The next (part, cutoff) to search: of the wave being handed out, or, once the
-        waves its cutoffs come from are in, of the next wave (waiting for them); None when
-        none is left."""
-        with self._cond:
+    def _listen(self, me: int) -> None:
+        """Read process `me`'s inbox into `_found` in a daemon thread: a part's plans, or
+        an error that stops every search."""
+        import threading
+
+        self._cond = threading.Condition()
+        reader = self._inboxes[me][0]
+
+        def drain() -> None:
             while True:
-                if self._stopped or self._error is not None:
-                    return None
-                if self._todo:
-                    self._busy += 1
-                    return self._todo.popleft()
-                k = self._wave + 1
-                if k >= len(self._waves):
-                    return None
-                basis = self._waves[:_basis_waves(k, self._alone_first)]
-                if any(i not in self._found for w in basis for i in w):
-                    self._cond.wait()       # its cutoffs wait for those searches
-                    continue
-                self._wave = k
-                self._todo.extend(zip(self._waves[k], self._cutoffs_of(k, dict(self._found))))
-
-    def _put(self, i: int, found=None, error: BaseException | None = None) -> None:
-        with self._cond:
-            self._busy -= 1
-            if error is not None:
-                self._error = self._error or error
-            else:
-                self._found[i] = found
-            self._cond.notify_all()
-
-    def _feed(self, task, future) -> None:
-        """One worker's share: one part at a time (none queued that the caller could take),
-        starting from `task` already submitted as `future`, if given."""
-        while True:
-            if future is not None:
                 try:
-                    found = future.result()
-                except BaseException as exc:        # noqa: BLE001 -- collect() raises it
-                    self._put(task[0], error=exc)
+                    i, found, error = reader.recv()
+                except (EOFError, OSError):
                     return
-                self._put(task[0], found)
-            task = self._take()
-            if task is None:
-                return
-            try:
-                future = self._pool.submit(_best_on_forked_job, *task)
-            except BaseException as exc:        # noqa: BLE001 -- the pool was shut down
-                self._put(task[0], error=exc)
-                return
+                with self._cond:
+                    if i is None:               # collect() is done, or cancel()
+                        return
+                    if error is not None:
+                        self._error = self._error or error
+                    else:
+                        self._found[i] = found
+                    self._cond.notify_all()
 
-    def collect(self) -> dict:
-        """{part index: (best, reason, dominated)} of every part: the caller searches those
-        left here, one at a time beside the worker, then waits for the worker's last. The
-        worker is then let go."""
-        try:
-            while (task := self._take()) is not None:
-                try:
-                    found = _best_on_job(self._jobs[task[0]], task[1])
-                except BaseException as exc:
-                    self._put(task[0], error=exc)
-                    raise
-                self._put(task[0], found)
-            for t in self._threads:
-                t.join()
+        threading.Thread(target=drain, daemon=True, name="amp-search-parts-inbox").start()
+
+    def _send(self, me: int, message) -> None:
+        """`message` to every other process's inbox."""
+        for other, (_, writer, lock) in enumerate(self._inboxes):
+            if other != me:
+                with lock:
+                    writer.send(message)
+
+    def _take(self) -> tuple[int, int] | None:
+        """The next (wave, part) of the waves' order, None when every part was taken."""
+        with self._next.get_lock():
+            p = self._next.value
+            if p >= len(self._order):
+                return None
+            self._next.value = p + 1
+        return self._order[p]
+
+    def _wait(self, parts, me: int) -> None:
+        """Until every one of `parts` is found here; raises the first error any search
+        sent, or (in the caller, `me` 0) where a worker ended without a word (killed)."""
+        with self._cond:
+            while self._error is None and not self._stopped and \
+                    any(i not in self._found for i in parts):
+                if self._cond.wait(timeout=None if me else 0.5) or me:
+                    continue
+                for proc in self._processes:
+                    if proc.exitcode not in (None, 0):
+                        self._error = RuntimeError(
+                            f"a process searching the cluster's parts ended with exit "
+                            f"code {proc.exitcode} (a negative code: killed by that signal)")
             if self._error is not None:
                 raise self._error
-            return dict(self._found)
+            if self._stopped:
+                raise RuntimeError("the parts' searches were cancelled")
+
+    def _search(self, me: int) -> None:
+        """Take, search and send parts until none is left to take."""
+        while (task := self._take()) is not None:
+            k, i = task
+            basis = self._waves[:_basis_waves(k, self._alone_first)]
+            self._wait([j for wave in basis for j in wave], me)
+            with self._cond:
+                cutoff = self._cutoffs_of(k, dict(self._found))[self._waves[k].index(i)]
+            found = _best_on_job(self._jobs[i], cutoff)
+            with self._cond:
+                self._found[i] = found
+            self._send(me, (i, found, None))
+
+    def _work(self, me: int) -> None:
+        """A forked worker's life: its inbox read, parts searched until none is left; an
+        error goes to the caller. An interrupt is the caller's to handle (cancel ends the
+        workers)."""
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._listen(me)
+        try:
+            self._search(me)
+        except BaseException as exc:        # noqa: BLE001 -- the caller raises it
+            import pickle
+
+            try:
+                pickle.dumps(exc)
+            except Exception:               # noqa: BLE001 -- sent as its text instead
+                exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+            with self._inboxes[0][2]:
+                self._inboxes[0][1].send((-1, None, exc))
+
+    def collect(self) -> dict:
+        """{part index: (best, reason, dominated)} of every part: the caller searches parts
+        here, beside the workers, until none is left to take, then waits for the workers'
+        last. The workers are then let go."""
+        try:
+            self._search(0)
+            self._wait([i for _, i in self._order], 0)
+            for proc in self._processes:
+                proc.join()
+            with self._cond:
+                return dict(self._found)
         except BaseException:
             self.cancel()
             raise
         finally:
-            self._pool.shutdown()
+            self._close()
 
     def cancel(self) -> None:
         """Stop the searches (the caller's own failed or was interrupted)."""
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
-        for proc in list(getattr(self._pool, "_processes", {}).values()):
-            proc.terminate()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for proc in self._processes:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self._processes:
+            proc.join(timeout=5)
+        self._close()
+
+    def _close(self) -> None:
+        """End the caller's inbox thread (once; a worker ended while sending may hold the
+        lock: then the thread is left, a daemon, blocked on a pipe no one writes to)."""
+        _, writer, lock = self._inboxes[0]
+        if not self._closed and lock.acquire(timeout=1):
+            try:
+                writer.send((None, None, None))
+                self._closed = True
+            finally:
+                lock.release()
 
 
 def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
@@ -766,15 +810,12 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
         else None
     if context is None:
         return None
-    from concurrent.futures import ProcessPoolExecutor
-
     jobs = _subset_jobs(spec, parts, measurements=measurements, cost_params=cost_params,
                         simulate_top=simulate_top, backend=backend, shared=shared)
     # the whole cluster's plan is not in any wave's basis (the first is each group alone)
     cutoffs_of = _cutoffs_of(spec, parts, waves, None)
     n = min(workers - 1, max(len(waves[0]), SUBSET_LAG + 1))
-    pool = ProcessPoolExecutor(max_workers=n, mp_context=context)
-    return EarlySubsets(pool, n, jobs, waves, cutoffs_of, spec.training.backend)
+    return EarlySubsets(context, n, jobs, waves, cutoffs_of, spec.training.backend)
 
 
 def groups_alone_uses(cluster: Cluster) -> tuple[tuple[tuple[int, int], ...], ...]:
@@ -815,15 +856,6 @@ def _fork_context():
     if "fork" not in multiprocessing.get_all_start_methods():
         return None
     return multiprocessing.get_context("fork")
-
-
-_FORKED_JOBS: list = []
-"""plan_subsets' jobs while its forked workers run (`_best_on_forked_job`)."""
-
-
-def _best_on_forked_job(i: int, cutoff_s: float | None) -> tuple[Estimate | None, str, bool]:
-    """`_best_on_job` on subset `i` of `plan_subsets`' jobs (`_FORKED_JOBS`)."""
-    return _best_on_job(_FORKED_JOBS[i], cutoff_s)
 
 
 def _best_on_job(job, cutoff_s: float | None) -> tuple[Estimate | None, str, bool]:

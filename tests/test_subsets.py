@@ -246,9 +246,9 @@ def test_every_wave_started_beside_the_whole_search_gives_the_same_plans():
     whole = plan(spec)
     one = plan_subsets(spec, whole, workers=1)
     assert plan_subsets(spec, whole, workers=2, early=start_subsets(spec, workers=2)) == one
-    # two worker processes, each fed one part at a time beside this one
+    # two worker processes, each taking one part at a time beside this one
     early = start_subsets(spec, workers=3)
-    assert len(early._threads) == 2 == len(early._pool._processes)
+    assert len(early._processes) == 2
     assert plan_subsets(spec, whole, workers=3, early=early) == one
     early = start_subsets(spec, workers=2)
     deadline = time.monotonic() + 120
@@ -361,7 +361,7 @@ def test_a_part_that_fails_in_this_process_stops_the_early_worker(monkeypatch):
     spec = parse_spec(_priced(h100=4, a100=4))
     whole = plan(spec)
     early = start_subsets(spec, workers=2)      # the worker takes one part of 14 at a time
-    processes = list(early._pool._processes.values())
+    processes = list(early._processes)
     assert processes
 
     def fails(job, cutoff_s):
@@ -370,16 +370,69 @@ def test_a_part_that_fails_in_this_process_stops_the_early_worker(monkeypatch):
     monkeypatch.setattr(planner, "_best_on_job", fails)
     with pytest.raises(RuntimeError, match="a part failed"):
         plan_subsets(spec, whole, workers=2, early=early)
-    # the pool's own thread may reap a worker at the same time as this join: the one that
-    # loses that race reads no exit code yet (multiprocessing's poll() gives None on ECHILD)
-    # and says alive until the winner has stored it, so ask again until then
+    for proc in processes:
+        proc.join(timeout=30)
+        assert not proc.is_alive()
+
+
+def test_a_part_that_fails_in_a_worker_reaches_the_caller(monkeypatch):
+    """A worker's error (or one that cannot be pickled, as its text) reaches the caller,
+    whose own searches succeed, and every worker ends; a worker killed is named; cancel
+    ends them too."""
+    import os
+    import threading
+
+    import amp_search.planner as planner
+
+    spec = parse_spec(_priced(h100=4, a100=4))
+    whole = plan(spec)
+    caller, search = os.getpid(), planner._best_on_job
+
+    class Local(Exception):             # a local class: it cannot be pickled
+        pass
+
+    for error, raised, text in ((ValueError("a worker's part failed"), ValueError,
+                                 "a worker's part failed"),
+                                (Local("not picklable"), RuntimeError,
+                                 "Local: not picklable")):
+        def fails(job, cutoff_s, error=error):
+            if os.getpid() != caller:
+                raise error
+            return search(job, cutoff_s)
+
+        monkeypatch.setattr(planner, "_best_on_job", fails)    # the workers inherit it
+        early = start_subsets(spec, workers=2)
+        with pytest.raises(raised, match=text):
+            plan_subsets(spec, whole, workers=2, early=early)
+        for proc in early._processes:
+            proc.join(timeout=30)
+            assert not proc.is_alive()
+    # a worker killed in the middle of a part: the caller says so instead of waiting
+    import signal
     import time
 
-    deadline = time.monotonic() + 30
-    for proc in processes:
-        while proc.is_alive() and time.monotonic() < deadline:
-            proc.join(timeout=0.1)
-        assert not proc.is_alive()
+    def hangs(job, cutoff_s):
+        if os.getpid() != caller:
+            time.sleep(120)
+        return search(job, cutoff_s)
+
+    monkeypatch.setattr(planner, "_best_on_job", hangs)
+    early = start_subsets(spec, workers=2)
+    while early._next.value == 0:           # the worker took its first part
+        time.sleep(0.01)
+    os.kill(early._processes[0].pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="ended with exit code -9"):
+        plan_subsets(spec, whole, workers=2, early=early)
+    monkeypatch.setattr(planner, "_best_on_job", search)
+    before = threading.active_count()
+    early = start_subsets(spec, workers=3)
+    early.cancel()
+    assert not any(proc.is_alive() for proc in early._processes)
+    for _ in range(100):                    # the caller's inbox thread ends
+        if threading.active_count() <= before:
+            break
+        threading.Event().wait(0.05)
+    assert threading.active_count() <= before
 
 
 def test_parts_are_searched_smallest_first_the_fastest_of_equals_first_each_from_all_before():
