@@ -65,16 +65,27 @@ def json_text(data, indent: str = "") -> str:
     line: what json.dumps(data, indent=2) holds, several times faster (json's C encoder
     writes those lines; with indent it writes nothing) and a placement of 2,048 devices on
     one line instead of 2,048."""
-    if isinstance(data, dict) and any(isinstance(v, (dict, list, tuple)) for v in data.values()):
-        if not all(isinstance(k, str) for k in data):
+    if isinstance(data, dict):
+        if not any(isinstance(v, _CONTAINERS) for v in data.values()):
+            return _ENCODER.encode(data)
+        if not all(type(k) is str for k in data):
             return json.dumps(data, indent=2)       # json's own key conversion
         inner = indent + "  "
-        return "{\n" + ",\n".join(f"{inner}{json.dumps(k)}: {json_text(v, inner)}"
-                                   for k, v in data.items()) + f"\n{indent}}}"
+        return "{\n" + ",\n".join(
+            f"{inner}{_KEY(k)}: " + (json_text(v, inner) if isinstance(v, _CONTAINERS)
+                                     else _ENCODER.encode(v))
+            for k, v in data.items()) + f"\n{indent}}}"
     if isinstance(data, (list, tuple)) and any(isinstance(v, dict) for v in data):
         inner = indent + "  "
         return "[\n" + ",\n".join(inner + json_text(v, inner) for v in data) + f"\n{indent}]"
-    return json.dumps(data)
+    return _ENCODER.encode(data)
+
+
+_CONTAINERS = (dict, list, tuple)
+_ENCODER = json.JSONEncoder()
+"""json.dumps' defaults, without its per-call argument checks."""
+_KEY = json.encoder.encode_basestring_ascii
+"""A key as json.dumps writes it (ASCII, escaped)."""
 
 
 # ----------------------------------------------------------------------------- strategies
