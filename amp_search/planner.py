@@ -941,9 +941,13 @@ def ranking_key(e: Estimate) -> tuple[float, int, str]:
 
 
 def rank(estimates: list[Estimate], pruned: Counter) -> list[Estimate]:
-    """Sort by `ranking_key` and keep one strategy per layout (pp, dp, tmp, cp, mbs): the others
-    differ only in ZeRO stage or recomputation, which trade memory for time, and a faster
-    setting of them fits; they are counted under SLOWER_KNOBS_SAME_LAYOUT."""
+    """Sort by `ranking_key` and keep one strategy per layout (pp, dp, tmp, cp, mbs;
+    `layout_of`): the others differ only in ZeRO stage, recomputation, sequence parallelism,
+    virtual stages or expert parallelism, which trade memory for time, and a faster setting
+    of them fits; they are counted under SLOWER_KNOBS_SAME_LAYOUT. (Each ep a layout of its
+    own was tried on 2026-11-30: on the 14 GPT-OSS 120B recipes of benchmarks/
+    megatron_bridge.py the plans held 4-5x as many rows, their first ones the same layout's
+    ep 4-64 tied within the model's error, and no more recipes came into the top 10.)"""
     seen, out = set(), []
     for e in sorted(estimates, key=ranking_key):
         layout = layout_of(e.strategy)

@@ -139,9 +139,9 @@ class Reason(str, Enum):
     costs any strategy)."""
     OUT_OF_MEMORY = "out_of_memory"
     SLOWER_KNOBS_SAME_LAYOUT = "slower_knobs_same_layout"
-    """Same (pp, dp, tmp, mbs) as a faster ranked strategy that fits: only its ZeRO stage,
-    recomputation, sequence parallelism or virtual stages differ, which trade memory for time;
-    the faster one is kept."""
+    """Same (pp, dp, tmp, cp, mbs) as a faster ranked strategy that fits: only its ZeRO stage,
+    recomputation, sequence parallelism, virtual stages or expert parallelism differ, which
+    trade memory for time; the faster one is kept."""
     SLOWER_THAN_KEPT = "slower_than_the_kept_plans"
     """Not among the plans `plan` keeps (its best `keep` layouts and those within
     `keep_within` of the best): costed and slower, or never costed because a lower bound on
