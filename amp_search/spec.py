@@ -723,6 +723,28 @@ GPU_MODEL_KEYS = ("gemm_efficiency", "kernel_floor", "host_time", "flash_attenti
 catalog's `defaults:`."""
 
 
+def _catalog_matches(name, catalog) -> list[str]:
+    """The catalog's GPU names that `name` (as a user may write one: 'B200', 'h100', 'GB200
+    NVL72') may mean: those it starts or that start it, case, spaces and dashes aside, or
+    else those its first word starts; exact names only count (a hint, never taken for the
+    user)."""
+    import re
+
+    if not isinstance(name, str):
+        return []
+
+    def norm(x: str) -> str:
+        return "".join(ch for ch in x.lower() if ch.isalnum())
+
+    words = re.findall(r"[a-z0-9]+", name.lower())
+    for key in (norm(name), words[0] if words else ""):
+        if key:
+            hits = [c for c in catalog if norm(c).startswith(key) or key.startswith(norm(c))]
+            if hits:
+                return hits
+    return []
+
+
 def _gpu(entry, name: str, path: str, defaults: dict | None = None,
          links: dict[str, LinkKind] | None = None) -> GPU:
     """A GPU from a catalog entry or an inline mapping; `name` is the default name; the
@@ -884,9 +906,11 @@ def _cluster(data, catalog: dict[str, GPU]) -> Cluster:
         elif isinstance(gpu_v, str) and gpu_v in catalog:
             gpu = catalog[gpu_v]
         else:
-            raise SpecError(n.at("gpu"), f"unknown GPU {show_value(gpu_v)}; known: {', '.join(catalog)} "
-                                         f"(or define one inline: {{name, memory, "
-                                         f"memory_bandwidth, peak_tflops}})")
+            near = _catalog_matches(gpu_v, catalog)
+            hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
+            raise SpecError(n.at("gpu"), f"unknown GPU {show_value(gpu_v)}; {hint}known: "
+                                         f"{', '.join(catalog)} (or define one inline: "
+                                         f"{{name, memory, memory_bandwidth, peak_tflops}})")
         count = n.int("count", 1, hi=MAX_DEVICES)
         per = n.int("gpus_per_node", required=True, hi=MAX_GPUS_PER_NODE)
         total += count * per

@@ -72,6 +72,13 @@ _DELETE = object()
 
 BAD = [
     ("cluster.nodes.0.gpu", "A999", "cluster.nodes[0].gpu: unknown GPU 'A999'; known:"),
+    # a name as users write it: the catalog's names it may mean, never taken for it
+    ("cluster.nodes.0.gpu", "B200", "cluster.nodes[0].gpu: unknown GPU 'B200'; did you mean "
+                                    "'B200-180GB'? known:"),
+    ("cluster.nodes.0.gpu", "a100", "cluster.nodes[0].gpu: unknown GPU 'a100'; did you mean "
+                                    "'A100-40GB' or 'A100-80GB'? known:"),
+    ("cluster.nodes.0.gpu", "GB200 NVL72", "unknown GPU 'GB200 NVL72'; did you mean "
+                                           "'GB200-186GB'? known:"),
     ("cluster.nodes.0.inter_node_bandwidth", 10, "cluster.nodes[0].inter_node_bandwidth: a bare"),
     ("cluster.nodes.0.count", "three", "cluster.nodes[0].count: expected an integer"),
     ("cluster.nodes.0.colour", "red", "cluster.nodes[0].colour: unknown key; valid keys"),
