@@ -1328,19 +1328,34 @@ def _as_dict(obj, memo: dict):
     """dataclasses.asdict, with each record converted once (`memo` by id): a cluster of 16,384
     devices names the same GPU record 16,384 times. The dicts of a repeated record are shared,
     so a caller that edits them edits every occurrence alike."""
-    import dataclasses
+    kind = type(obj)
+    if kind in _PLAIN:
+        return obj
+    if kind is list or kind is tuple:
+        return kind(_as_dict(x, memo) for x in obj)
+    if kind is dict:
+        return {k: _as_dict(v, memo) for k, v in obj.items()}
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        import dataclasses
 
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in dataclasses.fields(kind)) \
+            if dataclasses.is_dataclass(kind) else ()
+    if names:
         hit = memo.get(id(obj))
         if hit is None:
-            hit = memo[id(obj)] = {f.name: _as_dict(getattr(obj, f.name), memo)
-                                   for f in dataclasses.fields(obj)}
+            hit = memo[id(obj)] = {name: _as_dict(getattr(obj, name), memo) for name in names}
         return hit
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_as_dict(x, memo) for x in obj)
+        return kind(_as_dict(x, memo) for x in obj)
     if isinstance(obj, dict):
         return {k: _as_dict(v, memo) for k, v in obj.items()}
     return obj
+
+
+_PLAIN = frozenset((int, float, str, bool, type(None)))
+_FIELD_NAMES: dict = {}
+"""A dataclass's field names, by class (`_as_dict`); () for any other class."""
 
 
 def spec_fingerprint(spec: Spec) -> dict:
@@ -1430,9 +1445,30 @@ def spec_fingerprint(spec: Spec) -> dict:
             del section["context_parallel"]      # as before the key existed
         if name == "training" and section["expert_parallel"] == (1,):
             del section["expert_parallel"]       # (a model without experts)
-        text = json.dumps(section, sort_keys=True, default=str)
-        out[name] = hashlib.sha256(text.encode()).hexdigest()
+        out[name] = hashlib.sha256(_section_json(section, name).encode()).hexdigest()
     return out
+
+
+def _section_json(section: dict, name: str) -> str:
+    """json.dumps(section, sort_keys=True, default=str), byte for byte; the cluster's GPU
+    records, which every device repeats (the same dict, `_as_dict`), are written once each
+    and put in place of a stand-in (a cluster of 16,384 devices: 270 ms of json.dumps
+    before, 2026-11-30). The section is spent: its items hold the stand-ins after."""
+    if name != "cluster":
+        return json.dumps(section, sort_keys=True, default=str)
+    texts: dict[int, tuple[str, str]] = {}
+    for part in ("node_groups", "nodes", "devices"):
+        for item in section[part]:
+            gpu = item["gpu"]
+            if isinstance(gpu, dict):
+                if id(gpu) not in texts:
+                    texts[id(gpu)] = (f"\x00amp-search-gpu-{len(texts)}",
+                                      json.dumps(gpu, sort_keys=True, default=str))
+                item["gpu"] = texts[id(gpu)][0]
+    text = json.dumps(section, sort_keys=True, default=str)
+    for stand_in, gpu_text in texts.values():
+        text = text.replace(json.dumps(stand_in), gpu_text)
+    return text
 
 
 def load_spec(path: str | os.PathLike) -> Spec:

@@ -416,3 +416,25 @@ def test_numba_cache_falls_back_without_a_locator(monkeypatch):
     assert "\n" not in str(caught[0].message)
     values = np.arange(6.0).reshape(2, 3)
     assert np.array_equal(prefix(values), partition_kernels._prefix(values))
+
+
+def test_the_cluster_fingerprint_is_json_dumps_byte_for_byte():
+    """spec_fingerprint writes each GPU record once and puts it in place of its stand-ins
+    (`_section_json`): the text hashed is json.dumps' own, so plans made before still match,
+    on a mixed cluster with a catalog GPU and one defined inline."""
+    import json
+
+    from amp_search.spec import _as_dict, _section_json
+
+    spec = parse_spec({"cluster": {"nodes": [
+        {"gpu": "V100-16GB", "count": 3, "gpus_per_node": 4, "intra_node_bandwidth": "150 GB/s",
+         "inter_node_bandwidth": "100 Gbps"},
+        {"gpu": {"name": "my-card", "memory": "24 GB", "memory_bandwidth": "900 GB/s",
+                 "peak_tflops": {"fp32": 20, "fp16": 80}}, "count": 2, "gpus_per_node": 2,
+         "intra_node_bandwidth": "32 GB/s", "inter_node_bandwidth": "25 Gbps"}]},
+        "model": {"preset": "gpt", "num_layers": 4, "hidden_size": 256,
+                  "num_attention_heads": 4, "seq_length": 128, "vocab_size": 1000},
+        "training": {"global_batch_size": 8}})
+    for name in ("cluster", "model", "training"):
+        plain = json.dumps(_as_dict(getattr(spec, name), {}), sort_keys=True, default=str)
+        assert _section_json(_as_dict(getattr(spec, name), {}), name) == plain
