@@ -85,6 +85,9 @@ PLACEMENT_CHARS = 56
 
 def stage_devices(spec: Spec, stage) -> str:
     """What one pipeline stage holds: '8 H100-80GB', or '4 T4-16GB + 4 V100-16GB'."""
+    groups = spec.cluster.node_groups
+    if all(g.gpu.name == groups[0].gpu.name for g in groups):     # one type: no device looked up
+        return f"{sum(len(replica) for replica in stage)} {groups[0].gpu.name}"
     devices = spec.cluster.devices
     counts: dict[str, int] = {}
     for replica in stage:
