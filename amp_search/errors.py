@@ -23,6 +23,9 @@ class SpecError(AmpSearchError):
         self.message = message
         super().__init__(f"{path}: {message}" if path else message)
 
+    def __reduce__(self):       # pickled whole (a forked search sends it to its caller)
+        return type(self), (self.path, self.message), self.__dict__
+
 
 class UsageError(AmpSearchError):
     """A command-line argument or input file is wrong."""
@@ -36,3 +39,6 @@ class Infeasible(UsageError):
         self.reason = reason
         self.detail = detail
         super().__init__(f"{reason}: {detail}" if detail else reason)
+
+    def __reduce__(self):
+        return type(self), (self.reason, self.detail), self.__dict__

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import replace
 import itertools
 
@@ -614,6 +615,27 @@ def _subset_jobs(spec: Spec, parts, *, shared: SharedRows | None = None,
     return [(spec, uses, kw) for uses in parts]
 
 
+class _CallerGone(Exception):
+    """In a worker of EarlySubsets: the process that started it is gone."""
+
+
+def _sendable(exc: BaseException) -> BaseException:
+    """`exc` as a worker of EarlySubsets sends it to the caller: with the worker's traceback
+    as a note; where it does not survive pickling, an AmpSearchError or RuntimeError of its
+    text."""
+    import pickle
+    import traceback
+
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    try:
+        exc.add_note(f"(raised in a process searching a part of the cluster)\n{text}")
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:           # noqa: BLE001 -- sent as its text instead
+        kind = AmpSearchError if isinstance(exc, AmpSearchError) else RuntimeError
+        return kind(f"{type(exc).__name__}: {exc}")
+
+
 class EarlySubsets:
     """`plan_subsets`' waves searched beside the caller's search of the whole cluster: each
     node group alone (the first wave, which no cutoff bounds), then each later wave once the
@@ -633,6 +655,8 @@ class EarlySubsets:
 
     def __init__(self, context, workers: int, jobs: list, waves: list[list[int]], cutoffs_of,
                  backend: str, *, alone_first: bool = True) -> None:
+        import os
+
         self.backend = backend
         """The backend the parts are costed for (plan_subsets ignores them for another)."""
         self._jobs, self._waves, self._cutoffs_of = jobs, waves, cutoffs_of
@@ -644,22 +668,33 @@ class EarlySubsets:
                          for _ in range(workers + 1)]
         self._found: dict = {}
         self._error: BaseException | None = None
-        self._stopped = self._closed = False
+        self._stopped = False
         self._cond = None
+        self._caller = os.getpid()
         self._processes = [context.Process(target=self._work, args=(me,), daemon=True,
                                            name=f"amp-search-parts-{me}")
                            for me in range(1, workers + 1)]
-        for proc in self._processes:
-            proc.start()
-        self._listen(0)         # after the forks: no child inherits the thread's state
+        try:
+            for proc in self._processes:
+                proc.start()
+            # each inbox's read end in its reader alone, and none of its own write end here:
+            # a send to a process that is gone fails (EPIPE) instead of filling a pipe no one
+            # reads, and this process's inbox ends (EOF) once every worker has
+            for reader, _, _ in self._inboxes[1:]:
+                reader.close()
+            self._inboxes[0][1].close()
+            self._listen(0)     # after the forks: no child inherits the thread's state
+        except BaseException:
+            self.cancel()
+            raise
 
     def handed_out(self) -> bool:
         """Whether every part was taken (by the workers, or by `collect`)."""
         return self._next.value >= len(self._order)
 
     def _listen(self, me: int) -> None:
-        """Read process `me`'s inbox into `_found` in a daemon thread: a part's plans, or
-        an error that stops every search."""
+        """Read process `me`'s inbox into `_found` in a daemon thread, to its end: a part's
+        plans, or an error that stops every search (one that cannot be read included)."""
         import threading
 
         self._cond = threading.Condition()
@@ -671,9 +706,10 @@ class EarlySubsets:
                     i, found, error = reader.recv()
                 except (EOFError, OSError):
                     return
+                except Exception as exc:        # noqa: BLE001 -- a message not unpickled
+                    i, found, error = -1, None, RuntimeError(
+                        f"a part's result could not be read: {type(exc).__name__}: {exc}")
                 with self._cond:
-                    if i is None:               # collect() is done, or cancel()
-                        return
                     if error is not None:
                         self._error = self._error or error
                     else:
@@ -682,16 +718,48 @@ class EarlySubsets:
 
         threading.Thread(target=drain, daemon=True, name="amp-search-parts-inbox").start()
 
-    def _send(self, me: int, message) -> None:
-        """`message` to every other process's inbox."""
-        for other, (_, writer, lock) in enumerate(self._inboxes):
-            if other != me:
-                with lock:
-                    writer.send(message)
+    def _alive(self, me: int) -> None:
+        """Raise where the other side is gone: in the caller (`me` 0), a worker that ended
+        without a word (killed); in a worker, the caller."""
+        import os
 
-    def _take(self) -> tuple[int, int] | None:
+        if me:
+            if os.getppid() != self._caller:
+                raise _CallerGone
+            return
+        for proc in self._processes:
+            if proc.exitcode not in (None, 0):
+                raise RuntimeError(
+                    f"a process searching the cluster's parts ended with exit code "
+                    f"{proc.exitcode} (a negative code: killed by that signal)")
+
+    @contextmanager
+    def _locked(self, lock, me: int):
+        """`lock` held, asking every half second whether the other side is gone (a process
+        killed while it held the lock never lets it go)."""
+        while not lock.acquire(timeout=0.5):
+            self._alive(me)
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _send(self, me: int, message) -> None:
+        """`message` to every other process's inbox; a worker that is gone (it took its last
+        part) is skipped, and the caller gone ends a worker (_CallerGone)."""
+        for other, (_, writer, lock) in enumerate(self._inboxes):
+            if other == me:
+                continue
+            with self._locked(lock, me):
+                try:
+                    writer.send(message)
+                except (BrokenPipeError, ConnectionResetError):
+                    if other == 0:
+                        raise _CallerGone from None
+
+    def _take(self, me: int) -> tuple[int, int] | None:
         """The next (wave, part) of the waves' order, None when every part was taken."""
-        with self._next.get_lock():
+        with self._locked(self._next.get_lock(), me):
             p = self._next.value
             if p >= len(self._order):
                 return None
@@ -700,17 +768,15 @@ class EarlySubsets:
 
     def _wait(self, parts, me: int) -> None:
         """Until every one of `parts` is found here; raises the first error any search
-        sent, or (in the caller, `me` 0) where a worker ended without a word (killed)."""
+        sent, or where the other side is gone (`_alive`)."""
         with self._cond:
             while self._error is None and not self._stopped and \
                     any(i not in self._found for i in parts):
-                if self._cond.wait(timeout=None if me else 0.5) or me:
-                    continue
-                for proc in self._processes:
-                    if proc.exitcode not in (None, 0):
-                        self._error = RuntimeError(
-                            f"a process searching the cluster's parts ended with exit "
-                            f"code {proc.exitcode} (a negative code: killed by that signal)")
+                if not self._cond.wait(timeout=0.5):
+                    try:
+                        self._alive(me)
+                    except RuntimeError as exc:
+                        self._error = exc
             if self._error is not None:
                 raise self._error
             if self._stopped:
@@ -718,7 +784,7 @@ class EarlySubsets:
 
     def _search(self, me: int) -> None:
         """Take, search and send parts until none is left to take."""
-        while (task := self._take()) is not None:
+        while (task := self._take(me)) is not None:
             k, i = task
             basis = self._waves[:_basis_waves(k, self._alone_first)]
             self._wait([j for wave in basis for j in wave], me)
@@ -730,24 +796,29 @@ class EarlySubsets:
             self._send(me, (i, found, None))
 
     def _work(self, me: int) -> None:
-        """A forked worker's life: its inbox read, parts searched until none is left; an
-        error goes to the caller. An interrupt is the caller's to handle (cancel ends the
-        workers)."""
+        """A forked worker's life: parts searched until none is left (its inbox read), an
+        error sent to the caller, with its traceback as a note. An interrupt is the
+        caller's to handle (cancel ends the workers); the caller gone, it ends."""
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for other, (reader, writer, _) in enumerate(self._inboxes):
+            if other != me:
+                reader.close()      # the caller's, and the other workers'
+            else:
+                writer.close()      # its inbox ends once every other process is gone
         self._listen(me)
         try:
             self._search(me)
+        except _CallerGone:
+            return
         except BaseException as exc:        # noqa: BLE001 -- the caller raises it
-            import pickle
-
+            if exc is self._error:
+                return                      # another process's, which it sent
             try:
-                pickle.dumps(exc)
-            except Exception:               # noqa: BLE001 -- sent as its text instead
-                exc = RuntimeError(f"{type(exc).__name__}: {exc}")
-            with self._inboxes[0][2]:
-                self._inboxes[0][1].send((-1, None, exc))
+                self._send(me, (-1, None, _sendable(exc)))
+            except (_CallerGone, OSError):
+                pass
 
     def collect(self) -> dict:
         """{part index: (best, reason, dominated)} of every part: the caller searches parts
@@ -757,37 +828,38 @@ class EarlySubsets:
             self._search(0)
             self._wait([i for _, i in self._order], 0)
             for proc in self._processes:
-                proc.join()
+                while proc.exitcode is None:
+                    proc.join(timeout=0.5)
+                    if proc.exitcode is None:
+                        self._alive(0)
             with self._cond:
                 return dict(self._found)
         except BaseException:
             self.cancel()
             raise
         finally:
-            self._close()
+            self._close_ends()
 
     def cancel(self) -> None:
         """Stop the searches (the caller's own failed or was interrupted)."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
+        if self._cond is not None:
+            with self._cond:
+                self._stopped = True
+                self._cond.notify_all()
         for proc in self._processes:
             if proc.is_alive():
                 proc.terminate()
         for proc in self._processes:
-            proc.join(timeout=5)
-        self._close()
+            if proc.pid is not None:
+                proc.join(timeout=5)
+        self._close_ends()
 
-    def _close(self) -> None:
-        """End the caller's inbox thread (once; a worker ended while sending may hold the
-        lock: then the thread is left, a daemon, blocked on a pipe no one writes to)."""
-        _, writer, lock = self._inboxes[0]
-        if not self._closed and lock.acquire(timeout=1):
-            try:
-                writer.send((None, None, None))
-                self._closed = True
-            finally:
-                lock.release()
+    def _close_ends(self) -> None:
+        """Close the pipe ends this process holds; its inbox thread reads to the end of its
+        inbox (every worker gone) and stops."""
+        for k, (reader, writer, _) in enumerate(self._inboxes):
+            if k:
+                writer.close()
 
 
 def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,

@@ -391,10 +391,19 @@ def test_a_part_that_fails_in_a_worker_reaches_the_caller(monkeypatch):
     class Local(Exception):             # a local class: it cannot be pickled
         pass
 
+    class Unreadable(Exception):        # pickled, but its loads fails (a required argument)
+        def __init__(self, a, b):
+            super().__init__(f"{a} {b}")
+
+    from amp_search.errors import SpecError
+
     for error, raised, text in ((ValueError("a worker's part failed"), ValueError,
                                  "a worker's part failed"),
                                 (Local("not picklable"), RuntimeError,
-                                 "Local: not picklable")):
+                                 "Local: not picklable"),
+                                (SpecError("cluster.nodes[0]", "bad"), SpecError,
+                                 "cluster.nodes\\[0\\]: bad"),
+                                (Unreadable("x", "y"), RuntimeError, "Unreadable: x y")):
         def fails(job, cutoff_s, error=error):
             if os.getpid() != caller:
                 raise error
@@ -402,8 +411,10 @@ def test_a_part_that_fails_in_a_worker_reaches_the_caller(monkeypatch):
 
         monkeypatch.setattr(planner, "_best_on_job", fails)    # the workers inherit it
         early = start_subsets(spec, workers=2)
-        with pytest.raises(raised, match=text):
+        with pytest.raises(raised, match=text) as info:
             plan_subsets(spec, whole, workers=2, early=early)
+        if raised is not RuntimeError:      # with the worker's traceback as a note
+            assert "raised in a process searching a part" in info.value.__notes__[-1]
         for proc in early._processes:
             proc.join(timeout=30)
             assert not proc.is_alive()
@@ -433,6 +444,33 @@ def test_a_part_that_fails_in_a_worker_reaches_the_caller(monkeypatch):
             break
         threading.Event().wait(0.05)
     assert threading.active_count() <= before
+
+
+def test_large_results_reach_every_process_after_the_workers_end(monkeypatch):
+    """Each part's result goes to every process; a worker that took its last part and ended
+    reads no more, and large results to it (a 2048-GPU part's is 60 KB, more than a pipe
+    holds) are skipped instead of blocking the sender, with 1 and 2 workers."""
+    import os
+    import time
+
+    import amp_search.planner as planner
+
+    spec = parse_spec(_priced(h100=4, a100=4))
+    whole = plan(spec)
+    one = plan_subsets(spec, whole, workers=1)
+    caller, search = os.getpid(), planner._best_on_job
+
+    def padded(job, cutoff_s):
+        best, reason, dominated = search(job, cutoff_s)
+        if os.getpid() == caller:
+            time.sleep(0.3)         # the caller's parts end last, after the workers'
+        return best, reason + " " * 70_000, dominated
+
+    monkeypatch.setattr(planner, "_best_on_job", padded)
+    for workers in (2, 3):
+        got = plan_subsets(spec, whole, workers=workers,
+                           early=start_subsets(spec, workers=workers))
+        assert [p.best for p in got] == [p.best for p in one]
 
 
 def test_parts_are_searched_smallest_first_the_fastest_of_equals_first_each_from_all_before():
