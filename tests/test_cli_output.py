@@ -465,3 +465,24 @@ def test_network_note_only_where_the_node_may_have_been_written_as_one_nic(
     assert main(["plan", str(spec), "--top-k", "1", "--no-progress"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert ("if that is one NIC's, write the node's" in out) == noted
+
+
+def test_an_output_file_in_no_folder_is_refused_before_the_search(capsys, tmp_path):
+    """--json, --png and --pareto-png name a file in a folder that exists (or '-'), checked
+    before any work: a long search is not lost to a typo at the end; --max-amplification is
+    at least 1 (the most GPU-efficient plan's)."""
+    missing = str(tmp_path / "no-such-folder" / "plan.json")
+    for argv in (["plan", "configs/cpu-tiny.yaml", "--json", missing],
+                 ["plan", "configs/cpu-tiny.yaml", "--json", str(tmp_path)],
+                 ["plan", "configs/cpu-tiny.yaml", "--pareto-png", missing],
+                 ["estimate", "configs/cpu-tiny.yaml", "--pp", "1", "--dp", "4", "--tmp", "1",
+                  "--mbs", "1", "--json", missing],
+                 ["results", "configs/cpu-tiny.yaml", "--png", missing],
+                 ["plan", "configs/cpu-tiny.yaml", "--max-amplification", "0.5"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert err.strip().splitlines()[-1].startswith("amp-search")    # after the usage
+        assert ("cannot write" in err) != ("at least 1" in err)

@@ -46,6 +46,21 @@ def positive_float(text: str) -> float:
     return v
 
 
+def output_file(text: str) -> Path:
+    """An output file's argument: '-' (standard output) or a path whose folder exists,
+    checked before any work is done, so that a long search is not lost to a typo in the
+    folder at the end."""
+    path = Path(text)
+    if text == "-":
+        return path
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: it is a folder")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: there is no folder "
+                                         f"{path.parent}")
+    return path
+
+
 def write_json(path: Path, data) -> None:
     """Write `data` as JSON to `path`, or to standard output when `path` is '-'
     (`json_text`)."""

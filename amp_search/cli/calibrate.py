@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..errors import UsageError
-from ._args import add_profiles_argument, measurements_for, profiles_root, write_json
+from ._args import add_profiles_argument, measurements_for, output_file, profiles_root, write_json
 
 
 def add_parser(subparsers) -> None:
@@ -28,7 +28,7 @@ def add_parser(subparsers) -> None:
                    help="fit on every other trial and score on the rest (the stored "
                         "calibration is then fitted on half)")
     p.add_argument("--dry-run", action="store_true", help="fit and report; store nothing")
-    p.add_argument("--json", type=Path, nargs="?", const=Path("-"), default=None,
+    p.add_argument("--json", type=output_file, nargs="?", const=Path("-"), default=None,
                    metavar="FILE",
                    help="also write the calibration as JSON to FILE; '-' (or no FILE): "
                         "only the JSON, on standard output")

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..spec import load_spec
 from ._args import (STRATEGY_DEGREES, add_profiles_argument, add_strategy_choice,
-                    add_strategy_knobs, measurements_for, nonnegative_int, port,
+                    add_strategy_knobs, measurements_for, nonnegative_int, output_file, port,
                     positive_float, positive_int, write_json)
 
 
@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
                    help="leading iterations left out of the mean (default 20)")
     p.add_argument("--master-port", type=port, default=DEFAULT_MASTER_PORT, metavar="PORT",
                    help=f"rendezvous port (default {DEFAULT_MASTER_PORT})")
-    p.add_argument("--json", type=Path, metavar="FILE",
+    p.add_argument("--json", type=output_file, metavar="FILE",
                    help="also write a summary as JSON ('-': only the JSON, on stdout)")
     p.add_argument("--max-search-seconds", type=positive_float, default=120.0, metavar="S",
                    help="with --rank: refuse a search estimated to take longer (default 120)")

@@ -7,8 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
-from ._args import (add_profiles_argument, port, layers_per_stage, measurements_for,
-                    nonnegative_int, positive_float, positive_int, render_table, write_json)
+from ._args import (add_profiles_argument, layers_per_stage, measurements_for, nonnegative_int,
+                    output_file, port, positive_float, positive_int, render_table, write_json)
 from ..errors import UsageError
 from ..machine_load import BUSY_CORES, busy_note
 from ..records import Estimate, Strategy
@@ -77,7 +77,7 @@ def add_parser(sub) -> None:
     p.add_argument("-v", "--verbose", action="store_true",
                    help="with --dry-run: also print every command (one per node for "
                         "torchrun) and the full text of every file a trial would write")
-    p.add_argument("--json", type=Path, metavar="FILE",
+    p.add_argument("--json", type=output_file, metavar="FILE",
                    help="also write the trials and the best strategy as JSON ('-': stdout)")
     p.add_argument("--no-speed-probe", action="store_true",
                    help="do not time the profile's speed-probe layer before each trial (a few "

@@ -9,7 +9,7 @@ from itertools import groupby
 from pathlib import Path
 
 from ._args import (DEGREE_FLAGS, STRATEGY_DEGREES, add_profiles_argument, add_strategy_knobs,
-                    layers_per_stage, measurements_for, narrow_table, nonnegative_int,
+                    layers_per_stage, measurements_for, narrow_table, nonnegative_int, output_file,
                     positive_float, positive_int, render_table, write_json)
 from cost_models.layers import model_flops_per_sample
 
@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
                         "placement, layers/stage, ... until it fits the terminal)")
     p.add_argument("--top-k", type=positive_int, default=10, metavar="K",
                    help="rows to show and write (default 10)")
-    p.add_argument("--json", type=Path, metavar="FILE",
+    p.add_argument("--json", type=output_file, metavar="FILE",
                    help="also write the result as JSON to FILE; '-': only the JSON, on "
                         "standard output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -68,7 +68,7 @@ def add_parser(sub) -> None:
     e.add_argument("--backend", choices=("deepspeed", "megatron"), default=None,
                    help="the framework to cost it for, where the spec names no "
                         "training.backend (default: deepspeed)")
-    e.add_argument("--json", type=Path, metavar="FILE",
+    e.add_argument("--json", type=output_file, metavar="FILE",
                    help="also write the estimate as JSON to FILE; '-': only the JSON, on "
                         "standard output")
     add_profiles_argument(e)

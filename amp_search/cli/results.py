@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
-from ._args import layers_per_stage, render_table
+from ._args import layers_per_stage, output_file, render_table
 from ..spec import load_spec
 
 
@@ -25,9 +25,9 @@ def add_parser(sub) -> None:
                    help="where the launches put their trial folders (default: runs/ beside "
                         "the spec): measured trials there that the database lacks are "
                         "recorded")
-    p.add_argument("--json", type=Path, metavar="FILE",
+    p.add_argument("--json", type=output_file, metavar="FILE",
                    help="also write the rows as JSON ('-': stdout)")
-    p.add_argument("--png", type=Path, metavar="FILE.png",
+    p.add_argument("--png", type=output_file, metavar="FILE.png",
                    help="draw the finished trials' predicted against measured time, with "
                         "the diagonal (needs matplotlib)")
     p.set_defaults(func=run)

@@ -8,7 +8,7 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from ._args import narrow_table, positive_float, positive_int
+from ._args import narrow_table, output_file, positive_float, positive_int
 from ..errors import UsageError
 from ..records import SubsetPlan
 from ..spec import Spec
@@ -31,13 +31,23 @@ def add_arguments(p) -> None:
     p.add_argument("--budget", type=positive_float, metavar="AMOUNT",
                    help="only plans whose --iterations cost at most this (in the currency of "
                         "the spec's price_per_hour)")
-    p.add_argument("--max-amplification", type=positive_float, metavar="K",
+    p.add_argument("--max-amplification", type=amplification, metavar="K",
                    help="only plans that use at most K times the GPU-seconds per sample of the "
                         "most GPU-efficient one (DeepPool's amplification limit)")
-    p.add_argument("--pareto-png", type=Path, metavar="FILE",
+    p.add_argument("--pareto-png", type=output_file, metavar="FILE",
                    help="draw time per iteration against cost (or GPU-seconds per sample) of "
                         "every subset, the front and the chosen plan, as a PNG (needs "
                         "matplotlib)")
+
+
+def amplification(text: str) -> float:
+    """--max-amplification: a number of at least 1 (the most GPU-efficient plan has 1)."""
+    v = positive_float(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of at least 1 (1: the most GPU-efficient plans only; a plan's "
+            f"amplification is its GPU-seconds per sample over the least), got {text!r}")
+    return v
 
 
 def wanted(spec: Spec, args) -> bool:
