@@ -96,7 +96,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable
 
@@ -587,6 +587,19 @@ FEASIBILITY_RULES: tuple[Rule, ...] = LAYOUT_RULES + (mbs_divides_replica_batch,
 EQUIVALENCE_RULES: tuple[Rule, ...] = (zero_without_data_parallel, selective_needs_scores)
 """Points that repeat (or are beaten by) another point's plan (the search keeps one)."""
 
+# FEASIBILITY_RULES after LAYOUT_RULES, cut where the enumeration's inner loops begin: each
+# part reads nothing of the loops inside it, so `enumerate_candidates` checks it once for
+# all of them and a candidate's first broken rule is the same as checked one by one
+_KNOB_RULES = FEASIBILITY_RULES[len(LAYOUT_RULES):]
+_BY_RECOMPUTE = _KNOB_RULES[:3]        # mbs, ZeRO, recomputation (and the layout)
+_BY_SP = _KNOB_RULES[3:5]              # sequence parallelism
+_BY_VS = _KNOB_RULES[5:12]             # virtual stages (and cp)
+_BY_EP = _KNOB_RULES[12:] + EQUIVALENCE_RULES   # expert parallelism: the rest
+assert _BY_RECOMPUTE == (mbs_divides_replica_batch, zero_in_megatron, zero_with_pipeline)
+assert _BY_SP == (sequence_parallel_needs_tp, sequence_divides_tmp)
+assert _BY_VS[0] is virtual_stages_need_pipeline and _BY_VS[-1] is context_parallel_needs_flash
+assert _BY_EP[0] is ep_divides_experts
+
 
 def first_violation(space: SearchSpace, c: Candidate,
                     rules: tuple[Rule, ...] = FEASIBILITY_RULES) -> Violation | None:
@@ -614,8 +627,8 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
     """Every (pp, dp, tmp, cp, mbs, zero, recompute, sequence parallel, virtual stages) that
     satisfies the rules, one per equivalent group; what is dropped is counted in `pruned`
     under its reason (a cp that does not divide the devices is no point of the space)."""
-    knobs = len(space.zero_stages) * len(space.recompute) * len(space.sequence_parallel) \
-        * len(space.virtual_stages) * len(space.expert_parallel)
+    sps, vss, eps = space.sequence_parallel, space.virtual_stages, space.expert_parallel
+    knobs = len(space.zero_stages) * len(space.recompute) * len(sps) * len(vss) * len(eps)
     out = []
     layouts = ((pp, dp, tmp, cp) for cp in space.context_parallel
                if space.num_devices % cp == 0
@@ -630,18 +643,34 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
         for mbs in divisors(space.global_batch_size // dp):
             for z in space.zero_stages:
                 for ck in space.recompute:
-                    for sp, vs, ep in ((sp, vs, ep) for sp in space.sequence_parallel
-                                       for vs in space.virtual_stages
-                                       for ep in space.expert_parallel):
-                        c = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=z,
-                                           recompute=ck, sequence_parallel=sp,
-                                           virtual_stages=vs, cp=cp, ep=ep)
-                        v = first_violation(space, c, FEASIBILITY_RULES[len(LAYOUT_RULES):]
-                                            + EQUIVALENCE_RULES + (mbs_within_search_limits,))
+                    # each rule once for every point of the loops it does not read
+                    probe = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=mbs, zero_stage=z,
+                                           recompute=ck, sequence_parallel=sps[0],
+                                           virtual_stages=vss[0], cp=cp, ep=eps[0])
+                    v = first_violation(space, probe, _BY_RECOMPUTE)
+                    if v is not None:
+                        pruned[v.reason.value] += len(sps) * len(vss) * len(eps)
+                        continue
+                    for sp in sps:
+                        probe = replace(probe, sequence_parallel=sp)
+                        v = first_violation(space, probe, _BY_SP)
                         if v is not None:
-                            pruned[v.reason.value] += 1
+                            pruned[v.reason.value] += len(vss) * len(eps)
                             continue
-                        out.append(c)
+                        for vs in vss:
+                            probe = replace(probe, virtual_stages=vs)
+                            v = first_violation(space, probe, _BY_VS)
+                            if v is not None:
+                                pruned[v.reason.value] += len(eps)
+                                continue
+                            for ep in eps:
+                                c = replace(probe, ep=ep)
+                                v = first_violation(space, c, _BY_EP
+                                                    + (mbs_within_search_limits,))
+                                if v is not None:
+                                    pruned[v.reason.value] += 1
+                                    continue
+                                out.append(c)
     return out
 
 

@@ -136,3 +136,74 @@ def test_a_search_too_large_is_refused_up_front(write_spec, capsys):
     seen = []
     plan(small, max_search_s=120, on_start=seen.append)
     assert seen and seen[0].estimated_s < 120 and seen[0].candidates > 0
+
+
+def _enumerate_one_by_one(space: SearchSpace, pruned: Counter) -> list[Candidate]:
+    """The enumeration as it was written first: every rule on every point, in order."""
+    from amp_search.search_space import (EQUIVALENCE_RULES, LAYOUT_RULES,
+                                         degrees_within_search_limits, divisors,
+                                         first_violation, mbs_within_search_limits)
+
+    knobs = len(space.zero_stages) * len(space.recompute) * len(space.sequence_parallel) \
+        * len(space.virtual_stages) * len(space.expert_parallel)
+    out = []
+    for cp in space.context_parallel:
+        if space.num_devices % cp:
+            continue
+        for tmp in divisors(space.num_devices // cp):
+            for pp in divisors(space.num_devices // cp // tmp):
+                dp = space.num_devices // (cp * tmp * pp)
+                probe = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=1, cp=cp,
+                                       zero_stage=space.zero_stages[0],
+                                       recompute=space.recompute[0])
+                v = first_violation(space, probe, LAYOUT_RULES + (degrees_within_search_limits,))
+                if v is not None:
+                    pruned[v.reason.value] += knobs
+                    continue
+                for mbs in divisors(space.global_batch_size // dp):
+                    for z in space.zero_stages:
+                        for ck in space.recompute:
+                            for sp in space.sequence_parallel:
+                                for vs in space.virtual_stages:
+                                    for ep in space.expert_parallel:
+                                        c = Candidate.make(pp=pp, dp=dp, tmp=tmp, mbs=mbs,
+                                                           zero_stage=z, recompute=ck,
+                                                           sequence_parallel=sp,
+                                                           virtual_stages=vs, cp=cp, ep=ep)
+                                        v = first_violation(
+                                            space, c, FEASIBILITY_RULES[len(LAYOUT_RULES):]
+                                            + EQUIVALENCE_RULES + (mbs_within_search_limits,))
+                                        if v is not None:
+                                            pruned[v.reason.value] += 1
+                                        else:
+                                            out.append(c)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["deepspeed", "megatron"])
+def test_the_enumeration_checks_each_rule_once_per_loop_it_reads_with_the_same_result(backend):
+    """enumerate_candidates checks the rules that read no inner loop once for all of it: the
+    same candidates, in the same order, and the same prune counts under the same (first
+    broken) rule as every rule on every point, on a mixture-of-experts model with every knob
+    searched (ZeRO, recomputation, sequence parallelism, virtual stages, cp, ep)."""
+    from amp_search.search_space import enumerate_candidates
+    from amp_search.spec import parse_spec
+
+    spec = parse_spec({
+        "cluster": {"nodes": [{"gpu": "H100-80GB", "count": 4, "gpus_per_node": 8,
+                               "intra_node_bandwidth": "450 GB/s",
+                               "inter_node_bandwidth": "8 x 400 Gbps"}]},
+        "model": {"preset": "gpt", "num_layers": 12, "hidden_size": 1024,
+                  "num_attention_heads": 16, "seq_length": 2048, "vocab_size": 32000,
+                  "num_experts": 16, "moe_router_topk": 2, "moe_ffn_hidden_size": 1024},
+        "training": {"global_batch_size": 64, "backend": backend,
+                     # DeepSpeed's trials train experts in fp32 only
+                     "precision": "fp32" if backend == "deepspeed" else "bf16",
+                     "zero_stage": "search", "activation_checkpointing": "search",
+                     "sequence_parallel": "search", "virtual_pipeline_stages": "search",
+                     "context_parallel": "search", "expert_parallel": "search"}})
+    space = SearchSpace.of(spec, backend)
+    assert len(space.virtual_stages) > 1 and len(space.expert_parallel) > 1
+    fast, slow = Counter(), Counter()
+    assert enumerate_candidates(space, fast) == _enumerate_one_by_one(space, slow)
+    assert fast == slow and len(fast) >= 5
