@@ -624,9 +624,13 @@ def degrees(num_devices: int):
 
 
 def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]:
-    """Every (pp, dp, tmp, cp, mbs, zero, recompute, sequence parallel, virtual stages) that
-    satisfies the rules, one per equivalent group; what is dropped is counted in `pruned`
-    under its reason (a cp that does not divide the devices is no point of the space)."""
+    """Every (pp, dp, tmp, cp, mbs, zero, recompute, sequence parallel, virtual stages, ep)
+    that satisfies the rules, one per equivalent group; what is dropped is counted in
+    `pruned` under its reason, the first rule (FEASIBILITY_RULES order) it breaks (a cp that
+    does not divide the devices is no point of the space). The rules are checked in runs
+    (`_BY_RECOMPUTE`, `_BY_SP`, `_BY_VS`, `_BY_EP`), each once for all the points of the loops
+    inside it, which it does not read: the same candidates and counts as every rule on every
+    point, several times faster where sp, v and ep are searched."""
     sps, vss, eps = space.sequence_parallel, space.virtual_stages, space.expert_parallel
     knobs = len(space.zero_stages) * len(space.recompute) * len(sps) * len(vss) * len(eps)
     out = []
