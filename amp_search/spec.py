@@ -1331,10 +1331,6 @@ def _as_dict(obj, memo: dict):
     kind = type(obj)
     if kind in _PLAIN:
         return obj
-    if kind is list or kind is tuple:
-        return kind(_as_dict(x, memo) for x in obj)
-    if kind is dict:
-        return {k: _as_dict(v, memo) for k, v in obj.items()}
     names = _FIELD_NAMES.get(kind)
     if names is None:
         import dataclasses
@@ -1382,34 +1378,34 @@ def spec_fingerprint(spec: Spec) -> dict:
                     default = Layer.__dataclass_fields__[k].default
                     if k in layer and type(layer[k]) is type(default) and layer[k] == default:
                         del layer[k]
+        # each GPU record once: the devices share their node group's (`_as_dict`)
+        gpus = list({id(item["gpu"]): item["gpu"] for item in _gpu_items(section)}.values()) \
+            if name == "cluster" else []
         if name == "cluster" and spec.training.precision != "nvfp4":
             # likewise the NVFP4 figures
-            for part in ("node_groups", "nodes", "devices"):
-                for item in section[part]:
-                    item["gpu"]["peak_flops_per_s"].pop("nvfp4", None)
-                    item["gpu"].pop("gemm_nvfp4_max_efficiency", None)
+            for gpu in gpus:
+                gpu["peak_flops_per_s"].pop("nvfp4", None)
+                gpu.pop("gemm_nvfp4_max_efficiency", None)
         if name == "cluster" and spec.training.precision != "fp8":
             # the FP8 figures count only for fp8 training, so that a plan made before the
             # catalog had them stays valid
-            for part in ("node_groups", "nodes", "devices"):
-                for item in section[part]:
-                    item["gpu"]["peak_flops_per_s"].pop("fp8", None)
-                    item["gpu"].pop("gemm_fp8_max_efficiency", None)
+            for gpu in gpus:
+                gpu["peak_flops_per_s"].pop("fp8", None)
+                gpu.pop("gemm_fp8_max_efficiency", None)
         if name == "cluster":       # what the model's error is does not change a plan
-            for part in ("node_groups", "nodes", "devices"):
-                for item in section[part]:
-                    item["gpu"].pop("prediction_error", None)
-                    item["gpu"].pop("prediction_error_source", None)
-                    item["gpu"].pop("prediction_error_moe", None)
-                    item["gpu"].pop("prediction_error_moe_source", None)
-                    item["gpu"].pop("gemm_efficiency_source", None)
-                    item["gpu"].pop("host_link_source", None)
-                    if not spec.training.cpu_offload_layers:   # only offloading uses it
-                        item["gpu"].pop("host_link_bytes_per_s", None)
-                    if not synced_experts:     # only Megatron-LM's synced experts use it
-                        item["gpu"].pop("moe_expert_overhead_s", None)
-                    if not overlapped_experts:     # only the EP overlap uses it
-                        item["gpu"].pop("moe_a2a_overlap_share", None)
+            for gpu in gpus:
+                gpu.pop("prediction_error", None)
+                gpu.pop("prediction_error_source", None)
+                gpu.pop("prediction_error_moe", None)
+                gpu.pop("prediction_error_moe_source", None)
+                gpu.pop("gemm_efficiency_source", None)
+                gpu.pop("host_link_source", None)
+                if not spec.training.cpu_offload_layers:   # only offloading uses it
+                    gpu.pop("host_link_bytes_per_s", None)
+                if not synced_experts:     # only Megatron-LM's synced experts use it
+                    gpu.pop("moe_expert_overhead_s", None)
+                if not overlapped_experts:     # only the EP overlap uses it
+                    gpu.pop("moe_a2a_overlap_share", None)
             for item in section["node_groups"]:      # how the bandwidth was written neither,
                 item.pop("network_links", None)       # nor what a node costs
                 item.pop("price_per_hour", None)
@@ -1449,6 +1445,12 @@ def spec_fingerprint(spec: Spec) -> dict:
     return out
 
 
+def _gpu_items(cluster: dict) -> list[dict]:
+    """The node groups, nodes and devices of a cluster section (`_as_dict`): each names a
+    GPU record under "gpu"."""
+    return [item for part in ("node_groups", "nodes", "devices") for item in cluster[part]]
+
+
 def _section_json(section: dict, name: str) -> str:
     """json.dumps(section, sort_keys=True, default=str), byte for byte; the cluster's GPU
     records, which every device repeats (the same dict, `_as_dict`), are written once each
@@ -1457,14 +1459,13 @@ def _section_json(section: dict, name: str) -> str:
     if name != "cluster":
         return json.dumps(section, sort_keys=True, default=str)
     texts: dict[int, tuple[str, str]] = {}
-    for part in ("node_groups", "nodes", "devices"):
-        for item in section[part]:
-            gpu = item["gpu"]
-            if isinstance(gpu, dict):
-                if id(gpu) not in texts:
-                    texts[id(gpu)] = (f"\x00amp-search-gpu-{len(texts)}",
-                                      json.dumps(gpu, sort_keys=True, default=str))
-                item["gpu"] = texts[id(gpu)][0]
+    for item in _gpu_items(section):
+        gpu = item["gpu"]
+        if isinstance(gpu, dict):
+            if id(gpu) not in texts:
+                texts[id(gpu)] = (f"\x00amp-search-gpu-{len(texts)}",
+                                  json.dumps(gpu, sort_keys=True, default=str))
+            item["gpu"] = texts[id(gpu)][0]
     text = json.dumps(section, sort_keys=True, default=str)
     for stand_in, gpu_text in texts.values():
         text = text.replace(json.dumps(stand_in), gpu_text)
