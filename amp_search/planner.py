@@ -522,8 +522,8 @@ def plan_subsets(spec: Spec, whole: Plan, *, measurements: Measurements = NO_MEA
             early.cancel()
     context = _fork_context() if workers > 1 and len(parts) > 1 and not done else None
     if context is not None:
-        n = min(workers - 1, max(len(waves[0]), SUBSET_LAG + 1))
-        done = EarlySubsets(context, n, jobs, waves, cutoffs_of, spec.training.backend,
+        done = EarlySubsets(context, _worker_processes(workers, waves), jobs, waves,
+                            cutoffs_of, spec.training.backend,
                             alone_first=_alone_first(spec.cluster, parts, waves)).collect()
     for k, wave in enumerate(waves):
         cutoffs = cutoffs_of(k, done)
@@ -572,6 +572,13 @@ def _alone_first(cluster: Cluster, parts, waves) -> bool:
     """Whether `_subset_waves`' first wave is each node group alone: then every wave may run
     beside the whole cluster's search (start_subsets)."""
     return bool(waves) and parts[waves[0][0]] in set(groups_alone_uses(cluster))
+
+
+def _worker_processes(workers: int, waves) -> int:
+    """The forked processes that search the parts beside the caller, which takes a CPU of
+    `workers`: no more than can search at once (each node group alone, or SUBSET_LAG + 1
+    parts)."""
+    return min(workers - 1, max(len(waves[0]), SUBSET_LAG + 1))
 
 
 def _basis_waves(k: int, alone_first: bool) -> int:
@@ -870,8 +877,7 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
     processes, one CPU fewer than `workers` (that search takes one): each node group alone
     first, then each later wave once the waves its cutoffs come from are done, with the
     cutoffs plan_subsets gives it (`_wave_basis`: the whole cluster's plan is not among
-    them). None
-    where there is one node group, a single CPU or no fork. Give the result to
+    them). None where there is one node group, a single CPU or no fork. Give the result to
     plan_subsets(early=...) with the same spec and options (a spec that names its backend:
     plan_subsets drops parts costed for another backend than its spec's); the caller then
     searches what is left beside the workers, with `shared` (give the SharedRows its own
@@ -886,8 +892,8 @@ def start_subsets(spec: Spec, *, measurements: Measurements = NO_MEASUREMENTS,
                         simulate_top=simulate_top, backend=backend, shared=shared)
     # the whole cluster's plan is not in any wave's basis (the first is each group alone)
     cutoffs_of = _cutoffs_of(spec, parts, waves, None)
-    n = min(workers - 1, max(len(waves[0]), SUBSET_LAG + 1))
-    return EarlySubsets(context, n, jobs, waves, cutoffs_of, spec.training.backend)
+    return EarlySubsets(context, _worker_processes(workers, waves), jobs, waves, cutoffs_of,
+                        spec.training.backend)
 
 
 def groups_alone_uses(cluster: Cluster) -> tuple[tuple[tuple[int, int], ...], ...]:
