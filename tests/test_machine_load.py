@@ -20,8 +20,47 @@ def test_busy_note_only_above_the_threshold():
     assert busy_note(1.24) == "machine busy: other processes used 1.2 cores"
 
 
-def test_other_load_needs_half_a_second():
-    assert OtherLoad().others_cores() is None  # too short a span to tell
+def test_other_load_needs_half_a_second(monkeypatch):
+    import io
+    import time
+    import types
+
+    from amp_search import machine_load
+
+    # the machine as OtherLoad reads it, moved by hand: its clock (through a stand-in for the
+    # module's `time`, so the global time module is untouched), /proc/stat's busy ticks and
+    # this process's own CPU time
+    m = {"now": 100.0, "busy_ticks": 1000, "own_s": 2.0}
+
+    class Clock:
+        def monotonic(self):
+            return m["now"]
+
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+    def proc_stat(path, *args, **kwargs):
+        assert path == "/proc/stat"
+        # user nice system idle iowait irq softirq steal guest guest_nice, in ticks
+        return io.StringIO(f"cpu  {m['busy_ticks']} 0 0 5000 7 0 0 0 0 0\n")
+
+    def times():
+        return types.SimpleNamespace(user=m["own_s"], system=0.0, children_user=0.0,
+                                     children_system=0.0)
+
+    fake_os = types.SimpleNamespace(sysconf=lambda name: 100, times=times)
+    monkeypatch.setattr(machine_load, "time", Clock())
+    monkeypatch.setattr(machine_load, "os", fake_os)
+    monkeypatch.setattr(machine_load, "open", proc_stat, raising=False)
+
+    load = OtherLoad()
+    m.update(now=100.49, busy_ticks=1150, own_s=2.5)
+    assert load.others_cores() is None  # 0.49 s: too short a span to tell
+    m["now"] = 100.5
+    # 1.5 CPU seconds busy, 0.5 of them this process's: 1.0 CPU seconds in 0.5 s
+    assert load.others_cores() == 2.0
+    m["now"] = 101.0
+    assert load.others_cores() == 1.0
 
 
 def test_launch_table_flags_a_trial_measured_on_a_busy_machine():
