@@ -1,8 +1,13 @@
 """Shared fixtures: small specs written to tmp_path."""
 from __future__ import annotations
 
+import errno
 import importlib.util
+import itertools
+import os
+import socket
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -98,3 +103,54 @@ def write_spec(tmp_path):
         p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
         return p
     return write
+
+
+_PORT_BLOCK = 100
+_port_calls = itertools.count()
+
+
+def _port_band() -> tuple[int, int]:
+    """[lo, hi): ports below the ephemeral range, which no connect() of this machine is
+    given (the range above it where the ephemeral one starts too low)."""
+    try:
+        eph_lo, eph_hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range")
+                             .read_text().split())
+    except (OSError, ValueError):
+        eph_lo, eph_hi = 32768, 60999
+    if min(32000, eph_lo) - 20000 >= 10 * _PORT_BLOCK:
+        return 20000, min(32000, eph_lo)
+    return eph_hi + 1, 65536
+
+
+def _bindable(port: int) -> bool:
+    """Nothing holds `port` on any address, TIME_WAIT included (no SO_REUSEADDR here)."""
+    bound = False
+    for family, addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "")):
+        try:
+            with socket.socket(family) as s:
+                s.bind((addr, port))
+            bound = True
+        except OSError as exc:  # no IPv6 here: the IPv4 bind decides
+            if exc.errno == errno.EADDRINUSE:
+                return False
+    return bound
+
+
+def free_port() -> int:
+    """A rendezvous port for a trial a test launches. Not one the kernel hands out (bind to
+    port 0): those come from the ephemeral range, which other xdist workers' gloo and
+    torchrun connections draw from too, and one of them may take it in the seconds before
+    torchrun binds it. Not a fixed one (29500): two runs on one machine would meet there.
+    So: below the ephemeral range, in a block of 100 of this pytest session and xdist worker
+    (gw<k>), the next one each call, and free now. A trial may reuse a port right after a
+    killed one: torch's TCPStore binds with SO_REUSEADDR."""
+    lo, hi = _port_band()
+    session = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    block = (zlib.crc32(session.encode()) + (int(worker) if worker.isdigit() else 0)) \
+        % ((hi - lo) // _PORT_BLOCK)
+    for _ in range(hi - lo):
+        port = lo + (block * _PORT_BLOCK + next(_port_calls)) % (hi - lo)
+        if _bindable(port):
+            return port
+    raise RuntimeError(f"no free port in {lo}-{hi - 1}")

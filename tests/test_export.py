@@ -25,6 +25,7 @@ from amp_search.launch import LaunchOptions, parse_hostfile, run_trials
 from amp_search.planner import estimate, plan_backends
 from amp_search.spec import load_spec
 from amp_search.trial.config import TrialConfig
+from conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -316,12 +317,12 @@ def test_exported_deepspeed_files_run_on_cpu(tmp_path, capsys):
     CLI and run its launch.sh: the deepspeed launcher, 4 gloo processes, a real trial."""
     pytest.importorskip("deepspeed")
     pytest.importorskip("megatron.core")
-    out = tmp_path / "export"
+    out, port = tmp_path / "export", free_port()
     assert main(["export", str(ROOT / "configs" / "cpu-tiny.yaml"), "--format", "deepspeed",
                  "--out", str(out), "--pp", "2", "--dp", "2", "--tmp", "1", "--mbs", "2",
                  "--partition", "0,2,6", "--zero-stage", "1",
                  "--activation-checkpointing", "full", "--iters", "4", "--warmup", "2",
-                 "--json", str(tmp_path / "summary.json")]) == 0
+                 "--master-port", str(port), "--json", str(tmp_path / "summary.json")]) == 0
     printed = capsys.readouterr().out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [f["path"] for f in summary["files"]] == [
@@ -333,6 +334,7 @@ def test_exported_deepspeed_files_run_on_cpu(tmp_path, capsys):
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"],
             ds["gradient_accumulation_steps"], ds["zero_optimization"]) == (
         8, 2, 2, {"stage": 1})
+    assert f"--master_port {port} " in (out / "launch.sh").read_text()
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(["bash", str(out / "launch.sh")], env=env, cwd=tmp_path,

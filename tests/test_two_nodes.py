@@ -35,6 +35,7 @@ from amp_search.cli import main  # noqa: E402
 from amp_search.launch import LaunchOptions, TrialRequest, parse_hostfile, run_trials  # noqa: E402
 from amp_search.records import Strategy  # noqa: E402
 from amp_search.spec import load_spec  # noqa: E402
+from conftest import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTS = ("127.0.0.1", "127.0.0.2")
@@ -65,12 +66,6 @@ HOSTFILE = "".join(f"{h} slots=1\n" for h in HOSTS)
 PP2 = {"pp": 2, "dp": 1, "tmp": 1, "mbs": 2, "partition": [0, 3, 6],
        "placement": [[[0]], [[1]]], "zero_stage": 0, "activation_checkpointing": False}
 LAYER_NAMES = ["embedding", "block0", "block1", "block2", "block3", "head"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env() -> dict:
@@ -182,7 +177,7 @@ def _alive(pid: int) -> bool:
 def test_exported_per_node_scripts_rendezvous(two_nodes):
     """`amp-search export --hostfile` of a two-node plan: launch-node0.sh and launch-node1.sh,
     started as two processes, train the trial together; rank 0 (node 0) writes result.json."""
-    d, port = two_nodes, _free_port()
+    d, port = two_nodes, free_port()
     out = d / "export"
     assert main(["export", str(d / "spec.yaml"), "--format", "deepspeed", "--out", str(out),
                  "--pp", "2", "--dp", "1", "--tmp", "1", "--mbs", "2", "--partition",
@@ -230,7 +225,7 @@ def test_exported_per_node_scripts_rendezvous(two_nodes):
 def test_launch_torchrun_over_two_loopback_nodes(two_nodes):
     """`amp-search launch --launcher torchrun --hostfile` with 127.0.0.1 and 127.0.0.2: one
     local torchrun per node (no ssh), the trial recorded ok with both nodes' ranks."""
-    d, port = two_nodes, _free_port()
+    d, port = two_nodes, free_port()
     (d / "plan.json").write_text(json.dumps({"strategies": [{**PP2,
                                                              "iteration_time_s": 0.1}]}))
     argv = ["launch", str(d / "spec.yaml"), "--plan", str(d / "plan.json"), "--top-k", "1",
@@ -288,7 +283,7 @@ def test_killing_one_node_fails_the_trial_and_the_next_one_runs(two_nodes):
     """SIGKILL to node 1's torchrun while the trial trains: node 1's rank dies with its
     torchrun, node 0's rank loses its peer; the trial is recorded as failed with a reason,
     nothing of either node is left, and the next trial runs ok."""
-    d, port = two_nodes, _free_port()
+    d, port = two_nodes, free_port()
     spec = load_spec(d / "spec.yaml")
     mk = lambda gbs, partition: Strategy.from_dict(  # noqa: E731
         {**PP2, "partition": partition, "global_batch_size": gbs})
