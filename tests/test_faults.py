@@ -140,7 +140,9 @@ def test_killed_launch_takes_its_trial_with_it_and_the_row_is_recovered(spec, tm
     assert len(trial) >= 3, trial  # torchrun and its 2 ranks
     os.kill(launch.pid, signal.SIGKILL)
     launch.communicate()
-    deadline = time.monotonic() + 5.0   # no trial process 5 s after its launch died
+    # the trial's processes die with their launch (parent-death signals); the loop ends as
+    # soon as they are gone, its deadline only guards against a hang on a loaded machine
+    deadline = time.monotonic() + 60.0
     while any(_alive(p) for p in trial) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in trial if _alive(p)], "trial processes outlived their launch"

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+import types
 
 import pytest
 
 from amp_search.launch.launchers import Command
 from amp_search.launch.process import (ProcessOutcome, classify_failure, error_summary,
-                                       failure_reason, log_tail, run_commands)
+                                       failure_reason, killed_rank, log_tail, run_commands)
 
 # a parent that starts a child in a new session (like torchrun's workers), prints both pids,
 # then sleeps forever
@@ -42,41 +43,71 @@ def _child_pid(log) -> int:
     raise AssertionError("no PIDS line: " + log.read_text())
 
 
-def test_timeout_kills_the_whole_tree(tmp_path):
+def _has_pids(log) -> bool:
+    return log.exists() and any(ln.startswith("PIDS") for ln in log.read_text().splitlines())
+
+
+def _clock(monkeypatch, **overrides) -> None:
+    """amp_search.launch.process sees a stand-in for the time module (the real one, with
+    `overrides`): the test's conditions then depend on what the processes have done, not on
+    how fast a loaded machine does it. The global time module stays as it is."""
+    proxy = types.SimpleNamespace(**{n: getattr(time, n) for n in dir(time)
+                                     if not n.startswith("_")})
+    for name, fn in overrides.items():
+        setattr(proxy, name, fn)
+    monkeypatch.setattr("amp_search.launch.process.time", proxy)
+
+
+def _gone(pid: int) -> bool:
+    """Whether the process has ended; waits for it (a hang guard, not a timing condition)."""
+    deadline = time.monotonic() + 60
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+def test_timeout_kills_the_whole_tree(tmp_path, monkeypatch):
     log = tmp_path / "log.txt"
+    # the clock stands still until the parent has started its child and said so: the timeout
+    # then fires with the whole tree up, however slow the machine
+    held = {}
+
+    def monotonic() -> float:
+        now = time.monotonic()
+        if "released" not in held:
+            at = held.setdefault("at", now)
+            if not _has_pids(log) and now - at < 600:   # (a hang guard)
+                return at
+            held["released"] = True
+        return now
+
+    _clock(monkeypatch, monotonic=monotonic)
     out = run_commands((Command(argv=(sys.executable, "-c", _TREE)),), base_env=dict(os.environ),
-                       cwd=tmp_path, log_path=log, timeout_s=2.0)
+                       cwd=tmp_path, log_path=log, timeout_s=0.5)
+    monkeypatch.undo()
     assert out.timed_out and not out.ok
     assert out.returncodes[0] is not None and out.returncodes[0] < 0   # stopped by a signal
-    child = _child_pid(log)
-    deadline = time.monotonic() + 5
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(child), "the grandchild in its own session survived"
+    assert _gone(_child_pid(log)), "the grandchild in its own session survived"
     assert classify_failure(out, log_tail(log)) == "timeout"
 
 
 def test_keyboard_interrupt_stops_everything(tmp_path, monkeypatch):
     log = tmp_path / "log.txt"
-    calls = {"n": 0}
     real_sleep = time.sleep
+    interrupted = []
 
-    def sleepy(s):  # the 30th poll raises Ctrl-C inside run_commands' wait loop
-        calls["n"] += 1
-        if calls["n"] == 30:
+    def sleepy(s):  # Ctrl-C inside run_commands' wait loop once the whole tree is up (once:
+        if not interrupted and _has_pids(log):  # stopping the tree sleeps too)
+            interrupted.append(True)
             raise KeyboardInterrupt
         real_sleep(s)
 
-    monkeypatch.setattr("amp_search.launch.process.time.sleep", sleepy)
-    with pytest.raises(KeyboardInterrupt):
+    _clock(monkeypatch, sleep=sleepy)
+    with pytest.raises(KeyboardInterrupt):   # the timeout only guards against a hang
         run_commands((Command(argv=(sys.executable, "-c", _TREE)),),
-                     base_env=dict(os.environ), cwd=tmp_path, log_path=log, timeout_s=60)
+                     base_env=dict(os.environ), cwd=tmp_path, log_path=log, timeout_s=600)
     monkeypatch.undo()
-    child = _child_pid(log)
-    deadline = time.monotonic() + 5
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(child)
+    assert _gone(_child_pid(log)), "the grandchild in its own session survived"
 
 
 def test_failure_stops_peers(tmp_path, monkeypatch):
@@ -107,6 +138,39 @@ _KILLED_RANK_3 = ("[rank2]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Conne
                   "  host      : localhost\n  rank      : 3 (local_rank: 3)\n"
                   "  exitcode  : -9 (pid: 6674)  (SIGKILL)\n  error_file: <N/A>\n")
 
+# captured from torchrun (torch 2.x, 2 ranks): rank 1 SIGKILL'd, rank 0 exiting with code 1 in
+# the same poll and second; torchrun names rank 0 (a timestamp tie goes to the lowest rank)
+_KILLED_RANK_1_ROOT_CAUSE_RANK_0 = """\
+E1130 12:26:26.793000 24463 torch/distributed/elastic/multiprocessing/api.py:1002] failed \
+(exitcode: 1) local_rank: 0 (pid: 24470) of binary: /work/main/.venv/bin/python
+Traceback (most recent call last):
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", \
+line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+amp_search/trial/run.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-30_12:26:26
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 24471)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 24471
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_12:26:26
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 24470)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
 
 @pytest.mark.parametrize("rcs,text,oom_killed,status", [
     ((1,), "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", False, "oom"),
@@ -121,6 +185,9 @@ _KILLED_RANK_3 = ("[rank2]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Conne
     ((1,), "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n"
            "  exitcode  : 1 (pid: 2)", True, "failed"),
     ((1,), "ValueError: partition [0, 9] does not split", False, "failed"),
+    # the killed rank is found in the "Failures:" list too
+    ((1,), _KILLED_RANK_1_ROOT_CAUSE_RANK_0, False, "failed"),
+    ((1,), _KILLED_RANK_1_ROOT_CAUSE_RANK_0, True, "oom"),
 ])
 def test_classify(rcs, text, oom_killed, status):
     out = ProcessOutcome(returncodes=rcs, timed_out=False, wall_s=1.0)
@@ -134,6 +201,54 @@ def test_a_killed_rank_is_named_not_its_peers_errors():
     assert "OOM killer" in failure_reason(out, _KILLED_RANK_3, oom_killed=True)
     assert failure_reason(ProcessOutcome(returncodes=(-9,), timed_out=False, wall_s=1.0),
                           "") == "the launcher exited (signal 9: SIGKILL)"
+
+
+def test_a_killed_rank_is_found_where_torchrun_names_a_peer_as_root_cause():
+    """torchrun's root cause is the failure with the smallest whole-second timestamp (on a
+    tie, the lowest rank): a peer that exited with code 1 in the same second is named, the
+    rank a signal ended is listed under "Failures:"."""
+    out = ProcessOutcome(returncodes=(1,), timed_out=False, wall_s=1.0)
+    assert killed_rank(_KILLED_RANK_1_ROOT_CAUSE_RANK_0) == (1, 9, 24471)
+    assert failure_reason(out, _KILLED_RANK_1_ROOT_CAUSE_RANK_0) == \
+        "rank 1 exited (signal 9: SIGKILL, pid 24471)"
+    # a killed rank wins over a SIGTERM named as root cause (how survivors are stopped)
+    sigterm_root = (_KILLED_RANK_1_ROOT_CAUSE_RANK_0
+                    .replace("exitcode  : 1 (pid: 24470)",
+                             "exitcode  : -15 (pid: 24470)  (SIGTERM)"))
+    assert killed_rank(sigterm_root) == (1, 9, 24471)
+    assert killed_rank(_KILLED_RANK_3) == (3, 9, 6674)
+    # each line as pdsh (the deepspeed launcher's nodes) or srun --label prints it
+    for prefix in ("node1: ", "1: "):
+        prefixed = "".join(prefix + ln for ln in
+                           _KILLED_RANK_1_ROOT_CAUSE_RANK_0.splitlines(keepends=True))
+        assert killed_rank(prefixed) == (1, 9, 24471)
+
+
+def test_the_survivors_torchrun_stops_are_not_named():
+    """torchrun stops the other ranks of a failed trial (SIGTERM, SIGKILL after a grace
+    period) and lists them under "Failures:" too: the rank that failed first is reported."""
+    out = ProcessOutcome(returncodes=(1,), timed_out=False, wall_s=1.0)
+    # both ranks raised; torchrun saw rank 0 exit and stopped rank 1
+    stopped = (_KILLED_RANK_1_ROOT_CAUSE_RANK_0
+               .replace("  exitcode  : -9 (pid: 24471)  (SIGKILL)",
+                        "  exitcode  : -15 (pid: 24471)  (SIGTERM)")
+               .replace("Signal 9 (SIGKILL)", "Signal 15 (SIGTERM)"))
+    assert killed_rank(stopped) is None
+    assert failure_reason(out, "[rank0]: RuntimeError: deliberate failure\n" + stopped) == \
+        "RuntimeError: deliberate failure"
+    assert killed_rank(_KILLED_RANK_3.replace("-9 (pid: 6674)  (SIGKILL)",
+                                              "1 (pid: 6674)")) is None
+    # a rank that ignored the SIGTERM is killed 30 s later: not the cause either
+    late = _KILLED_RANK_1_ROOT_CAUSE_RANK_0.replace("  time      : 2026-11-30_12:26:26\n  host"
+                                                    "      : localhost\n  rank      : 1",
+                                                    "  time      : 2026-11-30_12:26:57\n  host"
+                                                    "      : localhost\n  rank      : 1")
+    assert late != _KILLED_RANK_1_ROOT_CAUSE_RANK_0
+    assert killed_rank(late) is None
+    # no report, or every rank exited with a code
+    assert killed_rank("") is None
+    assert killed_rank(_KILLED_RANK_1_ROOT_CAUSE_RANK_0.replace(
+        "exitcode  : -9 (pid: 24471)  (SIGKILL)", "exitcode  : 1 (pid: 24471)")) is None
 
 
 def test_error_summary_picks_the_exception_line():

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
@@ -42,9 +43,16 @@ TRIAL_DIR_VAR = "AMP_SEARCH_TRIAL_DIR"
 
 _OOM = re.compile(r"out of memory|OutOfMemoryError|Cannot allocate memory|std::bad_alloc",
                   re.IGNORECASE)
-# torchrun's report names the first failure: its rank and exit code (negative: a signal)
-_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)"
-                         r".*?exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?", re.DOTALL)
+# torchrun's report (ChildFailedError) lists every rank that failed: "Failures:" then
+# "Root Cause (first observed failure):", one "[i]:" entry each, with its rank and exit code
+# (negative: a signal). Lines may carry a prefix (pdsh's "host: ", srun --label's "0: ").
+_FAILURES = re.compile(r"(?:^|[\s:])Failures:\s*$")
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*$")
+_ENTRY = re.compile(r"(?:^|[\s:])\[\d+\]:\s*$")
+_ENTRY_TIME = re.compile(r"(?:^|\s)time\s*:\s*(\S+)")
+_ENTRY_RANK = re.compile(r"(?:^|\s)rank\s*:\s*(\d+)")
+_ENTRY_EXIT = re.compile(r"(?:^|\s)exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
+_REPORT_END = re.compile(r"(?:^|[\s:])={3,}\s*$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,16 +245,99 @@ def _signal_name(num: int) -> str:
         return f"signal {num}"
 
 
+@dataclass(frozen=True)
+class _RankFailure:
+    rank: int
+    exitcode: int
+    pid: int | None
+    time: str | None          # torchrun's whole-second timestamp, as printed
+    root_cause: bool
+
+
+def _torchrun_reports(log_text: str) -> list[list[_RankFailure]]:
+    """The failure entries of each torchrun report in the log, in the order printed: the
+    "Failures:" list, then the "Root Cause" entry."""
+    reports: list[list[_RankFailure]] = []
+    section = None          # None | "failures" | "root"
+    entry: dict | None = None
+
+    def close() -> None:
+        nonlocal entry
+        if entry is not None and "rank" in entry and "exitcode" in entry:
+            reports[-1].append(_RankFailure(**{"pid": None, "time": None, **entry}))
+        entry = None
+
+    for line in log_text.splitlines():
+        if _FAILURES.search(line):
+            close()
+            reports.append([])
+            section = "failures"
+        elif _ROOT_CAUSE.search(line):
+            close()
+            if section is None:
+                reports.append([])
+            section = "root"
+        elif section is None:
+            continue
+        elif _REPORT_END.search(line):
+            close()
+            section = None
+        elif _ENTRY.search(line):
+            close()
+            entry = {"root_cause": section == "root"}
+        elif entry is not None and "exitcode" not in entry:  # (not the traceback's lines)
+            if "time" not in entry and (m := _ENTRY_TIME.search(line)):
+                entry["time"] = m.group(1)
+            elif "rank" not in entry and (m := _ENTRY_RANK.search(line)):
+                entry["rank"] = int(m.group(1))
+            elif "rank" in entry and (m := _ENTRY_EXIT.search(line)):
+                entry["exitcode"] = int(m.group(1))
+                entry["pid"] = int(m.group(2)) if m.group(2) else None
+    close()
+    return reports
+
+
+def _seconds_apart(a: str | None, b: str | None) -> float:
+    """Seconds from timestamp `a` to `b` as torchrun prints them; 0 where either is missing
+    or unreadable."""
+    try:
+        return (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def killed_rank(log_text: str) -> tuple[int, int, int | None] | None:
-    """(rank, signal, pid) of torchrun's first observed failure when a signal ended it; None
-    when the report is missing or the first failure exited with a code."""
-    found = _ROOT_CAUSE.findall(log_text)
-    if not found:
+    """(rank, signal, pid) of the rank a signal ended, from torchrun's failure report; None
+    when the report is missing or names no such rank.
+
+    torchrun's "Root Cause" is the failure with the smallest whole-second timestamp, on a tie
+    the one it saw first (the lowest local rank among those that ended together): a peer that
+    exited with code 1 (its connection reset) in the same second as the rank that was killed
+    is often named instead. So every entry counts: a rank ended by a signal other than
+    SIGTERM, at the root cause's second (or the next), is the likelier cause, the root cause
+    first among them. SIGTERM entries other than the root cause are not: torchrun ends the
+    survivors of a failure with SIGTERM (and with SIGKILL after a grace period, at a later
+    second) and lists them too."""
+    best = None
+    for n, report in enumerate(_torchrun_reports(log_text)):
+        root = next((f for f in report if f.root_cause), None)
+        for i, f in enumerate(report):
+            if f.exitcode >= 0:
+                continue
+            term = f.exitcode == -signal.SIGTERM
+            if f.root_cause:
+                kind = 1 if term else 0
+            elif not term and _seconds_apart(root.time if root else None, f.time) <= 1:
+                kind = 0
+            else:
+                continue
+            key = (kind, not f.root_cause, -n, i)   # the last report where there are several
+            if best is None or key < best[0]:
+                best = (key, f)
+    if best is None:
         return None
-    rank, code, pid = found[-1]
-    if int(code) >= 0:
-        return None
-    return int(rank), -int(code), int(pid) if pid else None
+    f = best[1]
+    return f.rank, -f.exitcode, f.pid
 
 
 def failure_reason(outcome: ProcessOutcome, log_text: str, *, oom_killed: bool = False) -> str:
