@@ -8,6 +8,8 @@ import shutil
 import signal
 import sqlite3
 import threading
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,8 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("megatron.core")
 
 from amp_search.cli import main  # noqa: E402
-from amp_search.launch import LaunchOptions, TrialRequest, run_trials  # noqa: E402
+from amp_search.launch import LaunchOptions, TrialRequest, orchestrator, process  # noqa: E402
+from amp_search.launch import run_trials  # noqa: E402
 from amp_search.records import Strategy  # noqa: E402
 from amp_search.spec import load_spec  # noqa: E402
 
@@ -142,7 +145,51 @@ def test_rerun_skips_finished_trials(launched, spec_dir, capsys):
     assert text.count(" ok ") == 3 and "best measured: " in text
 
 
-def test_failing_and_hanging_trials_recorded_and_launch_goes_on(tmp_path):
+def _time_with(**overrides) -> types.SimpleNamespace:
+    """A stand-in for the time module (the real one, with `overrides`), for one module of the
+    library to see; the global time module stays as it is."""
+    proxy = types.SimpleNamespace(**{n: getattr(time, n) for n in dir(time)
+                                     if not n.startswith("_")})
+    for name, fn in overrides.items():
+        setattr(proxy, name, fn)
+    return proxy
+
+
+def _only_the_hang_times_out(monkeypatch) -> None:
+    """The trial timeout applies to the hanging trial alone, and fires only once its ranks
+    sleep: the failing trials end by themselves (torchrun and 2 ranks take their time to
+    start on a loaded machine; 1800 s only guards against a hang), and the hanging trial's
+    clock stands still until its log says it sleeps."""
+    real = orchestrator.run_commands
+
+    def run_commands(commands, *, cwd, log_path, timeout_s, **kw):
+        config = json.loads((Path(cwd) / "trial.json").read_text())
+        if not config.get("debug_hang_s"):
+            return real(commands, cwd=cwd, log_path=log_path, timeout_s=1800, **kw)
+        held = {}
+
+        def sleeping() -> bool:
+            log = Path(log_path)
+            return log.exists() and "debug: sleeping" in log.read_text(errors="replace")
+
+        def monotonic() -> float:
+            now = time.monotonic()
+            if "released" not in held:
+                at = held.setdefault("at", now)
+                if not sleeping() and now - at < 600:   # (a hang guard)
+                    return at
+                held["released"] = True
+            return now
+
+        with monkeypatch.context() as m:
+            m.setattr(process, "time", _time_with(monotonic=monotonic))
+            return real(commands, cwd=cwd, log_path=log_path, timeout_s=timeout_s, **kw)
+
+    monkeypatch.setattr(orchestrator, "run_commands", run_commands)
+
+
+def test_failing_and_hanging_trials_recorded_and_launch_goes_on(tmp_path, monkeypatch):
+    _only_the_hang_times_out(monkeypatch)
     shutil.copy(ROOT / "configs" / "cpu-tiny.yaml", tmp_path / "spec.yaml")
     spec = load_spec(tmp_path / "spec.yaml")
     before = _children()
@@ -199,7 +246,19 @@ def test_ctrl_c_stops_the_trial_and_leaves_the_db_consistent(tmp_path):
     _assert_no_children(before)
 
 
-def test_budget_stops_starting_trials(tmp_path):
+def test_budget_stops_starting_trials(tmp_path, monkeypatch):
+    # the budget's clock runs from the first trial's start: what comes before it (recovery,
+    # the lock, SQLite) takes what it takes on a loaded machine
+    real = orchestrator.run_commands
+    started = []
+
+    def run_commands(*args, **kw):
+        started.append(time.monotonic())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(orchestrator, "run_commands", run_commands)
+    monkeypatch.setattr(orchestrator, "time", _time_with(
+        monotonic=lambda: time.monotonic() - started[0] if started else 0.0))
     shutil.copy(ROOT / "configs" / "cpu-tiny.yaml", tmp_path / "spec.yaml")
     spec = load_spec(tmp_path / "spec.yaml")
     s = {k: v for k, v in _strategy(2, 1, 1, (0, 3, 6)).items() if k != "iteration_time_s"}
