@@ -43,8 +43,10 @@ predicted time compares with the recipe's (minutes: some of these are 1,024-GPU 
 The plan keeps one row per layout (pp, dp, tmp, cp, mbs) with its fastest virtual stages and
 recomputation, so a recipe whose knobs are not its layout's fastest has no row of its own: the
 report gives its rank where it has one (its layout, virtual stages and expert parallelism),
-its layout's rank, and its place by predicted time among the plan's rows (1 + the rows
-predicted faster than the recipe as published). Whether the plan's best is predicted faster
+its layout's rank, how the recipe's own knobs compare with the ones the plan keeps for that
+layout (within the model's error of them: a tie the one row per layout does not show), and its
+place by predicted time among the plan's rows (1 + the rows predicted faster than the recipe
+as published). Whether the plan's best is predicted faster
 than the recipe by more than the model's error is tested against the catalog's
 prediction_error for that kind of model (dense, or its `moe:` figure: the error `plan` marks
 ties within) and against the model's measured MAPE on that system for that kind of model in
@@ -770,6 +772,7 @@ def recipe_ranks(rows: list[dict], results: list[Result] | None = None) -> list[
                                 e.strategy.mbs) == layout[:5]), None)
         best = ranked[0] if ranked else None
         error = spec.model_error().mape     # what `plan` ties within
+        layout_s = ranked[layout_rank - 1].iteration_time_s if layout_rank else None
         kind_error = errors[(row["system"], kind_of(row))]
 
         def best_within(err: float) -> bool:
@@ -786,6 +789,13 @@ def recipe_ranks(rows: list[dict], results: list[Result] | None = None) -> list[
                               f"{row['gpus']} GPUs gbs {row['gbs']}: tp{tp} pp{pp} cp{cp} "
                               f"vp{virtual(row)} ep{experts(row)} mbs{row['mbs']}",
                     "rank": rank, "layout_rank": layout_rank, "place": place,
+                    # the time of the knobs the plan keeps for the recipe's layout, and
+                    # whether the recipe's own knobs (virtual stages, ep, recomputation) are
+                    # predicted within the model's error of them: a tie the plan's one row
+                    # per layout does not show
+                    "layout_predicted_s": layout_s,
+                    "knobs_tied": recipe.fits and layout_s is not None
+                    and recipe.iteration_time_s <= layout_s * (1.0 + error),
                     "ranked": len(ranked),
                     "recipe_fits": recipe.fits,
                     "recipe_predicted_s": recipe.iteration_time_s,
@@ -823,8 +833,9 @@ def report_ranks(ranks: list[dict]) -> dict:
         where = (f"rank {r['rank']} of {r['ranked']}" if r["rank"] is not None else
                  "not ranked: predicted not to fit" if not r["recipe_fits"] else
                  "not ranked (a faster setting of its knobs is kept"
-                 + (f": its layout at rank {r['layout_rank']})" if r["layout_rank"]
-                    else ")"))
+                 + (f": its layout at rank {r['layout_rank']}, the recipe's knobs "
+                    f"{r['recipe_predicted_s'] / r['layout_predicted_s'] - 1:+.1%} against "
+                    f"the kept ones)" if r["layout_rank"] else ")"))
         best = (f"best {r['best']} {r['best_predicted_s']:.4g} s, "
                 f"{r['best_predicted_s'] / r['recipe_predicted_s'] - 1:+.1%} against the "
                 f"recipe's predicted {r['recipe_predicted_s']:.4g} s"
@@ -842,7 +853,9 @@ def report_ranks(ranks: list[dict]) -> dict:
         print(f"{title}, {summary['recipes']}:\n"
               f"  in the top 10: {summary['top10']}; its layout (pp, dp, tmp, cp, mbs, with "
               f"whatever virtual stages and recomputation the plan keeps for it): "
-              f"{summary['layout10']}; its predicted time among the plan's rows (1 + the rows "
+              f"{summary['layout10']}, {summary['layout10_tied']} of them with the recipe's "
+              f"own knobs predicted within the model's error of the kept ones; "
+              f"its predicted time among the plan's rows (1 + the rows "
               f"predicted faster): {summary['place10']}\n"
               f"  the plan's best predicted no faster than the recipe by more than the model's "
               f"error on its GPU: {summary['within_error']} (the catalog's prediction_error "
@@ -859,6 +872,8 @@ def rank_summary(ranks: list[dict]) -> dict:
     return {"recipes": len(ranks), "top10": sum(top),
             "layout10": sum(r["layout_rank"] is not None and r["layout_rank"] <= 10
                             for r in ranks),
+            "layout10_tied": sum(r["layout_rank"] is not None and r["layout_rank"] <= 10
+                                 and r.get("knobs_tied", False) for r in ranks),
             "place10": sum(r["place"] is not None and r["place"] <= 10 for r in ranks),
             "within_error": sum(r["best_within_error"] for r in ranks),
             "within_kind_error": sum(r["best_within_kind_error"] for r in ranks),

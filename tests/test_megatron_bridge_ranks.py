@@ -40,11 +40,13 @@ def test_kind_errors_are_the_newest_measurements_mape_by_system_and_kind():
 
 def test_rank_summary_counts_each_test_of_the_issue():
     ranks = [{"rank": 3, "layout_rank": 3, "place": 3, "best_within_error": True,
-              "best_within_kind_error": True},
+              "best_within_kind_error": True, "knobs_tied": True},
              {"rank": None, "layout_rank": 8, "place": 12, "best_within_error": False,
-              "best_within_kind_error": True},
+              "best_within_kind_error": True, "knobs_tied": False},
+             {"rank": None, "layout_rank": 9, "place": 10, "best_within_error": False,
+              "best_within_kind_error": True, "knobs_tied": True},
              {"rank": 40, "layout_rank": 40, "place": None, "best_within_error": False,
-              "best_within_kind_error": False}]
+              "best_within_kind_error": False, "knobs_tied": True}]
     assert MB.rank_summary(ranks) == {
-        "recipes": 3, "top10": 1, "layout10": 2, "place10": 1, "within_error": 1,
-        "within_kind_error": 2, "both": 1, "both_kind": 1}
+        "recipes": 4, "top10": 1, "layout10": 3, "layout10_tied": 2, "place10": 2,
+        "within_error": 1, "within_kind_error": 3, "both": 1, "both_kind": 1}
