@@ -39,7 +39,8 @@ GPUs).
 `--ranks` plans each distinct recipe's cluster and global batch with tp, pp, dp, cp, virtual
 stages, micro-batch, recomputation and sequence parallelism searched (closed form), and reports
 where the published recipe ranks (or that it is predicted not to fit) and how the best plan's
-predicted time compares with the recipe's (minutes: some of these are 1,024-GPU searches).
+predicted time compares with the recipe's (55 minutes on a 2-core machine: some of these are
+1,024-GPU searches).
 The plan keeps one row per layout (pp, dp, tmp, cp, mbs) with its fastest virtual stages and
 recomputation, so a recipe whose knobs are not its layout's fastest has no row of its own: the
 report gives its rank where it has one (its layout, virtual stages and expert parallelism),
@@ -891,7 +892,7 @@ def main(argv=None) -> int:
                     help="fit the FP8 GEMM efficiency, split by GPU family")
     ap.add_argument("--ranks", action="store_true",
                     help="plan each recipe's cluster and batch and find the recipe's rank "
-                         "(minutes)")
+                         "(about an hour on 2 cores)")
     a = ap.parse_args(argv)
     with open(a.data, newline="") as f:
         rows = list(csv.DictReader(f))
