@@ -7,8 +7,11 @@ import itertools
 import os
 import socket
 import sys
+import time
+import types
 import zlib
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -154,3 +157,32 @@ def free_port() -> int:
         if _bindable(port):
             return port
     raise RuntimeError(f"no free port in {lo}-{hi - 1}")
+
+
+def time_module_with(**overrides) -> types.SimpleNamespace:
+    """A stand-in for the time module (the real one, with `overrides`), to monkeypatch into
+    one module of the library (`monkeypatch.setattr(module, "time", ...)`) so that a test's
+    conditions depend on what happened, not on how fast a loaded machine did it; the global
+    time module stays as it is."""
+    proxy = types.SimpleNamespace(**{n: getattr(time, n) for n in dir(time)
+                                     if not n.startswith("_")})
+    for name, fn in overrides.items():
+        setattr(proxy, name, fn)
+    return proxy
+
+
+def held_monotonic(released: Callable[[], bool], guard_s: float = 600.0):
+    """A time.monotonic that stands still from its first call until `released()` is true
+    (or `guard_s` has passed: a hang guard), then runs as the real one."""
+    held: dict = {}
+
+    def monotonic() -> float:
+        now = time.monotonic()
+        if "released" not in held:
+            at = held.setdefault("at", now)
+            if not released() and now - at < guard_s:
+                return at
+            held["released"] = True
+        return now
+
+    return monotonic

@@ -9,7 +9,6 @@ import signal
 import sqlite3
 import threading
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from amp_search.launch import LaunchOptions, TrialRequest, orchestrator, process
 from amp_search.launch import run_trials  # noqa: E402
 from amp_search.records import Strategy  # noqa: E402
 from amp_search.spec import load_spec  # noqa: E402
+from conftest import held_monotonic, time_module_with  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYER_NAMES = ["embedding", "block0", "block1", "block2", "block3", "head"]
@@ -145,16 +145,6 @@ def test_rerun_skips_finished_trials(launched, spec_dir, capsys):
     assert text.count(" ok ") == 3 and "best measured: " in text
 
 
-def _time_with(**overrides) -> types.SimpleNamespace:
-    """A stand-in for the time module (the real one, with `overrides`), for one module of the
-    library to see; the global time module stays as it is."""
-    proxy = types.SimpleNamespace(**{n: getattr(time, n) for n in dir(time)
-                                     if not n.startswith("_")})
-    for name, fn in overrides.items():
-        setattr(proxy, name, fn)
-    return proxy
-
-
 def _only_the_hang_times_out(monkeypatch) -> None:
     """The trial timeout applies to the hanging trial alone, and fires only once its ranks
     sleep: the failing trials end by themselves (torchrun and 2 ranks take their time to
@@ -166,23 +156,13 @@ def _only_the_hang_times_out(monkeypatch) -> None:
         config = json.loads((Path(cwd) / "trial.json").read_text())
         if not config.get("debug_hang_s"):
             return real(commands, cwd=cwd, log_path=log_path, timeout_s=1800, **kw)
-        held = {}
 
         def sleeping() -> bool:
             log = Path(log_path)
             return log.exists() and "debug: sleeping" in log.read_text(errors="replace")
 
-        def monotonic() -> float:
-            now = time.monotonic()
-            if "released" not in held:
-                at = held.setdefault("at", now)
-                if not sleeping() and now - at < 600:   # (a hang guard)
-                    return at
-                held["released"] = True
-            return now
-
         with monkeypatch.context() as m:
-            m.setattr(process, "time", _time_with(monotonic=monotonic))
+            m.setattr(process, "time", time_module_with(monotonic=held_monotonic(sleeping)))
             return real(commands, cwd=cwd, log_path=log_path, timeout_s=timeout_s, **kw)
 
     monkeypatch.setattr(orchestrator, "run_commands", run_commands)
@@ -257,7 +237,7 @@ def test_budget_stops_starting_trials(tmp_path, monkeypatch):
         return real(*args, **kw)
 
     monkeypatch.setattr(orchestrator, "run_commands", run_commands)
-    monkeypatch.setattr(orchestrator, "time", _time_with(
+    monkeypatch.setattr(orchestrator, "time", time_module_with(
         monotonic=lambda: time.monotonic() - started[0] if started else 0.0))
     shutil.copy(ROOT / "configs" / "cpu-tiny.yaml", tmp_path / "spec.yaml")
     spec = load_spec(tmp_path / "spec.yaml")

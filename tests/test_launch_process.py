@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-import types
 
 import pytest
 
 from amp_search.launch.launchers import Command
 from amp_search.launch.process import (ProcessOutcome, classify_failure, error_summary,
                                        failure_reason, killed_rank, log_tail, run_commands)
+from conftest import held_monotonic, time_module_with
 
 # a parent that starts a child in a new session (like torchrun's workers), prints both pids,
 # then sleeps forever
@@ -47,17 +47,6 @@ def _has_pids(log) -> bool:
     return log.exists() and any(ln.startswith("PIDS") for ln in log.read_text().splitlines())
 
 
-def _clock(monkeypatch, **overrides) -> None:
-    """amp_search.launch.process sees a stand-in for the time module (the real one, with
-    `overrides`): the test's conditions then depend on what the processes have done, not on
-    how fast a loaded machine does it. The global time module stays as it is."""
-    proxy = types.SimpleNamespace(**{n: getattr(time, n) for n in dir(time)
-                                     if not n.startswith("_")})
-    for name, fn in overrides.items():
-        setattr(proxy, name, fn)
-    monkeypatch.setattr("amp_search.launch.process.time", proxy)
-
-
 def _gone(pid: int) -> bool:
     """Whether the process has ended; waits for it (a hang guard, not a timing condition)."""
     deadline = time.monotonic() + 60
@@ -70,18 +59,8 @@ def test_timeout_kills_the_whole_tree(tmp_path, monkeypatch):
     log = tmp_path / "log.txt"
     # the clock stands still until the parent has started its child and said so: the timeout
     # then fires with the whole tree up, however slow the machine
-    held = {}
-
-    def monotonic() -> float:
-        now = time.monotonic()
-        if "released" not in held:
-            at = held.setdefault("at", now)
-            if not _has_pids(log) and now - at < 600:   # (a hang guard)
-                return at
-            held["released"] = True
-        return now
-
-    _clock(monkeypatch, monotonic=monotonic)
+    monkeypatch.setattr("amp_search.launch.process.time",
+                        time_module_with(monotonic=held_monotonic(lambda: _has_pids(log))))
     out = run_commands((Command(argv=(sys.executable, "-c", _TREE)),), base_env=dict(os.environ),
                        cwd=tmp_path, log_path=log, timeout_s=0.5)
     monkeypatch.undo()
@@ -102,7 +81,7 @@ def test_keyboard_interrupt_stops_everything(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         real_sleep(s)
 
-    _clock(monkeypatch, sleep=sleepy)
+    monkeypatch.setattr("amp_search.launch.process.time", time_module_with(sleep=sleepy))
     with pytest.raises(KeyboardInterrupt):   # the timeout only guards against a hang
         run_commands((Command(argv=(sys.executable, "-c", _TREE)),),
                      base_env=dict(os.environ), cwd=tmp_path, log_path=log, timeout_s=600)

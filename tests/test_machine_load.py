@@ -5,6 +5,7 @@ from amp_search.cli.launch import format_trials
 from amp_search.launch.orchestrator import TrialRecord
 from amp_search.machine_load import BUSY_CORES, OtherLoad, busy_note
 from amp_search.records import Strategy
+from conftest import time_module_with
 
 
 def _record(others):
@@ -22,7 +23,6 @@ def test_busy_note_only_above_the_threshold():
 
 def test_other_load_needs_half_a_second(monkeypatch):
     import io
-    import time
     import types
 
     from amp_search import machine_load
@@ -31,13 +31,6 @@ def test_other_load_needs_half_a_second(monkeypatch):
     # module's `time`, so the global time module is untouched), /proc/stat's busy ticks and
     # this process's own CPU time
     m = {"now": 100.0, "busy_ticks": 1000, "own_s": 2.0}
-
-    class Clock:
-        def monotonic(self):
-            return m["now"]
-
-        def __getattr__(self, name):
-            return getattr(time, name)
 
     def proc_stat(path, *args, **kwargs):
         assert path == "/proc/stat"
@@ -49,7 +42,7 @@ def test_other_load_needs_half_a_second(monkeypatch):
                                      children_system=0.0)
 
     fake_os = types.SimpleNamespace(sysconf=lambda name: 100, times=times)
-    monkeypatch.setattr(machine_load, "time", Clock())
+    monkeypatch.setattr(machine_load, "time", time_module_with(monotonic=lambda: m["now"]))
     monkeypatch.setattr(machine_load, "os", fake_os)
     monkeypatch.setattr(machine_load, "open", proc_stat, raising=False)
 

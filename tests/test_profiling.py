@@ -15,6 +15,7 @@ from amp_search.profiling.store import (CommProfile, CommSample, LayerProfile, P
                                         find_comm_profile, find_profile, installed_versions)
 from cost_models.comm import bus_factor, latency_steps, sigmoid_efficiency
 from amp_search.spec import parse_spec
+from conftest import time_module_with
 
 SIG = "transformer:s16:h32:a2:f128"
 
@@ -269,31 +270,17 @@ def test_tensor_parallel_points_run_as_real_groups_where_the_workers_divide(tmp_
 
 
 def test_time_inside_tensor_parallel_collectives_is_left_out(monkeypatch):
-    import time
-
     import torch
     import torch.distributed as dist
 
     from cost_models.layers import Layer
 
-    class FakeTime:
-        """The profiler's `time` module, with a clock that moves only when told: the layer's
-        own work and the collectives advance it by known amounts, so what the profiler
-        subtracts is checked exactly, however slow or busy the machine (the first backward
-        in a process imports sympy, which takes a second or more)."""
-
-        def __init__(self):
-            self.now = 0.0
-
-        def perf_counter(self):
-            return self.now
-
-        thread_time = perf_counter
-
-        def __getattr__(self, name):  # anything else: the real module's
-            return getattr(time, name)
-
-    fake = FakeTime()
+    # the profiler's `time` module, with a clock that moves only when told: the layer's own
+    # work and the collectives advance it by known amounts, so what the profiler subtracts is
+    # checked exactly, however slow or busy the machine (the first backward in a process
+    # imports sympy, which takes a second or more)
+    fake = time_module_with(perf_counter=lambda: fake.now, thread_time=lambda: fake.now)
+    fake.now = 0.0
     monkeypatch.setattr(layers_mod, "time", fake)  # the global time module stays as it is
     calls = []
 
