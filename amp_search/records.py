@@ -114,6 +114,13 @@ class Strategy:
     def num_devices(self) -> int:
         return self.pp * self.replicas * self.tmp
 
+    def layout_text(self) -> str:
+        """The degrees and micro-batch as a summary line writes them: 'pp2 dp8 tmp1 mbs2',
+        with cp, ep and v where they are above 1 (pp x dp x cp x tmp are the devices)."""
+        return f"pp{self.pp} dp{self.dp}" + (f" cp{self.cp}" if self.cp > 1 else "") + (
+            f" tmp{self.tmp}") + (f" ep{self.ep}" if self.ep > 1 else "") + (
+            f" mbs{self.mbs}") + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
+
     def label(self) -> str:
         return f"pp{self.pp}-dp{self.dp}-tmp{self.tmp}-mbs{self.mbs}-z{self.zero_stage}" + (
             "-ckpt" if self.activation_checkpointing else "") + (

@@ -991,7 +991,7 @@ def _training(data) -> TrainingSpec:
                                    "moe_sync_free", "moe_a2a_overlap", "recompute_modules",
                                    "cross_entropy", "moe_dispatcher"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
-    # virtual stages, as NeMo's auto-configurator does
+    # virtual stages and context parallelism, as NeMo's auto-configurator does
     backend = r.choice("backend", BACKENDS, "deepspeed")
     ckpt = r.raw("activation_checkpointing", "search")
     modes = ("none", "selective", "full")
@@ -1021,7 +1021,8 @@ def _training(data) -> TrainingSpec:
         raise SpecError(r.at("virtual_pipeline_stages"),
                         f"got {show_value(vps)}; accepted: an integer from 1 to {MAX_VIRTUAL_STAGES} "
                         f"(model chunks per pipeline stage; 1 is plain 1F1B) or search")
-    context_parallel = _degrees(r, "context_parallel", 1, CONTEXT_PARALLEL_SEARCH,
+    context_parallel = _degrees(r, "context_parallel", "search" if backend == "megatron" else 1,
+                                CONTEXT_PARALLEL_SEARCH,
                                 MAX_CONTEXT_PARALLEL, "ranks each sequence is split over; 1: none")
     expert_parallel = _degrees(r, "expert_parallel", "search", EXPERT_PARALLEL_SEARCH,
                                MAX_EXPERT_PARALLEL, "ranks the experts are split over; 1: none")

@@ -40,6 +40,18 @@ def test_spec_key():
     assert _spec(cp=4).training.context_parallel == (4,)
     assert _spec(cp=[4, 1, 2]).training.context_parallel == (1, 2, 4)
     assert _spec(cp="search").training.context_parallel == CONTEXT_PARALLEL_SEARCH
+    # not given: searched under Megatron-LM (as its virtual stages are), none under DeepSpeed
+    # (the trial engine has no ring attention)
+    raw = {"cluster": {"nodes": [{"gpu": "H100-80GB", "count": 1, "gpus_per_node": 8,
+                                  "intra_node_bandwidth": "450 GB/s"}]},
+           "model": {"preset": "llama3-8b", "num_layers": 8, "seq_length": 8192},
+           "training": {"global_batch_size": 8, "precision": "bf16"}}
+    assert parse_spec(raw).training.context_parallel == (1,)
+    raw["training"]["backend"] = "megatron"
+    assert parse_spec(raw).training.context_parallel == CONTEXT_PARALLEL_SEARCH
+    both = parse_spec({**raw, "training": {"global_batch_size": 8, "precision": "bf16"}})
+    assert {s.training.backend: s.training.context_parallel for s in both.backends()} == {
+        "deepspeed": (1,), "megatron": CONTEXT_PARALLEL_SEARCH}
     for bad in (0, -2, "two", True, 1.5, [], [2, 2], 5000):
         with pytest.raises(SpecError) as err:
             _spec(cp=bad)

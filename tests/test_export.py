@@ -109,7 +109,18 @@ def test_top_plan_exports_files_the_launcher_accepts(config, top_plans, tmp_path
             assert str(export_err.value) == str(launcher_err.value)
         return
 
-    # --- DeepSpeed
+    # --- DeepSpeed (which has no ring attention: a Megatron-LM plan at cp > 1, as Megatron-LM's
+    # searched context parallelism may give, is refused by name)
+    if s.cp > 1:
+        with pytest.raises(UsageError, match=f"cp {s.cp}: context parallelism is Megatron-LM's"):
+            export_strategy(spec, s, fmt="deepspeed", estimate=best)
+    else:
+        _check_deepspeed_export(spec, s, best, tmp_path)
+    _check_megatron_export(spec, s, best, tmp_path)
+
+
+def _check_deepspeed_export(spec, s, best, tmp_path):
+    """The DeepSpeed export of `s` is what `launch` runs, node by node."""
     ds_out = tmp_path / "ds"
     ex = export_strategy(spec, s, fmt="deepspeed", estimate=best)
     write_export(ex, ds_out)
@@ -149,8 +160,12 @@ def test_top_plan_exports_files_the_launcher_accepts(config, top_plans, tmp_path
         assert os.access(script, os.X_OK)
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
 
-    # --- Megatron-LM (which has no ZeRO 2, and ZeRO 3 as Megatron-FSDP with pp 1 only: the
-    # launcher and export refuse the rest by name)
+
+
+def _check_megatron_export(spec, s, best, tmp_path):
+    """The Megatron-LM export of `s` is what `launch --backend megatron` runs (Megatron-LM has
+    no ZeRO 2, and ZeRO 3 as Megatron-FSDP with pp 1 only: the launcher and export refuse
+    the rest by name)."""
     mg_out = tmp_path / "mg"
     if s.zero_stage == 2 or (s.zero_stage == 3 and s.pp > 1):
         with pytest.raises(UsageError, match=f"Megatron-LM has no ZeRO stage {s.zero_stage}"):

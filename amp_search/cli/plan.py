@@ -417,7 +417,7 @@ def groups_alone_note(spec: Spec, result: Plan, alone, error: float) -> str:
             parts.append(f"{name}: nothing fits")
             continue
         s = a.best.strategy
-        parts.append(f"{name}: {rate:.4g} samples/s (pp{s.pp} dp{s.dp} tmp{s.tmp} mbs{s.mbs}), "
+        parts.append(f"{name}: {rate:.4g} samples/s ({s.layout_text()}), "
                      f"{rate / whole:.2f}x")
     line = (f"Each node group alone, the others idle, against the whole cluster's "
             f"{whole:.4g} samples/s: " + "; ".join(parts) + ". ")

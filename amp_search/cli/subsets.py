@@ -124,7 +124,7 @@ def report(spec: Spec, subsets: tuple[SubsetPlan, ...], args, width: int
         t = s.best.strategy
         cost = s.cost_per_iteration
         rows.append((mark, str(i), uses_text(spec, s), str(s.gpus),
-                     f"pp{t.pp} dp{t.dp} tmp{t.tmp} mbs{t.mbs}", f"{s.iteration_time_s:.4g}")
+                     t.layout_text(), f"{s.iteration_time_s:.4g}")
                     + ((("-" if cost is None else f"{cost:.4g}"),) if priced else ())
                     + (f"{s.gpu_seconds_per_sample(gbs):.4g}",
                        f"{s.gpu_seconds_per_sample(gbs) / least:.2f}x",
@@ -195,8 +195,8 @@ def _choice_line(spec: Spec, subsets, chosen, args, other: str) -> str:
         total = f"; {args.iterations} iterations take {hours:.4g} h" + (
             "" if chosen.cost_per_iteration is None
             else f" and cost {chosen.cost_per_iteration * args.iterations:.4g}")
-    text = (f"Chosen ({what}{under}): {uses_text(spec, chosen)}, pp{t.pp} dp{t.dp} tmp{t.tmp} "
-            f"mbs{t.mbs}, {chosen.iteration_time_s:.4g} s per iteration{money}, "
+    text = (f"Chosen ({what}{under}): {uses_text(spec, chosen)}, {t.layout_text()}, "
+            f"{chosen.iteration_time_s:.4g} s per iteration{money}, "
             f"{chosen.gpu_seconds_per_sample(gbs):.4g} GPU-s per sample{total}.")
     if chosen is not whole and whole.best is not None:
         r = chosen.iteration_time_s / whole.iteration_time_s
