@@ -96,7 +96,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import Callable
 
@@ -623,6 +623,17 @@ def degrees(num_devices: int):
             yield pp, num_devices // (tmp * pp), tmp
 
 
+def _with(c: Candidate, **changes) -> Candidate:
+    """dataclasses.replace(c, **changes) for the enumeration's inner loops, without its
+    per-call field introspection and frozen __init__ (0.8 against 4.6 us a call; 29,000 calls
+    in a Megatron-LM plan of Llama 3 70B on 64 H100 with cp, v and sp searched). Candidate
+    has no __post_init__ or derived field to recompute: equal to replace's result, and hashed
+    alike (tests/test_search_space.py)."""
+    new = object.__new__(Candidate)
+    new.__dict__.update(c.__dict__, **changes)
+    return new
+
+
 def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]:
     """Every (pp, dp, tmp, cp, mbs, zero, recompute, sequence parallel, virtual stages, ep)
     that satisfies the rules, one per equivalent group; what is dropped is counted in
@@ -656,19 +667,19 @@ def enumerate_candidates(space: SearchSpace, pruned: Counter) -> list[Candidate]
                         pruned[v.reason.value] += len(sps) * len(vss) * len(eps)
                         continue
                     for sp in sps:
-                        probe = replace(probe, sequence_parallel=sp)
+                        probe = _with(probe, sequence_parallel=sp)
                         v = first_violation(space, probe, _BY_SP)
                         if v is not None:
                             pruned[v.reason.value] += len(vss) * len(eps)
                             continue
                         for vs in vss:
-                            probe = replace(probe, virtual_stages=vs)
+                            probe = _with(probe, virtual_stages=vs)
                             v = first_violation(space, probe, _BY_VS)
                             if v is not None:
                                 pruned[v.reason.value] += len(eps)
                                 continue
                             for ep in eps:
-                                c = replace(probe, ep=ep)
+                                c = _with(probe, ep=ep)
                                 v = first_violation(space, c, _BY_EP
                                                     + (mbs_within_search_limits,))
                                 if v is not None:

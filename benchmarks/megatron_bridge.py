@@ -412,6 +412,9 @@ class Result:
     measured_s: float
     predicted_s: float
     fits: bool
+    memory_share: float = 0.0
+    """The fullest device's predicted peak over its whole memory (the planner's headroom,
+    training.memory_headroom, not kept free): a recipe that ran is at most 1."""
 
     @property
     def error(self) -> float:
@@ -449,9 +452,18 @@ def cost_rows(rows: list[dict], fp8_max: float | None = None,
         if why:
             out.skipped[why] += 1
             continue
-        e = estimate_recipe(parse_spec(spec_dict(row), catalog=catalog), row)
-        out.results.append(Result(row, measured_s(row), e.iteration_time_s, e.fits))
+        spec = parse_spec(spec_dict(row), catalog=catalog)
+        e = estimate_recipe(spec, row)
+        out.results.append(Result(row, measured_s(row), e.iteration_time_s, e.fits,
+                                  memory_share(e, spec.training.memory_headroom)))
     return out
+
+
+def memory_share(e, headroom: float) -> float:
+    """The fullest device's predicted peak over its whole memory: each stage's usable
+    capacity (StageMemory.capacity_bytes) is the device's memory less the headroom."""
+    return max((m.peak_bytes / m.capacity_bytes * (1.0 - headroom) for m in e.memory),
+               default=0.0)
 
 
 def layout_of(row: dict) -> tuple[int, int, int, int, int, int]:
@@ -508,14 +520,21 @@ def report(scored: Scored, show_rows: bool) -> dict:
     for why, n in scored.skipped.most_common():
         print(f"  {n:4d}  {why}")
     if show_rows:
-        print("\n  measured  predicted   error  fits  run")
+        print("\n  measured  predicted   error  fits  mem%  run")
         for r in res:
             print(f"  {r.measured_s:8.2f}  {r.predicted_s:9.2f}  {r.error:+6.1%}  "
-                  f"{'yes' if r.fits else 'NO':>4}  {r.label()}")
+                  f"{'yes' if r.fits else 'NO':>4}  {r.memory_share:4.0%}  {r.label()}")
+    tight = [r for r in res if not r.fits]
+    over = [r for r in tight if r.memory_share > 1.0]
     out = {"rows": len(res), "skipped": dict(scored.skipped), "mape": mape(res),
-           "signed": signed(res), "by": {}}
+           "signed": signed(res), "not_fitting": len(tight),
+           "over_device_memory": len(over),
+           "memory_share_max": max((r.memory_share for r in res), default=0.0), "by": {}}
     print(f"\nMAPE {mape(res):.1%} (mean signed {signed(res):+.1%}) over {len(res)} rows; "
-          f"{sum(not r.fits for r in res)} predicted not to fit in memory")
+          f"{len(tight)} predicted not to fit in memory with the planner's headroom "
+          f"(training.memory_headroom), {len(over)} of them over the device's whole memory; "
+          f"the fullest of them at {max((r.memory_share for r in tight), default=0):.1%} "
+          f"of it")
     for name, key in (("system", lambda r: r.row["system"]),
                       ("kind", lambda r: kind_of(r.row)),
                       ("workload", lambda r: r.row["workload"]),

@@ -205,5 +205,8 @@ def test_the_enumeration_checks_each_rule_once_per_loop_it_reads_with_the_same_r
     space = SearchSpace.of(spec, backend)
     assert len(space.virtual_stages) > 1 and len(space.expert_parallel) > 1
     fast, slow = Counter(), Counter()
-    assert enumerate_candidates(space, fast) == _enumerate_one_by_one(space, slow)
-    assert fast == slow and len(fast) >= 5
+    got, want = enumerate_candidates(space, fast), _enumerate_one_by_one(space, slow)
+    assert got == want and fast == slow and len(fast) >= 5
+    # built by search_space._with, not Candidate's __init__: the same fields, hashes and types
+    assert [(hash(c), repr(c), type(c)) for c in got] == \
+        [(hash(c), repr(c), type(c)) for c in want]
