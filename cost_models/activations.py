@@ -494,16 +494,33 @@ def activation_terms(layers, *, mbs: int, tmp: int, bytes_per_element: int,
     bytes and recomputation working set, which starts after the head's backward has freed
     what the head saved, so the head's bytes are not counted twice) and of
     `pipeline_buffer_bytes` (one buffer's bytes, and the head's aliased buffers)."""
+    return activation_terms_of_runs(
+        tuple((x, 1) for x in layers), mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
+        recompute=recompute, attention_scores=attention_scores,
+        sequence_parallel=sequence_parallel, selective=selective, fp8=fp8)
+
+
+def activation_terms_of_runs(runs, *, mbs: int, tmp: int, bytes_per_element: int,
+                             recompute: bool, attention_scores: bool = False,
+                             sequence_parallel: bool = False, selective: bool | tuple = False,
+                             fp8: bool = False) -> ActivationTerms:
+    """`activation_terms` of the layers that `runs`, ((layer, count), ...) in order, stand
+    for: each layer `count` times over. Each layer's bytes are computed once per run and
+    multiplied (integers: the same sums), the largest working set taken over the runs' layers
+    (the same maximum), so that a stage of many equal blocks costs a few calls instead of one
+    per block."""
     kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
               attention_scores=attention_scores, sequence_parallel=sequence_parallel, fp8=fp8)
     selective = False if recompute else selective
-    per_mb = sum(layer_activation_bytes(x, recompute=recompute, selective=selective, **kw)
-                 for x in layers)
+    runs = [(x, n) for x, n in runs if n > 0]
+    per_mb = sum(n * layer_activation_bytes(x, recompute=recompute, selective=selective, **kw)
+                 for x, n in runs)
     working = 0
     if recompute or selective:
-        head = sum(layer_saved_bytes(x, **kw) for x in layers if x.kind == "head")
-        working = max(0, recompute_working_set_bytes(layers, selective=selective, **kw) - head)
-    last = layers[-1] if layers else None
+        head = sum(n * layer_saved_bytes(x, **kw) for x, n in runs if x.kind == "head")
+        working = max(0, recompute_working_set_bytes([x for x, _ in runs], selective=selective,
+                                                     **kw) - head)
+    last = runs[-1][0] if runs else None
     return ActivationTerms(
         per_microbatch_bytes=per_mb, working_set_bytes=working,
         buffer_bytes=stage_output_buffer_bytes(last, mbs=mbs, tmp=tmp,

@@ -120,6 +120,8 @@ class _PlacedBound:
     layout: PlacedLayout
     rows: np.ndarray
     """[pp, L] each stage's per-layer time: device passes and collectives, or its host's."""
+    bound_rows: pipeline.BoundRows
+    """`rows` as cost_models.pipeline.bound_from_rows takes them (lower_bound_rows)."""
     cut: np.ndarray | None
     """The boundaries' P2P (`CostModel.cut_s`); None with one stage."""
     least: np.ndarray | None
@@ -254,6 +256,11 @@ class CostModel:
         self._placement_cache: dict = {}
         self._type_sets: dict = {}        # _stage_gpus: a set's bit code -> its tuple
         self._placed_bounds: dict = {}      # lower_bound_s: (order name, candidate) -> rows
+        self._bound_terms: dict = {}
+        """`_placed_bound_rows`' results, their per-layer rows and their data-parallel sync,
+        by what each depends on (`_placed_bound_key`): the candidates that differ in what
+        they do not read share them."""
+        self._rows_bounds: dict = {}        # lower_bound_s: candidate -> its rows' bound
         # what `tp_floor_s` and the device types' rows depend on besides the candidate
         self._types_and_links = tuple(g.name for g in self.gpus) + tuple(
             (k, float(a.intra_bytes_per_s.max()), float(a.inter_bytes_per_s.max()))
@@ -624,8 +631,11 @@ class CostModel:
         if order is None:
             # the device types' rows and the best links: the same on every part of a cluster
             # that has these types (SharedRows)
+            # (of the ZeRO stage the rows read its per-micro-batch cost alone,
+            # `device_pass_times_s`, and of pp whether it is above 1, CostParams.layer_overhead)
             key = ("fastest", self._types_and_links, c.tmp, c.mbs, c.activation_checkpointing,
-                   c.selective_recompute, c.sequence_parallel, c.zero_stage, c.cp, c.ep,
+                   c.selective_recompute, c.sequence_parallel,
+                   p.zero_cost("zero_microbatch_s_per_param", c.zero_stage), c.cp, c.ep,
                    c.pp > 1)
             bound_rows = self._type_rows.get(key)
             if bound_rows is None:
@@ -636,10 +646,15 @@ class CostModel:
                 rows = np.maximum(rows, np.stack([self._host_row(i, c)
                                                   for i in range(len(self.gpus))]))
                 bound_rows = self._type_rows[key] = pipeline.lower_bound_rows(rows)
-            rows_bound = pipeline.bound_from_rows(
-                bound_rows, gas, c.virtual_stages, type_devices=self.devices_per_type,
-                devices_per_stage=self.spec.cluster.num_devices // c.pp, **common)
+            # the search asks for the rows alone first, then with the floors: the second
+            # takes the first's (and lets it go)
+            rows_bound = self._rows_bounds.pop(c, None) if floors else None
+            if rows_bound is None:
+                rows_bound = pipeline.bound_from_rows(
+                    bound_rows, gas, c.virtual_stages, type_devices=self.devices_per_type,
+                    devices_per_stage=self.spec.cluster.num_devices // c.pp, **common)
             if not floors:          # the per-layer rows alone: the cheapest bound
+                self._rows_bounds[c] = rows_bound
                 return rows_bound
             p2p, least, most = self.p2p_floors_s(c)
             fixed = p2p + self.dp_sync_floor_s(c)
@@ -666,8 +681,8 @@ class CostModel:
         layout, rows, cut, least = placed.layout, placed.rows, placed.cut, placed.least
         sync, sync_fixed = placed.sync, placed.sync_fixed
         mean_sync, steady, alternative = placed.mean_sync, placed.steady, placed.alternative
-        if not split:
-            bound = pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages, **common)
+        if not split:       # pipeline.iteration_lower_bound_s on the rows
+            bound = pipeline.bound_from_rows(placed.bound_rows, gas, c.virtual_stages, **common)
             if least is not None:   # 1F1B's fill and drain pay each boundary's P2P once
                 bound += float(least.sum()) + steady
             return max(bound + mean_sync, alternative)
@@ -675,10 +690,10 @@ class CostModel:
             reduce, reduce_fixed = self._dp_sync(c, layout, reduce_only=True)
             sync, sync_fixed = np.maximum(sync - reduce, 0.0), \
                 np.maximum(sync_fixed - reduce_fixed, 0.0)
-        if c.pp == 1:
-            return pipeline.iteration_lower_bound_s(rows, gas, c.virtual_stages,
-                                                    after_layer_s=sync,
-                                                    after_fixed_s=sync_fixed, **common)
+        if c.pp == 1:       # pipeline.iteration_lower_bound_s on the rows
+            return pipeline.bound_from_rows(placed.bound_rows, gas, c.virtual_stages,
+                                            after_layer_s=sync, after_fixed_s=sync_fixed,
+                                            **common)
         if c.virtual_stages > 1:
             # the fixed chunks: the schedule's time on these rows with its P2P, as `_assemble`
             # charges it (the chunks' boundaries are known, so their P2P is exact)
@@ -709,23 +724,38 @@ class CostModel:
         """What `lower_bound_s` bounds `order`'s placement by, with and without the split:
         each stage's per-layer rows (device passes and tensor-, context- and expert-parallel
         collectives, or its host's time where longer), the boundaries' P2P, the data-parallel
-        sync, and the P2P floors of 1F1B's steady state."""
+        sync, and the P2P floors of 1F1B's steady state. Cached under `_placed_bound_key`,
+        its rows and boundaries' P2P under the part of it they read (the ZeRO stage's
+        per-micro-batch cost instead of the stage): arrays no caller writes to."""
         p = self.params
+        rows_key, key = self._placed_bound_key(c, order)
+        hit = self._bound_terms.get(key)
+        if hit is not None:
+            return hit
         layout = self.layout(c, order)
-        types = layout.stage_gpus
-        passes = {t: self.stage_pass_times_s(t, c).sum(axis=0) for t in set(types)}
-        rows = np.stack([passes[t] for t in types])
-        if c.layer_collectives:
-            rows = rows + self.tp_time_s(c, layout)
-        host = {t: np.max([self._host_row(g, c) for g in t], axis=0) for t in set(types)}
-        rows = np.maximum(rows, np.stack([host[t] for t in types]))
-        cut = self.cut_s(c, layout) if c.pp > 1 else None
-        sync, sync_fixed = self._dp_sync(c, layout)
-        # the stage that syncs last: at least the split that evens out the stages' syncs
-        # (stage j syncing all the parameters would take totals[j]): 1 / sum_j 1 / totals[j]
-        totals = sync.sum(axis=1)
-        mean_sync = 0.0 if self.overlaps_grad_reduce(c) else float(sync_fixed.min()) + (
-            1.0 / float((1.0 / totals).sum()) if (totals > 0).all() else 0.0)
+        terms = self._bound_terms.get(rows_key)
+        if terms is None:
+            types = layout.stage_gpus
+            passes = {t: self.stage_pass_times_s(t, c).sum(axis=0) for t in set(types)}
+            rows = np.stack([passes[t] for t in types])
+            if c.layer_collectives:
+                rows = rows + self.tp_time_s(c, layout)
+            host = {t: np.max([self._host_row(g, c) for g in t], axis=0) for t in set(types)}
+            rows = np.maximum(rows, np.stack([host[t] for t in types]))
+            cut = self.cut_s(c, layout) if c.pp > 1 else None
+            terms = self._bound_terms[rows_key] = (rows, cut, pipeline.lower_bound_rows(rows))
+        rows, cut, bound_rows = terms
+        sync_key = ("sync", order.name, c.pp, c.dp, c.cp, c.tmp, c.mbs, c.zero_stage, c.ep)
+        synced = self._bound_terms.get(sync_key)
+        if synced is None:
+            sync, sync_fixed = self._dp_sync(c, layout)
+            # the stage that syncs last: at least the split that evens out the stages' syncs
+            # (stage j syncing all the parameters would take totals[j]): 1 / sum_j 1 / totals[j]
+            totals = sync.sum(axis=1)
+            mean_sync = 0.0 if self.overlaps_grad_reduce(c) else float(sync_fixed.min()) + (
+                1.0 / float((1.0 / totals).sum()) if (totals > 0).all() else 0.0)
+            synced = self._bound_terms[sync_key] = (sync, sync_fixed, mean_sync)
+        sync, sync_fixed, mean_sync = synced
         least = None
         steady = alternative = 0.0
         if cut is not None and c.virtual_stages == 1:
@@ -742,9 +772,26 @@ class CostModel:
             alternative = one_pass + self._steady_floor_s(
                 c, gas, cheapest_s=cheapest, dearest_pair_s=float(pairs.max()),
                 p2p_s=float(least.sum()))
-        return _PlacedBound(layout=layout, rows=rows, cut=cut, least=least, sync=sync,
-                            sync_fixed=sync_fixed, mean_sync=mean_sync, steady=steady,
-                            alternative=alternative)
+        hit = self._bound_terms[key] = _PlacedBound(
+            layout=layout, rows=rows, bound_rows=bound_rows, cut=cut, least=least, sync=sync,
+            sync_fixed=sync_fixed, mean_sync=mean_sync, steady=steady, alternative=alternative)
+        return hit
+
+    def _placed_bound_key(self, c: Candidate, order: DeviceOrder) -> tuple[tuple, tuple]:
+        """What `_placed_bound_rows` depends on of `c` and `order`: (that of its per-layer
+        rows and boundaries' P2P, that of the whole). The placement (order, pp, dp, cp, tmp),
+        the micro-batch, the knobs; of the ZeRO stage the rows read its per-micro-batch cost
+        alone (`device_pass_times_s`: 0 under Megatron-LM), the data-parallel sync the stage
+        (`_dp_sync` and `overlaps_grad_reduce` read the placement, the micro-batch, the
+        stage and ep alone: its own key there); of the virtual stages the rows read nothing
+        but through the expert-parallel
+        all-to-alls (`ep_time_s`, whether the schedule pairs micro-batches), and the rest
+        whether there are any (one model chunk per stage: the 1F1B floors)."""
+        v = c.virtual_stages if c.ep > 1 else 1
+        rows_key = ("rows", order.name, c.pp, c.dp, c.cp, c.tmp, c.mbs,
+                    c.activation_checkpointing, c.selective_recompute, c.sequence_parallel,
+                    c.ep, v, self.params.zero_cost("zero_microbatch_s_per_param", c.zero_stage))
+        return rows_key, ("placed",) + rows_key + (c.zero_stage, c.virtual_stages == 1)
 
     def _steady_floor_s(self, c: Candidate, gas: int, *, cheapest_s: float,
                         dearest_pair_s: float, p2p_s: float) -> float:
@@ -952,7 +999,16 @@ class CostModel:
         """[L]: each layer's tensor-parallel collectives of one micro-batch (`tp_time_s`) on
         the best link any ring could get: the cluster's largest bandwidth, intra- or
         inter-node, and its smallest per-message latency (a floor for every placement); with
-        `overlaps_tp_comm`, 1/tmp of that (what the overlap leaves at least)."""
+        `overlaps_tp_comm`, 1/tmp of that (what the overlap leaves at least); cached (an
+        array no caller writes to)."""
+        key = ("tp-floor", c.tmp, c.mbs, c.cp, c.activation_checkpointing, c.sequence_parallel)
+        hit = self._fixed_cache.get(key)
+        if hit is None:
+            hit = self._fixed_cache[key] = self._tp_floor_s(c)
+        return hit
+
+    def _tp_floor_s(self, c: Candidate) -> np.ndarray:
+        """`tp_floor_s`, computed."""
         out = np.zeros(self.num_layers)
         bpe = self.spec.training.bytes_per_element
         p = self.params

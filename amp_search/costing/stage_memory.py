@@ -215,18 +215,40 @@ def _chunk_activations(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int],
 
 def _chunk_activation_terms(layers, ranges, mbs, tmp, g, attention_scores, sequence_parallel,
                             fp8, recompute, selective_recompute):
-    chunks = [layers[a:z] for a, z in ranges]
+    """`_chunk_activations`' terms, each chunk's and the device's layers taken as runs of
+    equal layers (`_held_runs`: the same integer sums, a call per run instead of per layer);
+    `one` is activations.stage_saved_activation_bytes of the device's layers (stage 0 of
+    one, a single micro-batch in flight)."""
     kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=g, attention_scores=attention_scores,
               sequence_parallel=sequence_parallel, fp8=fp8)
     selective = False if recompute else selective_recompute
-    per_chunk = tuple(sum(activations.layer_activation_bytes(x, recompute=recompute,
-                                                             selective=selective, **kw)
-                          for x in c) for c in chunks)
-    device = tuple(x for c in chunks for x in c)
-    one = activations.stage_saved_activation_bytes(device, stage=0, pp=1, gas=1,
-                                                   recompute=recompute,
-                                                   selective=selective_recompute, **kw)
+    per_chunk = tuple(sum(n * activations.layer_activation_bytes(x, recompute=recompute,
+                                                                 selective=selective, **kw)
+                          for x, n in _held_runs(layers, ((a, z),))) for a, z in ranges)
+    terms = activations.activation_terms_of_runs(_held_runs(layers, ranges),
+                                                 recompute=recompute,
+                                                 selective=selective_recompute, **kw)
+    one = activations.in_flight_microbatches(0, 1, 1) * terms.per_microbatch_bytes \
+        + terms.working_set_bytes
     return per_chunk, one
+
+
+def _held_runs(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...]
+               ) -> tuple[tuple[Layer, int], ...]:
+    """The layers in `ranges`, in order, as (layer, count) runs of equal signatures (the
+    first layer of each run within its range standing for the run): what
+    activations.activation_terms_of_runs takes."""
+    runs = _memo(layers, ("runs",), lambda: _runs(layers))
+    out = []
+    for a, z in ranges:
+        for start, end, _ in runs:
+            if end <= a:
+                continue
+            if start >= z:
+                break
+            first = max(start, a)
+            out.append((layers[first], min(end, z) - first))
+    return tuple(out)
 
 
 def _stage_bytes(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...], stage: int,
@@ -252,8 +274,8 @@ def _stage_bytes(layers: tuple[Layer, ...], ranges: tuple[tuple[int, int], ...],
                        precision=precision, framework=backend, ep=ep, grad_fp32=grad_fp32))
     terms = _memo(layers, ("activations", comp, mbs, tmp, recompute, precision,
                            attention_scores, sequence_parallel, selective),
-                  lambda: activations.activation_terms(
-                      held(), mbs=mbs, tmp=tmp,
+                  lambda: activations.activation_terms_of_runs(
+                      _held_runs(layers, ranges), mbs=mbs, tmp=tmp,
                       bytes_per_element=memory_model.BYTES_PER_ELEMENT[precision],
                       recompute=recompute, attention_scores=attention_scores,
                       sequence_parallel=sequence_parallel, selective=selective,
