@@ -991,7 +991,8 @@ def _training(data) -> TrainingSpec:
                                    "moe_sync_free", "moe_a2a_overlap", "recompute_modules",
                                    "cross_entropy", "moe_dispatcher"))
     # what is not fixed is searched: ZeRO, recomputation, sequence parallelism and (Megatron-LM)
-    # virtual stages and context parallelism, as NeMo's auto-configurator does
+    # virtual stages, as NeMo's auto-configurator does, and (Megatron-LM) context parallelism,
+    # which NeMo's tries only where told (its context_parallel_sizes default to [1])
     backend = r.choice("backend", BACKENDS, "deepspeed")
     ckpt = r.raw("activation_checkpointing", "search")
     modes = ("none", "selective", "full")
