@@ -557,8 +557,7 @@ def stage_saved_activation_bytes(layers, *, stage: int, pp: int, gas: int, mbs: 
     terms = activation_terms(layers, mbs=mbs, tmp=tmp, bytes_per_element=bytes_per_element,
                              recompute=recompute, attention_scores=attention_scores,
                              sequence_parallel=sequence_parallel, selective=selective, fp8=fp8)
-    return in_flight_microbatches(stage, pp, gas) * terms.per_microbatch_bytes \
-        + terms.working_set_bytes
+    return stage_activation_bytes(terms, stage=stage, pp=pp, gas=gas, pipelined=False)
 
 
 def pipeline_buffer_bytes(layers, *, stage: int, pp: int, gas: int, mbs: int, tmp: int,

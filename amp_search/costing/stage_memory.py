@@ -222,14 +222,14 @@ def _chunk_activation_terms(layers, ranges, mbs, tmp, g, attention_scores, seque
     kw = dict(mbs=mbs, tmp=tmp, bytes_per_element=g, attention_scores=attention_scores,
               sequence_parallel=sequence_parallel, fp8=fp8)
     selective = False if recompute else selective_recompute
+    chunk_runs = [_held_runs(layers, ((a, z),)) for a, z in ranges]
     per_chunk = tuple(sum(n * activations.layer_activation_bytes(x, recompute=recompute,
                                                                  selective=selective, **kw)
-                          for x, n in _held_runs(layers, ((a, z),))) for a, z in ranges)
-    terms = activations.activation_terms_of_runs(_held_runs(layers, ranges),
-                                                 recompute=recompute,
-                                                 selective=selective_recompute, **kw)
-    one = activations.in_flight_microbatches(0, 1, 1) * terms.per_microbatch_bytes \
-        + terms.working_set_bytes
+                          for x, n in runs) for runs in chunk_runs)
+    terms = activations.activation_terms_of_runs(
+        tuple(run for runs in chunk_runs for run in runs), recompute=recompute,
+        selective=selective_recompute, **kw)
+    one = activations.stage_activation_bytes(terms, stage=0, pp=1, gas=1, pipelined=False)
     return per_chunk, one
 
 
